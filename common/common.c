@@ -1,0 +1,298 @@
+/* common: status strings, logging, clocks, byte strings, UTF-8 helpers. */
+#include <sluice/common.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *sl_status_str(int status)
+{
+    switch (status) {
+    case SL_OK: return "ok";
+    case SL_EINVAL: return "invalid argument";
+    case SL_ENOMEM: return "out of memory";
+    case SL_EAGAIN: return "try again";
+    case SL_EBUSY: return "busy";
+    case SL_ETIMEDOUT: return "timed out";
+    case SL_ECANCELED: return "cancelled";
+    case SL_EIO: return "I/O error";
+    case SL_EBACKEND: return "backend failure";
+    case SL_ENOENT: return "not found";
+    case SL_ERANGE: return "out of range";
+    case SL_EFORMAT: return "malformed input";
+    }
+    return "unknown status";
+}
+
+static enum sl_log_level log_min = SL_LOG_INFO;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void sl_log_set_level(enum sl_log_level level)
+{
+    log_min = level;
+}
+
+void sl_log(enum sl_log_level level, const char *fmt, ...)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    if (level < log_min)
+        return;
+    char line[1024];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, names[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof line - 2)
+        len = sizeof line - 2;
+    line[len++] = '\n';
+    /* One fwrite under a lock so lines from different threads never interleave. */
+    pthread_mutex_lock(&log_lock);
+    fwrite(line, 1, len, stderr);
+    fflush(stderr);
+    pthread_mutex_unlock(&log_lock);
+}
+
+uint64_t sl_clock_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int64_t sl_clock_unix(void)
+{
+    return (int64_t)time(NULL);
+}
+
+static void oom(size_t n)
+{
+    fprintf(stderr, "sluice: out of memory allocating %zu bytes\n", n);
+    abort();
+}
+
+void *sl_xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        oom(n);
+    return p;
+}
+
+void *sl_xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p)
+        oom(n * size);
+    return p;
+}
+
+void *sl_xrealloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q)
+        oom(n);
+    return q;
+}
+
+char *sl_xstrdup(const char *s)
+{
+    return sl_xstrndup(s, strlen(s));
+}
+
+char *sl_xstrndup(const char *s, size_t n)
+{
+    char *p = sl_xmalloc(n + 1);
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+void sl_str_init(struct sl_str *s)
+{
+    memset(s, 0, sizeof *s);
+}
+
+void sl_str_dispose(struct sl_str *s)
+{
+    free(s->p);
+    sl_str_init(s);
+}
+
+void sl_str_reserve(struct sl_str *s, size_t extra)
+{
+    size_t need = s->len + extra + 1;
+    if (need <= s->cap)
+        return;
+    size_t cap = s->cap ? s->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    s->p = sl_xrealloc(s->p, cap);
+    s->cap = cap;
+}
+
+void sl_str_append(struct sl_str *s, const void *data, size_t len)
+{
+    sl_str_reserve(s, len);
+    if (len)
+        memcpy(s->p + s->len, data, len);
+    s->len += len;
+    s->p[s->len] = '\0';
+}
+
+void sl_str_appendf(struct sl_str *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char small[256];
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof small) {
+        sl_str_append(s, small, (size_t)n);
+        return;
+    }
+    sl_str_reserve(s, (size_t)n);
+    va_start(ap, fmt);
+    vsnprintf(s->p + s->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    s->len += (size_t)n;
+}
+
+void sl_str_append_json(struct sl_str *s, const char *data, size_t len)
+{
+    static const char hex[] = "0123456789abcdef";
+    sl_str_reserve(s, len + 2);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)data[i];
+        char esc[7];
+        const char *out = NULL;
+        size_t n = 0;
+        switch (c) {
+        case '"':
+            out = "\\\"";
+            n = 2;
+            break;
+        case '\\':
+            out = "\\\\";
+            n = 2;
+            break;
+        case '\n':
+            out = "\\n";
+            n = 2;
+            break;
+        case '\r':
+            out = "\\r";
+            n = 2;
+            break;
+        case '\t':
+            out = "\\t";
+            n = 2;
+            break;
+        default:
+            if (c < 0x20) {
+                esc[0] = '\\';
+                esc[1] = 'u';
+                esc[2] = '0';
+                esc[3] = '0';
+                esc[4] = hex[c >> 4];
+                esc[5] = hex[c & 15];
+                out = esc;
+                n = 6;
+            }
+        }
+        if (out)
+            sl_str_append(s, out, n);
+        else {
+            sl_str_reserve(s, 1);
+            s->p[s->len++] = (char)c;
+            s->p[s->len] = '\0';
+        }
+    }
+}
+
+void sl_str_clear(struct sl_str *s)
+{
+    s->len = 0;
+    if (s->p)
+        s->p[0] = '\0';
+}
+
+/* Length of the valid UTF-8 sequence starting at s (1..4), 0 when s[0..len) is a valid but
+ * incomplete prefix of one, -1 when invalid. */
+static int utf8_seq(const unsigned char *s, size_t len)
+{
+    unsigned char c = s[0];
+    int need;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf) {
+        need = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        need = 3;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        need = 4;
+    } else
+        return -1;
+    for (int i = 1; i < need; i++) {
+        if ((size_t)i >= len)
+            break;
+        if ((s[i] & 0xc0) != 0x80)
+            return -1;
+        /* Reject overlongs, surrogates and > U+10FFFF as early as the second byte allows. */
+        if (i == 1) {
+            if (c == 0xe0 && s[1] < 0xa0)
+                return -1;
+            if (c == 0xed && s[1] > 0x9f)
+                return -1;
+            if (c == 0xf0 && s[1] < 0x90)
+                return -1;
+            if (c == 0xf4 && s[1] > 0x8f)
+                return -1;
+        }
+    }
+    if (len < (size_t)need)
+        return 0;
+    return need;
+}
+
+size_t sl_utf8_complete_prefix(const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        int n = utf8_seq(u + i, len - i);
+        if (n == 0)
+            return i;
+        i += n < 0 ? 1 : (size_t)n;
+    }
+    return len;
+}
+
+void sl_utf8_sanitize(struct sl_str *out, const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    sl_str_reserve(out, len);
+    size_t i = 0;
+    while (i < len) {
+        int n = utf8_seq(u + i, len - i);
+        if (n > 0) {
+            sl_str_append(out, s + i, (size_t)n);
+            i += (size_t)n;
+        } else {
+            /* An invalid byte becomes one U+FFFD; a truncated sequence at the end, one. */
+            sl_str_append(out, "\xef\xbf\xbd", 3);
+            i = n == 0 ? len : i + 1;
+        }
+    }
+}

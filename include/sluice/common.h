@@ -1,0 +1,82 @@
+/* sluice — common: status codes, logging, the monotonic clock, a growable byte string.
+ *
+ * Every module may include this header; it depends on nothing else in sluice.
+ * All functions here are thread-safe unless said otherwise.
+ */
+#ifndef SLUICE_COMMON_H
+#define SLUICE_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SL_VERSION "0.1.0"
+
+/* Functions that can fail return SL_OK (0) or a negative status. */
+enum sl_status {
+    SL_OK = 0,
+    SL_EINVAL = -1,    /* bad argument or input */
+    SL_ENOMEM = -2,    /* out of memory (or of a bounded pool) */
+    SL_EAGAIN = -3,    /* try again later */
+    SL_EBUSY = -4,     /* resource busy / over capacity */
+    SL_ETIMEDOUT = -5, /* deadline passed */
+    SL_ECANCELED = -6, /* cancelled by its owner */
+    SL_EIO = -7,       /* I/O error (errno says more) */
+    SL_EBACKEND = -8,  /* the compute backend failed */
+    SL_ENOENT = -9,    /* no such file, route or object */
+    SL_ERANGE = -10,   /* a size or value out of its allowed range */
+    SL_EFORMAT = -11,  /* a file or message is malformed */
+};
+
+/* A static English description of a status ("invalid argument"). Never NULL. */
+const char *sl_status_str(int status);
+
+enum sl_log_level { SL_LOG_DEBUG, SL_LOG_INFO, SL_LOG_WARN, SL_LOG_ERROR };
+
+/* Sets the lowest level that is printed (default SL_LOG_INFO). Call before threads start. */
+void sl_log_set_level(enum sl_log_level level);
+
+/* Writes one line "TIME LEVEL message\n" to stderr, atomically with respect to other threads. */
+void sl_log(enum sl_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Monotonic time in nanoseconds (CLOCK_MONOTONIC). Only thread adapters and the gateway read the
+ * clock; the scheduler core is given `now`. */
+uint64_t sl_clock_ns(void);
+
+/* Wall-clock time in seconds since the epoch (for OpenAI `created`). */
+int64_t sl_clock_unix(void);
+
+/* A growable byte string, always NUL-terminated when p != NULL. Embedded: _init/_dispose.
+ * Allocation failure aborts (see STYLE.md: sizes a client controls are bounded before this). */
+struct sl_str {
+    char *p;
+    size_t len;
+    size_t cap;
+};
+
+void sl_str_init(struct sl_str *s);
+void sl_str_dispose(struct sl_str *s);
+void sl_str_reserve(struct sl_str *s, size_t extra);
+void sl_str_append(struct sl_str *s, const void *data, size_t len);
+void sl_str_appendf(struct sl_str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends the bytes as the body of a JSON string (no quotes): escapes ", \ and control bytes.
+ * The input must be valid UTF-8; it is copied as is otherwise. */
+void sl_str_append_json(struct sl_str *s, const char *data, size_t len);
+void sl_str_clear(struct sl_str *s);
+
+/* Aborting allocators: never return NULL. */
+void *sl_xmalloc(size_t n);
+void *sl_xcalloc(size_t n, size_t size);
+void *sl_xrealloc(void *p, size_t n);
+char *sl_xstrdup(const char *s);
+char *sl_xstrndup(const char *s, size_t n);
+
+/* UTF-8 helpers. */
+/* Length of the longest prefix of s[0..len) that is complete, valid UTF-8 (so a caller can hold
+ * back a split multi-byte character). Invalid sequences count as complete (they are replaced). */
+size_t sl_utf8_complete_prefix(const char *s, size_t len);
+/* Appends s[0..len) to out with every invalid or truncated sequence replaced by U+FFFD. */
+void sl_utf8_sanitize(struct sl_str *out, const char *s, size_t len);
+
+#endif

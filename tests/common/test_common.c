@@ -1,0 +1,79 @@
+#include <criterion/criterion.h>
+#include <sluice/common.h>
+
+#include <string.h>
+
+static char *sanitized(const char *in, size_t len)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_utf8_sanitize(&s, in, len);
+    sl_str_append(&s, "", 0);
+    return s.p;
+}
+
+Test(common, json_escape_covers_quotes_backslash_and_controls_when_appending)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    const char in[] = "a\"b\\c\nd\te\x01\x1f f\xc3\xa9";
+    sl_str_append_json(&s, in, sizeof in - 1);
+    cr_assert_str_eq(s.p, "a\\\"b\\\\c\\nd\\te\\u0001\\u001f f\xc3\xa9");
+    sl_str_dispose(&s);
+}
+
+Test(common, appendf_grows_past_small_buffer_when_output_is_long)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    char big[600];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    sl_str_appendf(&s, "<%s>%d", big, 42);
+    cr_assert_eq(s.len, sizeof big - 1 + 4);
+    cr_assert_eq(s.p[0], '<');
+    cr_assert_str_eq(s.p + s.len - 3, ">42");
+    sl_str_dispose(&s);
+}
+
+Test(common, complete_prefix_holds_back_split_character_when_truncated)
+{
+    const char euro[] = "a\xe2\x82\xac"; /* "a€" */
+    cr_assert_eq(sl_utf8_complete_prefix(euro, 4), 4);
+    cr_assert_eq(sl_utf8_complete_prefix(euro, 3), 1);
+    cr_assert_eq(sl_utf8_complete_prefix(euro, 2), 1);
+    cr_assert_eq(sl_utf8_complete_prefix(euro, 1), 1);
+    /* An invalid byte is complete: it will be replaced, not waited for. */
+    cr_assert_eq(sl_utf8_complete_prefix("\xff", 1), 1);
+    const char emoji[] = "\xf0\x9f\x98\x80";
+    for (size_t i = 1; i < 4; i++)
+        cr_assert_eq(sl_utf8_complete_prefix(emoji, i), 0, "prefix %zu", i);
+    cr_assert_eq(sl_utf8_complete_prefix(emoji, 4), 4);
+}
+
+Test(common, sanitize_replaces_invalid_bytes_when_input_is_not_utf8)
+{
+    char *out = sanitized("ok\xff!", 4);
+    cr_assert_str_eq(out, "ok\xef\xbf\xbd!");
+    free(out);
+    out = sanitized("\xc3\xa9", 2);
+    cr_assert_str_eq(out, "\xc3\xa9");
+    free(out);
+    /* Truncated at the end, overlong, and a UTF-16 surrogate. */
+    out = sanitized("x\xe2\x82", 3);
+    cr_assert_str_eq(out, "x\xef\xbf\xbd");
+    free(out);
+    out = sanitized("\xc0\xaf", 2);
+    cr_assert_str_eq(out, "\xef\xbf\xbd\xef\xbf\xbd");
+    free(out);
+    out = sanitized("\xed\xa0\x80", 3);
+    cr_assert_eq(strstr(out, "\xed") == NULL, 1);
+    free(out);
+}
+
+Test(common, status_str_names_every_status_when_asked)
+{
+    for (int st = SL_OK; st >= SL_EFORMAT; st--)
+        cr_assert_str_neq(sl_status_str(st), "unknown status", "status %d", st);
+    cr_assert_str_eq(sl_status_str(-1000), "unknown status");
+}
