@@ -1,0 +1,180 @@
+/* sluice — worker: a model replica on one device.
+ *
+ * Owns model formats (llama2.c checkpoints, synthetic weights), the tokenizer, sampling, the
+ * incremental detokenizer (text deltas + stop strings), the backend interface and the CPU
+ * backend with its paged KV storage. It decides nothing about who runs next: the scheduler
+ * builds each batch and owns block allocation; the worker only reads and writes the blocks it is
+ * told to.
+ *
+ * Threads: a loaded struct sl_model and its struct sl_tok are immutable and may be read from any
+ * thread (the gateway tokenizes on I/O threads). A struct sl_worker, a struct sl_detok and a
+ * struct sl_rng belong to one thread at a time (the scheduler thread).
+ */
+#ifndef SLUICE_WORKER_H
+#define SLUICE_WORKER_H
+
+#include <sluice/common.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Models
+ */
+
+struct sl_model_config {
+    int dim;        /* model width */
+    int hidden_dim; /* SwiGLU hidden width */
+    int n_layers;
+    int n_heads;    /* query heads; head_size = dim / n_heads */
+    int n_kv_heads; /* key/value heads (GQA: n_heads % n_kv_heads == 0) */
+    int vocab_size;
+    int seq_len; /* context length in tokens */
+    float rms_eps;
+    float rope_theta;
+    bool shared_classifier; /* classifier weights == token embedding */
+};
+
+struct sl_model;
+
+/* Loads a model. `spec` is one of:
+ *   "synthetic"            the default tiny synthetic model ("synthetic:tiny")
+ *   "synthetic:NAME"       deterministic random weights of a named shape: "tiny"
+ *                          (dim 64, hidden 172, 5 layers, 8 heads, 4 kv heads, vocab 512,
+ *                          seq 512) or "stories15M" (dim 288, hidden 768, 6 layers, 6 heads,
+ *                          6 kv heads, vocab 32000, seq 256); with the synthetic tokenizer of the
+ *                          same vocab size (round-trips any UTF-8 text)
+ *   a path to a llama2.c checkpoint (.bin, legacy fp32 format, mmap'd); `tokenizer_path` is its
+ *                          llama2.c tokenizer.bin (required for a .bin; ignored for synthetic).
+ * On failure returns a negative status and writes a one-line reason naming the file and what is
+ * wrong into err (NUL-terminated, at most errlen bytes); *out is untouched. A truncated or
+ * inconsistent file is an error, never a crash. */
+int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model **out, char *err,
+                  size_t errlen);
+void sl_model_free(struct sl_model *m);
+
+const struct sl_model_config *sl_model_config(const struct sl_model *m);
+/* The model's public id for /v1/models: "synthetic:tiny", or the file's base name without
+ * ".bin" ("stories260K"). */
+const char *sl_model_id(const struct sl_model *m);
+const struct sl_tok *sl_model_tok(const struct sl_model *m);
+/* True when sampling `token` ends generation (llama2.c models: BOS=1 and EOS=2). */
+bool sl_model_is_stop_token(const struct sl_model *m, int32_t token);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tokenizer (SentencePiece-style BPE with byte fallback, llama2.c tokenizer.bin semantics)
+ */
+
+struct sl_tok;
+
+int sl_tok_vocab_size(const struct sl_tok *t);
+int32_t sl_tok_bos(const struct sl_tok *t);
+/* Encodes UTF-8 text exactly as llama2.c encode(text, bos, eos=0): optional BOS, the dummy-prefix
+ * space when text is non-empty, merges by score, byte fallback (+3). Writes at most max_out ids.
+ * Returns SL_OK and sets *n_out, or SL_ERANGE when more than max_out ids would be needed (*n_out
+ * then holds max_out + 1 as a lower bound), or SL_EINVAL when text is not valid UTF-8.
+ * Thread-safe (no shared mutable state). */
+int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos, int32_t *out,
+                  int max_out, int *n_out);
+/* The bytes token `id` decodes to when it follows token `prev` (llama2.c decode(): a leading
+ * space is dropped after BOS; "<0xAB>" pieces become the raw byte). The bytes are not
+ * necessarily valid UTF-8 on their own. Returns a pointer into the tokenizer (valid as long as
+ * the model) and sets *len; an out-of-range id gives "". */
+const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size_t *len);
+
+/* Incremental detokenizer of one sequence: token ids in, valid UTF-8 text deltas out.
+ * It holds back bytes that are an incomplete UTF-8 character or that could still be the start of
+ * a stop string; invalid sequences become U+FFFD. When a stop string completes, the text before it
+ * is released, the stop string itself is not, and *stopped becomes true. */
+struct sl_detok;
+
+/* stops: n_stops NUL-terminated strings (copied; empty strings are ignored). `prev` is the
+ * last prompt token (for the after-BOS space rule). */
+struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *const *stops,
+                              int n_stops);
+void sl_detok_free(struct sl_detok *d);
+/* Feeds one sampled token; appends the newly released text to out. Returns the number of bytes
+ * appended. After *stopped is set, further pushes are ignored. */
+size_t sl_detok_push(struct sl_detok *d, int32_t token, struct sl_str *out, bool *stopped);
+/* End of sequence: releases whatever is held back (a dangling partial character becomes
+ * U+FFFD). Returns bytes appended. */
+size_t sl_detok_finish(struct sl_detok *d, struct sl_str *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sampling
+ */
+
+struct sl_sampling {
+    float temperature; /* 0 = greedy (argmax, lowest id wins ties) */
+    float top_p;       /* nucleus mass in (0, 1]; 1 = off */
+};
+
+/* xorshift64* state; one per sequence, seeded per request (same seed → same output). */
+struct sl_rng {
+    uint64_t state;
+};
+void sl_rng_seed(struct sl_rng *r, uint64_t seed);
+/* Uniform float in [0, 1). */
+float sl_rng_f32(struct sl_rng *r);
+
+/* Bytes of scratch sl_sample needs for a vocabulary of `vocab` entries. */
+size_t sl_sample_scratch_size(int vocab);
+/* Picks the next token from logits (vocab) for the given parameters. logits may be modified.
+ * scratch: at least sl_sample_scratch_size(vocab) bytes. Never allocates. */
+int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct sl_rng *rng,
+                  void *scratch);
+
+/* ---------------------------------------------------------------------------------------------
+ * Batches and backends (see DESIGN.md "The worker interface")
+ *
+ * A varlen batch: n_tokens rows, each row a token of one sequence at one position. Rows of the
+ * same sequence are contiguous and in position order. KV storage is paged: block b of the
+ * backend's pool holds block_size consecutive positions of one sequence; the token at position
+ * p of sequence s lives in block block_tables[s][p / block_size], slot p % block_size.
+ */
+struct sl_batch {
+    int n_tokens;
+    const int32_t *tokens; /* (n_tokens) token ids */
+    const int32_t *pos;    /* (n_tokens) position of each row in its sequence */
+    const int32_t *seq;    /* (n_tokens) index of each row's sequence, in [0, n_seqs) */
+    int n_seqs;
+    const int32_t *const *block_tables; /* (n_seqs) each (ceil(ctx_len / block_size)) block ids */
+    const int32_t *ctx_len; /* (n_seqs) context length of each sequence after this batch */
+    int n_logits;
+    const int32_t *logit_rows; /* (n_logits) rows whose logits are wanted, ascending */
+};
+
+struct sl_backend_opts {
+    int n_kv_blocks;      /* blocks in the KV pool */
+    int block_size;       /* positions per block */
+    int max_batch_tokens; /* most rows in one forward */
+    int max_seqs;         /* most sequences in one forward */
+    int threads;          /* CPU threads for kernels (0 = all cores) */
+};
+
+/* A backend: a static table of functions over an opaque context (ggml-backend style). */
+struct sl_backend_ops {
+    const char *name;
+    /* Allocates weights views, activations and the KV pool for the given limits. */
+    int (*init)(const struct sl_model *m, const struct sl_backend_opts *o, void **ctx);
+    /* Runs the batch, writing KV for every row and logits (n_logits, vocab) for logit_rows.
+     * Allocates nothing. Returns SL_OK, SL_EINVAL for a batch over the limits, SL_EBACKEND. */
+    int (*forward)(void *ctx, const struct sl_batch *b, float *logits);
+    void (*free)(void *ctx);
+    /* Bytes of KV storage allocated. */
+    size_t (*kv_bytes)(void *ctx);
+};
+
+extern const struct sl_backend_ops sl_cpu_backend_ops;
+
+/* Bytes one KV block takes for this model (keys and values, all layers, fp32). */
+size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size);
+
+/* A worker: a model replica bound to a backend. The model must outlive it. */
+struct sl_worker;
+int sl_worker_new(const struct sl_model *m, const struct sl_backend_ops *ops,
+                  const struct sl_backend_opts *o, struct sl_worker **out);
+void sl_worker_free(struct sl_worker *w);
+int sl_worker_forward(struct sl_worker *w, const struct sl_batch *b, float *logits);
+const struct sl_model *sl_worker_model(const struct sl_worker *w);
+const struct sl_backend_opts *sl_worker_opts(const struct sl_worker *w);
+size_t sl_worker_kv_bytes(const struct sl_worker *w);
+
+#endif

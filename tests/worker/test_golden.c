@@ -1,0 +1,195 @@
+/* Golden end-to-end: greedy generation through the batch interface and the paged KV cache
+ * reproduces llama2.c run.c's token ids exactly (see ../shared/models/README.md). */
+#include "worker_test.h"
+
+#include <jansson.h>
+
+#define BLOCK 16
+#define POOL 128
+#define MAX_SEQS 4
+
+struct gen {
+    int32_t prompt[512];
+    int n_prompt;
+    int steps;
+    int32_t table[512 / BLOCK];
+    int32_t pos;      /* position of the next token to feed */
+    int32_t next;     /* token to feed at pos */
+    int32_t out[512]; /* generated ids */
+    int n_out;
+    bool done;
+};
+
+/* Block i of sequence s: a scrambled bijection over the pool, so neighbours in a sequence are
+ * far apart in memory and sequences never share a block. */
+static void gen_init(struct gen *g, int s, const int32_t *prompt, int n_prompt, int steps)
+{
+    memset(g, 0, sizeof(*g));
+    memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
+    g->n_prompt = n_prompt;
+    g->steps = steps;
+    for (int i = 0; i < 512 / BLOCK; i++)
+        g->table[i] = (int32_t)(((s * (512 / BLOCK) + i) * 37 + 11) % POOL);
+}
+
+static int32_t argmax(const float *l, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best])
+            best = i;
+    return best;
+}
+
+/* Runs every sequence to completion, in steps that mix prefills and decodes: step 1 prefills all
+ * prompts at once, every later step decodes one token per live sequence. Stopping is llama2.c's:
+ * at most `steps` positions including BOS, or when BOS is sampled. */
+static void generate(struct sl_worker *w, struct gen *g, int n)
+{
+    const struct sl_model_config *c = sl_model_config(sl_worker_model(w));
+    int V = c->vocab_size, cap = sl_worker_opts(w)->max_batch_tokens;
+    int32_t *tokens = malloc((size_t)cap * sizeof(int32_t)), *pos = malloc((size_t)cap * 4);
+    int32_t *seq = malloc((size_t)cap * 4), rows[MAX_SEQS], ctx[MAX_SEQS], owner[MAX_SEQS];
+    const int32_t *tables[MAX_SEQS];
+    float *logits = malloc((size_t)MAX_SEQS * V * sizeof(float));
+    bool first = true;
+    for (;;) {
+        int nt = 0, ns = 0;
+        for (int s = 0; s < n; s++) {
+            struct gen *q = &g[s];
+            if (q->done)
+                continue;
+            if (first) {
+                for (int i = 0; i < q->n_prompt; i++) {
+                    tokens[nt] = q->prompt[i];
+                    pos[nt] = i;
+                    seq[nt++] = ns;
+                }
+                q->pos = q->n_prompt - 1;
+            } else {
+                tokens[nt] = q->next;
+                pos[nt] = q->pos;
+                seq[nt++] = ns;
+            }
+            rows[ns] = nt - 1;
+            ctx[ns] = q->pos + 1;
+            tables[ns] = q->table;
+            owner[ns++] = s;
+        }
+        if (ns == 0)
+            break;
+        first = false;
+        struct sl_batch b = {.n_tokens = nt,
+                             .tokens = tokens,
+                             .pos = pos,
+                             .seq = seq,
+                             .n_seqs = ns,
+                             .block_tables = tables,
+                             .ctx_len = ctx,
+                             .n_logits = ns,
+                             .logit_rows = rows};
+        cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
+        for (int i = 0; i < ns; i++) {
+            struct gen *q = &g[owner[i]];
+            int32_t next = argmax(logits + (size_t)i * V, V);
+            q->pos++;
+            if (next == 1) {
+                q->done = true;
+                continue;
+            }
+            q->out[q->n_out++] = next;
+            q->next = next;
+            if (q->pos >= q->steps)
+                q->done = true;
+        }
+    }
+    free(tokens);
+    free(pos);
+    free(seq);
+    free(logits);
+}
+
+static void ids_from_json(json_t *a, int32_t *out, int *n)
+{
+    *n = (int)json_array_size(a);
+    for (int i = 0; i < *n; i++)
+        out[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
+}
+
+static void check_golden(const char *model, const char *tokfile, const char *golden, bool batched)
+{
+    WT_REQUIRE_MODELS(dir);
+    char *mp = wt_path(dir, model), *tp = wt_path(dir, tokfile), *gp = wt_path(dir, golden);
+    struct sl_model *m = wt_load(mp, tp);
+    json_error_t jerr;
+    json_t *root = json_load_file(gp, 0, &jerr);
+    cr_assert_not_null(root, "%s: %s", gp, jerr.text);
+    size_t n_cases = json_array_size(root);
+    cr_assert(n_cases >= 1 && n_cases <= MAX_SEQS);
+    struct sl_backend_opts o = {.n_kv_blocks = POOL,
+                                .block_size = BLOCK,
+                                .max_batch_tokens = 64,
+                                .max_seqs = MAX_SEQS,
+                                .threads = 1};
+    struct gen *g = calloc(n_cases, sizeof(*g));
+    for (size_t i = 0; i < n_cases; i++) {
+        json_t *c = json_array_get(root, i);
+        const char *prompt = json_string_value(json_object_get(c, "prompt"));
+        int32_t ids[512];
+        int n = 0;
+        cr_assert_eq(sl_tok_encode(sl_model_tok(m), prompt, strlen(prompt), true, ids, 512, &n),
+                     SL_OK);
+        gen_init(&g[i], (int)i, ids, n, (int)json_integer_value(json_object_get(c, "steps")));
+        if (!batched) {
+            struct sl_worker *w = NULL;
+            cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
+            generate(w, &g[i], 1);
+            sl_worker_free(w);
+        }
+    }
+    if (batched) {
+        struct sl_worker *w = NULL;
+        cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
+        generate(w, g, (int)n_cases);
+        sl_worker_free(w);
+    }
+    for (size_t i = 0; i < n_cases; i++) {
+        json_t *c = json_array_get(root, i);
+        const char *prompt = json_string_value(json_object_get(c, "prompt"));
+        int32_t want[512];
+        int n_want;
+        ids_from_json(json_object_get(c, "token_ids"), want, &n_want);
+        for (int k = 0; k < n_want && k < g[i].n_out; k++)
+            cr_assert_eq(g[i].out[k], want[k], "%s \"%s\": token %d is %d, llama2.c gave %d", model,
+                         prompt, k, g[i].out[k], want[k]);
+        cr_assert_eq(g[i].n_out, n_want, "%s \"%s\": %d tokens, llama2.c gave %d", model, prompt,
+                     g[i].n_out, n_want);
+    }
+    free(g);
+    json_decref(root);
+    sl_model_free(m);
+    free(mp);
+    free(tp);
+    free(gp);
+}
+
+Test(worker, greedy_ids_match_llama2c_when_model_is_stories260k)
+{
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.json", false);
+}
+
+Test(worker, greedy_ids_match_llama2c_when_prompt_is_empty_for_200_steps)
+{
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.testall.json", false);
+}
+
+Test(worker, greedy_ids_match_llama2c_when_prompts_share_every_batch)
+{
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.json", true);
+}
+
+Test(worker, greedy_ids_match_llama2c_when_model_is_tinystories656k)
+{
+    check_golden("tinystories-656K/llama2c/model.bin", "tinystories-656K/llama2c/tokenizer.bin",
+                 "golden/tinystories-656K.json", true);
+}

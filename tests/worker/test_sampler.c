@@ -1,0 +1,140 @@
+#include "worker_test.h"
+
+#include <math.h>
+
+static void *scratch_for(int vocab)
+{
+    return malloc(sl_sample_scratch_size(vocab));
+}
+
+Test(worker, greedy_picks_argmax_when_temperature_is_zero)
+{
+    float logits[6] = {0.1f, 2.5f, -1.0f, 2.4f, 0.0f, -3.0f};
+    struct sl_sampling p = {.temperature = 0.0f, .top_p = 1.0f};
+    struct sl_rng r;
+    sl_rng_seed(&r, 7);
+    void *scratch = scratch_for(6);
+    cr_assert_eq(sl_sample(logits, 6, &p, &r, scratch), 1);
+    float tie[5] = {-1.0f, 3.0f, 0.0f, 3.0f, 3.0f};
+    cr_assert_eq(sl_sample(tie, 5, &p, &r, scratch), 1, "lowest id must win a tie");
+    float neg[3] = {-5.0f, -4.0f, -4.5f};
+    cr_assert_eq(sl_sample(neg, 3, &p, &r, scratch), 1);
+    free(scratch);
+}
+
+static void random_logits(float *l, int n, struct sl_rng *r)
+{
+    for (int i = 0; i < n; i++)
+        l[i] = (sl_rng_f32(r) - 0.5f) * 8.0f;
+}
+
+Test(worker, sampler_repeats_output_when_seed_is_the_same)
+{
+    enum { V = 300, N = 64 };
+    struct sl_sampling p = {.temperature = 1.0f, .top_p = 0.9f};
+    void *scratch = scratch_for(V);
+    int32_t out[3][N];
+    uint64_t seeds[3] = {42, 42, 43};
+    for (int s = 0; s < 3; s++) {
+        struct sl_rng lr, sr;
+        sl_rng_seed(&lr, 1000);
+        sl_rng_seed(&sr, seeds[s]);
+        for (int i = 0; i < N; i++) {
+            float l[V];
+            random_logits(l, V, &lr);
+            out[s][i] = sl_sample(l, V, &p, &sr, scratch);
+            cr_assert(out[s][i] >= 0 && out[s][i] < V);
+        }
+    }
+    cr_assert(memcmp(out[0], out[1], sizeof(out[0])) == 0, "same seed, different output");
+    cr_assert(memcmp(out[0], out[2], sizeof(out[0])) != 0, "different seeds, same output");
+    free(scratch);
+}
+
+Test(worker, rng_is_uniform_when_seed_is_zero)
+{
+    struct sl_rng r;
+    sl_rng_seed(&r, 0);
+    cr_assert_neq(r.state, 0);
+    double sum = 0;
+    float prev = -1.0f;
+    int repeats = 0;
+    for (int i = 0; i < 10000; i++) {
+        float f = sl_rng_f32(&r);
+        cr_assert(f >= 0.0f && f < 1.0f);
+        repeats += f == prev;
+        prev = f;
+        sum += f;
+    }
+    cr_assert_lt(repeats, 3);
+    cr_assert(fabs(sum / 10000 - 0.5) < 0.02, "mean %g", sum / 10000);
+    struct sl_rng a, b;
+    sl_rng_seed(&a, 1);
+    sl_rng_seed(&b, 2);
+    cr_assert_neq(sl_rng_f32(&a), sl_rng_f32(&b));
+}
+
+Test(worker, top_p_picks_argmax_when_nucleus_is_tiny)
+{
+    enum { V = 1000 };
+    struct sl_sampling p = {.temperature = 1.0f, .top_p = 1e-6f};
+    void *scratch = scratch_for(V);
+    struct sl_rng lr, sr;
+    sl_rng_seed(&lr, 5);
+    sl_rng_seed(&sr, 6);
+    for (int it = 0; it < 200; it++) {
+        float l[V];
+        random_logits(l, V, &lr);
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (l[i] > l[best])
+                best = i;
+        cr_assert_eq(sl_sample(l, V, &p, &sr, scratch), best);
+    }
+    free(scratch);
+}
+
+/* Draws n samples from logits (copied each time) and returns the frequency of each id. */
+static void frequencies(const float *logits, int v, const struct sl_sampling *p, int n,
+                        double *freq)
+{
+    void *scratch = scratch_for(v);
+    struct sl_rng r;
+    sl_rng_seed(&r, 99);
+    for (int i = 0; i < v; i++)
+        freq[i] = 0;
+    for (int i = 0; i < n; i++) {
+        float l[8];
+        memcpy(l, logits, (size_t)v * sizeof(float));
+        freq[sl_sample(l, v, p, &r, scratch)] += 1.0 / n;
+    }
+    free(scratch);
+}
+
+Test(worker, sampler_follows_softmax_when_temperature_is_set)
+{
+    float logits[3] = {logf(0.5f), logf(0.3f), logf(0.2f)};
+    double f[3];
+    struct sl_sampling p = {.temperature = 1.0f, .top_p = 1.0f};
+    frequencies(logits, 3, &p, 20000, f);
+    cr_assert(fabs(f[0] - 0.5) < 0.02 && fabs(f[1] - 0.3) < 0.02 && fabs(f[2] - 0.2) < 0.02,
+              "T=1: %g %g %g", f[0], f[1], f[2]);
+    /* T = 0.5 squares the probabilities: 0.25, 0.09, 0.04 over 0.38. */
+    p.temperature = 0.5f;
+    frequencies(logits, 3, &p, 20000, f);
+    cr_assert(fabs(f[0] - 0.25 / 0.38) < 0.02 && fabs(f[1] - 0.09 / 0.38) < 0.02 &&
+                  fabs(f[2] - 0.04 / 0.38) < 0.02,
+              "T=0.5: %g %g %g", f[0], f[1], f[2]);
+}
+
+Test(worker, top_p_excludes_tail_when_mass_is_reached)
+{
+    float logits[4] = {logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f)};
+    double f[4];
+    /* 0.5 alone is not above 0.75; 0.5 + 0.3 is: the nucleus is {0, 1}, renormalised. */
+    struct sl_sampling p = {.temperature = 1.0f, .top_p = 0.75f};
+    frequencies(logits, 4, &p, 20000, f);
+    cr_assert_eq(f[2], 0.0);
+    cr_assert_eq(f[3], 0.0);
+    cr_assert(fabs(f[0] - 0.625) < 0.02 && fabs(f[1] - 0.375) < 0.02, "%g %g", f[0], f[1]);
+}

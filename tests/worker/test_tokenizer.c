@@ -1,0 +1,348 @@
+#include "worker_test.h"
+
+#include <jansson.h>
+#include <pthread.h>
+
+/* Decodes ids[1..n) (ids[0] is BOS) the way a streaming client would, prev by prev. */
+static void decode_all(const struct sl_tok *t, const int32_t *ids, int n, struct sl_str *out)
+{
+    for (int i = 1; i < n; i++) {
+        size_t len;
+        const char *p = sl_tok_decode(t, ids[i - 1], ids[i], &len);
+        sl_str_append(out, p, len);
+    }
+}
+
+static void check_round_trip(const struct sl_tok *t, const char *text, size_t len)
+{
+    int32_t ids[1024];
+    int n = -1;
+    cr_assert_eq(sl_tok_encode(t, text, len, true, ids, 1024, &n), SL_OK, "encode \"%s\"", text);
+    cr_assert_eq(ids[0], 1);
+    for (int i = 0; i < n; i++)
+        cr_assert(ids[i] >= 0 && ids[i] < sl_tok_vocab_size(t));
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_str_append(&s, "", 0);
+    decode_all(t, ids, n, &s);
+    cr_assert_eq(s.len, len, "\"%s\" decoded to %zu bytes \"%s\"", text, s.len, s.p);
+    cr_assert(memcmp(s.p, text, len) == 0, "\"%s\" decoded to \"%s\"", text, s.p);
+    sl_str_dispose(&s);
+}
+
+static const char *const texts[] = {
+    "Once upon a time, there was a little girl named Lily.",
+    "Hello, world!",
+    "a",
+    " ",
+    "  two leading spaces and trailing  ",
+    "tabs\tand\nnew lines\n\n",
+    "héllo wörld — “quoted” … 5€",
+    "日本語のテキストと中文",
+    "emoji 😀🎉👍🏽 mixed with text",
+    "<0x41> looks like a byte token",
+    "\xf4\x8f\xbf\xbf max code point",
+    "ÿ",
+};
+
+Test(worker, synthetic_tokenizer_round_trips_when_text_is_any_utf8)
+{
+    struct sl_tok *tiny = sl_tok_synthetic(512);
+    struct sl_tok *big = sl_tok_synthetic(32000);
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+        check_round_trip(tiny, texts[i], strlen(texts[i]));
+        check_round_trip(big, texts[i], strlen(texts[i]));
+    }
+    check_round_trip(tiny, "nul\0inside", 10); /* a NUL byte is valid UTF-8 */
+    sl_tok_free(tiny);
+    sl_tok_free(big);
+}
+
+Test(worker, encode_gives_only_bos_when_text_is_empty)
+{
+    struct sl_tok *t = sl_tok_synthetic(512);
+    int32_t ids[4];
+    int n = -1;
+    cr_assert_eq(sl_tok_encode(t, "", 0, true, ids, 4, &n), SL_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(ids[0], 1);
+    cr_assert_eq(sl_tok_encode(t, "", 0, false, ids, 4, &n), SL_OK);
+    cr_assert_eq(n, 0);
+    sl_tok_free(t);
+}
+
+Test(worker, synthetic_tokenizer_merges_when_pieces_exist)
+{
+    struct sl_tok *t = sl_tok_synthetic(512);
+    const char *text = "Once upon a time the little girl was happy";
+    int32_t ids[128];
+    int n = 0;
+    cr_assert_eq(sl_tok_encode(t, text, strlen(text), false, ids, 128, &n), SL_OK);
+    /* " Once" " upon" " a" " time" ... are all pieces: far fewer ids than characters. */
+    cr_assert_lt(n, (int)strlen(text) / 3, "only %d merges", (int)strlen(text) + 1 - n);
+    cr_assert_eq(ids[0], sl_tok_lookup(t, " Once", 5) >= 0 ? sl_tok_lookup(t, " Once", 5) : ids[0]);
+    sl_tok_free(t);
+}
+
+Test(worker, synthetic_vocab_has_llama2c_layout_when_built)
+{
+    struct sl_tok *t = sl_tok_synthetic(512);
+    size_t len;
+    cr_assert_eq(sl_tok_vocab_size(t), 512);
+    cr_assert_eq(t->piece_len[0], 5);
+    cr_assert(memcmp(t->pieces[0], "<unk>", 5) == 0);
+    cr_assert(memcmp(t->pieces[3], "<0x00>", 6) == 0);
+    cr_assert(memcmp(t->pieces[258], "<0xFF>", 6) == 0);
+    const char *p = sl_tok_decode(t, 5, 3 + 0xAB, &len);
+    cr_assert_eq(len, 1);
+    cr_assert_eq((unsigned char)p[0], 0xAB);
+    /* Every piece is unique, and every multi-character text piece is two pieces merged. */
+    for (int i = 0; i < 512; i++)
+        for (int j = i + 1; j < 512; j++)
+            cr_assert(!(t->piece_len[i] == t->piece_len[j] &&
+                        memcmp(t->pieces[i], t->pieces[j], t->piece_len[i]) == 0),
+                      "pieces %d and %d are equal", i, j);
+    int merged = 0;
+    for (int i = 259; i < 512; i++) {
+        const char *s = t->pieces[i];
+        uint32_t l = t->piece_len[i];
+        if (l < 2 || sl_utf8_complete_prefix(s, l) != l || ((unsigned char)s[0] >= 0x80 && l <= 4))
+            continue;
+        bool ok = false;
+        for (uint32_t k = 1; k < l && !ok; k++)
+            ok = sl_tok_lookup(t, s, k) >= 0 && sl_tok_lookup(t, s + k, l - k) >= 0;
+        cr_assert(ok, "piece %d \"%.*s\" is not a merge of two pieces", i, (int)l, s);
+        merged++;
+    }
+    cr_assert_gt(merged, 50);
+    sl_tok_free(t);
+}
+
+Test(worker, encode_falls_back_to_bytes_when_char_is_not_in_vocab)
+{
+    struct sl_tok *t = sl_tok_synthetic(512);
+    int32_t ids[16];
+    int n = 0;
+    cr_assert_eq(sl_tok_encode(t, "日", 3, false, ids, 16, &n), SL_OK);
+    cr_assert_eq(n, 4);
+    cr_assert_eq(ids[0], sl_tok_lookup(t, " ", 1));
+    cr_assert_eq(ids[1], 0xE6 + 3);
+    cr_assert_eq(ids[2], 0x97 + 3);
+    cr_assert_eq(ids[3], 0xA5 + 3);
+    sl_tok_free(t);
+}
+
+Test(worker, encode_rejects_text_when_utf8_is_invalid)
+{
+    static const char *const bad[] = {
+        "\xff",         "abc\xc3",          "\xc3\x28",    "\xc0\xaf", "\xe0\x80\xaf",
+        "\xed\xa0\x80", "\xf4\x90\x80\x80", "ok \xe2\x82", "\x80",     "\xf8\x88\x80\x80\x80",
+    };
+    struct sl_tok *t = sl_tok_synthetic(512);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int32_t ids[64];
+        int n = 0;
+        cr_assert_eq(sl_tok_encode(t, bad[i], strlen(bad[i]), true, ids, 64, &n), SL_EINVAL,
+                     "case %zu accepted", i);
+    }
+    sl_tok_free(t);
+}
+
+Test(worker, encode_returns_erange_when_max_out_is_too_small)
+{
+    struct sl_tok *t = sl_tok_synthetic(512);
+    const char *text = "Hello, world! 😀";
+    int32_t ids[64];
+    int n = 0;
+    cr_assert_eq(sl_tok_encode(t, text, strlen(text), true, ids, 64, &n), SL_OK);
+    int need = n;
+    cr_assert_gt(need, 3);
+    cr_assert_eq(sl_tok_encode(t, text, strlen(text), true, ids, need, &n), SL_OK);
+    cr_assert_eq(n, need);
+    cr_assert_eq(sl_tok_encode(t, text, strlen(text), true, ids, need - 1, &n), SL_ERANGE);
+    cr_assert_eq(n, need);
+    cr_assert_eq(sl_tok_encode(t, text, strlen(text), true, ids, 0, &n), SL_ERANGE);
+    cr_assert_eq(n, 1);
+    sl_tok_free(t);
+}
+
+Test(worker, decode_drops_leading_space_only_after_bos)
+{
+    struct sl_tok *t = sl_tok_synthetic(512);
+    int32_t id = sl_tok_lookup(t, " the", 4);
+    cr_assert_geq(id, 0);
+    size_t len;
+    const char *p = sl_tok_decode(t, 1, id, &len);
+    cr_assert_eq(len, 3);
+    cr_assert(memcmp(p, "the", 3) == 0);
+    p = sl_tok_decode(t, 42, id, &len);
+    cr_assert_eq(len, 4);
+    cr_assert(memcmp(p, " the", 4) == 0);
+    p = sl_tok_decode(t, 1, 512, &len);
+    cr_assert_eq(len, 0);
+    p = sl_tok_decode(t, 1, -1, &len);
+    cr_assert_eq(len, 0);
+    sl_tok_free(t);
+}
+
+struct enc_job {
+    const struct sl_tok *t;
+    const char *text;
+    int32_t ids[256];
+    int n;
+};
+
+static void *enc_thread(void *arg)
+{
+    struct enc_job *j = arg;
+    for (int it = 0; it < 200; it++) {
+        int32_t ids[256];
+        int n = 0;
+        if (sl_tok_encode(j->t, j->text, strlen(j->text), true, ids, 256, &n) != SL_OK ||
+            n != j->n || memcmp(ids, j->ids, (size_t)n * sizeof(int32_t)) != 0) {
+            j->n = -1;
+            break;
+        }
+    }
+    return NULL;
+}
+
+Test(worker, encode_gives_same_ids_when_called_from_many_threads)
+{
+    struct sl_tok *t = sl_tok_synthetic(32000);
+    struct enc_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i].t = t;
+        jobs[i].text = texts[i % 3 == 0 ? 0 : i];
+        cr_assert_eq(sl_tok_encode(t, jobs[i].text, strlen(jobs[i].text), true, jobs[i].ids, 256,
+                                   &jobs[i].n),
+                     SL_OK);
+        pthread_create(&th[i], NULL, enc_thread, &jobs[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_neq(jobs[i].n, -1, "thread %d saw different ids", i);
+    }
+    sl_tok_free(t);
+}
+
+/* The golden prompts with the real tok512.bin: llama2.c's encode() output, BOS included. */
+static void check_golden_prompts(const char *dir, const char *model, const char *tok,
+                                 const char *golden)
+{
+    char *mp = wt_path(dir, model), *tp = wt_path(dir, tok), *gp = wt_path(dir, golden);
+    struct sl_model *m = wt_load(mp, tp);
+    json_error_t jerr;
+    json_t *root = json_load_file(gp, 0, &jerr);
+    cr_assert_not_null(root, "%s: %s", gp, jerr.text);
+    size_t i;
+    json_t *c;
+    json_array_foreach(root, i, c)
+    {
+        const char *prompt = json_string_value(json_object_get(c, "prompt"));
+        json_t *want = json_object_get(c, "prompt_token_ids");
+        int32_t ids[512];
+        int n = 0;
+        cr_assert_eq(sl_tok_encode(sl_model_tok(m), prompt, strlen(prompt), true, ids, 512, &n),
+                     SL_OK);
+        cr_assert_eq((size_t)n, json_array_size(want), "\"%s\": %d ids, want %zu", prompt, n,
+                     json_array_size(want));
+        for (int k = 0; k < n; k++)
+            cr_assert_eq(ids[k], json_integer_value(json_array_get(want, (size_t)k)),
+                         "\"%s\": id %d differs", prompt, k);
+    }
+    json_decref(root);
+    sl_model_free(m);
+    free(mp);
+    free(tp);
+    free(gp);
+}
+
+Test(worker, encode_matches_llama2c_when_prompts_are_golden)
+{
+    WT_REQUIRE_MODELS(dir);
+    check_golden_prompts(dir, "stories260K.bin", "tok512.bin", "golden/stories260K.json");
+    check_golden_prompts(dir, "tinystories-656K/llama2c/model.bin",
+                         "tinystories-656K/llama2c/tokenizer.bin", "golden/tinystories-656K.json");
+}
+
+Test(worker, tok512_round_trips_when_text_is_any_utf8)
+{
+    WT_REQUIRE_MODELS(dir);
+    char *mp = wt_path(dir, "stories260K.bin"), *tp = wt_path(dir, "tok512.bin");
+    struct sl_model *m = wt_load(mp, tp);
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++)
+        check_round_trip(sl_model_tok(m), texts[i], strlen(texts[i]));
+    sl_model_free(m);
+    free(mp);
+    free(tp);
+}
+
+/* A llama2.c tokenizer image: <unk>, <s>, </s>, the 256 byte tokens, then `extra` pieces with
+ * their scores. */
+static struct sl_tok *tok_from(const char *const *extra, const float *scores, int n_extra)
+{
+    struct sl_str img;
+    sl_str_init(&img);
+    int32_t mtl = 16;
+    sl_str_append(&img, &mtl, 4);
+    for (int i = 0; i < 259 + n_extra; i++) {
+        char p[17];
+        const char *s = p;
+        if (i < 3)
+            s = i == 0 ? "<unk>" : i == 1 ? "\n<s>\n" : "\n</s>\n";
+        else if (i < 259)
+            snprintf(p, sizeof(p), "<0x%02X>", i - 3);
+        else
+            s = extra[i - 259];
+        float sc = i < 259 ? 0.0f : scores[i - 259];
+        int32_t l = (int32_t)strlen(s);
+        sl_str_append(&img, &sc, 4);
+        sl_str_append(&img, &l, 4);
+        sl_str_append(&img, s, (size_t)l);
+    }
+    char err[256];
+    struct sl_tok *t =
+        sl_tok_parse((const unsigned char *)img.p, img.len, 259 + n_extra, err, sizeof(err));
+    cr_assert_not_null(t, "%s", err);
+    sl_str_dispose(&img);
+    return t;
+}
+
+static void expect_ids(const struct sl_tok *t, const char *text, const int32_t *want, int n_want)
+{
+    int32_t ids[64];
+    int n = 0;
+    cr_assert_eq(sl_tok_encode(t, text, strlen(text), false, ids, 64, &n), SL_OK);
+    cr_assert_eq(n, n_want, "\"%s\": %d ids, want %d", text, n, n_want);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(ids[i], want[i], "\"%s\": id %d is %d, want %d", text, i, ids[i], want[i]);
+}
+
+Test(worker, encode_merges_leftmost_pair_when_scores_tie)
+{
+    /* 259 " ", 260 "a", 261 "aa" */
+    const char *const extra[] = {" ", "a", "aa"};
+    const float scores[] = {-10.0f, -10.0f, -1.0f};
+    struct sl_tok *t = tok_from(extra, scores, 3);
+    expect_ids(t, "aaa", (const int32_t[]){259, 261, 260}, 3);
+    expect_ids(t, "aaaa", (const int32_t[]){259, 261, 261}, 3);
+    sl_tok_free(t);
+}
+
+Test(worker, encode_merges_best_score_first_when_pairs_overlap)
+{
+    /* 259 " ", 260 "a", 261 "b", 262 "c", 263 "ab", 264 "bc", 265 " a", 266 "abc" */
+    const char *const extra[] = {" ", "a", "b", "c", "ab", "bc", " a", "abc"};
+    const float scores[] = {0, 0, 0, 0, -2.0f, -1.0f, -3.0f, 5.0f};
+    struct sl_tok *t = tok_from(extra, scores, 8);
+    /* "bc" (-1) beats "ab" (-2) and " a" (-3); the new pair "a"+"bc" spells "abc" (5), which
+     * then beats " a". Had "ab" merged first, " ab" would be no piece either: same end. */
+    expect_ids(t, "abc", (const int32_t[]){259, 266}, 2);
+    /* In " ab", "ab" (-2) beats " a" (-3). */
+    expect_ids(t, "ab", (const int32_t[]){259, 263}, 2);
+    /* "é" is not a piece: its two bytes fall back to byte tokens and never merge. */
+    expect_ids(t, "bé", (const int32_t[]){259, 261, 0xC3 + 3, 0xA9 + 3}, 4);
+    sl_tok_free(t);
+}

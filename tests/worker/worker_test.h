@@ -1,0 +1,79 @@
+/* Helpers shared by the worker tests. */
+#ifndef SLUICE_TESTS_WORKER_TEST_H
+#define SLUICE_TESTS_WORKER_TEST_H
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "worker_impl.h"
+
+/* The shared models folder, or NULL when it is absent (tests that need it skip). */
+static inline const char *wt_models_dir(void)
+{
+    const char *d = getenv("SL_MODELS_DIR");
+    struct stat st;
+    if (!d || stat(d, &st) != 0 || !S_ISDIR(st.st_mode))
+        return NULL;
+    return d;
+}
+
+#define WT_REQUIRE_MODELS(dir)                                                                     \
+    const char *dir = wt_models_dir();                                                             \
+    do {                                                                                           \
+        if (!dir) {                                                                                \
+            const char *e_ = getenv("SL_MODELS_DIR");                                              \
+            cr_skip_test("needs real models: ../shared/models not found (SL_MODELS_DIR=%s)",       \
+                         e_ ? e_ : "(unset)");                                                     \
+        }                                                                                          \
+    } while (0)
+
+static inline char *wt_path(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static inline struct sl_model *wt_load(const char *spec, const char *tok)
+{
+    struct sl_model *m = NULL;
+    char err[512];
+    int rc = sl_model_load(spec, tok, &m, err, sizeof(err));
+    cr_assert_eq(rc, SL_OK, "load %s: %s", spec, err);
+    return m;
+}
+
+/* Reads a whole file; aborts the test when it cannot. */
+static inline unsigned char *wt_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *p = malloc((size_t)n + 1);
+    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return p;
+}
+
+/* Writes bytes to a fresh temporary file and returns its path (caller unlinks and frees). */
+static inline char *wt_write_temp(const void *data, size_t len)
+{
+    char *path = strdup("/tmp/sluice-worker-test-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0, "mkstemp failed");
+    FILE *f = fdopen(fd, "wb");
+    cr_assert_not_null(f);
+    if (len)
+        cr_assert_eq(fwrite(data, 1, len, f), len);
+    fclose(f);
+    return path;
+}
+
+#endif

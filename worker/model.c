@@ -1,0 +1,353 @@
+/* Model loading: llama2.c legacy checkpoints (mmap'd) and synthetic weights. */
+#include "worker_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define HEADER_BYTES 28 /* 7 little-endian int32 */
+
+uint64_t sl_model_body_floats(const struct sl_model_config *c)
+{
+    /* Bounds keep every product below 2^62 and reject nonsense headers early. */
+    if (c->dim < 1 || c->dim > 65536 || c->hidden_dim < 1 || c->hidden_dim > 1 << 20 ||
+        c->n_layers < 1 || c->n_layers > 1024 || c->n_heads < 1 || c->n_heads > c->dim ||
+        c->n_kv_heads < 1 || c->n_kv_heads > c->n_heads || c->vocab_size < 1 ||
+        c->vocab_size > 1 << 24 || c->seq_len < 1 || c->seq_len > 1 << 20)
+        return 0;
+    if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2)
+        return 0;
+    uint64_t dim = (uint64_t)c->dim, hid = (uint64_t)c->hidden_dim, L = (uint64_t)c->n_layers;
+    uint64_t hs = dim / (uint64_t)c->n_heads, kv = hs * (uint64_t)c->n_kv_heads;
+    uint64_t V = (uint64_t)c->vocab_size;
+    uint64_t n = V * dim;                  /* token_embedding */
+    n += L * dim;                          /* rms_att */
+    n += L * dim * dim + 2 * L * kv * dim; /* wq, wk, wv */
+    n += L * dim * dim;                    /* wo */
+    n += L * dim;                          /* rms_ffn */
+    n += 3 * L * hid * dim;                /* w1, w2, w3 */
+    n += dim;                              /* rms_final */
+    n += (uint64_t)c->seq_len * hs;        /* freq_cis_real + imag: seq_len*hs/2 each */
+    if (!c->shared_classifier)
+        n += V * dim; /* wcls */
+    return n;
+}
+
+void sl_model_weights_map(struct sl_model_weights *w, const struct sl_model_config *c,
+                          const float *p)
+{
+    size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
+    size_t hs = dim / (size_t)c->n_heads, kv = hs * (size_t)c->n_kv_heads;
+    w->token_embedding = p;
+    p += (size_t)c->vocab_size * dim;
+    w->rms_att = p;
+    p += L * dim;
+    w->wq = p;
+    p += L * dim * dim;
+    w->wk = p;
+    p += L * kv * dim;
+    w->wv = p;
+    p += L * kv * dim;
+    w->wo = p;
+    p += L * dim * dim;
+    w->rms_ffn = p;
+    p += L * dim;
+    w->w1 = p;
+    p += L * hid * dim;
+    w->w2 = p;
+    p += L * dim * hid;
+    w->w3 = p;
+    p += L * hid * dim;
+    w->rms_final = p;
+    p += dim;
+    p += (size_t)c->seq_len * hs; /* freq_cis: RoPE is computed, not read */
+    w->wcls = c->shared_classifier ? w->token_embedding : p;
+}
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+/* Reads a whole (small) file into memory. */
+static int read_file(const char *path, unsigned char **data, size_t *len, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        set_err(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT ? SL_ENOENT : SL_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        set_err(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return SL_EIO;
+    }
+    size_t n = (size_t)st.st_size;
+    unsigned char *buf = sl_xmalloc(n ? n : 1);
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            set_err(err, errlen, "%s: read failed: %s", path, r < 0 ? strerror(errno) : "EOF");
+            free(buf);
+            close(fd);
+            return SL_EIO;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    *data = buf;
+    *len = n;
+    return SL_OK;
+}
+
+static int load_tokenizer(struct sl_model *m, const char *path, char *err, size_t errlen)
+{
+    unsigned char *data;
+    size_t len;
+    int rc = read_file(path, &data, &len, err, errlen);
+    if (rc != SL_OK)
+        return rc;
+    char why[256];
+    m->tok = sl_tok_parse(data, len, m->cfg.vocab_size, why, sizeof(why));
+    free(data);
+    if (!m->tok) {
+        set_err(err, errlen, "%s: bad tokenizer: %s", path, why);
+        return SL_EFORMAT;
+    }
+    return SL_OK;
+}
+
+static int load_checkpoint(struct sl_model *m, const char *path, char *err, size_t errlen)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        set_err(err, errlen, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT ? SL_ENOENT : SL_EIO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        set_err(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return SL_EIO;
+    }
+    size_t flen = (size_t)st.st_size;
+    if (flen < HEADER_BYTES) {
+        set_err(err, errlen, "%s: truncated: %zu bytes, shorter than the %d-byte header", path,
+                flen, HEADER_BYTES);
+        close(fd);
+        return SL_EFORMAT;
+    }
+    void *map = mmap(NULL, flen, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        set_err(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        return SL_EIO;
+    }
+    int32_t h[7];
+    memcpy(h, map, sizeof(h)); /* little-endian hosts only, like llama2.c */
+    struct sl_model_config *c = &m->cfg;
+    c->dim = h[0];
+    c->hidden_dim = h[1];
+    c->n_layers = h[2];
+    c->n_heads = h[3];
+    c->n_kv_heads = h[4];
+    /* A negative vocab_size is llama2.c's flag for a separate classifier matrix. */
+    c->shared_classifier = h[5] > 0;
+    c->vocab_size = h[5] == INT32_MIN ? 0 : abs(h[5]);
+    c->seq_len = h[6];
+    c->rms_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    uint64_t floats = sl_model_body_floats(c);
+    if (floats == 0) {
+        set_err(err, errlen,
+                "%s: inconsistent header: dim %d hidden_dim %d n_layers %d n_heads %d "
+                "n_kv_heads %d vocab_size %d seq_len %d",
+                path, h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
+        munmap(map, flen);
+        return SL_EFORMAT;
+    }
+    uint64_t want = HEADER_BYTES + floats * sizeof(float);
+    if ((uint64_t)flen != want) {
+        set_err(err, errlen, "%s: %s: header implies %llu bytes, file has %zu", path,
+                (uint64_t)flen < want ? "truncated" : "trailing data", (unsigned long long)want,
+                flen);
+        munmap(map, flen);
+        return SL_EFORMAT;
+    }
+    m->map = map;
+    m->map_len = flen;
+    sl_model_weights_map(&m->w, c, (const float *)((const char *)map + HEADER_BYTES));
+    return SL_OK;
+}
+
+/* splitmix64: a well-mixed stream from any seed, so synthetic weights are the same everywhere. */
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Fills n floats uniform in [-a, a). */
+static void fill_uniform(float *p, size_t n, float a, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i++) {
+        float u = (float)(splitmix(s) >> 40) * (1.0f / 16777216.0f);
+        p[i] = (2.0f * u - 1.0f) * a;
+    }
+}
+
+static void fill_const(float *p, size_t n, float v)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = v;
+}
+
+static int load_synthetic(struct sl_model *m, const char *name, char *err, size_t errlen)
+{
+    struct sl_model_config *c = &m->cfg;
+    if (strcmp(name, "tiny") == 0) {
+        *c = (struct sl_model_config){64, 172, 5, 8, 4, 512, 512, 1e-5f, 10000.0f, true};
+    } else if (strcmp(name, "stories15M") == 0) {
+        *c = (struct sl_model_config){288, 768, 6, 6, 6, 32000, 256, 1e-5f, 10000.0f, true};
+    } else {
+        set_err(err, errlen, "synthetic:%s: unknown synthetic model (known: tiny, stories15M)",
+                name);
+        return SL_EINVAL;
+    }
+    uint64_t floats = sl_model_body_floats(c);
+    m->owned = sl_xmalloc((size_t)floats * sizeof(float));
+    sl_model_weights_map(&m->w, c, m->owned);
+    /* Uniform ±sqrt(3/fan_in) has variance 1/fan_in: every projection keeps the scale of its
+     * input, so activations stay O(1) through the layers and logits stay soft. */
+    size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
+    size_t kv = dim / (size_t)c->n_heads * (size_t)c->n_kv_heads;
+    float a_dim = sqrtf(3.0f / (float)dim), a_hid = sqrtf(3.0f / (float)hid);
+    uint64_t s = 0x511ce5eedull;
+    float *w;
+    w = (float *)m->w.token_embedding;
+    fill_uniform(w, (size_t)c->vocab_size * dim, 1.0f, &s);
+    fill_const((float *)m->w.rms_att, L * dim, 1.0f);
+    fill_uniform((float *)m->w.wq, L * dim * dim, a_dim, &s);
+    fill_uniform((float *)m->w.wk, L * kv * dim, a_dim, &s);
+    fill_uniform((float *)m->w.wv, L * kv * dim, a_dim, &s);
+    fill_uniform((float *)m->w.wo, L * dim * dim, a_dim, &s);
+    fill_const((float *)m->w.rms_ffn, L * dim, 1.0f);
+    fill_uniform((float *)m->w.w1, L * hid * dim, a_dim, &s);
+    fill_uniform((float *)m->w.w2, L * dim * hid, a_hid, &s);
+    fill_uniform((float *)m->w.w3, L * hid * dim, a_dim, &s);
+    fill_const((float *)m->w.rms_final, dim, 1.0f);
+    /* The freq_cis region is never read; zero it so the buffer is fully defined. */
+    float *freq = (float *)m->w.rms_final + dim;
+    fill_const(freq, (size_t)c->seq_len * (dim / (size_t)c->n_heads), 0.0f);
+    m->tok = sl_tok_synthetic(c->vocab_size);
+    size_t idlen = strlen(name) + 11;
+    m->id = sl_xmalloc(idlen);
+    snprintf(m->id, idlen, "synthetic:%s", name);
+    return SL_OK;
+}
+
+int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model **out, char *err,
+                  size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    if (!spec || !*spec) {
+        set_err(err, errlen, "empty model spec");
+        return SL_EINVAL;
+    }
+    struct sl_model *m = sl_xcalloc(1, sizeof(*m));
+    int rc;
+    if (strcmp(spec, "synthetic") == 0) {
+        rc = load_synthetic(m, "tiny", err, errlen);
+    } else if (strncmp(spec, "synthetic:", 10) == 0) {
+        rc = load_synthetic(m, spec + 10, err, errlen);
+    } else if (!tokenizer_path || !*tokenizer_path) {
+        set_err(err, errlen, "%s: a llama2.c checkpoint needs a tokenizer path", spec);
+        rc = SL_EINVAL;
+    } else {
+        rc = load_checkpoint(m, spec, err, errlen);
+        if (rc == SL_OK)
+            rc = load_tokenizer(m, tokenizer_path, err, errlen);
+        if (rc == SL_OK) {
+            /* "models/stories260K.bin" is served as "stories260K". */
+            const char *b = base_name(spec);
+            size_t n = strlen(b);
+            if (n > 4 && strcmp(b + n - 4, ".bin") == 0)
+                n -= 4;
+            m->id = sl_xstrndup(b, n);
+        }
+    }
+    if (rc != SL_OK) {
+        sl_model_free(m);
+        return rc;
+    }
+    *out = m;
+    return SL_OK;
+}
+
+void sl_model_free(struct sl_model *m)
+{
+    if (!m)
+        return;
+    if (m->map)
+        munmap(m->map, m->map_len);
+    free(m->owned);
+    sl_tok_free(m->tok);
+    free(m->id);
+    free(m);
+}
+
+const struct sl_model_config *sl_model_config(const struct sl_model *m)
+{
+    return &m->cfg;
+}
+
+const char *sl_model_id(const struct sl_model *m)
+{
+    return m->id;
+}
+
+const struct sl_tok *sl_model_tok(const struct sl_model *m)
+{
+    return m->tok;
+}
+
+bool sl_model_is_stop_token(const struct sl_model *m, int32_t token)
+{
+    (void)m;
+    return token == 1 || token == 2;
+}
+
+size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size)
+{
+    const struct sl_model_config *c = &m->cfg;
+    size_t kv = (size_t)(c->dim / c->n_heads) * (size_t)c->n_kv_heads;
+    return 2 * (size_t)c->n_layers * (size_t)block_size * kv * sizeof(float);
+}

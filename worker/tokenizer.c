@@ -1,0 +1,566 @@
+/* Tokenizer: llama2.c tokenizer.bin semantics (SentencePiece-style BPE by score, byte fallback
+ * +3), plus the synthetic vocabulary of the synthetic models. */
+#include "worker_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BOS_ID 1
+
+static int cmp_bytes(const char *a, size_t alen, const char *b, size_t blen)
+{
+    size_t n = alen < blen ? alen : blen;
+    int c = memcmp(a, b, n);
+    if (c)
+        return c;
+    return alen < blen ? -1 : alen > blen;
+}
+
+static int cmp_entry(const void *pa, const void *pb)
+{
+    const struct sl_tok_entry *a = pa, *b = pb;
+    int c = cmp_bytes(a->s, a->len, b->s, b->len);
+    if (c)
+        return c;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+/* Compares the concatenation a ‖ b with s, without building it. */
+static int cmp_concat(const char *a, size_t alen, const char *b, size_t blen, const char *s,
+                      size_t slen)
+{
+    size_t n = alen < slen ? alen : slen;
+    int c = memcmp(a, s, n);
+    if (c)
+        return c;
+    if (alen > slen)
+        return 1;
+    size_t m = blen < slen - alen ? blen : slen - alen;
+    c = memcmp(b, s + alen, m);
+    if (c)
+        return c;
+    size_t tot = alen + blen;
+    return tot < slen ? -1 : tot > slen;
+}
+
+/* Lowest id whose piece is a ‖ b, or -1 (lower bound, so duplicate pieces resolve to the first). */
+static int32_t lookup2(const struct sl_tok *t, const char *a, size_t alen, const char *b,
+                       size_t blen)
+{
+    int lo = 0, hi = t->vocab_size;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        const struct sl_tok_entry *e = &t->sorted[mid];
+        if (cmp_concat(a, alen, b, blen, e->s, e->len) > 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < t->vocab_size) {
+        const struct sl_tok_entry *e = &t->sorted[lo];
+        if (cmp_concat(a, alen, b, blen, e->s, e->len) == 0)
+            return e->id;
+    }
+    return -1;
+}
+
+int32_t sl_tok_lookup(const struct sl_tok *t, const char *s, size_t len)
+{
+    return lookup2(t, s, len, "", 0);
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+/* Builds the derived tables once blob, pieces, piece_len and scores are filled. */
+static void tok_index(struct sl_tok *t)
+{
+    int n = t->vocab_size;
+    t->sorted = sl_xmalloc((size_t)n * sizeof(*t->sorted));
+    t->byte_piece = sl_xmalloc((size_t)n * sizeof(*t->byte_piece));
+    t->max_token_length = 0;
+    for (int i = 0; i < n; i++) {
+        const char *p = t->pieces[i];
+        uint32_t len = t->piece_len[i];
+        t->sorted[i] = (struct sl_tok_entry){p, len, i};
+        if ((int)len > t->max_token_length)
+            t->max_token_length = (int)len;
+        t->byte_piece[i] = -1;
+        if (len == 6 && memcmp(p, "<0x", 3) == 0 && p[5] == '>' && hexval(p[3]) >= 0 &&
+            hexval(p[4]) >= 0)
+            t->byte_piece[i] = (int16_t)(hexval(p[3]) * 16 + hexval(p[4]));
+    }
+    for (int b = 0; b < 256; b++)
+        t->bytes[b] = (unsigned char)b;
+    qsort(t->sorted, (size_t)n, sizeof(*t->sorted), cmp_entry);
+    t->space_id = sl_tok_lookup(t, " ", 1);
+}
+
+void sl_tok_free(struct sl_tok *t)
+{
+    if (!t)
+        return;
+    free(t->blob);
+    free(t->pieces);
+    free(t->piece_len);
+    free(t->scores);
+    free(t->sorted);
+    free(t->byte_piece);
+    free(t);
+}
+
+static struct sl_tok *tok_alloc(int vocab)
+{
+    struct sl_tok *t = sl_xcalloc(1, sizeof(*t));
+    t->vocab_size = vocab;
+    t->pieces = sl_xcalloc((size_t)vocab, sizeof(*t->pieces));
+    t->piece_len = sl_xcalloc((size_t)vocab, sizeof(*t->piece_len));
+    t->scores = sl_xcalloc((size_t)vocab, sizeof(*t->scores));
+    return t;
+}
+
+static int32_t rd_i32(const unsigned char *p)
+{
+    uint32_t v = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    int32_t r;
+    memcpy(&r, &v, 4);
+    return r;
+}
+
+static float rd_f32(const unsigned char *p)
+{
+    int32_t i = rd_i32(p);
+    float f;
+    memcpy(&f, &i, 4);
+    return f;
+}
+
+struct sl_tok *sl_tok_parse(const unsigned char *data, size_t len, int vocab, char *err,
+                            size_t errlen)
+{
+    if (vocab < 259) {
+        snprintf(err, errlen, "vocab_size %d is below 259 (3 specials + 256 byte tokens)", vocab);
+        return NULL;
+    }
+    if (len < 4) {
+        snprintf(err, errlen, "truncated: %zu bytes, no max_token_length header", len);
+        return NULL;
+    }
+    int32_t mtl = rd_i32(data);
+    if (mtl < 1 || mtl > 65536) {
+        snprintf(err, errlen, "max_token_length %d out of range [1, 65536]", (int)mtl);
+        return NULL;
+    }
+    /* First pass validates every offset, so the copy below cannot read past the end. */
+    size_t off = 4, total = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (len - off < 8) {
+            snprintf(err, errlen, "truncated at token %d of %d (offset %zu of %zu)", i, vocab, off,
+                     len);
+            return NULL;
+        }
+        float score = rd_f32(data + off);
+        int32_t plen = rd_i32(data + off + 4);
+        if (!isfinite(score)) {
+            snprintf(err, errlen, "token %d has a non-finite score", i);
+            return NULL;
+        }
+        if (plen < 0 || plen > mtl) {
+            snprintf(err, errlen, "token %d has length %d outside [0, max_token_length %d]", i,
+                     (int)plen, (int)mtl);
+            return NULL;
+        }
+        off += 8;
+        if (len - off < (size_t)plen) {
+            snprintf(err, errlen, "truncated inside token %d (needs %d bytes at offset %zu of %zu)",
+                     i, (int)plen, off, len);
+            return NULL;
+        }
+        off += (size_t)plen;
+        total += (size_t)plen + 1;
+    }
+    if (off != len) {
+        snprintf(err, errlen,
+                 "%zu trailing bytes after %d tokens (tokenizer does not match the model's vocab)",
+                 len - off, vocab);
+        return NULL;
+    }
+    struct sl_tok *t = tok_alloc(vocab);
+    t->blob = sl_xmalloc(total);
+    off = 4;
+    size_t at = 0;
+    for (int i = 0; i < vocab; i++) {
+        t->scores[i] = rd_f32(data + off);
+        uint32_t plen = (uint32_t)rd_i32(data + off + 4);
+        off += 8;
+        memcpy(t->blob + at, data + off, plen);
+        t->blob[at + plen] = '\0';
+        t->pieces[i] = t->blob + at;
+        t->piece_len[i] = plen;
+        off += plen;
+        at += plen + 1;
+    }
+    tok_index(t);
+    return t;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Synthetic vocabulary: the llama2.c layout (specials, 256 byte tokens) followed by single
+ * characters and then multi-byte pieces that are each the concatenation of two earlier pieces, so
+ * BPE merges really happen and every piece is reachable. Scores fall with the id, which makes
+ * earlier (shorter, more common) merges win, as in a trained SentencePiece model.
+ */
+
+#define SYN_MAX_PIECE 16
+
+struct syn_builder {
+    struct sl_str blob;
+    size_t *off;   /* (vocab) offset of each piece in blob */
+    uint32_t *len; /* (vocab) */
+    int n, cap;
+    int32_t *hash; /* open addressing over piece bytes, -1 = empty */
+    size_t hmask;
+};
+
+static uint64_t fnv1a(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+/* Adds the piece unless it exists or the vocabulary is full. Returns true when added. */
+static bool syn_add(struct syn_builder *b, const char *s, size_t len)
+{
+    if (b->n >= b->cap)
+        return false;
+    size_t h = (size_t)fnv1a(s, len) & b->hmask;
+    while (b->hash[h] >= 0) {
+        int32_t id = b->hash[h];
+        if (b->len[id] == len && memcmp(b->blob.p + b->off[id], s, len) == 0)
+            return false;
+        h = (h + 1) & b->hmask;
+    }
+    b->hash[h] = b->n;
+    b->off[b->n] = b->blob.len;
+    b->len[b->n] = (uint32_t)len;
+    sl_str_append(&b->blob, s, len);
+    sl_str_append(&b->blob, "", 1); /* keep every piece NUL-terminated */
+    b->n++;
+    return true;
+}
+
+static uint64_t syn_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+struct sl_tok *sl_tok_synthetic(int vocab)
+{
+    static const char *const words[] = {
+        " the",  " a",     " and",   " to",   " was",  " he",  " she",   " it",     " of",
+        " in",   " time",  " upon",  " once", " Once", "Once", " there", " little", " girl",
+        " boy",  " day",   " play",  " with", " her",  " his", " they",  " said",   " big",
+        " mom",  " saw",   " happy", " is",   "ing",   "ed",   "er",     "es",      "th",
+        "in",    "an",     "on",     "at",    "en",    "re",   "or",     "ou",      "ll",
+        ". ",    ", ",     ".\n",    " The",  " She",  " He",  " One",   " friend", " wanted",
+        " very", " would", " could", " that", " for",  " you", " not",   " what",   " had",
+        " were", " all",
+    };
+    /* A few common non-ASCII characters as whole pieces, so multi-byte lookup is exercised. */
+    static const char *const chars[] = {"é", "ü", "ö", "ñ", "—", "’", "“", "”", "…", "€"};
+
+    struct syn_builder b = {0};
+    sl_str_init(&b.blob);
+    b.cap = vocab;
+    b.off = sl_xmalloc((size_t)vocab * sizeof(*b.off));
+    b.len = sl_xmalloc((size_t)vocab * sizeof(*b.len));
+    size_t hcap = 1;
+    while (hcap < (size_t)vocab * 2)
+        hcap <<= 1;
+    b.hmask = hcap - 1;
+    b.hash = sl_xmalloc(hcap * sizeof(*b.hash));
+    memset(b.hash, 0xff, hcap * sizeof(*b.hash));
+
+    syn_add(&b, "<unk>", 5);
+    syn_add(&b, "\n<s>\n", 5);
+    syn_add(&b, "\n</s>\n", 6);
+    for (int i = 0; i < 256; i++) {
+        char p[8];
+        snprintf(p, sizeof(p), "<0x%02X>", i);
+        syn_add(&b, p, 6);
+    }
+    int first_text = b.n;
+    syn_add(&b, " ", 1);
+    syn_add(&b, "\n", 1);
+    syn_add(&b, "\t", 1);
+    for (int c = 0x21; c < 0x7f; c++) {
+        char p = (char)c;
+        syn_add(&b, &p, 1);
+    }
+    for (size_t i = 0; i < sizeof(chars) / sizeof(chars[0]); i++)
+        syn_add(&b, chars[i], strlen(chars[i]));
+    /* Every prefix of a word, shortest first: each is an earlier piece plus one character. */
+    for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++) {
+        size_t wl = strlen(words[i]);
+        for (size_t l = 2; l <= wl; l++)
+            syn_add(&b, words[i], l);
+    }
+    /* Fill the rest with concatenations of two earlier text pieces. '<' is left out so that no
+     * piece can read as a "<0xAB>" byte token. */
+    uint64_t rng = 0x5eed5eedull;
+    int multi_from = first_text;
+    long tries = 0;
+    while (b.n < vocab && tries < 1000L * vocab) {
+        tries++;
+        int span = b.n - multi_from;
+        int a = multi_from + (int)(syn_next(&rng) % (uint64_t)span);
+        int c = multi_from + (int)(syn_next(&rng) % (uint64_t)span);
+        size_t la = b.len[a], lc = b.len[c];
+        if (la + lc > SYN_MAX_PIECE)
+            continue;
+        char p[2 * SYN_MAX_PIECE];
+        memcpy(p, b.blob.p + b.off[a], la);
+        memcpy(p + la, b.blob.p + b.off[c], lc);
+        if (memchr(p, '<', la + lc))
+            continue;
+        syn_add(&b, p, la + lc);
+    }
+    /* Unreachable in practice; keeps the vocabulary full whatever the size. */
+    for (int i = 0; b.n < vocab; i++) {
+        char p[32];
+        int l = snprintf(p, sizeof(p), "#%d", i);
+        syn_add(&b, p, (size_t)l);
+    }
+
+    struct sl_tok *t = tok_alloc(vocab);
+    t->blob = b.blob.p; /* ownership moves to the tokenizer */
+    for (int i = 0; i < vocab; i++) {
+        t->pieces[i] = t->blob + b.off[i];
+        t->piece_len[i] = b.len[i];
+        t->scores[i] = i < first_text ? 0.0f : -(float)(i - first_text);
+    }
+    free(b.off);
+    free(b.len);
+    free(b.hash);
+    tok_index(t);
+    return t;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Encode / decode
+ */
+
+int sl_tok_vocab_size(const struct sl_tok *t)
+{
+    return t->vocab_size;
+}
+
+int32_t sl_tok_bos(const struct sl_tok *t)
+{
+    (void)t;
+    return BOS_ID;
+}
+
+/* Length of the valid UTF-8 character at s[0..len), or 0 when invalid or truncated. */
+static size_t utf8_char(const unsigned char *s, size_t len)
+{
+    unsigned char c = s[0];
+    size_t need;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xc2 && c <= 0xdf)
+        need = 2;
+    else if (c == 0xe0)
+        need = 3, lo = 0xa0;
+    else if (c == 0xed)
+        need = 3, hi = 0x9f;
+    else if (c >= 0xe1 && c <= 0xef)
+        need = 3;
+    else if (c == 0xf0)
+        need = 4, lo = 0x90;
+    else if (c == 0xf4)
+        need = 4, hi = 0x8f;
+    else if (c >= 0xf1 && c <= 0xf3)
+        need = 4;
+    else
+        return 0;
+    if (len < need)
+        return 0;
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < need; i++)
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+    return need;
+}
+
+struct sym {
+    int32_t id; /* -1 once merged into its left neighbour */
+    int prev, next;
+};
+
+/* A candidate merge of symbols left and right, valid while both still hold lid and rid. */
+struct cand {
+    float score;
+    int left, right;
+    int32_t lid, rid, merged;
+};
+
+/* The order llama2.c's scan picks: highest score, then leftmost. */
+static bool cand_before(const struct cand *a, const struct cand *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void heap_push(struct cand *h, int *n, struct cand c)
+{
+    int i = (*n)++;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!cand_before(&c, &h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = c;
+}
+
+static struct cand heap_pop(struct cand *h, int *n)
+{
+    struct cand top = h[0];
+    struct cand last = h[--(*n)];
+    int i = 0;
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        const struct cand *best = &last;
+        if (l < *n && cand_before(&h[l], best))
+            m = l, best = &h[l];
+        if (r < *n && cand_before(&h[r], best))
+            m = r;
+        if (m == i)
+            break;
+        h[i] = h[m];
+        i = m;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+static void try_pair(const struct sl_tok *t, const struct sym *sy, int l, int r, struct cand *h,
+                     int *nh)
+{
+    if (l < 0 || r < 0)
+        return;
+    int32_t a = sy[l].id, b = sy[r].id;
+    int32_t m = lookup2(t, t->pieces[a], t->piece_len[a], t->pieces[b], t->piece_len[b]);
+    if (m >= 0)
+        heap_push(h, nh, (struct cand){t->scores[m], l, r, a, b, m});
+}
+
+int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos, int32_t *out,
+                  int max_out, int *n_out)
+{
+    const unsigned char *u = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8_char(u + i, len - i);
+        if (n == 0)
+            return SL_EINVAL;
+        i += n;
+    }
+    /* At most one symbol per byte plus the dummy prefix; each merge pushes at most 2 candidates. */
+    size_t cap = len + 1;
+    struct sym *sy = sl_xmalloc(cap * sizeof(*sy));
+    struct cand *heap = sl_xmalloc(3 * cap * sizeof(*heap));
+    int ns = 0, nh = 0;
+    if (len > 0)
+        sy[ns++].id = t->space_id >= 0 ? t->space_id : ' ' + 3;
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8_char(u + i, len - i);
+        int32_t id = sl_tok_lookup(t, text + i, n);
+        if (id >= 0) {
+            sy[ns++].id = id;
+        } else {
+            for (size_t j = 0; j < n; j++)
+                sy[ns++].id = (int32_t)u[i + j] + 3;
+        }
+        i += n;
+    }
+    for (int i = 0; i < ns; i++) {
+        sy[i].prev = i - 1;
+        sy[i].next = i + 1 < ns ? i + 1 : -1;
+    }
+    for (int i = 0; i + 1 < ns; i++)
+        try_pair(t, sy, i, i + 1, heap, &nh);
+    while (nh > 0) {
+        struct cand c = heap_pop(heap, &nh);
+        /* Stale when either side has merged since: ids only grow, so equal ids mean unchanged. */
+        if (sy[c.left].id != c.lid || sy[c.right].id != c.rid || sy[c.left].next != c.right)
+            continue;
+        sy[c.left].id = c.merged;
+        sy[c.right].id = -1;
+        int nx = sy[c.right].next;
+        sy[c.left].next = nx;
+        if (nx >= 0)
+            sy[nx].prev = c.left;
+        try_pair(t, sy, sy[c.left].prev, c.left, heap, &nh);
+        try_pair(t, sy, c.left, nx, heap, &nh);
+    }
+    int n = 0;
+    if (bos) {
+        if (n < max_out)
+            out[n] = BOS_ID;
+        n++;
+    }
+    for (int i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next) {
+        if (n < max_out)
+            out[n] = sy[i].id;
+        n++;
+    }
+    free(sy);
+    free(heap);
+    if (n > max_out) {
+        *n_out = max_out + 1;
+        return SL_ERANGE;
+    }
+    *n_out = n;
+    return SL_OK;
+}
+
+const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->vocab_size) {
+        *len = 0;
+        return "";
+    }
+    if (t->byte_piece[id] >= 0) {
+        *len = 1;
+        return (const char *)&t->bytes[t->byte_piece[id]];
+    }
+    const char *p = t->pieces[id];
+    size_t n = t->piece_len[id];
+    if (prev == BOS_ID && n > 0 && p[0] == ' ') {
+        p++;
+        n--;
+    }
+    *len = n;
+    return p;
+}
