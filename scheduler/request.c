@@ -1,0 +1,77 @@
+/* Requests: reference-counted, shared by the gateway and the scheduler. */
+#include "sched_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+const char *sl_finish_str(enum sl_finish f)
+{
+    switch (f) {
+    case SL_FINISH_STOP: return "stop";
+    case SL_FINISH_LENGTH: return "length";
+    case SL_FINISH_CANCELLED: return "cancelled";
+    case SL_FINISH_ERROR: return "error";
+    case SL_FINISH_NONE: break;
+    }
+    return NULL;
+}
+
+struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_req_params *p)
+{
+    struct sl_req *r = sl_xcalloc(1, sizeof *r);
+    atomic_init(&r->refs, 1);
+    atomic_init(&r->cancelled, false);
+    r->n_prompt = n_prompt;
+    r->prompt = sl_xmalloc(sizeof(int32_t) * (size_t)(n_prompt > 0 ? n_prompt : 1));
+    if (n_prompt > 0)
+        memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    r->params = *p;
+    int n = p->n_stop < 0 ? 0 : p->n_stop > SL_REQ_MAX_STOPS ? SL_REQ_MAX_STOPS : p->n_stop;
+    r->params.n_stop = n;
+    for (int i = 0; i < SL_REQ_MAX_STOPS; i++) {
+        r->stop_copy[i] = i < n ? sl_xstrdup(p->stop[i]) : NULL;
+        r->params.stop[i] = r->stop_copy[i];
+    }
+    sl_str_init(&r->pending);
+    return r;
+}
+
+void sl_req_ref(struct sl_req *r)
+{
+    atomic_fetch_add_explicit(&r->refs, 1, memory_order_relaxed);
+}
+
+void sl_req_unref(struct sl_req *r)
+{
+    if (!r || atomic_fetch_sub_explicit(&r->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    for (int i = 0; i < SL_REQ_MAX_STOPS; i++)
+        free(r->stop_copy[i]);
+    if (r->detok)
+        sl_detok_free(r->detok);
+    sl_str_dispose(&r->pending);
+    free(r->prompt);
+    free(r);
+}
+
+void sl_req_set_user(struct sl_req *r, void *user)
+{
+    r->user = user;
+}
+void *sl_req_user(const struct sl_req *r)
+{
+    return r->user;
+}
+int sl_req_n_prompt(const struct sl_req *r)
+{
+    return r->n_prompt;
+}
+const struct sl_req_params *sl_req_params(const struct sl_req *r)
+{
+    return &r->params;
+}
+
+bool sl_req_cancelled(const struct sl_req *r)
+{
+    return atomic_load_explicit(&r->cancelled, memory_order_acquire);
+}

@@ -1,0 +1,272 @@
+/* The scheduler thread: a thin adapter that owns a core and a worker.
+ *
+ * It sleeps on its inbox when idle and otherwise runs steps back to back. Text for each request
+ * is gathered during a step and posted once at its end, and each outbox touched is woken once,
+ * so an I/O thread wakes once per step however many tokens it receives.
+ */
+#include "sched_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum msg_kind { MSG_SUBMIT, MSG_CANCEL };
+
+struct msg {
+    struct msg *next;
+    enum msg_kind kind;
+    struct sl_req *req; /* a reference owned by the message */
+    struct sl_outbox *box;
+};
+
+struct sl_sched {
+    struct sl_worker *worker;
+    struct sl_sched_core *core;
+    pthread_t thread;
+
+    pthread_mutex_t lock; /* guards the inbox and `stopping` */
+    pthread_cond_t cond;
+    struct msg *head, *tail;
+    bool stopping;
+
+    /* Scheduler thread only. */
+    struct sl_req **dirty; /* (n_dirty) requests with text to post, each with a reference */
+    int n_dirty, cap_dirty;
+    struct sl_outbox **woken; /* (n_woken) outboxes to wake at the end of the step */
+    int n_woken, cap_woken;
+
+    atomic_int pub_running; /* published once per step */
+    atomic_int pub_queued;
+};
+
+static void touch_outbox(struct sl_sched *s, struct sl_outbox *box)
+{
+    for (int i = 0; i < s->n_woken; i++)
+        if (s->woken[i] == box)
+            return;
+    if (s->n_woken == s->cap_woken) {
+        s->cap_woken = s->cap_woken ? 2 * s->cap_woken : 8;
+        s->woken = sl_xrealloc(s->woken, sizeof *s->woken * (size_t)s->cap_woken);
+    }
+    s->woken[s->n_woken++] = box;
+}
+
+static void post_text(struct sl_sched *s, struct sl_req *r)
+{
+    if (r->pending_tokens == 0 && r->pending.len == 0)
+        return;
+    struct sl_out_event *e = sl_xcalloc(1, sizeof *e);
+    sl_req_ref(r);
+    e->req = r;
+    e->kind = SL_OUT_TEXT;
+    e->text = sl_xstrndup(r->pending.p ? r->pending.p : "", r->pending.len);
+    e->len = r->pending.len;
+    e->n_tokens = r->pending_tokens;
+    sl_str_clear(&r->pending);
+    r->pending_tokens = 0;
+    sl_outbox_push(r->box, e);
+    touch_outbox(s, r->box);
+}
+
+static bool sink_token(void *ctx, struct sl_req *r, int32_t token)
+{
+    struct sl_sched *s = ctx;
+    bool stopped = false;
+    sl_detok_push(r->detok, token, &r->pending, &stopped);
+    r->pending_tokens++;
+    if (!r->dirty) {
+        r->dirty = true;
+        sl_req_ref(r);
+        if (s->n_dirty == s->cap_dirty) {
+            s->cap_dirty = s->cap_dirty ? 2 * s->cap_dirty : 64;
+            s->dirty = sl_xrealloc(s->dirty, sizeof *s->dirty * (size_t)s->cap_dirty);
+        }
+        s->dirty[s->n_dirty++] = r;
+    }
+    return stopped;
+}
+
+static void sink_done(void *ctx, struct sl_req *r, enum sl_finish why, int status, int n_generated)
+{
+    struct sl_sched *s = ctx;
+    /* Text released before the end goes first, so DONE is always the last event. */
+    if (why == SL_FINISH_STOP || why == SL_FINISH_LENGTH)
+        sl_detok_finish(r->detok, &r->pending);
+    post_text(s, r);
+    struct sl_out_event *e = sl_xcalloc(1, sizeof *e);
+    sl_req_ref(r);
+    e->req = r;
+    e->kind = SL_OUT_DONE;
+    e->n_tokens = n_generated;
+    e->finish = why;
+    e->status = status;
+    sl_outbox_push(r->box, e);
+    touch_outbox(s, r->box);
+}
+
+static void flush_step(struct sl_sched *s)
+{
+    for (int i = 0; i < s->n_dirty; i++) {
+        struct sl_req *r = s->dirty[i];
+        r->dirty = false;
+        post_text(s, r);
+        sl_req_unref(r);
+    }
+    s->n_dirty = 0;
+    for (int i = 0; i < s->n_woken; i++)
+        sl_outbox_wake(s->woken[i]);
+    s->n_woken = 0;
+}
+
+static int worker_forward(void *ctx, const struct sl_batch *b, float *logits)
+{
+    return sl_worker_forward(ctx, b, logits);
+}
+
+static bool worker_is_stop(void *ctx, int32_t token)
+{
+    return sl_model_is_stop_token(sl_worker_model(ctx), token);
+}
+
+static void handle(struct sl_sched *s, struct msg *m)
+{
+    struct sl_req *r = m->req;
+    if (m->kind == MSG_SUBMIT) {
+        r->box = m->box;
+        const struct sl_tok *tok = sl_model_tok(sl_worker_model(s->worker));
+        r->detok = sl_detok_new(tok, r->prompt[r->n_prompt - 1], r->params.stop, r->params.n_stop);
+        int st =
+            sl_req_cancelled(r) ? SL_ECANCELED : sl_sched_core_submit(s->core, r, sl_clock_ns());
+        if (st != SL_OK)
+            sink_done(s, r, st == SL_ECANCELED ? SL_FINISH_CANCELLED : SL_FINISH_ERROR, st, 0);
+    } else {
+        sl_sched_core_cancel(s->core, r);
+    }
+    sl_req_unref(r);
+    free(m);
+}
+
+static void *sched_main(void *arg)
+{
+    struct sl_sched *s = arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        struct msg *m = s->head;
+        s->head = s->tail = NULL;
+        bool stopping = s->stopping;
+        if (!m && !stopping && sl_sched_core_pending(s->core) == 0) {
+            pthread_cond_wait(&s->cond, &s->lock);
+            continue;
+        }
+        pthread_mutex_unlock(&s->lock);
+        while (m) {
+            struct msg *next = m->next;
+            handle(s, m);
+            m = next;
+        }
+        if (stopping) {
+            /* Reports CANCELLED for everything still held, then posts it. */
+            sl_sched_core_free(s->core);
+            s->core = NULL;
+            flush_step(s);
+            return NULL;
+        }
+        int st = sl_sched_core_step(s->core, sl_clock_ns());
+        if (st < 0)
+            sl_log(SL_LOG_ERROR, "scheduler: step failed: %s", sl_status_str(st));
+        flush_step(s);
+        atomic_store_explicit(&s->pub_running, sl_sched_core_running(s->core),
+                              memory_order_relaxed);
+        atomic_store_explicit(&s->pub_queued,
+                              sl_sched_core_pending(s->core) - sl_sched_core_running(s->core),
+                              memory_order_relaxed);
+        pthread_mutex_lock(&s->lock);
+    }
+}
+
+int sl_sched_new(struct sl_worker *w, const struct sl_sched_limits *lim, struct sl_sched **out)
+{
+    struct sl_sched *s = sl_xcalloc(1, sizeof *s);
+    s->worker = w;
+    struct sl_sched_worker wi = {
+        .ctx = w, .forward = worker_forward, .is_stop_token = worker_is_stop};
+    struct sl_sched_sink sink = {.ctx = s, .token = sink_token, .done = sink_done};
+    s->core = sl_sched_core_new(lim, &wi, &sink);
+    if (!s->core) {
+        free(s);
+        return SL_EINVAL;
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+        sl_sched_core_free(s->core);
+        pthread_cond_destroy(&s->cond);
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+        return SL_EAGAIN;
+    }
+    *out = s;
+    return SL_OK;
+}
+
+void sl_sched_free(struct sl_sched *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    s->stopping = true;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+    pthread_join(s->thread, NULL);
+    /* Messages that arrived after the thread's last look at the inbox. */
+    for (struct msg *m = s->head, *next; m; m = next) {
+        next = m->next;
+        sl_req_unref(m->req);
+        free(m);
+    }
+    free(s->dirty);
+    free(s->woken);
+    pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static void post(struct sl_sched *s, enum msg_kind kind, struct sl_req *r, struct sl_outbox *box)
+{
+    struct msg *m = sl_xcalloc(1, sizeof *m);
+    m->kind = kind;
+    sl_req_ref(r);
+    m->req = r;
+    m->box = box;
+    pthread_mutex_lock(&s->lock);
+    if (s->tail)
+        s->tail->next = m;
+    else
+        s->head = m;
+    s->tail = m;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+int sl_sched_submit(struct sl_sched *s, struct sl_req *r, struct sl_outbox *box)
+{
+    if (!box || r->n_prompt < 1)
+        return SL_EINVAL;
+    post(s, MSG_SUBMIT, r, box);
+    return SL_OK;
+}
+
+void sl_sched_cancel(struct sl_sched *s, struct sl_req *r)
+{
+    atomic_store_explicit(&r->cancelled, true, memory_order_release);
+    post(s, MSG_CANCEL, r, NULL);
+}
+
+int sl_sched_running(const struct sl_sched *s)
+{
+    return atomic_load_explicit(&s->pub_running, memory_order_relaxed);
+}
+
+int sl_sched_queued(const struct sl_sched *s)
+{
+    return atomic_load_explicit(&s->pub_queued, memory_order_relaxed);
+}

@@ -1,0 +1,222 @@
+/* The scheduler thread over the real CPU worker and the synthetic model: requests in through
+ * the inbox, text out through an outbox. Waiting is on the outbox's wake-up, never on a timer. */
+#include <criterion/criterion.h>
+#include <sluice/sched.h>
+
+#include <pthread.h>
+#include <string.h>
+
+struct waiter {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    long wakes;
+};
+
+static void on_wake(void *arg)
+{
+    struct waiter *w = arg;
+    pthread_mutex_lock(&w->lock);
+    w->wakes++;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+struct harness {
+    struct sl_model *model;
+    struct sl_worker *worker;
+    struct sl_sched *sched;
+    struct waiter w;
+    struct sl_outbox *box;
+    long seen;
+};
+
+static void harness_init(struct harness *h)
+{
+    memset(h, 0, sizeof *h);
+    char err[256];
+    cr_assert_eq(sl_model_load("synthetic", NULL, &h->model, err, sizeof err), SL_OK, "%s", err);
+    const struct sl_model_config *mc = sl_model_config(h->model);
+    struct sl_backend_opts bo = {
+        .n_kv_blocks = 64, .block_size = 16, .max_batch_tokens = 64, .max_seqs = 4, .threads = 1};
+    cr_assert_eq(sl_worker_new(h->model, &sl_cpu_backend_ops, &bo, &h->worker), SL_OK);
+    struct sl_sched_limits lim = {.vocab = mc->vocab_size,
+                                  .max_ctx = mc->seq_len,
+                                  .max_seqs = 4,
+                                  .max_batch_tokens = 64,
+                                  .n_blocks = 64,
+                                  .block_size = 16};
+    cr_assert_eq(sl_sched_new(h->worker, &lim, &h->sched), SL_OK);
+    pthread_mutex_init(&h->w.lock, NULL);
+    pthread_cond_init(&h->w.cond, NULL);
+    h->box = sl_outbox_new(on_wake, &h->w);
+}
+
+static void harness_dispose(struct harness *h)
+{
+    sl_sched_free(h->sched);
+    sl_outbox_free(h->box);
+    sl_worker_free(h->worker);
+    sl_model_free(h->model);
+}
+
+/* Blocks until the scheduler has woken the outbox since the last call, then takes its events. */
+static struct sl_out_event *next_events(struct harness *h)
+{
+    pthread_mutex_lock(&h->w.lock);
+    while (h->w.wakes == h->seen)
+        pthread_cond_wait(&h->w.cond, &h->w.lock);
+    h->seen = h->w.wakes;
+    pthread_mutex_unlock(&h->w.lock);
+    return sl_outbox_take(h->box);
+}
+
+struct result {
+    struct sl_str text;
+    int text_tokens;
+    int text_events;
+    enum sl_finish finish;
+    int status;
+    int n_tokens;
+};
+
+/* Collects events of r until its DONE, failing on any event of another request. */
+static void collect(struct harness *h, struct sl_req *r, struct result *res, bool cancel_on_first)
+{
+    memset(res, 0, sizeof *res);
+    sl_str_init(&res->text);
+    bool done = false;
+    while (!done) {
+        for (struct sl_out_event *e = next_events(h), *next; e; e = next) {
+            next = e->next;
+            cr_assert_eq(e->req, r);
+            cr_assert(!done, "no event after DONE");
+            if (e->kind == SL_OUT_TEXT) {
+                cr_assert_eq(strlen(e->text), e->len, "text has no NUL inside");
+                sl_str_append(&res->text, e->text, e->len);
+                res->text_tokens += e->n_tokens;
+                if (res->text_events++ == 0 && cancel_on_first)
+                    sl_sched_cancel(h->sched, r);
+            } else {
+                done = true;
+                res->finish = e->finish;
+                res->status = e->status;
+                res->n_tokens = e->n_tokens;
+            }
+            sl_out_event_free(e);
+        }
+    }
+}
+
+static struct sl_req *make_req(struct harness *h, const char *prompt, int max_tokens, float temp,
+                               uint64_t seed)
+{
+    int32_t ids[512];
+    int n;
+    const struct sl_tok *tok = sl_model_tok(h->model);
+    cr_assert_eq(sl_tok_encode(tok, prompt, strlen(prompt), true, ids, 512, &n), SL_OK);
+    struct sl_req_params p = {
+        .max_tokens = max_tokens, .temperature = temp, .top_p = 1.f, .seed = seed};
+    return sl_req_new(ids, n, &p);
+}
+
+Test(sched, thread_delivers_all_tokens_then_done_when_request_runs)
+{
+    struct harness h;
+    harness_init(&h);
+    struct sl_req *r = make_req(&h, "Hello, world", 24, 0.f, 1);
+    cr_assert_eq(sl_sched_submit(h.sched, r, h.box), SL_OK);
+    struct result res;
+    collect(&h, r, &res, false);
+    cr_assert(res.finish == SL_FINISH_LENGTH || res.finish == SL_FINISH_STOP);
+    if (res.finish == SL_FINISH_LENGTH)
+        cr_assert_eq(res.n_tokens, 24);
+    cr_assert_leq(res.text_tokens, res.n_tokens);
+    cr_assert_geq(res.text_tokens, res.n_tokens - 1, "only a stop token has no text");
+    cr_assert_eq(sl_utf8_complete_prefix(res.text.p ? res.text.p : "", res.text.len), res.text.len);
+    sl_str_dispose(&res.text);
+    sl_req_unref(r);
+    harness_dispose(&h);
+}
+
+Test(sched, same_seed_gives_same_text_when_sampling_with_temperature)
+{
+    struct harness h;
+    harness_init(&h);
+    struct result a, b, c;
+    struct sl_req *r = make_req(&h, "Once upon a time", 32, 1.0f, 1234);
+    sl_sched_submit(h.sched, r, h.box);
+    collect(&h, r, &a, false);
+    sl_req_unref(r);
+    r = make_req(&h, "Once upon a time", 32, 1.0f, 1234);
+    sl_sched_submit(h.sched, r, h.box);
+    collect(&h, r, &b, false);
+    sl_req_unref(r);
+    r = make_req(&h, "Once upon a time", 32, 1.0f, 999);
+    sl_sched_submit(h.sched, r, h.box);
+    collect(&h, r, &c, false);
+    sl_req_unref(r);
+    cr_assert_eq(a.text.len, b.text.len);
+    cr_assert(a.text.len == 0 || memcmp(a.text.p, b.text.p, a.text.len) == 0);
+    cr_assert(a.text.len != c.text.len || a.text.len == 0 ||
+                  memcmp(a.text.p, c.text.p, a.text.len) != 0,
+              "another seed samples another text");
+    sl_str_dispose(&a.text);
+    sl_str_dispose(&b.text);
+    sl_str_dispose(&c.text);
+    harness_dispose(&h);
+}
+
+Test(sched, cancel_finishes_request_early_when_client_leaves)
+{
+    struct harness h;
+    harness_init(&h);
+    struct sl_req *r = make_req(&h, "A long story", 400, 0.f, 1);
+    sl_sched_submit(h.sched, r, h.box);
+    struct result res;
+    collect(&h, r, &res, true);
+    cr_assert(res.finish == SL_FINISH_CANCELLED || res.finish == SL_FINISH_STOP);
+    cr_assert_lt(res.n_tokens, 400);
+    cr_assert(sl_req_cancelled(r));
+    sl_str_dispose(&res.text);
+    sl_req_unref(r);
+    harness_dispose(&h);
+}
+
+Test(sched, oversized_request_gets_error_done_when_it_cannot_fit)
+{
+    struct harness h;
+    harness_init(&h);
+    struct sl_req *r = make_req(&h, "hi", 100000, 0.f, 1);
+    sl_sched_submit(h.sched, r, h.box);
+    struct result res;
+    collect(&h, r, &res, false);
+    cr_assert_eq(res.finish, SL_FINISH_ERROR);
+    cr_assert_eq(res.status, SL_ERANGE);
+    cr_assert_eq(res.n_tokens, 0);
+    sl_req_unref(r);
+    harness_dispose(&h);
+}
+
+Test(sched, shutdown_cancels_in_flight_requests_when_freed)
+{
+    struct harness h;
+    harness_init(&h);
+    struct sl_req *r = make_req(&h, "Never ending", 400, 0.f, 1);
+    sl_sched_submit(h.sched, r, h.box);
+    sl_sched_free(h.sched);
+    h.sched = NULL;
+    /* Everything was posted before the thread ended: DONE is in the outbox. */
+    bool got_done = false;
+    for (struct sl_out_event *e = sl_outbox_take(h.box), *next; e; e = next) {
+        next = e->next;
+        if (e->kind == SL_OUT_DONE) {
+            got_done = true;
+            cr_assert(e->finish == SL_FINISH_CANCELLED || e->finish == SL_FINISH_STOP ||
+                      e->finish == SL_FINISH_LENGTH);
+        }
+        sl_out_event_free(e);
+    }
+    cr_assert(got_done, "an accepted request is never silently dropped");
+    sl_req_unref(r);
+    harness_dispose(&h);
+}
