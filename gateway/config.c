@@ -1,0 +1,307 @@
+/* Configuration: built-in defaults, a JSON file, then command-line flags. */
+#include <sluice/gateway.h>
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sl_config_init(struct sl_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->listen_host = sl_xstrdup("127.0.0.1");
+    c->listen_port = 8080;
+    c->model = sl_xstrdup("synthetic");
+    c->tokenizer = NULL;
+    c->io_threads = 1;
+    c->threads = 0;
+    c->max_seqs = 32;
+    c->max_batch_tokens = 512;
+    c->block_size = 16;
+    c->kv_cache_mib = 512;
+    c->default_max_tokens = 16;
+    c->max_body_bytes = 1 << 20;
+    c->max_header_bytes = 16 << 10;
+    c->log_level = sl_xstrdup("info");
+}
+
+void sl_config_dispose(struct sl_config *c)
+{
+    free(c->listen_host);
+    free(c->model);
+    free(c->tokenizer);
+    free(c->log_level);
+    memset(c, 0, sizeof *c);
+}
+
+static void replace(char **dst, const char *src)
+{
+    free(*dst);
+    *dst = src ? sl_xstrdup(src) : NULL;
+}
+
+/* Splits "HOST:PORT" (or "[V6]:PORT"). */
+static int parse_listen(struct sl_config *c, const char *v, char *err, size_t errlen,
+                        const char *what)
+{
+    const char *colon = strrchr(v, ':');
+    if (!colon || colon == v) {
+        snprintf(err, errlen, "%s: \"%s\" is not HOST:PORT", what, v);
+        return SL_EINVAL;
+    }
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end != '\0' || port < 0 || port > 65535) {
+        snprintf(err, errlen, "%s: port in \"%s\" must be 0..65535", what, v);
+        return SL_EINVAL;
+    }
+    const char *h = v;
+    size_t hl = (size_t)(colon - v);
+    if (h[0] == '[') {
+        if (hl < 3 || h[hl - 1] != ']') {
+            snprintf(err, errlen, "%s: \"%s\" has an unclosed '['", what, v);
+            return SL_EINVAL;
+        }
+        h++;
+        hl -= 2;
+    }
+    free(c->listen_host);
+    c->listen_host = sl_xstrndup(h, hl);
+    c->listen_port = (int)port;
+    return SL_OK;
+}
+
+static const char *const log_levels[] = {"debug", "info", "warn", "error"};
+
+static int check_log_level(const char *v)
+{
+    for (int i = 0; i < 4; i++)
+        if (strcmp(v, log_levels[i]) == 0)
+            return i;
+    return -1;
+}
+
+enum key_type { K_INT, K_SIZE, K_STR, K_STR_OR_NULL, K_LISTEN, K_LOG_LEVEL };
+
+struct key {
+    const char *name;
+    enum key_type type;
+    size_t off;
+    long min, max;
+};
+
+#define OFF(f) offsetof(struct sl_config, f)
+static const struct key keys[] = {
+    {"listen", K_LISTEN, 0, 0, 0},
+    {"model", K_STR, OFF(model), 0, 0},
+    {"tokenizer", K_STR_OR_NULL, OFF(tokenizer), 0, 0},
+    {"io_threads", K_INT, OFF(io_threads), 1, 64},
+    {"threads", K_INT, OFF(threads), 0, 1024},
+    {"max_seqs", K_INT, OFF(max_seqs), 1, 4096},
+    {"max_batch_tokens", K_INT, OFF(max_batch_tokens), 1, 1 << 20},
+    {"block_size", K_INT, OFF(block_size), 1, 1024},
+    {"kv_cache_mib", K_INT, OFF(kv_cache_mib), 1, 1 << 24},
+    {"default_max_tokens", K_INT, OFF(default_max_tokens), 1, 1 << 20},
+    {"max_body_bytes", K_SIZE, OFF(max_body_bytes), 64, 1L << 30},
+    {"max_header_bytes", K_SIZE, OFF(max_header_bytes), 256, 1L << 20},
+    {"log_level", K_LOG_LEVEL, OFF(log_level), 0, 0},
+};
+
+static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *err, size_t errlen,
+                     const char *where)
+{
+    char *base = (char *)c;
+    switch (k->type) {
+    case K_INT:
+    case K_SIZE: {
+        if (!json_is_integer(v)) {
+            snprintf(err, errlen, "%s: \"%s\" must be an integer", where, k->name);
+            return SL_EINVAL;
+        }
+        json_int_t x = json_integer_value(v);
+        if (x < k->min || x > k->max) {
+            snprintf(err, errlen, "%s: \"%s\" must be between %ld and %ld, not %lld", where,
+                     k->name, k->min, k->max, (long long)x);
+            return SL_EINVAL;
+        }
+        if (k->type == K_INT)
+            *(int *)(base + k->off) = (int)x;
+        else
+            *(size_t *)(base + k->off) = (size_t)x;
+        return SL_OK;
+    }
+    case K_STR_OR_NULL:
+        if (json_is_null(v)) {
+            replace((char **)(base + k->off), NULL);
+            return SL_OK;
+        }
+        /* fall through */
+    case K_STR:
+        if (!json_is_string(v) || json_string_length(v) == 0) {
+            snprintf(err, errlen, "%s: \"%s\" must be a non-empty string", where, k->name);
+            return SL_EINVAL;
+        }
+        replace((char **)(base + k->off), json_string_value(v));
+        return SL_OK;
+    case K_LISTEN: {
+        if (!json_is_string(v)) {
+            snprintf(err, errlen, "%s: \"listen\" must be a string \"HOST:PORT\"", where);
+            return SL_EINVAL;
+        }
+        char what[512];
+        snprintf(what, sizeof what, "%s: \"listen\"", where);
+        return parse_listen(c, json_string_value(v), err, errlen, what);
+    }
+    case K_LOG_LEVEL:
+        if (!json_is_string(v) || check_log_level(json_string_value(v)) < 0) {
+            snprintf(err, errlen, "%s: \"log_level\" must be one of debug, info, warn, error",
+                     where);
+            return SL_EINVAL;
+        }
+        replace((char **)(base + k->off), json_string_value(v));
+        return SL_OK;
+    }
+    return SL_EINVAL;
+}
+
+int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        snprintf(err, errlen, "%s: line %d, column %d: %s", path, je.line, je.column, je.text);
+        return SL_EFORMAT;
+    }
+    if (!json_is_object(root)) {
+        snprintf(err, errlen, "%s: the top level must be a JSON object", path);
+        json_decref(root);
+        return SL_EFORMAT;
+    }
+    const char *name;
+    json_t *v;
+    int st = SL_OK;
+    json_object_foreach(root, name, v)
+    {
+        /* Keys starting with "//" are comments, so the shipped example can document itself. */
+        if (strncmp(name, "//", 2) == 0)
+            continue;
+        const struct key *k = NULL;
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            if (strcmp(keys[i].name, name) == 0)
+                k = &keys[i];
+        if (!k) {
+            snprintf(err, errlen, "%s: unknown key \"%s\"", path, name);
+            st = SL_EINVAL;
+            break;
+        }
+        if ((st = apply_key(c, k, v, err, errlen, path)) != SL_OK)
+            break;
+    }
+    json_decref(root);
+    return st;
+}
+
+int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
+{
+    if (c->max_batch_tokens < c->max_seqs) {
+        snprintf(err, errlen,
+                 "\"max_batch_tokens\" (%d) must be at least \"max_seqs\" (%d) so every running "
+                 "sequence can decode in one step",
+                 c->max_batch_tokens, c->max_seqs);
+        return SL_EINVAL;
+    }
+    if (check_log_level(c->log_level) < 0) {
+        snprintf(err, errlen, "\"log_level\" must be one of debug, info, warn, error");
+        return SL_EINVAL;
+    }
+    return SL_OK;
+}
+
+const char *sl_config_usage(void)
+{
+    return "usage: sluice [--config FILE] [--listen HOST:PORT] [--model PATH|synthetic[:SHAPE]]\n"
+           "              [--tokenizer PATH] [--help] [--version]\n"
+           "\n"
+           "  --config FILE       JSON configuration (see conf/sluice.json); flags override it\n"
+           "  --listen HOST:PORT  address to serve HTTP on (default 127.0.0.1:8080; port 0 picks "
+           "one)\n"
+           "  --model SPEC        synthetic, synthetic:tiny, synthetic:stories15M, or a llama2.c\n"
+           "                      checkpoint (.bin) (default synthetic)\n"
+           "  --tokenizer PATH    llama2.c tokenizer.bin for a .bin model\n"
+           "  --help              print this help and exit\n"
+           "  --version           print the version and exit\n";
+}
+
+/* Returns the value of flag argv[*i] ("--f V" or "--f=V"), advancing *i, or NULL. */
+static const char *flag_value(int argc, char **argv, int *i, const char *flag, char *err,
+                              size_t errlen)
+{
+    const char *a = argv[*i];
+    size_t fl = strlen(flag);
+    if (a[fl] == '=')
+        return a + fl + 1;
+    if (*i + 1 >= argc) {
+        snprintf(err, errlen, "%s needs a value", flag);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static bool is_flag(const char *a, const char *flag)
+{
+    size_t fl = strlen(flag);
+    return strncmp(a, flag, fl) == 0 && (a[fl] == '\0' || a[fl] == '=');
+}
+
+int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_action *action,
+                        char *err, size_t errlen)
+{
+    *action = SL_CLI_SERVE;
+    /* The file first, wherever --config stands, so flags always override it. */
+    for (int i = 1; i < argc; i++) {
+        if (is_flag(argv[i], "--config")) {
+            const char *v = flag_value(argc, argv, &i, "--config", err, errlen);
+            if (!v)
+                return SL_EINVAL;
+            int st = sl_config_load_file(c, v, err, errlen);
+            if (st != SL_OK)
+                return st;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            *action = SL_CLI_HELP;
+            return SL_OK;
+        } else if (strcmp(a, "--version") == 0) {
+            *action = SL_CLI_VERSION;
+            return SL_OK;
+        } else if (is_flag(a, "--config")) {
+            if (!flag_value(argc, argv, &i, "--config", err, errlen))
+                return SL_EINVAL;
+        } else if (is_flag(a, "--listen")) {
+            if (!(v = flag_value(argc, argv, &i, "--listen", err, errlen)))
+                return SL_EINVAL;
+            if (parse_listen(c, v, err, errlen, "--listen") != SL_OK)
+                return SL_EINVAL;
+        } else if (is_flag(a, "--model")) {
+            if (!(v = flag_value(argc, argv, &i, "--model", err, errlen)))
+                return SL_EINVAL;
+            if (!*v) {
+                snprintf(err, errlen, "--model needs a non-empty value");
+                return SL_EINVAL;
+            }
+            replace(&c->model, v);
+        } else if (is_flag(a, "--tokenizer")) {
+            if (!(v = flag_value(argc, argv, &i, "--tokenizer", err, errlen)))
+                return SL_EINVAL;
+            replace(&c->tokenizer, *v ? v : NULL);
+        } else {
+            snprintf(err, errlen, "unknown flag \"%s\" (see --help)", a);
+            return SL_EINVAL;
+        }
+    }
+    return sl_config_validate(c, err, errlen);
+}

@@ -1,0 +1,1251 @@
+/* The HTTP/1.1 front end: listeners, I/O threads, connections, the request parser, routes.
+ *
+ * Each I/O thread owns an event_base, its own SO_REUSEPORT listener (the kernel spreads
+ * connections over them) and every connection it accepted, so no per-connection state is shared
+ * between threads. The only thing other threads touch is the thread's outbox, whose wake-up is an
+ * event_active() on this base; the thread then takes the whole batch and routes each event to the
+ * connection named by sl_req_user().
+ *
+ * A connection serves one request at a time: while a request is queued or streaming, the next
+ * request's bytes wait in the input buffer (reading stays enabled up to a high-water mark so a
+ * client that hangs up is still noticed and its request cancelled).
+ */
+#include "gateway_impl.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Bytes a connection buffers from the socket while its current request is being answered. */
+#define READ_HIGH_WATER (64 << 10)
+/* A streaming client this far behind is not reading: its request is cancelled. */
+#define OUTPUT_HARD_CAP (16 << 20)
+/* After an error answer, input discarded (at most, and for at most LINGER_SECS) so that the
+ * close does not reset the connection before the client has read the answer. */
+#define LINGER_MAX_BYTES (4 << 20)
+#define LINGER_SECS 2
+
+/* ---------------------------------------------------------------------------------------------
+ * Status mapping: the one place where statuses become HTTP
+ */
+
+int sl_http_status_code(int status)
+{
+    switch (status) {
+    case SL_OK: return 200;
+    case SL_EINVAL:
+    case SL_EFORMAT:
+    case SL_ERANGE: return 400;
+    case SL_ENOENT: return 404;
+    case SL_EAGAIN:
+    case SL_EBUSY:
+    case SL_ENOMEM:
+    case SL_ECANCELED: return 503; /* over capacity, or the engine is shutting down */
+    case SL_ETIMEDOUT: return 504;
+    case SL_EIO:
+    case SL_EBACKEND:
+    default: return 500;
+    }
+}
+
+const char *sl_http_error_type(int http_code)
+{
+    switch (http_code) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 429: return "rate_limit_error";
+    default: break;
+    }
+    if (http_code >= 500)
+        return "server_error";
+    return "invalid_request_error";
+}
+
+static const char *reason_phrase(int code)
+{
+    switch (code) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Content Too Large";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    }
+    return "Unknown";
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The request parser
+ */
+
+static struct sl_http_parser *parser_of(llhttp_t *ll)
+{
+    return (struct sl_http_parser *)((char *)ll - offsetof(struct sl_http_parser, ll));
+}
+
+static int fail(struct sl_http_parser *p, int code, const char *why)
+{
+    p->error_code = code;
+    p->error_reason = why;
+    return HPE_USER;
+}
+
+/* The request starts at offset 0 of buf and every span of the head ends inside it, so a span's
+ * end bounds the head's size so far. Trailers (after a chunked body) are only counted. */
+static int head_span(struct sl_http_parser *p, struct sl_http_span *s, const char *at, size_t len)
+{
+    static const char *const too_big = "The request line and headers are too large.";
+    if (p->headers_complete) {
+        p->trailer_bytes += len;
+        return p->trailer_bytes > p->max_header_bytes ? fail(p, 431, too_big) : 0;
+    }
+    size_t off = (size_t)(at - p->buf.p);
+    if (s->len == 0)
+        s->off = off;
+    s->len = off + len - s->off;
+    if (off + len > p->max_header_bytes)
+        return fail(p, 431, too_big);
+    return 0;
+}
+
+static int on_url(llhttp_t *ll, const char *at, size_t len)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    return head_span(p, &p->url, at, len);
+}
+
+static int on_header_field(llhttp_t *ll, const char *at, size_t len)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    return head_span(p, &p->field, at, len);
+}
+
+static int on_header_value(llhttp_t *ll, const char *at, size_t len)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    return head_span(p, &p->value, at, len);
+}
+
+static int on_header_value_complete(llhttp_t *ll)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    if (p->headers_complete)
+        return 0;
+    const char *f = sl_http_span_ptr(p, p->field);
+    size_t n = p->field.len;
+    struct sl_http_span *dst = NULL;
+    if (n == 10 && strncasecmp(f, "connection", n) == 0)
+        dst = &p->connection;
+    else if (n == 12 && strncasecmp(f, "content-type", n) == 0)
+        dst = &p->content_type;
+    else if (n == 6 && strncasecmp(f, "expect", n) == 0)
+        dst = &p->expect;
+    if (dst)
+        *dst = p->value;
+    p->field = p->value = (struct sl_http_span){0, 0};
+    return 0;
+}
+
+static int on_headers_complete(llhttp_t *ll)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    p->headers_complete = true;
+    p->method = llhttp_get_method(ll);
+    p->http_major = llhttp_get_http_major(ll);
+    p->http_minor = llhttp_get_http_minor(ll);
+    /* Refuse a declared body before buffering any of it. */
+    if ((ll->flags & F_CONTENT_LENGTH) && ll->content_length > p->max_body_bytes) {
+        fail(p, 413, "The request body is too large.");
+        return -1;
+    }
+    p->expect_continue = p->http_major == 1 && p->http_minor >= 1 && p->expect.len &&
+                         sl_http_span_eq(p, p->expect, "100-continue");
+    /* Pause so that run() learns exactly where the head ends (llhttp's error position). */
+    return HPE_PAUSED;
+}
+
+static int on_body(llhttp_t *ll, const char *at, size_t len)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    if (p->body.len + len > p->max_body_bytes)
+        return fail(p, 413, "The request body is too large.");
+    size_t off = (size_t)(at - p->buf.p);
+    if (!p->body_started) {
+        p->body_started = true;
+        p->body.off = p->head_end;
+    }
+    /* Chunked bodies arrive in pieces separated by framing that llhttp has already consumed:
+     * slide each piece down so the body is one span right after the head. */
+    if (off != p->body.off + p->body.len)
+        memmove(p->buf.p + p->body.off + p->body.len, at, len);
+    p->body.len += len;
+    return 0;
+}
+
+static int on_message_complete(llhttp_t *ll)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    p->keep_alive = llhttp_should_keep_alive(ll);
+    p->state = SL_HTTP_PARSE_DONE;
+    /* Stop at the end of this request; the bytes after it wait for sl_http_parser_next(). */
+    return HPE_PAUSED;
+}
+
+static const llhttp_settings_t parser_settings = {
+    .on_url = on_url,
+    .on_header_field = on_header_field,
+    .on_header_value = on_header_value,
+    .on_header_value_complete = on_header_value_complete,
+    .on_headers_complete = on_headers_complete,
+    .on_body = on_body,
+    .on_message_complete = on_message_complete,
+};
+
+static void parser_clear(struct sl_http_parser *p)
+{
+    llhttp_init(&p->ll, HTTP_REQUEST, &parser_settings);
+    p->parsed = 0;
+    p->state = SL_HTTP_PARSE_MORE;
+    p->method = 0;
+    p->http_major = p->http_minor = 0;
+    p->url = p->content_type = p->connection = p->expect = p->body = (struct sl_http_span){0, 0};
+    p->field = p->value = (struct sl_http_span){0, 0};
+    p->headers_complete = p->keep_alive = p->expect_continue = p->body_started = false;
+    p->head_end = p->trailer_bytes = 0;
+    p->error_code = 0;
+    p->error_reason = NULL;
+}
+
+void sl_http_parser_init(struct sl_http_parser *p, size_t max_header_bytes, size_t max_body_bytes)
+{
+    memset(p, 0, sizeof *p);
+    sl_str_init(&p->buf);
+    p->max_header_bytes = max_header_bytes;
+    p->max_body_bytes = max_body_bytes;
+    parser_clear(p);
+}
+
+void sl_http_parser_dispose(struct sl_http_parser *p)
+{
+    sl_str_dispose(&p->buf);
+}
+
+static enum sl_http_parse parse_error(struct sl_http_parser *p, int code, const char *why)
+{
+    if (!p->error_code) {
+        p->error_code = code;
+        p->error_reason = why;
+    }
+    p->state = SL_HTTP_PARSE_ERROR;
+    return p->state;
+}
+
+static enum sl_http_parse run(struct sl_http_parser *p)
+{
+    static const char *const too_big = "The request line and headers are too large.";
+    /* After the pause at the end of the head llhttp must run once more, even on no bytes, to
+     * finish a request without a body. */
+    bool resumed = false;
+    while (p->state == SL_HTTP_PARSE_MORE && (p->parsed < p->buf.len || resumed)) {
+        resumed = false;
+        const char *start = p->buf.p + p->parsed;
+        llhttp_errno_t e = llhttp_execute(&p->ll, start, p->buf.len - p->parsed);
+        if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
+            p->parsed = (size_t)(llhttp_get_error_pos(&p->ll) - p->buf.p);
+            if (e == HPE_PAUSED_UPGRADE) {
+                /* An Upgrade or CONNECT, which we do not follow: answer it, then close. */
+                p->keep_alive = false;
+                if (p->state != SL_HTTP_PARSE_DONE)
+                    return parse_error(p, 400, "Protocol upgrades are not supported.");
+                return p->state;
+            }
+            if (p->state == SL_HTTP_PARSE_MORE) {
+                /* Paused by on_headers_complete: the head ends here. */
+                p->head_end = p->parsed;
+                if (p->head_end > p->max_header_bytes)
+                    return parse_error(p, 431, too_big);
+                llhttp_resume(&p->ll);
+                resumed = true;
+            }
+            continue;
+        }
+        if (e != HPE_OK)
+            return parse_error(p, 400, "The request is not valid HTTP/1.1.");
+        p->parsed = p->buf.len;
+        if (!p->headers_complete) {
+            if (p->parsed > p->max_header_bytes)
+                return parse_error(p, 431, too_big);
+            break;
+        }
+        /* Everything after the head that is not body is framing llhttp has consumed (chunk
+         * sizes, extensions, trailers): drop it, so a client cannot grow the buffer with it.
+         * llhttp keeps no pointer into bytes it has returned from. */
+        size_t keep = p->body_started ? p->body.off + p->body.len : p->head_end;
+        p->buf.len = p->parsed = keep;
+        p->buf.p[keep] = '\0';
+    }
+    return p->state;
+}
+
+enum sl_http_parse sl_http_parser_feed(struct sl_http_parser *p, const char *data, size_t len)
+{
+    /* After an error nothing more will be parsed, so nothing more is kept. */
+    if (len && p->state != SL_HTTP_PARSE_ERROR)
+        sl_str_append(&p->buf, data, len);
+    return run(p);
+}
+
+enum sl_http_parse sl_http_parser_next(struct sl_http_parser *p)
+{
+    size_t rest = p->buf.len - p->parsed;
+    if (rest)
+        memmove(p->buf.p, p->buf.p + p->parsed, rest);
+    p->buf.len = rest;
+    if (p->buf.p)
+        p->buf.p[rest] = '\0';
+    parser_clear(p);
+    return run(p);
+}
+
+bool sl_http_span_eq(const struct sl_http_parser *p, struct sl_http_span s, const char *lit)
+{
+    const char *v = s.len ? sl_http_span_ptr(p, s) : "";
+    size_t n = s.len;
+    while (n && (v[0] == ' ' || v[0] == '\t'))
+        v++, n--;
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    return n == strlen(lit) && strncasecmp(v, lit, n) == 0;
+}
+
+struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p)
+{
+    struct sl_http_span s = p->url;
+    const char *u = sl_http_span_ptr(p, s);
+    for (size_t i = 0; i < s.len; i++)
+        if (u[i] == '?' || u[i] == '#') {
+            s.len = i;
+            break;
+        }
+    return s;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Server, I/O threads and connections
+ */
+
+struct io;
+
+enum conn_state {
+    CONN_READING,  /* parsing a request */
+    CONN_WAITING,  /* a completion is queued or streaming */
+    CONN_FLUSHING, /* the whole response is queued; waiting for it to drain */
+    CONN_LINGER,   /* an error was answered and the write side shut; discarding input */
+};
+
+struct conn {
+    struct io *io;
+    struct conn *prev, *next; /* io->conns, or io->dead once closed */
+    struct bufferevent *bev;
+    struct sl_http_parser req;
+    enum conn_state state;
+    bool closed;     /* waiting to be reaped; no callback may touch it any more */
+    bool keep_alive; /* serve another request after this response */
+    bool linger;     /* after this response, shut the write side and drain */
+    bool sent_continue;
+    size_t lingered; /* bytes discarded while lingering */
+
+    /* The completion in flight (creq != NULL while queued or streaming). */
+    struct sl_req *creq; /* the connection's own reference */
+    struct sl_openai_ident ident;
+    int n_prompt;
+    bool stream, include_usage, chunked, head_sent;
+    struct sl_str text; /* non-streaming: the text so far */
+
+    /* For the access log of the current request. */
+    uint64_t t_start_ns, t_first_ns; /* parsed; first token out */
+    int status;                      /* HTTP status sent */
+    int n_gen;                       /* tokens received so far */
+    bool logged;
+};
+
+struct io {
+    struct sl_http_server *srv;
+    int idx;
+    pthread_t thread;
+    bool running;
+    struct event_base *base;
+    struct evconnlistener *listener;
+    struct event *wake_ev; /* activated by the outbox from the scheduler thread */
+    struct event *stop_ev; /* activated by sl_http_server_stop() */
+    struct event *reap_ev; /* frees closed connections outside their callbacks */
+    struct sl_outbox *outbox;
+    struct conn *conns;
+    struct conn *dead;
+    int32_t *ids;       /* (seq_len) prompt token scratch */
+    struct sl_str out;  /* scratch for response bodies */
+    struct sl_str line; /* scratch for access-log lines */
+    uint64_t n_req;     /* completions started here, for ids */
+    time_t date_sec;
+    char date[40]; /* the Date header value for date_sec */
+    bool accept_error_logged;
+};
+
+struct sl_http_server {
+    const struct sl_config *cfg;
+    const struct sl_model *model;
+    struct sl_sched *sched;
+    int port;
+    int n_io;
+    struct io *io;
+    uint32_t nonce; /* makes completion ids unique across restarts */
+    int64_t created;
+    bool started;
+};
+
+static void conn_close(struct conn *c);
+static void conn_after_parse(struct conn *c, enum sl_http_parse st);
+
+static void list_remove(struct conn **head, struct conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        *head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
+}
+
+static void list_push(struct conn **head, struct conn *c)
+{
+    c->prev = NULL;
+    c->next = *head;
+    if (*head)
+        (*head)->prev = c;
+    *head = c;
+}
+
+static int64_t io_now(struct io *io)
+{
+    struct timeval tv;
+    if (event_base_gettimeofday_cached(io->base, &tv) != 0)
+        return sl_clock_unix();
+    return (int64_t)tv.tv_sec;
+}
+
+static const char *io_date(struct io *io)
+{
+    time_t now = (time_t)io_now(io);
+    if (now != io->date_sec) {
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(io->date, sizeof io->date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+        io->date_sec = now;
+    }
+    return io->date;
+}
+
+/* ---- writing responses ---- */
+
+/* Writes the status line and headers. content_length < 0: the body is chunked (HTTP/1.1) or
+ * ends with the connection (HTTP/1.0). */
+static void send_head(struct conn *c, int code, const char *ctype, long long content_length,
+                      const char *extra)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    c->status = code;
+    evbuffer_add_printf(out,
+                        "HTTP/1.1 %d %s\r\nServer: sluice/" SL_VERSION "\r\nDate: %s\r\n"
+                        "Content-Type: %s\r\n",
+                        code, reason_phrase(code), io_date(c->io), ctype);
+    if (content_length >= 0)
+        evbuffer_add_printf(out, "Content-Length: %lld\r\n", content_length);
+    else if (c->chunked)
+        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
+    evbuffer_add_printf(out, "Connection: %s\r\n%s\r\n", c->keep_alive ? "keep-alive" : "close",
+                        extra ? extra : "");
+}
+
+/* The whole response is queued: once it drains, serve the next request or close. */
+static void conn_done(struct conn *c)
+{
+    c->state = CONN_FLUSHING;
+    /* The write callback moves on once the output drains; if it is empty already, make it run
+     * from the loop rather than re-enter the caller. */
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        bufferevent_trigger(c->bev, EV_WRITE,
+                            BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+}
+
+/* One JSON line per request, written where its outcome is decided: its response is complete,
+ * or its client left. finish is NULL for requests that generated nothing. */
+static void log_access(struct conn *c, const char *finish, int n_completion)
+{
+    if (c->logged)
+        return;
+    c->logged = true;
+    uint64_t now = sl_clock_ns();
+    struct sl_str *l = &c->io->line;
+    sl_str_clear(l);
+    sl_str_appendf(l, "access {\"io\":%d,\"method\":\"%s\",\"path\":\"", c->io->idx,
+                   c->req.state == SL_HTTP_PARSE_DONE ? llhttp_method_name(c->req.method) : "");
+    struct sl_http_span path = sl_http_parser_path(&c->req);
+    if (c->req.state == SL_HTTP_PARSE_DONE)
+        sl_str_append_json(l, sl_http_span_ptr(&c->req, path), path.len > 200 ? 200 : path.len);
+    sl_str_appendf(l, "\",\"status\":%d", c->status);
+    if (c->creq || finish) {
+        sl_str_appendf(l, ",\"id\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d",
+                       c->ident.id, c->n_prompt, n_completion);
+        sl_str_appendf(l, ",\"finish\":\"%s\"", finish ? finish : "none");
+        if (c->t_first_ns)
+            sl_str_appendf(l, ",\"ttft_ms\":%.3f", (double)(c->t_first_ns - c->t_start_ns) / 1e6);
+    }
+    sl_str_appendf(l, ",\"e2e_ms\":%.3f}", (double)(now - c->t_start_ns) / 1e6);
+    sl_log(SL_LOG_INFO, "%s", l->p);
+}
+
+static void send_body(struct conn *c, int code, const char *ctype, const char *extra,
+                      const char *body, size_t len)
+{
+    send_head(c, code, ctype, (long long)len, extra);
+    log_access(c, NULL, 0);
+    if (c->req.method != HTTP_HEAD)
+        bufferevent_write(c->bev, body, len);
+    conn_done(c);
+}
+
+static void send_json(struct conn *c, int code, const struct sl_str *body, const char *extra)
+{
+    send_body(c, code, "application/json", extra, body->p ? body->p : "", body->len);
+}
+
+static void send_error(struct conn *c, const struct sl_openai_error *e, const char *extra)
+{
+    struct sl_str *b = &c->io->out;
+    sl_str_clear(b);
+    sl_openai_error_encode(b, e);
+    send_json(c, e->http, b, extra);
+}
+
+/* Appends one SSE event (payload + "\n\n") in the connection's framing. */
+static void send_sse(struct conn *c, const char *payload, size_t len)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    static const char pre[] = "data: ", post[] = "\n\n";
+    size_t n = sizeof pre - 1 + len + sizeof post - 1;
+    if (c->chunked)
+        evbuffer_add_printf(out, "%zx\r\n", n);
+    evbuffer_add(out, pre, sizeof pre - 1);
+    evbuffer_add(out, payload, len);
+    evbuffer_add(out, post, sizeof post - 1);
+    if (c->chunked)
+        evbuffer_add(out, "\r\n", 2);
+}
+
+/* ---- completions ---- */
+
+static uint64_t random_seed(struct io *io)
+{
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == (ssize_t)sizeof seed)
+        return seed;
+    /* No entropy yet (early boot): distinct per request is all sampling needs. */
+    return sl_clock_ns() ^ (io->n_req * 0x9e3779b97f4a7c15ull);
+}
+
+static void drop_request(struct conn *c, bool cancel)
+{
+    if (!c->creq)
+        return;
+    if (cancel) {
+        c->status = 499; /* nginx's "client closed request" */
+        log_access(c, "cancelled", c->n_gen);
+        sl_sched_cancel(c->io->srv->sched, c->creq);
+    }
+    /* Events still on their way find no connection and are just freed. */
+    sl_req_set_user(c->creq, NULL);
+    sl_req_unref(c->creq);
+    c->creq = NULL;
+    sl_str_clear(&c->text);
+}
+
+static void serve_completion(struct conn *c)
+{
+    struct io *io = c->io;
+    struct sl_http_server *srv = io->srv;
+    const struct sl_model *m = srv->model;
+    struct sl_openai_completion oc;
+    struct sl_openai_error err;
+    const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
+    if (sl_openai_completion_decode(&oc, body, c->req.body.len, sl_model_id(m),
+                                    srv->cfg->default_max_tokens, &err) != SL_OK) {
+        send_error(c, &err, NULL);
+        return;
+    }
+    int n_prompt = 0;
+    if (sl_openai_prompt_encode(sl_model_tok(m), sl_model_config(m)->seq_len, oc.prompt,
+                                oc.prompt_len, oc.params.max_tokens, io->ids, &n_prompt,
+                                &err) != SL_OK) {
+        sl_openai_completion_dispose(&oc);
+        send_error(c, &err, NULL);
+        return;
+    }
+    if (!srv->sched) {
+        sl_openai_completion_dispose(&oc);
+        sl_openai_error_set(&err, 503, NULL, NULL, "This server has no engine to run completions.");
+        send_error(c, &err, NULL);
+        return;
+    }
+    io->n_req++;
+    if (!oc.has_seed)
+        oc.params.seed = random_seed(io);
+    struct sl_req *r = sl_req_new(io->ids, n_prompt, &oc.params);
+    c->stream = oc.stream;
+    c->include_usage = oc.stream && oc.include_usage;
+    sl_openai_completion_dispose(&oc);
+
+    sl_req_set_user(r, c);
+    int st = sl_sched_submit(srv->sched, r, io->outbox);
+    if (st != SL_OK) {
+        sl_req_set_user(r, NULL);
+        sl_req_unref(r);
+        sl_openai_error_set(&err, sl_http_status_code(st), NULL, NULL,
+                            "The request could not be queued: %s.", sl_status_str(st));
+        sl_log(SL_LOG_WARN, "io %d: submit failed: %s", io->idx, sl_status_str(st));
+        send_error(c, &err, NULL);
+        return;
+    }
+    c->creq = r;
+    c->n_prompt = n_prompt;
+    c->head_sent = false;
+    /* HTTP/1.0 has no chunked encoding: the stream then ends with the connection. */
+    c->chunked = c->req.http_major == 1 && c->req.http_minor >= 1;
+    if (c->stream && !c->chunked)
+        c->keep_alive = false;
+    snprintf(c->ident.id, sizeof c->ident.id, "cmpl-%08x%02x%014llx", srv->nonce,
+             (unsigned)io->idx & 0xff, (unsigned long long)io->n_req);
+    c->ident.created = io_now(io);
+    c->ident.model = sl_model_id(m);
+    c->t_first_ns = 0;
+    c->n_gen = 0;
+    sl_str_clear(&c->text);
+    c->state = CONN_WAITING;
+}
+
+static void stream_head(struct conn *c)
+{
+    if (c->head_sent)
+        return;
+    c->head_sent = true;
+    send_head(c, 200, "text/event-stream", -1, "Cache-Control: no-cache\r\n");
+}
+
+/* The engine's answer when a request ends without finishing normally. */
+static void finish_error(struct conn *c, const struct sl_out_event *e, struct sl_openai_error *err)
+{
+    if (e->finish == SL_FINISH_CANCELLED) {
+        sl_openai_error_set(err, 503, NULL, "cancelled",
+                            "The request was cancelled because the server is shutting down.");
+    } else if (e->status == SL_ERANGE) {
+        sl_openai_error_set(err, 400, NULL, "context_length_exceeded",
+                            "The prompt plus max_tokens needs more KV cache than this server "
+                            "has; reduce the prompt or max_tokens.");
+    } else {
+        int st = e->status < 0 ? e->status : SL_EBACKEND;
+        sl_openai_error_set(err, sl_http_status_code(st), NULL, NULL,
+                            "The engine failed while generating: %s.", sl_status_str(st));
+        sl_log(SL_LOG_ERROR, "io %d: %s failed: %s", c->io->idx, c->ident.id, sl_status_str(st));
+    }
+}
+
+static void on_done(struct conn *c, const struct sl_out_event *e)
+{
+    struct sl_str *b = &c->io->out;
+    bool ok = e->finish == SL_FINISH_STOP || e->finish == SL_FINISH_LENGTH;
+    struct sl_openai_error err;
+    if (!ok)
+        finish_error(c, e, &err);
+    c->status = ok || c->head_sent ? 200 : err.http;
+    log_access(c, sl_finish_str(e->finish), e->n_tokens);
+    sl_str_clear(b);
+    if (!c->stream && ok)
+        sl_openai_completion_encode(b, &c->ident, c->text.p ? c->text.p : "", c->text.len,
+                                    e->finish, c->n_prompt, e->n_tokens);
+    /* The request is over before the response is: once it is queued, the connection may move
+     * on to its next request. */
+    drop_request(c, false);
+
+    if (!c->stream && ok) {
+        send_json(c, 200, b, NULL);
+        return;
+    }
+    if (!ok && !c->head_sent) {
+        send_error(c, &err, NULL);
+        return;
+    }
+    stream_head(c);
+    if (ok) {
+        sl_openai_chunk_encode(b, &c->ident, "", 0, e->finish);
+        send_sse(c, b->p, b->len);
+        if (c->include_usage) {
+            sl_str_clear(b);
+            sl_openai_usage_chunk_encode(b, &c->ident, c->n_prompt, e->n_tokens);
+            send_sse(c, b->p, b->len);
+        }
+    } else {
+        sl_openai_error_encode(b, &err);
+        send_sse(c, b->p, b->len);
+    }
+    send_sse(c, "[DONE]", 6);
+    if (c->chunked)
+        bufferevent_write(c->bev, "0\r\n\r\n", 5);
+    conn_done(c);
+}
+
+static void on_text(struct conn *c, const struct sl_out_event *e)
+{
+    if (!c->t_first_ns)
+        c->t_first_ns = sl_clock_ns();
+    c->n_gen += e->n_tokens;
+    if (!c->stream) {
+        sl_str_append(&c->text, e->text, e->len);
+        return;
+    }
+    stream_head(c);
+    if (e->len == 0)
+        return;
+    struct sl_str *b = &c->io->out;
+    sl_str_clear(b);
+    sl_openai_chunk_encode(b, &c->ident, e->text, e->len, SL_FINISH_NONE);
+    send_sse(c, b->p, b->len);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) > OUTPUT_HARD_CAP) {
+        sl_log(SL_LOG_WARN, "io %d: %s: client is %d MiB behind the stream; cancelling", c->io->idx,
+               c->ident.id, OUTPUT_HARD_CAP >> 20);
+        conn_close(c);
+    }
+}
+
+static void on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct io *io = arg;
+    struct sl_out_event *e = sl_outbox_take(io->outbox);
+    while (e) {
+        struct sl_out_event *next = e->next;
+        struct conn *c = sl_req_user(e->req);
+        if (c && !c->closed && c->creq == e->req) {
+            if (e->kind == SL_OUT_TEXT)
+                on_text(c, e);
+            else
+                on_done(c, e);
+        }
+        sl_out_event_free(e);
+        e = next;
+    }
+}
+
+static void outbox_wake(void *arg)
+{
+    struct io *io = arg;
+    event_active(io->wake_ev, EV_READ, 0);
+}
+
+/* ---- routes ---- */
+
+static bool path_is(const struct sl_http_parser *p, struct sl_http_span path, const char *lit)
+{
+    return path.len == strlen(lit) && memcmp(sl_http_span_ptr(p, path), lit, path.len) == 0;
+}
+
+static void not_allowed(struct conn *c, const char *allow)
+{
+    struct sl_openai_error err;
+    char extra[64];
+    sl_openai_error_set(&err, 405, NULL, "method_not_allowed",
+                        "Method %s is not allowed on this URL; use %s.",
+                        llhttp_method_name(c->req.method), allow);
+    snprintf(extra, sizeof extra, "Allow: %s\r\n", allow);
+    send_error(c, &err, extra);
+}
+
+static void route(struct conn *c)
+{
+    struct sl_http_parser *p = &c->req;
+    struct sl_http_server *srv = c->io->srv;
+    struct sl_http_span path = sl_http_parser_path(p);
+    struct sl_str *b = &c->io->out;
+    struct sl_openai_error err;
+    static const char models[] = "/v1/models/";
+    const char *id = sl_model_id(srv->model);
+
+    sl_str_clear(b);
+    if (path_is(p, path, "/v1/completions")) {
+        if (p->method != HTTP_POST) {
+            not_allowed(c, "POST");
+            return;
+        }
+        serve_completion(c);
+        return;
+    }
+    if (path_is(p, path, "/v1/models")) {
+        if (p->method != HTTP_GET) {
+            not_allowed(c, "GET");
+            return;
+        }
+        sl_openai_models_encode(b, id, srv->created);
+        send_json(c, 200, b, NULL);
+        return;
+    }
+    if (path.len > sizeof models - 1 &&
+        memcmp(sl_http_span_ptr(p, path), models, sizeof models - 1) == 0) {
+        if (p->method != HTTP_GET) {
+            not_allowed(c, "GET");
+            return;
+        }
+        const char *want = sl_http_span_ptr(p, path) + sizeof models - 1;
+        size_t n = path.len - (sizeof models - 1);
+        if (n == strlen(id) && memcmp(want, id, n) == 0) {
+            sl_openai_model_encode(b, id, srv->created);
+            send_json(c, 200, b, NULL);
+            return;
+        }
+        sl_openai_error_set(&err, 404, "model", "model_not_found",
+                            "The model '%.*s' does not exist.", (int)(n > 200 ? 200 : n), want);
+        send_error(c, &err, NULL);
+        return;
+    }
+    if (path_is(p, path, "/healthz")) {
+        if (p->method != HTTP_GET) {
+            not_allowed(c, "GET");
+            return;
+        }
+        static const char ok[] = "{\"status\":\"ok\"}";
+        send_body(c, 200, "application/json", NULL, ok, sizeof ok - 1);
+        return;
+    }
+    int n = path.len > 200 ? 200 : (int)path.len;
+    sl_openai_error_set(&err, 404, NULL, "unknown_url", "Invalid URL (%s %.*s).",
+                        llhttp_method_name(p->method), n, sl_http_span_ptr(p, path));
+    send_error(c, &err, NULL);
+}
+
+/* ---- connection life ---- */
+
+static void conn_after_parse(struct conn *c, enum sl_http_parse st)
+{
+    struct sl_http_parser *p = &c->req;
+    if (st == SL_HTTP_PARSE_MORE) {
+        if (p->expect_continue && !c->sent_continue) {
+            c->sent_continue = true;
+            bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        }
+        return;
+    }
+    c->t_start_ns = sl_clock_ns();
+    c->logged = false;
+    if (st == SL_HTTP_PARSE_ERROR) {
+        struct sl_openai_error err;
+        c->keep_alive = false;
+        c->linger = true;
+        sl_openai_error_set(&err, p->error_code, NULL, NULL, "%s", p->error_reason);
+        send_error(c, &err, NULL);
+        return;
+    }
+    c->keep_alive = p->keep_alive;
+    route(c);
+}
+
+/* Moves input into the parser until one request is whole (the rest stays in the evbuffer). */
+static void conn_parse(struct conn *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    enum sl_http_parse st = c->req.state;
+    while (st == SL_HTTP_PARSE_MORE && evbuffer_get_length(in) > 0) {
+        struct evbuffer_iovec v;
+        if (evbuffer_peek(in, -1, NULL, &v, 1) < 1)
+            break;
+        st = sl_http_parser_feed(&c->req, v.iov_base, v.iov_len);
+        evbuffer_drain(in, v.iov_len);
+    }
+    conn_after_parse(c, st);
+}
+
+static void conn_on_read(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    if (c->closed)
+        return;
+    if (c->state == CONN_LINGER) {
+        struct evbuffer *in = bufferevent_get_input(bev);
+        c->lingered += evbuffer_get_length(in);
+        evbuffer_drain(in, evbuffer_get_length(in));
+        if (c->lingered > LINGER_MAX_BYTES)
+            conn_close(c);
+        return;
+    }
+    if (c->state == CONN_READING)
+        conn_parse(c);
+    /* Otherwise the bytes are the next request's: they wait in the input buffer. */
+}
+
+static void conn_on_write(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    if (c->closed || c->state != CONN_FLUSHING)
+        return;
+    if (c->linger) {
+        /* The client may still be sending a body we refused; reading it until EOF lets the
+         * answer arrive instead of a reset. */
+        c->state = CONN_LINGER;
+        shutdown(bufferevent_getfd(bev), SHUT_WR);
+        struct timeval tv = {LINGER_SECS, 0};
+        bufferevent_set_timeouts(bev, &tv, NULL);
+        conn_on_read(bev, c);
+        return;
+    }
+    if (!c->keep_alive) {
+        conn_close(c);
+        return;
+    }
+    c->state = CONN_READING;
+    c->sent_continue = false;
+    enum sl_http_parse st = sl_http_parser_next(&c->req);
+    if (st == SL_HTTP_PARSE_MORE)
+        conn_parse(c);
+    else
+        conn_after_parse(c, st);
+}
+
+static void conn_on_event(struct bufferevent *bev, short what, void *arg)
+{
+    (void)bev;
+    struct conn *c = arg;
+    if (c->closed)
+        return;
+    /* A client that shuts its side after sending a request still gets the response queued for
+     * it (a peer that is really gone turns the write into an error). */
+    if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) && c->state == CONN_FLUSHING) {
+        c->keep_alive = false;
+        c->linger = false;
+        return;
+    }
+    /* Otherwise EOF, an error or the linger timeout: a client that hangs up while its request is
+     * queued or streaming gives up on it, and the request is cancelled. */
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
+        conn_close(c);
+}
+
+/* Marks the connection closed, cancels its request and leaves the freeing to reap(), since this
+ * may run inside one of the connection's own callbacks. */
+static void conn_close(struct conn *c)
+{
+    if (c->closed)
+        return;
+    c->closed = true;
+    drop_request(c, true);
+    bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+    bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
+    list_remove(&c->io->conns, c);
+    list_push(&c->io->dead, c);
+    event_active(c->io->reap_ev, EV_READ, 0);
+}
+
+static void conn_free(struct conn *c)
+{
+    bufferevent_free(c->bev);
+    sl_http_parser_dispose(&c->req);
+    sl_str_dispose(&c->text);
+    free(c);
+}
+
+static void reap(struct io *io)
+{
+    while (io->dead) {
+        struct conn *c = io->dead;
+        list_remove(&io->dead, c);
+        conn_free(c);
+    }
+}
+
+static void on_reap(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    reap(arg);
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
+                      void *arg)
+{
+    (void)l, (void)sa, (void)salen;
+    struct io *io = arg;
+    const struct sl_config *cfg = io->srv->cfg;
+    io->accept_error_logged = false;
+    /* SSE chunks are small and latency is the point: no Nagle delay. */
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct bufferevent *bev = bufferevent_socket_new(io->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (!bev) {
+        evutil_closesocket(fd);
+        return;
+    }
+    struct conn *c = sl_xcalloc(1, sizeof *c);
+    c->io = io;
+    c->bev = bev;
+    c->state = CONN_READING;
+    sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);
+    sl_str_init(&c->text);
+    list_push(&io->conns, c);
+    bufferevent_setcb(bev, conn_on_read, conn_on_write, conn_on_event, c);
+    bufferevent_setwatermark(bev, EV_READ, 0, READ_HIGH_WATER);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+}
+
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    (void)l;
+    struct io *io = arg;
+    int e = EVUTIL_SOCKET_ERROR();
+    if (!io->accept_error_logged)
+        sl_log(SL_LOG_WARN, "io %d: accept: %s", io->idx, evutil_socket_error_to_string(e));
+    io->accept_error_logged = true;
+}
+
+static void on_stop(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct io *io = arg;
+    if (io->listener) {
+        evconnlistener_free(io->listener);
+        io->listener = NULL;
+    }
+    while (io->conns)
+        conn_close(io->conns);
+    reap(io);
+    /* Events already delivered belong to connections that are gone. */
+    on_wake(-1, 0, io);
+    event_base_loopbreak(io->base);
+}
+
+static void *io_main(void *arg)
+{
+    struct io *io = arg;
+    event_base_loop(io->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Public API
+ */
+
+static int open_listener(const struct addrinfo *ai, int port, char *err, size_t errlen,
+                         const char *host)
+{
+    struct sockaddr_storage ss;
+    memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+    if (ss.ss_family == AF_INET)
+        ((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
+    else if (ss.ss_family == AF_INET6)
+        ((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return -1;
+    }
+    int one = 1;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0 ||
+        bind(fd, (struct sockaddr *)&ss, ai->ai_addrlen) < 0 || listen(fd, 511) < 0) {
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int bound_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0)
+        return -1;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+}
+
+static int io_init(struct io *io, struct sl_http_server *s, int idx, int fd, char *err,
+                   size_t errlen)
+{
+    io->srv = s;
+    io->idx = idx;
+    sl_str_init(&io->out);
+    sl_str_init(&io->line);
+    io->base = event_base_new();
+    if (!io->base) {
+        snprintf(err, errlen, "event_base_new failed");
+        close(fd);
+        return SL_ENOMEM;
+    }
+    io->listener = evconnlistener_new(io->base, on_accept, io,
+                                      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
+    if (!io->listener) {
+        snprintf(err, errlen, "evconnlistener_new failed");
+        close(fd);
+        return SL_ENOMEM;
+    }
+    evconnlistener_set_error_cb(io->listener, on_accept_error);
+    io->wake_ev = event_new(io->base, -1, 0, on_wake, io);
+    io->stop_ev = event_new(io->base, -1, 0, on_stop, io);
+    io->reap_ev = event_new(io->base, -1, 0, on_reap, io);
+    if (!io->wake_ev || !io->stop_ev || !io->reap_ev) {
+        snprintf(err, errlen, "event_new failed");
+        return SL_ENOMEM;
+    }
+    io->outbox = sl_outbox_new(outbox_wake, io);
+    io->ids = sl_xmalloc(sizeof(int32_t) * (size_t)sl_model_config(s->model)->seq_len);
+    return SL_OK;
+}
+
+static void io_dispose(struct io *io)
+{
+    while (io->conns)
+        conn_close(io->conns);
+    reap(io);
+    if (io->listener)
+        evconnlistener_free(io->listener);
+    if (io->wake_ev)
+        event_free(io->wake_ev);
+    if (io->stop_ev)
+        event_free(io->stop_ev);
+    if (io->reap_ev)
+        event_free(io->reap_ev);
+    sl_outbox_free(io->outbox);
+    if (io->base)
+        event_base_free(io->base);
+    free(io->ids);
+    sl_str_dispose(&io->out);
+    sl_str_dispose(&io->line);
+}
+
+int sl_http_server_new(const struct sl_config *cfg, const struct sl_model *model,
+                       struct sl_sched *sched, struct sl_http_server **out, char *err,
+                       size_t errlen)
+{
+    if (cfg->io_threads < 1) {
+        snprintf(err, errlen, "io_threads must be at least 1");
+        return SL_EINVAL;
+    }
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ais = NULL;
+    int gai = getaddrinfo(cfg->listen_host, NULL, &hints, &ais);
+    if (gai != 0) {
+        snprintf(err, errlen, "cannot resolve listen host \"%s\": %s", cfg->listen_host,
+                 gai_strerror(gai));
+        return SL_EINVAL;
+    }
+
+    struct sl_http_server *s = sl_xcalloc(1, sizeof *s);
+    s->cfg = cfg;
+    s->model = model;
+    s->sched = sched;
+    s->created = sl_clock_unix();
+    if (getrandom(&s->nonce, sizeof s->nonce, GRND_NONBLOCK) != (ssize_t)sizeof s->nonce)
+        s->nonce = (uint32_t)sl_clock_ns();
+    s->io = sl_xcalloc((size_t)cfg->io_threads, sizeof *s->io);
+
+    /* The first socket picks the port (maybe 0 → any); the others join it via SO_REUSEPORT. */
+    const struct addrinfo *ai = ais;
+    int fd = -1;
+    for (; ai; ai = ai->ai_next)
+        if ((fd = open_listener(ai, cfg->listen_port, err, errlen, cfg->listen_host)) >= 0)
+            break;
+    int st = SL_EIO;
+    if (fd < 0)
+        goto fail;
+    s->port = bound_port(fd);
+    for (int i = 0; i < cfg->io_threads; i++) {
+        if (i > 0 && (fd = open_listener(ai, s->port, err, errlen, cfg->listen_host)) < 0)
+            goto fail;
+        s->n_io = i + 1;
+        if ((st = io_init(&s->io[i], s, i, fd, err, errlen)) != SL_OK)
+            goto fail;
+    }
+    freeaddrinfo(ais);
+    *out = s;
+    return SL_OK;
+
+fail:
+    freeaddrinfo(ais);
+    sl_http_server_free(s);
+    return st;
+}
+
+int sl_http_server_port(const struct sl_http_server *s)
+{
+    return s->port;
+}
+
+int sl_http_server_start(struct sl_http_server *s)
+{
+    if (s->started)
+        return SL_OK;
+    s->started = true;
+    for (int i = 0; i < s->n_io; i++) {
+        int e = pthread_create(&s->io[i].thread, NULL, io_main, &s->io[i]);
+        if (e != 0) {
+            sl_log(SL_LOG_ERROR, "cannot start I/O thread %d: %s", i, strerror(e));
+            sl_http_server_stop(s);
+            return SL_ENOMEM;
+        }
+        s->io[i].running = true;
+    }
+    return SL_OK;
+}
+
+void sl_http_server_stop(struct sl_http_server *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n_io; i++)
+        if (s->io[i].running)
+            event_active(s->io[i].stop_ev, EV_READ, 0);
+    for (int i = 0; i < s->n_io; i++)
+        if (s->io[i].running) {
+            pthread_join(s->io[i].thread, NULL);
+            s->io[i].running = false;
+        }
+}
+
+void sl_http_server_free(struct sl_http_server *s)
+{
+    if (!s)
+        return;
+    sl_http_server_stop(s);
+    for (int i = 0; i < s->n_io; i++)
+        io_dispose(&s->io[i]);
+    free(s->io);
+    free(s);
+}

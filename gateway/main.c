@@ -1,0 +1,147 @@
+/* sluice: start-up, signals, orderly shutdown. The main thread only waits for a signal. */
+#include <sluice/gateway.h>
+
+#include <event2/thread.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static enum sl_log_level level_of(const char *name)
+{
+    if (strcmp(name, "debug") == 0)
+        return SL_LOG_DEBUG;
+    if (strcmp(name, "warn") == 0)
+        return SL_LOG_WARN;
+    if (strcmp(name, "error") == 0)
+        return SL_LOG_ERROR;
+    return SL_LOG_INFO;
+}
+
+/* KV pool: enough blocks for max_seqs full contexts, capped by kv_cache_mib. */
+static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char *err,
+                     size_t errlen)
+{
+    const struct sl_model_config *mc = sl_model_config(m);
+    long per_seq = (mc->seq_len + cfg->block_size - 1) / cfg->block_size;
+    long want = per_seq * cfg->max_seqs;
+    size_t block_bytes = sl_model_kv_block_bytes(m, cfg->block_size);
+    long cap = (long)(((size_t)cfg->kv_cache_mib << 20) / block_bytes);
+    if (cap < per_seq) {
+        snprintf(err, errlen,
+                 "\"kv_cache_mib\" %d holds %ld blocks of %d tokens, fewer than one full context "
+                 "of %d tokens needs (%ld)",
+                 cfg->kv_cache_mib, cap, cfg->block_size, mc->seq_len, per_seq);
+        return -1;
+    }
+    return (int)(want < cap ? want : cap);
+}
+
+int main(int argc, char **argv)
+{
+    struct sl_config cfg;
+    char err[1024] = "";
+    enum sl_cli_action action;
+    sl_config_init(&cfg);
+    if (sl_config_from_args(&cfg, argc, argv, &action, err, sizeof err) != SL_OK) {
+        fprintf(stderr, "sluice: %s\n", err);
+        sl_config_dispose(&cfg);
+        return 2;
+    }
+    if (action == SL_CLI_HELP) {
+        fputs(sl_config_usage(), stdout);
+        sl_config_dispose(&cfg);
+        return 0;
+    }
+    if (action == SL_CLI_VERSION) {
+        printf("sluice %s\n", SL_VERSION);
+        sl_config_dispose(&cfg);
+        return 0;
+    }
+    sl_log_set_level(level_of(cfg.log_level));
+    evthread_use_pthreads();
+
+    /* Signals are taken by sigwait() here; every thread created later inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    struct sl_model *model = NULL;
+    struct sl_worker *worker = NULL;
+    struct sl_sched *sched = NULL;
+    struct sl_http_server *http = NULL;
+
+    uint64_t t0 = sl_clock_ns();
+    if (sl_model_load(cfg.model, cfg.tokenizer, &model, err, sizeof err) != SL_OK) {
+        fprintf(stderr, "sluice: model: %s\n", err);
+        goto out;
+    }
+    const struct sl_model_config *mc = sl_model_config(model);
+    int n_blocks = kv_blocks(&cfg, model, err, sizeof err);
+    if (n_blocks < 0) {
+        fprintf(stderr, "sluice: %s\n", err);
+        goto out;
+    }
+    struct sl_backend_opts bo = {
+        .n_kv_blocks = n_blocks,
+        .block_size = cfg.block_size,
+        .max_batch_tokens = cfg.max_batch_tokens,
+        .max_seqs = cfg.max_seqs,
+        .threads = cfg.threads,
+    };
+    int st = sl_worker_new(model, &sl_cpu_backend_ops, &bo, &worker);
+    if (st != SL_OK) {
+        fprintf(stderr, "sluice: worker: %s\n", sl_status_str(st));
+        goto out;
+    }
+    struct sl_sched_limits lim = {
+        .vocab = mc->vocab_size,
+        .max_ctx = mc->seq_len,
+        .max_seqs = cfg.max_seqs,
+        .max_batch_tokens = cfg.max_batch_tokens,
+        .n_blocks = n_blocks,
+        .block_size = cfg.block_size,
+    };
+    if ((st = sl_sched_new(worker, &lim, &sched)) != SL_OK) {
+        fprintf(stderr, "sluice: scheduler: %s\n", sl_status_str(st));
+        goto out;
+    }
+    if (sl_http_server_new(&cfg, model, sched, &http, err, sizeof err) != SL_OK) {
+        fprintf(stderr, "sluice: %s\n", err);
+        goto out;
+    }
+    if ((st = sl_http_server_start(http)) != SL_OK) {
+        fprintf(stderr, "sluice: cannot start I/O threads: %s\n", sl_status_str(st));
+        goto out;
+    }
+    sl_log(SL_LOG_INFO,
+           "model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, context %d; "
+           "KV %d blocks of %d (%.1f MiB); loaded in %.0f ms",
+           sl_model_id(model), mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
+           mc->seq_len, n_blocks, cfg.block_size, (double)sl_worker_kv_bytes(worker) / (1 << 20),
+           (double)(sl_clock_ns() - t0) / 1e6);
+    sl_log(SL_LOG_INFO, "listening on http://%s%s%s:%d", strchr(cfg.listen_host, ':') ? "[" : "",
+           cfg.listen_host, strchr(cfg.listen_host, ':') ? "]" : "", sl_http_server_port(http));
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    sl_log(SL_LOG_INFO, "%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    rc = 0;
+
+out:
+    /* Order matters: I/O threads stop (cancelling their requests) before the scheduler, and the
+     * outboxes the scheduler posts to are freed only after it has stopped. */
+    if (http)
+        sl_http_server_stop(http);
+    sl_sched_free(sched);
+    sl_http_server_free(http);
+    sl_worker_free(worker);
+    sl_model_free(model);
+    sl_config_dispose(&cfg);
+    return rc;
+}

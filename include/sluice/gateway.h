@@ -1,0 +1,78 @@
+/* sluice — gateway: configuration, the HTTP/1.1 front end and the OpenAI API.
+ *
+ * The gateway owns listeners, connections, HTTP parsing (llhttp), routes, OpenAI request and
+ * response JSON (jansson), SSE, and `main`. It never touches model state beyond the immutable
+ * tokenizer and config; it talks to the engine only through struct sl_sched.
+ */
+#ifndef SLUICE_GATEWAY_H
+#define SLUICE_GATEWAY_H
+
+#include <sluice/common.h>
+#include <sluice/sched.h>
+#include <sluice/worker.h>
+
+/* ---------------------------------------------------------------------------------------------
+ * Configuration (conf/sluice.json documents every key)
+ */
+
+struct sl_config {
+    char *listen_host;       /* "127.0.0.1" */
+    int listen_port;         /* 8080; 0 picks a free port */
+    char *model;             /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
+    char *tokenizer;         /* llama2.c tokenizer.bin path, or NULL */
+    int io_threads;          /* event loops (default 1) */
+    int threads;             /* CPU kernel threads (0 = all cores) */
+    int max_seqs;            /* most running sequences in a step */
+    int max_batch_tokens;    /* most rows in a step */
+    int block_size;          /* KV block size in positions */
+    int kv_cache_mib;        /* KV pool size cap in MiB */
+    int default_max_tokens;  /* max_tokens when a request gives none (OpenAI: 16) */
+    size_t max_body_bytes;   /* larger request bodies get 413 */
+    size_t max_header_bytes; /* larger request heads get 431 */
+    char *log_level;         /* "debug", "info", "warn", "error" */
+};
+
+/* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */
+void sl_config_init(struct sl_config *c);
+void sl_config_dispose(struct sl_config *c);
+/* Overlays the JSON file at `path` onto c. Unknown keys, wrong types and out-of-range values are
+ * errors; err then names the key (and "line L, column C" for JSON syntax errors). */
+int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen);
+/* Checks cross-field invariants after everything is loaded. */
+int sl_config_validate(const struct sl_config *c, char *err, size_t errlen);
+
+enum sl_cli_action { SL_CLI_SERVE, SL_CLI_HELP, SL_CLI_VERSION };
+
+/* Parses the command line: `--config FILE` is applied first, then the other flags override it
+ * (`--listen HOST:PORT`, `--model SPEC`, `--tokenizer PATH`, `--help`, `--version`).
+ * Returns SL_OK and sets *action, or SL_EINVAL with err naming the flag. */
+int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_action *action,
+                        char *err, size_t errlen);
+/* The --help text. */
+const char *sl_config_usage(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * HTTP server
+ */
+
+struct sl_http_server;
+
+/* Binds the listener (host:port from cfg, SO_REUSEPORT) and prepares cfg->io_threads event loops.
+ * The model, scheduler and cfg must outlive the server. On failure err says why. */
+int sl_http_server_new(const struct sl_config *cfg, const struct sl_model *model,
+                       struct sl_sched *sched, struct sl_http_server **out, char *err,
+                       size_t errlen);
+/* The port actually bound (useful when cfg->listen_port is 0). */
+int sl_http_server_port(const struct sl_http_server *s);
+/* Starts the I/O threads. */
+int sl_http_server_start(struct sl_http_server *s);
+/* Stops accepting, closes connections (cancelling their requests), joins the I/O threads. */
+void sl_http_server_stop(struct sl_http_server *s);
+void sl_http_server_free(struct sl_http_server *s);
+
+/* Maps a status to the HTTP status code and OpenAI error `type` used in error objects: the one
+ * place where statuses become HTTP. */
+int sl_http_status_code(int status);
+const char *sl_http_error_type(int http_code);
+
+#endif

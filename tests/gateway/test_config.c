@@ -1,0 +1,152 @@
+#include <criterion/criterion.h>
+#include <sluice/gateway.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char *write_tmp(const char *content)
+{
+    char *path = strdup("/tmp/sluice-config-XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+    close(fd);
+    return path;
+}
+
+static int load(struct sl_config *c, const char *content, char *err, size_t errlen)
+{
+    char *path = write_tmp(content);
+    int st = sl_config_load_file(c, path, err, errlen);
+    unlink(path);
+    free(path);
+    return st;
+}
+
+Test(gateway, defaults_serve_synthetic_on_8080_when_nothing_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_str_eq(c.listen_host, "127.0.0.1");
+    cr_assert_eq(c.listen_port, 8080);
+    cr_assert_str_eq(c.model, "synthetic");
+    sl_config_dispose(&c);
+}
+
+Test(gateway, shipped_example_config_loads_when_read)
+{
+    const char *root = getenv("SL_SOURCE_ROOT");
+    cr_assert_not_null(root);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/conf/sluice.json", root);
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[512] = "";
+    cr_assert_eq(sl_config_load_file(&c, path, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, file_values_apply_when_valid)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(load(&c,
+                      "{\"listen\":\"[::1]:9000\",\"max_seqs\":4,\"tokenizer\":\"t.bin\","
+                      "\"//\":\"comment\"}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_str_eq(c.listen_host, "::1");
+    cr_assert_eq(c.listen_port, 9000);
+    cr_assert_eq(c.max_seqs, 4);
+    cr_assert_str_eq(c.tokenizer, "t.bin");
+    sl_config_dispose(&c);
+}
+
+Test(gateway, syntax_error_names_line_and_column_when_json_is_broken)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\n  \"max_seqs\": 4,\n  \"model\" \"x\"\n}", err, sizeof err),
+                 SL_EFORMAT);
+    cr_assert(strstr(err, "line 3"), "%s", err);
+    cr_assert(strstr(err, "column"), "%s", err);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, bad_key_is_named_when_unknown_mistyped_or_out_of_range)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"max_seq\":4}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"max_seq\""), "%s", err);
+    cr_assert_eq(load(&c, "{\"max_seqs\":\"4\"}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"max_seqs\""), "%s", err);
+    cr_assert_eq(load(&c, "{\"block_size\":0}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"block_size\""), "%s", err);
+    cr_assert_eq(load(&c, "{\"listen\":\"localhost\"}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"listen\""), "%s", err);
+    cr_assert_eq(load(&c, "{\"log_level\":\"loud\"}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"log_level\""), "%s", err);
+    cr_assert_eq(load(&c, "[1,2]", err, sizeof err), SL_EFORMAT);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, flags_override_config_file_when_both_given)
+{
+    char *path = write_tmp("{\"listen\":\"127.0.0.1:9001\",\"model\":\"synthetic:stories15M\"}");
+    char *argv[] = {"sluice", "--listen", "0.0.0.0:7000", "--config", path, "--model=synthetic",
+                    NULL};
+    struct sl_config c;
+    sl_config_init(&c);
+    enum sl_cli_action act;
+    char err[256] = "";
+    cr_assert_eq(sl_config_from_args(&c, 6, argv, &act, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(act, SL_CLI_SERVE);
+    cr_assert_str_eq(c.listen_host, "0.0.0.0");
+    cr_assert_eq(c.listen_port, 7000);
+    cr_assert_str_eq(c.model, "synthetic");
+    sl_config_dispose(&c);
+    unlink(path);
+    free(path);
+}
+
+Test(gateway, bad_flag_is_named_when_unknown_or_missing_value)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    enum sl_cli_action act;
+    char err[256] = "";
+    char *a1[] = {"sluice", "--port", "80", NULL};
+    cr_assert_eq(sl_config_from_args(&c, 3, a1, &act, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "--port"), "%s", err);
+    char *a2[] = {"sluice", "--model", NULL};
+    cr_assert_eq(sl_config_from_args(&c, 2, a2, &act, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "--model"), "%s", err);
+    char *a3[] = {"sluice", "--listen", "127.0.0.1:99999", NULL};
+    cr_assert_eq(sl_config_from_args(&c, 3, a3, &act, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "--listen"), "%s", err);
+    char *a4[] = {"sluice", "--version", NULL};
+    cr_assert_eq(sl_config_from_args(&c, 2, a4, &act, err, sizeof err), SL_OK);
+    cr_assert_eq(act, SL_CLI_VERSION);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, cross_field_check_fails_when_batch_smaller_than_seqs)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    c.max_seqs = 64;
+    c.max_batch_tokens = 8;
+    char err[256] = "";
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "max_batch_tokens"), "%s", err);
+    sl_config_dispose(&c);
+}

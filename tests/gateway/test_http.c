@@ -1,0 +1,668 @@
+/* The HTTP layer: the llhttp-based request parser (every prefix, 1-byte pieces, pipelining,
+ * limits), the status mapping, and the routes that need no scheduler over a real socket. */
+#include "gateway_impl.h"
+
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <event2/thread.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX_HEAD 1024
+#define MAX_BODY 4096
+
+struct sample {
+    const char *raw;
+    int method;
+    const char *url;
+    const char *path;
+    const char *body;
+    bool keep_alive;
+};
+
+static const struct sample samples[] = {
+    {"GET /v1/models?x=1 HTTP/1.1\r\nHost: a\r\n\r\n", HTTP_GET, "/v1/models?x=1", "/v1/models", "",
+     true},
+    {"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
+     "Content-Length: 15\r\n\r\n{\"prompt\":\"hi\"}",
+     HTTP_POST, "/v1/completions", "/v1/completions", "{\"prompt\":\"hi\"}", true},
+    {"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+     "5\r\n{\"pro\r\na;ext=1\r\nmpt\":\"hi\"}\r\n0\r\n\r\n",
+     HTTP_POST, "/v1/completions", "/v1/completions", "{\"prompt\":\"hi\"}", false},
+    {"GET /healthz HTTP/1.0\r\n\r\n", HTTP_GET, "/healthz", "/healthz", "", false},
+    {"GET /healthz#frag HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", HTTP_GET, "/healthz#frag",
+     "/healthz", "", true},
+};
+
+static void init(struct sl_http_parser *p)
+{
+    sl_http_parser_init(p, MAX_HEAD, MAX_BODY);
+}
+
+static bool span_is(const struct sl_http_parser *p, struct sl_http_span s, const char *want)
+{
+    return s.len == strlen(want) && memcmp(sl_http_span_ptr(p, s), want, s.len) == 0;
+}
+
+static void check(const struct sl_http_parser *p, const struct sample *s)
+{
+    cr_assert_eq(p->state, SL_HTTP_PARSE_DONE, "%s", s->raw);
+    cr_assert_eq(p->method, s->method);
+    cr_assert(span_is(p, p->url, s->url), "url of %s", s->raw);
+    cr_assert(span_is(p, sl_http_parser_path(p), s->path), "path of %s", s->raw);
+    cr_assert(span_is(p, p->body, s->body), "body of %s: %.*s", s->raw, (int)p->body.len,
+              sl_http_span_ptr(p, p->body));
+    cr_assert_eq(p->keep_alive, s->keep_alive, "keep-alive of %s", s->raw);
+}
+
+/* A copy of s whose last byte is the last readable byte before a PROT_NONE page, so a parser that
+ * reads past what it was given crashes. */
+struct guarded {
+    char *map;
+    size_t map_len;
+    const char *data;
+};
+
+static struct guarded guard(const char *s, size_t len)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t pages = (len + page - 1) / page + 1;
+    struct guarded g = {.map_len = pages * page};
+    g.map = mmap(NULL, g.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    cr_assert_neq(g.map, MAP_FAILED);
+    cr_assert_eq(mprotect(g.map + (pages - 1) * page, page, PROT_NONE), 0);
+    char *d = g.map + (pages - 1) * page - len;
+    memcpy(d, s, len);
+    g.data = d;
+    return g;
+}
+
+static void unguard(struct guarded *g)
+{
+    munmap(g->map, g->map_len);
+}
+
+Test(gateway, parses_the_request_when_split_at_every_prefix)
+{
+    for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++) {
+        const struct sample *s = &samples[i];
+        size_t len = strlen(s->raw);
+        for (size_t k = 0; k <= len; k++) {
+            struct guarded a = guard(s->raw, k), b = guard(s->raw + k, len - k);
+            struct sl_http_parser p;
+            init(&p);
+            enum sl_http_parse st = sl_http_parser_feed(&p, a.data, k);
+            if (k < len) {
+                cr_assert_eq(st, SL_HTTP_PARSE_MORE, "sample %zu prefix %zu", i, k);
+                st = sl_http_parser_feed(&p, b.data, len - k);
+            }
+            cr_assert_eq(st, SL_HTTP_PARSE_DONE, "sample %zu split at %zu", i, k);
+            check(&p, s);
+            cr_assert_eq(p.parsed, p.buf.len, "no bytes should follow sample %zu", i);
+            sl_http_parser_dispose(&p);
+            unguard(&a);
+            unguard(&b);
+        }
+    }
+}
+
+Test(gateway, parses_the_request_when_fed_one_byte_at_a_time)
+{
+    for (size_t i = 0; i < sizeof samples / sizeof samples[0]; i++) {
+        const struct sample *s = &samples[i];
+        size_t len = strlen(s->raw);
+        struct sl_http_parser p;
+        init(&p);
+        for (size_t k = 0; k < len; k++) {
+            struct guarded g = guard(s->raw + k, 1);
+            enum sl_http_parse st = sl_http_parser_feed(&p, g.data, 1);
+            unguard(&g);
+            cr_assert_eq(st, k + 1 < len ? SL_HTTP_PARSE_MORE : SL_HTTP_PARSE_DONE,
+                         "sample %zu byte %zu", i, k);
+        }
+        check(&p, s);
+        sl_http_parser_dispose(&p);
+    }
+}
+
+Test(gateway, keeps_the_next_request_when_requests_are_pipelined)
+{
+    struct sl_http_parser p;
+    init(&p);
+    char all[2048];
+    snprintf(all, sizeof all, "%s%s%s", samples[1].raw, samples[0].raw, "GET /heal");
+    cr_assert_eq(sl_http_parser_feed(&p, all, strlen(all)), SL_HTTP_PARSE_DONE);
+    check(&p, &samples[1]);
+    cr_assert_eq(sl_http_parser_next(&p), SL_HTTP_PARSE_DONE);
+    check(&p, &samples[0]);
+    cr_assert_eq(sl_http_parser_next(&p), SL_HTTP_PARSE_MORE);
+    cr_assert_eq(sl_http_parser_feed(&p, "thz HTTP/1.1\r\n\r\n", 16), SL_HTTP_PARSE_DONE);
+    cr_assert(span_is(&p, p.url, "/healthz"));
+    cr_assert(p.keep_alive);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, closes_after_the_response_when_connection_close_is_sent)
+{
+    struct sl_http_parser p;
+    init(&p);
+    const char *r = "GET / HTTP/1.1\r\nConnection:  close \r\n\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_DONE);
+    cr_assert_not(p.keep_alive);
+    cr_assert(sl_http_span_eq(&p, p.connection, "close"));
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, records_headers_when_names_differ_in_case)
+{
+    struct sl_http_parser p;
+    init(&p);
+    const char *r = "POST / HTTP/1.1\r\ncOnTeNt-TyPe: application/json\r\nEXPECT: 100-Continue\r\n"
+                    "Content-Length: 2\r\n\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_MORE);
+    cr_assert(sl_http_span_eq(&p, p.content_type, "application/json"));
+    cr_assert(p.headers_complete);
+    cr_assert(p.expect_continue);
+    cr_assert_eq(sl_http_parser_feed(&p, "{}", 2), SL_HTTP_PARSE_DONE);
+    cr_assert(span_is(&p, p.body, "{}"));
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, compacts_the_body_when_it_is_chunked_in_small_pieces)
+{
+    struct sl_http_parser p;
+    init(&p);
+    const char *head = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, head, strlen(head)), SL_HTTP_PARSE_MORE);
+    char want[MAX_BODY + 1];
+    /* One-byte chunks: six bytes of framing per byte of body must not pile up. */
+    for (int i = 0; i < MAX_BODY; i++) {
+        char chunk[16];
+        want[i] = (char)('a' + i % 26);
+        int n = snprintf(chunk, sizeof chunk, "1\r\n%c\r\n", want[i]);
+        cr_assert_eq(sl_http_parser_feed(&p, chunk, (size_t)n), SL_HTTP_PARSE_MORE);
+    }
+    want[MAX_BODY] = '\0';
+    cr_assert_leq(p.buf.len, strlen(head) + MAX_BODY + 8);
+    cr_assert_eq(sl_http_parser_feed(&p, "0\r\n\r\n", 5), SL_HTTP_PARSE_DONE);
+    cr_assert(span_is(&p, p.body, want));
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, ignores_trailers_when_a_chunked_body_ends_with_them)
+{
+    struct sl_http_parser p;
+    init(&p);
+    const char *r = "POST / HTTP/1.1\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n"
+                    "\r\n2\r\nab\r\n0\r\nContent-Type: evil\r\nX-Sum: 1\r\n\r\n";
+    for (size_t k = 0; r[k]; k++)
+        cr_assert_eq(sl_http_parser_feed(&p, r + k, 1),
+                     r[k + 1] ? SL_HTTP_PARSE_MORE : SL_HTTP_PARSE_DONE, "byte %zu", k);
+    cr_assert(span_is(&p, p.body, "ab"));
+    cr_assert(sl_http_span_eq(&p, p.content_type, "text/plain"));
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, drops_chunk_extensions_when_they_are_long)
+{
+    struct sl_http_parser p;
+    init(&p);
+    const char *head = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=";
+    cr_assert_eq(sl_http_parser_feed(&p, head, strlen(head)), SL_HTTP_PARSE_MORE);
+    char ext[512];
+    memset(ext, 'e', sizeof ext);
+    /* 64 KiB of extension before any body byte: consumed framing must not stay buffered. */
+    for (int i = 0; i < 128; i++)
+        cr_assert_eq(sl_http_parser_feed(&p, ext, sizeof ext), SL_HTTP_PARSE_MORE);
+    cr_assert_leq(p.buf.len, strlen(head));
+    const char *rest = "\r\nabc\r\n0\r\n\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, rest, strlen(rest)), SL_HTTP_PARSE_DONE);
+    cr_assert(span_is(&p, p.body, "abc"));
+    sl_http_parser_dispose(&p);
+}
+
+static char *big_head(size_t header_bytes)
+{
+    /* "GET / HTTP/1.1\r\nX: vvv...\r\n\r\n" of exactly header_bytes bytes. */
+    const char *pre = "GET / HTTP/1.1\r\nX: ";
+    size_t fixed = strlen(pre) + 4;
+    cr_assert_gt(header_bytes, fixed);
+    char *s = sl_xmalloc(header_bytes + 1);
+    strcpy(s, pre);
+    memset(s + strlen(pre), 'v', header_bytes - fixed);
+    strcpy(s + header_bytes - 4, "\r\n\r\n");
+    return s;
+}
+
+Test(gateway, answers_431_when_the_head_exceeds_the_limit)
+{
+    char *s = big_head(MAX_HEAD + 64);
+    struct sl_http_parser p;
+    init(&p);
+    cr_assert_eq(sl_http_parser_feed(&p, s, strlen(s)), SL_HTTP_PARSE_ERROR);
+    cr_assert_eq(p.error_code, 431);
+    sl_http_parser_dispose(&p);
+
+    /* Byte by byte, the decision comes as soon as the limit is crossed, before the end. */
+    init(&p);
+    size_t k = 0;
+    enum sl_http_parse st = SL_HTTP_PARSE_MORE;
+    while (st == SL_HTTP_PARSE_MORE && s[k])
+        st = sl_http_parser_feed(&p, s + k++, 1);
+    cr_assert_eq(st, SL_HTTP_PARSE_ERROR);
+    cr_assert_eq(p.error_code, 431);
+    cr_assert_leq(k, MAX_HEAD + 1);
+    sl_http_parser_dispose(&p);
+    free(s);
+}
+
+Test(gateway, answers_431_when_a_header_line_never_ends)
+{
+    struct sl_http_parser p;
+    init(&p);
+    cr_assert_eq(sl_http_parser_feed(&p, "GET / HTTP/1.1\r\n", 16), SL_HTTP_PARSE_MORE);
+    char junk[256];
+    memset(junk, 'a', sizeof junk);
+    enum sl_http_parse st = SL_HTTP_PARSE_MORE;
+    for (int i = 0; i < 8 && st == SL_HTTP_PARSE_MORE; i++)
+        st = sl_http_parser_feed(&p, junk, sizeof junk);
+    cr_assert_eq(st, SL_HTTP_PARSE_ERROR);
+    cr_assert_eq(p.error_code, 431);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, accepts_the_head_when_it_is_just_under_the_limit)
+{
+    char *s = big_head(MAX_HEAD - 2);
+    struct sl_http_parser p;
+    init(&p);
+    cr_assert_eq(sl_http_parser_feed(&p, s, strlen(s)), SL_HTTP_PARSE_DONE);
+    sl_http_parser_dispose(&p);
+    free(s);
+}
+
+Test(gateway, answers_413_before_the_body_when_content_length_is_too_large)
+{
+    struct sl_http_parser p;
+    init(&p);
+    char r[256];
+    snprintf(r, sizeof r, "POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n",
+             MAX_BODY + 1);
+    cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR);
+    cr_assert_eq(p.error_code, 413);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, accepts_the_body_when_it_is_exactly_the_limit)
+{
+    struct sl_http_parser p;
+    init(&p);
+    char r[256];
+    snprintf(r, sizeof r, "POST / HTTP/1.1\r\nContent-Length: %d\r\n\r\n", MAX_BODY);
+    cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_MORE);
+    char *body = sl_xmalloc(MAX_BODY);
+    memset(body, 'b', MAX_BODY);
+    cr_assert_eq(sl_http_parser_feed(&p, body, MAX_BODY), SL_HTTP_PARSE_DONE);
+    cr_assert_eq(p.body.len, MAX_BODY);
+    free(body);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, answers_413_when_a_chunked_body_grows_past_the_limit)
+{
+    struct sl_http_parser p;
+    init(&p);
+    const char *head = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, head, strlen(head)), SL_HTTP_PARSE_MORE);
+    char chunk[1100];
+    int n = snprintf(chunk, sizeof chunk, "400\r\n");
+    memset(chunk + n, 'c', 1024);
+    memcpy(chunk + n + 1024, "\r\n", 2);
+    size_t clen = (size_t)n + 1026;
+    enum sl_http_parse st = SL_HTTP_PARSE_MORE;
+    int sent = 0;
+    while (st == SL_HTTP_PARSE_MORE && sent < 16) {
+        st = sl_http_parser_feed(&p, chunk, clen);
+        sent++;
+    }
+    cr_assert_eq(st, SL_HTTP_PARSE_ERROR);
+    cr_assert_eq(p.error_code, 413);
+    cr_assert_eq(sent, MAX_BODY / 1024 + 1);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, answers_400_when_the_request_is_not_http)
+{
+    const char *bad[] = {
+        "HELLO\r\n\r\n",
+        "GET / HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+        "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct sl_http_parser p;
+        init(&p);
+        cr_assert_eq(sl_http_parser_feed(&p, bad[i], strlen(bad[i])), SL_HTTP_PARSE_ERROR, "%s",
+                     bad[i]);
+        cr_assert_eq(p.error_code, 400);
+        cr_assert_not_null(p.error_reason);
+        sl_http_parser_dispose(&p);
+    }
+}
+
+Test(gateway, ignores_later_bytes_when_the_request_is_done)
+{
+    struct sl_http_parser p;
+    init(&p);
+    const char *r = "GET /a HTTP/1.1\r\n\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_DONE);
+    cr_assert_eq(sl_http_parser_feed(&p, "garbage", 7), SL_HTTP_PARSE_DONE);
+    cr_assert(span_is(&p, p.url, "/a"));
+    cr_assert_eq(sl_http_parser_next(&p), SL_HTTP_PARSE_ERROR);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, maps_statuses_to_http_when_errors_are_reported)
+{
+    cr_assert_eq(sl_http_status_code(SL_OK), 200);
+    cr_assert_eq(sl_http_status_code(SL_EINVAL), 400);
+    cr_assert_eq(sl_http_status_code(SL_ERANGE), 400);
+    cr_assert_eq(sl_http_status_code(SL_EFORMAT), 400);
+    cr_assert_eq(sl_http_status_code(SL_ENOENT), 404);
+    cr_assert_eq(sl_http_status_code(SL_EBUSY), 503);
+    cr_assert_eq(sl_http_status_code(SL_ECANCELED), 503);
+    cr_assert_eq(sl_http_status_code(SL_ETIMEDOUT), 504);
+    cr_assert_eq(sl_http_status_code(SL_EBACKEND), 500);
+    cr_assert_eq(sl_http_status_code(-1000), 500);
+    cr_assert_str_eq(sl_http_error_type(400), "invalid_request_error");
+    cr_assert_str_eq(sl_http_error_type(404), "invalid_request_error");
+    cr_assert_str_eq(sl_http_error_type(413), "invalid_request_error");
+    cr_assert_str_eq(sl_http_error_type(401), "authentication_error");
+    cr_assert_str_eq(sl_http_error_type(429), "rate_limit_error");
+    cr_assert_str_eq(sl_http_error_type(500), "server_error");
+    cr_assert_str_eq(sl_http_error_type(503), "server_error");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Over a real socket, the routes that never reach the scheduler (the server gets none).
+ */
+
+struct live {
+    struct sl_config cfg;
+    struct sl_model *model;
+    struct sl_http_server *srv;
+};
+
+static void live_start(struct live *l, int io_threads)
+{
+    evthread_use_pthreads();
+    /* As main does: a write to a peer that has gone must be an error, not a signal. */
+    signal(SIGPIPE, SIG_IGN);
+    sl_config_init(&l->cfg);
+    l->cfg.listen_port = 0;
+    l->cfg.io_threads = io_threads;
+    l->cfg.max_header_bytes = MAX_HEAD;
+    l->cfg.max_body_bytes = MAX_BODY;
+    char err[256];
+    cr_assert_eq(sl_model_load("synthetic:tiny", NULL, &l->model, err, sizeof err), SL_OK, "%s",
+                 err);
+    cr_assert_eq(sl_http_server_new(&l->cfg, l->model, NULL, &l->srv, err, sizeof err), SL_OK, "%s",
+                 err);
+    cr_assert_gt(sl_http_server_port(l->srv), 0);
+    cr_assert_eq(sl_http_server_start(l->srv), SL_OK);
+}
+
+static void live_stop(struct live *l)
+{
+    sl_http_server_stop(l->srv);
+    sl_http_server_free(l->srv);
+    sl_model_free(l->model);
+    sl_config_dispose(&l->cfg);
+}
+
+static int dial(const struct live *l)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)sl_http_server_port(l->srv))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static void send_all(int fd, const char *s, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, s, len, MSG_NOSIGNAL);
+        cr_assert_gt(n, 0);
+        s += n;
+        len -= (size_t)n;
+    }
+}
+
+struct reply {
+    int status;
+    char head[2048];
+    char body[4096];
+    size_t body_len;
+};
+
+/* A connection's unread bytes, so that pipelined responses that arrive together are split. */
+struct reader {
+    int fd;
+    char buf[16384];
+    size_t have;
+};
+
+static bool fill(struct reader *rd)
+{
+    cr_assert_lt(rd->have, sizeof rd->buf);
+    ssize_t n = recv(rd->fd, rd->buf + rd->have, sizeof rd->buf - rd->have, 0);
+    if (n <= 0)
+        return false;
+    rd->have += (size_t)n;
+    return true;
+}
+
+/* Reads one response with a Content-Length body (every non-streamed response has one). */
+static bool read_reply(struct reader *rd, struct reply *r)
+{
+    char *end;
+    while (!(end = memmem(rd->buf, rd->have, "\r\n\r\n", 4)))
+        if (!fill(rd))
+            return false;
+    size_t head_len = (size_t)(end - rd->buf) + 4;
+    cr_assert_lt(head_len, sizeof r->head);
+    memcpy(r->head, rd->buf, head_len);
+    r->head[head_len] = '\0';
+    cr_assert_eq(sscanf(r->head, "HTTP/1.1 %d", &r->status), 1, "%s", r->head);
+    char *cl = strcasestr(r->head, "\r\nContent-Length: ");
+    cr_assert_not_null(cl, "no Content-Length in %s", r->head);
+    r->body_len = (size_t)strtoul(cl + 18, NULL, 10);
+    cr_assert_lt(r->body_len, sizeof r->body);
+    while (rd->have < head_len + r->body_len)
+        cr_assert(fill(rd), "body cut short");
+    memcpy(r->body, rd->buf + head_len, r->body_len);
+    r->body[r->body_len] = '\0';
+    size_t used = head_len + r->body_len;
+    memmove(rd->buf, rd->buf + used, rd->have - used);
+    rd->have -= used;
+    return true;
+}
+
+static json_t *reply_json(const struct reply *r)
+{
+    json_error_t je;
+    json_t *j = json_loadb(r->body, r->body_len, 0, &je);
+    cr_assert_not_null(j, "%s: %s", je.text, r->body);
+    return j;
+}
+
+static const char *error_field(json_t *j, const char *k)
+{
+    json_t *v = json_object_get(json_object_get(j, "error"), k);
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+static void roundtrip(const struct live *l, const char *req, struct reply *r)
+{
+    struct reader rd = {.fd = dial(l)};
+    send_all(rd.fd, req, strlen(req));
+    cr_assert(read_reply(&rd, r), "no response to %s", req);
+    close(rd.fd);
+}
+
+Test(gateway, answers_health_and_models_when_asked_over_a_socket)
+{
+    struct live l;
+    live_start(&l, 2);
+    struct reply r;
+    roundtrip(&l, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(r.body, "{\"status\":\"ok\"}");
+
+    roundtrip(&l, "GET /v1/models?limit=1 HTTP/1.1\r\n\r\n", &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert(strcasestr(r.head, "Content-Type: application/json"));
+    json_t *j = reply_json(&r);
+    json_t *m = json_array_get(json_object_get(j, "data"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "id")), sl_model_id(l.model));
+    json_decref(j);
+    live_stop(&l);
+}
+
+Test(gateway, answers_404_and_405_when_the_route_or_method_is_wrong)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reply r;
+    roundtrip(&l, "GET /v2/nothing HTTP/1.1\r\n\r\n", &r);
+    cr_assert_eq(r.status, 404);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "type"), "invalid_request_error");
+    json_decref(j);
+
+    roundtrip(&l, "GET /v1/completions HTTP/1.1\r\n\r\n", &r);
+    cr_assert_eq(r.status, 405);
+    cr_assert(strstr(r.head, "\r\nAllow: POST\r\n"), "%s", r.head);
+
+    roundtrip(&l, "DELETE /v1/models HTTP/1.1\r\n\r\n", &r);
+    cr_assert_eq(r.status, 405);
+    cr_assert(strstr(r.head, "\r\nAllow: GET\r\n"), "%s", r.head);
+    live_stop(&l);
+}
+
+Test(gateway, answers_400_with_the_param_when_a_completion_is_invalid)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reply r;
+    roundtrip(&l,
+              "POST /v1/completions HTTP/1.1\r\nContent-Length: 31\r\n\r\n"
+              "{\"prompt\":\"a\",\"max_tokens\":\"9\"}",
+              &r);
+    cr_assert_eq(r.status, 400);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "param"), "max_tokens");
+    json_decref(j);
+
+    roundtrip(&l, "POST /v1/completions HTTP/1.1\r\nContent-Length: 5\r\n\r\n{\"a\":", &r);
+    cr_assert_eq(r.status, 400);
+    j = reply_json(&r);
+    cr_assert(strstr(error_field(j, "message"), "line 1"), "%s", r.body);
+    json_decref(j);
+
+    /* The prompt alone is longer than the context (synthetic:tiny: 512 tokens). */
+    char body[3000], req[3200];
+    int n = snprintf(body, sizeof body, "{\"prompt\":\"");
+    for (int i = 0; i < 2600; i++)
+        body[n++] = (char)('a' + (i * 7) % 26);
+    n += snprintf(body + n, sizeof body - (size_t)n, "\"}");
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s", n,
+             body);
+    roundtrip(&l, req, &r);
+    cr_assert_eq(r.status, 400);
+    j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "code"), "context_length_exceeded");
+    json_decref(j);
+    live_stop(&l);
+}
+
+Test(gateway, serves_pipelined_requests_in_order_when_the_connection_is_kept_alive)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reader rd = {.fd = dial(&l)};
+    const char *two = "GET /healthz HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\n\r\n";
+    send_all(rd.fd, two, strlen(two));
+    struct reply r;
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 200);
+    cr_assert(strstr(r.head, "Connection: keep-alive"));
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 404);
+    /* And the connection still serves a third one. */
+    const char *third = "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n";
+    send_all(rd.fd, third, strlen(third));
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 200);
+    cr_assert(strstr(r.head, "Connection: close"));
+    char c;
+    cr_assert_eq(recv(rd.fd, &c, 1, 0), 0, "the server should close after Connection: close");
+    close(rd.fd);
+    live_stop(&l);
+}
+
+Test(gateway, answers_431_and_413_then_closes_when_limits_are_crossed_over_a_socket)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reply r;
+    struct reader rd = {.fd = dial(&l)};
+    char *s = big_head(MAX_HEAD * 2);
+    send_all(rd.fd, s, strlen(s));
+    free(s);
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 431);
+    char c;
+    cr_assert_eq(recv(rd.fd, &c, 1, 0), 0);
+    close(rd.fd);
+
+    rd = (struct reader){.fd = dial(&l)};
+    const char *big = "POST /v1/completions HTTP/1.1\r\nContent-Length: 999999\r\n\r\n{";
+    send_all(rd.fd, big, strlen(big));
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 413);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "type"), "invalid_request_error");
+    json_decref(j);
+    shutdown(rd.fd, SHUT_WR);
+    cr_assert_eq(recv(rd.fd, &c, 1, 0), 0);
+    close(rd.fd);
+    live_stop(&l);
+}
+
+Test(gateway, stops_cleanly_when_connections_are_open)
+{
+    struct live l;
+    live_start(&l, 2);
+    int idle = dial(&l);
+    int partial = dial(&l);
+    const char *head = "POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{";
+    send_all(partial, head, strlen(head));
+    struct reply r;
+    roundtrip(&l, "GET /healthz HTTP/1.1\r\n\r\n", &r);
+    cr_assert_eq(r.status, 200);
+    live_stop(&l);
+    char c;
+    cr_assert_leq(recv(idle, &c, 1, 0), 0);
+    cr_assert_leq(recv(partial, &c, 1, 0), 0);
+    close(idle);
+    close(partial);
+}

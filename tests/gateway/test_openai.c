@@ -1,0 +1,425 @@
+/* The OpenAI JSON layer: request decoding and validation, the context check, and the response,
+ * chunk, error and model encoders (parsed back with jansson). */
+#include "gateway_impl.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+#define MODEL "synthetic:tiny"
+
+static int decode(struct sl_openai_completion *c, const char *body, struct sl_openai_error *err)
+{
+    memset(err, 0, sizeof *err);
+    return sl_openai_completion_decode(c, body, strlen(body), MODEL, 16, err);
+}
+
+/* Decodes a body that must fail, and checks the HTTP status and param it names. */
+static void expect_error(const char *body, int http, const char *param, const char *code)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    int st = decode(&c, body, &err);
+    cr_assert_lt(st, 0, "accepted %s", body);
+    cr_assert_eq(err.http, http, "%s: http %d, message %s", body, err.http, err.message);
+    cr_assert_str_eq(err.param, param ? param : "", "%s: param %s", body, err.param);
+    if (code)
+        cr_assert(err.code && strcmp(err.code, code) == 0, "%s: code %s", body,
+                  err.code ? err.code : "(null)");
+    cr_assert_null(c.root);
+    cr_assert(err.message[0]);
+}
+
+static json_t *parse(const struct sl_str *s)
+{
+    json_error_t je;
+    json_t *j = json_loadb(s->p, s->len, 0, &je);
+    cr_assert_not_null(j, "not JSON (%s at %d:%d): %s", je.text, je.line, je.column, s->p);
+    return j;
+}
+
+static const char *str_at(json_t *j, const char *path0, const char *path1)
+{
+    json_t *v = json_object_get(j, path0);
+    if (path1)
+        v = json_object_get(v, path1);
+    cr_assert(json_is_string(v), "%s.%s is not a string", path0, path1 ? path1 : "");
+    return json_string_value(v);
+}
+
+Test(gateway, decodes_defaults_when_only_prompt_is_given)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c, "{\"prompt\":\"Once upon\"}", &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.prompt_len, 9);
+    cr_assert_eq(memcmp(c.prompt, "Once upon", 9), 0);
+    cr_assert_eq(c.params.max_tokens, 16);
+    cr_assert_float_eq(c.params.temperature, 1.0f, 1e-6);
+    cr_assert_float_eq(c.params.top_p, 1.0f, 1e-6);
+    cr_assert_not(c.has_seed);
+    cr_assert_eq(c.params.n_stop, 0);
+    cr_assert_not(c.stream);
+    cr_assert_not(c.include_usage);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, decodes_every_field_when_all_are_valid)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    const char *body = "{\"model\":\"" MODEL "\",\"prompt\":\"hi\",\"max_tokens\":7,"
+                       "\"temperature\":0,\"top_p\":0.5,\"seed\":-3,\"stop\":[\"\\n\",\"END\"],"
+                       "\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                       "\"user\":\"x\",\"logit_bias\":{},\"n\":1}";
+    cr_assert_eq(decode(&c, body, &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.params.max_tokens, 7);
+    cr_assert_float_eq(c.params.temperature, 0.0f, 1e-6);
+    cr_assert_float_eq(c.params.top_p, 0.5f, 1e-6);
+    cr_assert(c.has_seed);
+    cr_assert_eq(c.params.seed, (uint64_t)-3);
+    cr_assert_eq(c.params.n_stop, 2);
+    cr_assert_str_eq(c.params.stop[0], "\n");
+    cr_assert_str_eq(c.params.stop[1], "END");
+    cr_assert(c.stream);
+    cr_assert(c.include_usage);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, treats_null_as_absent_when_optional_fields_are_null)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    const char *body = "{\"model\":null,\"prompt\":\"a\",\"max_tokens\":null,\"temperature\":null,"
+                       "\"top_p\":null,\"seed\":null,\"stop\":null,\"stream\":null}";
+    cr_assert_eq(decode(&c, body, &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.params.max_tokens, 16);
+    cr_assert_not(c.has_seed);
+    cr_assert_eq(c.params.n_stop, 0);
+    cr_assert_not(c.stream);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, accepts_a_single_stop_string_when_stop_is_a_string)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c, "{\"prompt\":\"a\",\"stop\":\"\\u00e9t\\u00e9\"}", &err), SL_OK);
+    cr_assert_eq(c.params.n_stop, 1);
+    cr_assert_str_eq(c.params.stop[0], "\xc3\xa9t\xc3\xa9");
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, accepts_four_stops_when_stop_array_is_at_the_limit)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c, "{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\"]}", &err), SL_OK);
+    cr_assert_eq(c.params.n_stop, 4);
+    cr_assert_str_eq(c.params.stop[3], "4");
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, names_the_param_when_a_field_has_the_wrong_type)
+{
+    expect_error("{\"prompt\":\"a\",\"model\":3}", 400, "model", "invalid_type");
+    expect_error("{\"prompt\":7}", 400, "prompt", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"max_tokens\":\"5\"}", 400, "max_tokens", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"max_tokens\":5.5}", 400, "max_tokens", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"temperature\":\"hot\"}", 400, "temperature", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"top_p\":true}", 400, "top_p", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"seed\":1.5}", 400, "seed", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"stop\":5}", 400, "stop", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"stop\":[\"x\",5]}", 400, "stop", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"stream\":\"yes\"}", 400, "stream", "invalid_type");
+    expect_error("{\"prompt\":\"a\",\"stream_options\":[]}", 400, "stream_options", "invalid_type");
+}
+
+Test(gateway, mentions_the_type_when_a_field_has_the_wrong_type)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    decode(&c, "{\"prompt\":\"a\",\"max_tokens\":\"5\"}", &err);
+    cr_assert_str_eq(err.message, "Invalid type for 'max_tokens': expected an integer, but got a "
+                                  "string instead.");
+}
+
+Test(gateway, rejects_out_of_range_values_when_limits_are_crossed)
+{
+    expect_error("{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens",
+                 "integer_below_min_value");
+    expect_error("{\"prompt\":\"a\",\"max_tokens\":-4}", 400, "max_tokens", NULL);
+    expect_error("{\"prompt\":\"a\",\"temperature\":2.01}", 400, "temperature",
+                 "decimal_above_max_value");
+    expect_error("{\"prompt\":\"a\",\"temperature\":-0.1}", 400, "temperature",
+                 "decimal_below_min_value");
+    expect_error("{\"prompt\":\"a\",\"top_p\":0}", 400, "top_p", "decimal_below_min_value");
+    expect_error("{\"prompt\":\"a\",\"top_p\":1.5}", 400, "top_p", "decimal_above_max_value");
+    expect_error("{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\"]}", 400, "stop",
+                 "array_above_max_length");
+    expect_error("{\"prompt\":\"a\",\"n\":2}", 400, "n", NULL);
+}
+
+Test(gateway, accepts_boundary_values_when_they_are_inclusive)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(
+        decode(&c, "{\"prompt\":\"a\",\"temperature\":2,\"top_p\":1,\"max_tokens\":1}", &err),
+        SL_OK, "%s", err.message);
+    cr_assert_float_eq(c.params.temperature, 2.0f, 1e-6);
+    cr_assert_eq(c.params.max_tokens, 1);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, rejects_prompt_arrays_with_a_clear_message_when_prompt_is_a_list)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    expect_error("{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", NULL);
+    expect_error("{\"prompt\":[1,2,3]}", 400, "prompt", NULL);
+    decode(&c, "{\"prompt\":[\"a\"]}", &err);
+    cr_assert(strstr(err.message, "single string"), "%s", err.message);
+}
+
+Test(gateway, requires_prompt_when_it_is_missing)
+{
+    expect_error("{\"max_tokens\":3}", 400, "prompt", "missing_required_parameter");
+}
+
+Test(gateway, answers_404_model_not_found_when_model_differs)
+{
+    expect_error("{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 404, "model", "model_not_found");
+}
+
+Test(gateway, reports_line_and_column_when_json_is_malformed)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    const char *body = "{\n  \"prompt\": \"a\",\n  \"max_tokens\": 5,,\n}";
+    cr_assert_lt(decode(&c, body, &err), 0);
+    cr_assert_eq(err.http, 400);
+    cr_assert_str_eq(err.param, "");
+    cr_assert(strstr(err.message, "line 3"), "%s", err.message);
+    cr_assert(strstr(err.message, "column"), "%s", err.message);
+    cr_assert_null(c.root);
+}
+
+Test(gateway, rejects_the_body_when_it_is_empty_or_not_an_object)
+{
+    expect_error("", 400, NULL, NULL);
+    expect_error("[1]", 400, NULL, NULL);
+    expect_error("{\"prompt\":\"a\"} trailing", 400, NULL, NULL);
+}
+
+Test(gateway, accepts_the_request_when_it_exactly_fills_the_context)
+{
+    struct sl_openai_error err;
+    cr_assert_eq(sl_openai_check_context(512, 500, false, 12, &err), SL_OK);
+}
+
+Test(gateway, explains_the_sizes_when_the_context_length_is_exceeded)
+{
+    struct sl_openai_error err;
+    cr_assert_eq(sl_openai_check_context(512, 500, false, 13, &err), SL_ERANGE);
+    cr_assert_eq(err.http, 400);
+    cr_assert_str_eq(err.code, "context_length_exceeded");
+    cr_assert(strstr(err.message, "This model's maximum context length is 512 tokens. However, "
+                                  "you requested 513 tokens (500 in the prompt, 13 for the "
+                                  "completion)."),
+              "%s", err.message);
+}
+
+Test(gateway, says_at_least_when_the_prompt_alone_overflows)
+{
+    struct sl_openai_error err;
+    cr_assert_eq(sl_openai_check_context(512, 513, true, 16, &err), SL_ERANGE);
+    cr_assert(strstr(err.message, "at least 529 tokens (at least 513 in the prompt, 16 for"), "%s",
+              err.message);
+}
+
+/* The tokenizer path, against the embedded synthetic model. */
+static struct sl_model *tiny(void)
+{
+    struct sl_model *m = NULL;
+    char err[256];
+    cr_assert_eq(sl_model_load("synthetic:tiny", NULL, &m, err, sizeof err), SL_OK, "%s", err);
+    return m;
+}
+
+Test(gateway, tokenizes_with_bos_when_the_prompt_fits)
+{
+    struct sl_model *m = tiny();
+    int seq = sl_model_config(m)->seq_len;
+    int32_t *ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq);
+    int n = 0;
+    struct sl_openai_error err;
+    cr_assert_eq(sl_openai_prompt_encode(sl_model_tok(m), seq, "hello", 5, 16, ids, &n, &err),
+                 SL_OK, "%s", err.message);
+    cr_assert_geq(n, 2);
+    cr_assert_eq(ids[0], sl_tok_bos(sl_model_tok(m)));
+    free(ids);
+    sl_model_free(m);
+}
+
+Test(gateway, rejects_with_context_length_exceeded_when_the_prompt_is_too_long)
+{
+    struct sl_model *m = tiny();
+    int seq = sl_model_config(m)->seq_len;
+    int32_t *ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq);
+    /* Distinct characters so no merge can make them fit. */
+    size_t len = (size_t)seq * 4;
+    char *text = sl_xmalloc(len);
+    for (size_t i = 0; i < len; i++)
+        text[i] = (char)('a' + (i * 7) % 26);
+    int n = 0;
+    struct sl_openai_error err;
+    cr_assert_eq(sl_openai_prompt_encode(sl_model_tok(m), seq, text, len, 16, ids, &n, &err),
+                 SL_ERANGE);
+    cr_assert_eq(err.http, 400);
+    cr_assert_str_eq(err.code, "context_length_exceeded");
+    /* A short prompt with a completion that does not fit is refused the same way. */
+    cr_assert_eq(sl_openai_prompt_encode(sl_model_tok(m), seq, "hi", 2, seq, ids, &n, &err),
+                 SL_ERANGE);
+    cr_assert_str_eq(err.code, "context_length_exceeded");
+    free(text);
+    free(ids);
+    sl_model_free(m);
+}
+
+Test(gateway, rejects_the_prompt_when_it_is_not_utf8)
+{
+    struct sl_model *m = tiny();
+    int seq = sl_model_config(m)->seq_len;
+    int32_t *ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq);
+    int n = 0;
+    struct sl_openai_error err;
+    cr_assert_eq(sl_openai_prompt_encode(sl_model_tok(m), seq, "a\xff", 2, 4, ids, &n, &err),
+                 SL_EINVAL);
+    cr_assert_eq(err.http, 400);
+    cr_assert_str_eq(err.param, "prompt");
+    free(ids);
+    sl_model_free(m);
+}
+
+/* ---- encoders ---- */
+
+static const struct sl_openai_ident ident = {"cmpl-0123", 1700000000, MODEL};
+
+/* Quotes, backslashes, newlines, every control byte, multi-byte UTF-8 and a 4-byte emoji. */
+static const char tricky[] = "say \"hi\"\\ \n\r\t\x01\x1f\x7f caf\xc3\xa9 \xe2\x82\xac "
+                             "\xf0\x9f\x98\x80 </script>";
+
+Test(gateway, encodes_a_completion_object_when_the_request_finished)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_completion_encode(&s, &ident, tricky, sizeof tricky - 1, SL_FINISH_LENGTH, 5, 7);
+    json_t *j = parse(&s);
+    cr_assert_str_eq(str_at(j, "id", NULL), "cmpl-0123");
+    cr_assert_str_eq(str_at(j, "object", NULL), "text_completion");
+    cr_assert_eq(json_integer_value(json_object_get(j, "created")), 1700000000);
+    cr_assert_str_eq(str_at(j, "model", NULL), MODEL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_assert_eq(json_array_size(json_object_get(j, "choices")), 1);
+    json_t *text = json_object_get(ch, "text");
+    cr_assert_eq(json_string_length(text), sizeof tricky - 1);
+    cr_assert_eq(memcmp(json_string_value(text), tricky, sizeof tricky - 1), 0);
+    cr_assert_eq(json_integer_value(json_object_get(ch, "index")), 0);
+    cr_assert(json_is_null(json_object_get(ch, "logprobs")));
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "length");
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 5);
+    cr_assert_eq(json_integer_value(json_object_get(u, "completion_tokens")), 7);
+    cr_assert_eq(json_integer_value(json_object_get(u, "total_tokens")), 12);
+    json_decref(j);
+    sl_str_dispose(&s);
+}
+
+Test(gateway, encodes_a_chunk_with_null_finish_when_the_stream_goes_on)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_chunk_encode(&s, &ident, tricky, sizeof tricky - 1, SL_FINISH_NONE);
+    cr_assert_null(memchr(s.p, '\n', s.len), "a raw newline would end the SSE event");
+    json_t *j = parse(&s);
+    cr_assert_str_eq(str_at(j, "id", NULL), "cmpl-0123");
+    cr_assert_str_eq(str_at(j, "object", NULL), "text_completion");
+    cr_assert_str_eq(str_at(j, "model", NULL), MODEL);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_assert_eq(memcmp(json_string_value(json_object_get(ch, "text")), tricky, sizeof tricky - 1),
+                 0);
+    cr_assert(json_is_null(json_object_get(ch, "finish_reason")));
+    cr_assert_null(json_object_get(j, "usage"));
+    json_decref(j);
+    sl_str_dispose(&s);
+}
+
+Test(gateway, encodes_an_empty_final_chunk_when_the_stream_stops)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_chunk_encode(&s, &ident, "", 0, SL_FINISH_STOP);
+    json_t *j = parse(&s);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "text")), "");
+    cr_assert_str_eq(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+    json_decref(j);
+    sl_str_dispose(&s);
+}
+
+Test(gateway, encodes_usage_with_no_choices_when_include_usage_is_set)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_usage_chunk_encode(&s, &ident, 3, 4);
+    json_t *j = parse(&s);
+    cr_assert_eq(json_array_size(json_object_get(j, "choices")), 0);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "total_tokens")), 7);
+    json_decref(j);
+    sl_str_dispose(&s);
+}
+
+Test(gateway, encodes_the_openai_error_object_when_a_request_fails)
+{
+    struct sl_openai_error e;
+    sl_openai_error_set(&e, 400, "max_tokens", "invalid_type", "bad \"%s\"\n", "x\x01");
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_error_encode(&s, &e);
+    json_t *j = parse(&s);
+    cr_assert_str_eq(str_at(j, "error", "message"), "bad \"x\x01\"\n");
+    cr_assert_str_eq(str_at(j, "error", "type"), "invalid_request_error");
+    cr_assert_str_eq(str_at(j, "error", "param"), "max_tokens");
+    cr_assert_str_eq(str_at(j, "error", "code"), "invalid_type");
+    json_decref(j);
+
+    sl_str_clear(&s);
+    sl_openai_error_set(&e, 500, NULL, NULL, "engine \xff broke");
+    sl_openai_error_encode(&s, &e);
+    j = parse(&s);
+    cr_assert_str_eq(str_at(j, "error", "type"), "server_error");
+    cr_assert(json_is_null(json_object_get(json_object_get(j, "error"), "param")));
+    cr_assert(json_is_null(json_object_get(json_object_get(j, "error"), "code")));
+    cr_assert_str_eq(str_at(j, "error", "message"), "engine \xef\xbf\xbd broke");
+    json_decref(j);
+    sl_str_dispose(&s);
+}
+
+Test(gateway, lists_the_one_model_when_models_are_listed)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_models_encode(&s, MODEL, 1234);
+    json_t *j = parse(&s);
+    cr_assert_str_eq(str_at(j, "object", NULL), "list");
+    json_t *data = json_object_get(j, "data");
+    cr_assert_eq(json_array_size(data), 1);
+    json_t *m = json_array_get(data, 0);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "id")), MODEL);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "object")), "model");
+    cr_assert_eq(json_integer_value(json_object_get(m, "created")), 1234);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "owned_by")), "sluice");
+    json_decref(j);
+    sl_str_dispose(&s);
+}
