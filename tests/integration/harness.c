@@ -1,0 +1,309 @@
+#include "harness.h"
+
+#include <criterion/criterion.h>
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Reads what the server printed; blocks for at most `ms` per call (a failure guard only). */
+static bool read_log(struct server *s, int ms)
+{
+    struct pollfd p = {.fd = s->err_fd, .events = POLLIN};
+    if (poll(&p, 1, ms) <= 0)
+        return false;
+    char buf[4096];
+    ssize_t n = read(s->err_fd, buf, sizeof buf);
+    if (n <= 0)
+        return false;
+    fwrite(buf, 1, (size_t)n, stderr); /* keep the server's log visible in the test output */
+    size_t room = sizeof s->log - 1 - s->log_len;
+    size_t take = (size_t)n < room ? (size_t)n : room;
+    memcpy(s->log + s->log_len, buf, take);
+    s->log_len += take;
+    s->log[s->log_len] = '\0';
+    return true;
+}
+
+void server_wait_log(struct server *s, const char *needle)
+{
+    /* 120 s with no output at all means the server hung: fail rather than hang CI. */
+    while (!strstr(s->log, needle))
+        cr_assert(read_log(s, 120000), "server log ended before \"%s\":\n%s", needle, s->log);
+}
+
+void server_start(struct server *s, const char *const *args)
+{
+    memset(s, 0, sizeof *s);
+    const char *bin = getenv("SLUICE_BIN");
+    cr_assert_not_null(bin, "SLUICE_BIN is not set (run through meson test)");
+    int pipefd[2];
+    cr_assert_eq(pipe(pipefd), 0);
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = bin;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    for (int i = 0; args && args[i]; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        dup2(pipefd[1], 2);
+        close(pipefd[0]);
+        close(pipefd[1]);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    s->pid = pid;
+    s->err_fd = pipefd[0];
+    server_wait_log(s, "listening on http://127.0.0.1:");
+    const char *p = strstr(s->log, "listening on http://127.0.0.1:");
+    s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+    cr_assert_gt(s->port, 0);
+}
+
+void server_stop(struct server *s)
+{
+    if (!s->pid)
+        return;
+    kill(s->pid, SIGTERM);
+    /* Drain the log so the server never blocks on a full pipe while shutting down. */
+    while (read_log(s, 120000))
+        ;
+    int status = 0;
+    cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
+    close(s->err_fd);
+    s->pid = 0;
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "sluice exited uncleanly (status %d):\n%s", status, s->log);
+}
+
+int client_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    cr_assert_geq(fd, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct timeval tv = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+void client_send(int fd, const char *data, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, data, len, MSG_NOSIGNAL);
+        cr_assert_gt(n, 0, "send: %s", strerror(errno));
+        data += n;
+        len -= (size_t)n;
+    }
+}
+
+void client_request(int fd, const char *method, const char *path, const char *body, bool keep_alive)
+{
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: sluice-test\r\n%s", method,
+                     path, keep_alive ? "" : "Connection: close\r\n");
+    if (body)
+        n += snprintf(head + n, sizeof head - (size_t)n,
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n", strlen(body));
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    client_send(fd, head, (size_t)n);
+    if (body)
+        client_send(fd, body, strlen(body));
+}
+
+/* Buffered reader over the socket. Leftover bytes stay in a per-fd buffer so a second response
+ * on the same connection is read correctly. */
+struct rbuf {
+    int fd;
+    char data[1 << 16];
+    size_t start, end;
+};
+static struct rbuf rb;
+
+static bool fill(int fd)
+{
+    if (rb.fd != fd) {
+        rb.fd = fd;
+        rb.start = rb.end = 0;
+    }
+    if (rb.start == rb.end)
+        rb.start = rb.end = 0;
+    if (rb.end == sizeof rb.data) {
+        memmove(rb.data, rb.data + rb.start, rb.end - rb.start);
+        rb.end -= rb.start;
+        rb.start = 0;
+    }
+    ssize_t n = recv(fd, rb.data + rb.end, sizeof rb.data - rb.end, 0);
+    if (n <= 0)
+        return false;
+    rb.end += (size_t)n;
+    return true;
+}
+
+static bool read_line(int fd, char *out, size_t max)
+{
+    if (rb.fd != fd) {
+        rb.fd = fd;
+        rb.start = rb.end = 0;
+    }
+    for (;;) {
+        char *nl = memchr(rb.data + rb.start, '\n', rb.end - rb.start);
+        if (nl) {
+            size_t len = (size_t)(nl - (rb.data + rb.start)) + 1;
+            size_t copy = len < max - 1 ? len : max - 1;
+            memcpy(out, rb.data + rb.start, copy);
+            out[copy] = '\0';
+            rb.start += len;
+            return true;
+        }
+        if (!fill(fd))
+            return false;
+    }
+}
+
+static bool read_exact(int fd, char *out, size_t n)
+{
+    while (n) {
+        if (rb.fd != fd || rb.start == rb.end)
+            if (!fill(fd))
+                return false;
+        size_t take = rb.end - rb.start < n ? rb.end - rb.start : n;
+        memcpy(out, rb.data + rb.start, take);
+        rb.start += take;
+        out += take;
+        n -= take;
+    }
+    return true;
+}
+
+bool client_read_response(int fd, struct response *r)
+{
+    memset(r, 0, sizeof *r);
+    char line[8192];
+    if (!read_line(fd, line, sizeof line))
+        return false;
+    cr_assert_eq(strncmp(line, "HTTP/1.", 7), 0, "status line: %s", line);
+    r->status = atoi(line + 9);
+    size_t hl = 0;
+    for (;;) {
+        cr_assert(read_line(fd, line, sizeof line), "headers cut short");
+        if (strcmp(line, "\r\n") == 0)
+            break;
+        for (char *c = line; *c && *c != ':'; c++)
+            *c = (char)tolower((unsigned char)*c);
+        size_t l = strlen(line);
+        cr_assert_lt(hl + l, sizeof r->headers);
+        memcpy(r->headers + hl, line, l);
+        hl += l;
+    }
+    r->headers[hl] = '\0';
+    const char *cl = response_header(r, "content-length");
+    const char *te = response_header(r, "transfer-encoding");
+    size_t cap = 1 << 16;
+    r->body = malloc(cap);
+    if (te && strstr(te, "chunked")) {
+        for (;;) {
+            cr_assert(read_line(fd, line, sizeof line), "chunk size line missing");
+            size_t n = strtoul(line, NULL, 16);
+            if (n == 0) {
+                cr_assert(read_line(fd, line, sizeof line));
+                break;
+            }
+            while (r->body_len + n + 1 > cap)
+                r->body = realloc(r->body, cap *= 2);
+            cr_assert(read_exact(fd, r->body + r->body_len, n), "chunk cut short");
+            r->body_len += n;
+            cr_assert(read_line(fd, line, sizeof line));
+        }
+    } else if (cl) {
+        size_t n = strtoul(cl, NULL, 10);
+        while (n + 1 > cap)
+            r->body = realloc(r->body, cap *= 2);
+        cr_assert(read_exact(fd, r->body, n), "body cut short");
+        r->body_len = n;
+    } else {
+        char buf[4096];
+        for (;;) {
+            if (rb.start == rb.end && !fill(fd))
+                break;
+            size_t n = rb.end - rb.start < sizeof buf ? rb.end - rb.start : sizeof buf;
+            read_exact(fd, buf, n);
+            while (r->body_len + n + 1 > cap)
+                r->body = realloc(r->body, cap *= 2);
+            memcpy(r->body + r->body_len, buf, n);
+            r->body_len += n;
+        }
+    }
+    r->body[r->body_len] = '\0';
+    return true;
+}
+
+void response_dispose(struct response *r)
+{
+    free(r->body);
+    r->body = NULL;
+}
+
+const char *response_header(const struct response *r, const char *name)
+{
+    static char value[1024];
+    size_t nl = strlen(name);
+    for (const char *p = r->headers; *p;) {
+        const char *eol = strstr(p, "\r\n");
+        if (!eol)
+            break;
+        if (strncmp(p, name, nl) == 0 && p[nl] == ':') {
+            const char *v = p + nl + 1;
+            while (*v == ' ')
+                v++;
+            size_t vl = (size_t)(eol - v);
+            if (vl >= sizeof value)
+                vl = sizeof value - 1;
+            memcpy(value, v, vl);
+            value[vl] = '\0';
+            return value;
+        }
+        p = eol + 2;
+    }
+    return NULL;
+}
+
+bool client_read_until(int fd, const char *needle, char *buf, size_t max)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    while (!strstr(buf, needle)) {
+        if (rb.fd != fd || rb.start == rb.end)
+            if (!fill(fd))
+                return false;
+        size_t take = rb.end - rb.start;
+        if (take > max - 1 - len)
+            take = max - 1 - len;
+        if (take == 0)
+            return false;
+        memcpy(buf + len, rb.data + rb.start, take);
+        rb.start += take;
+        len += take;
+        buf[len] = '\0';
+    }
+    return true;
+}

@@ -1,0 +1,49 @@
+/* Integration harness: runs the real sluice binary on a loopback port and talks HTTP/1.1 to it
+ * over real sockets. */
+#ifndef SLUICE_TEST_HARNESS_H
+#define SLUICE_TEST_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+struct server {
+    pid_t pid;
+    int port;
+    int err_fd;        /* read end of the server's stderr */
+    char log[1 << 16]; /* what it printed so far (truncated at the end if longer) */
+    size_t log_len;
+};
+
+/* Starts build/sluice (SLUICE_BIN) with the given extra arguments and --listen 127.0.0.1:0, and
+ * waits for its "listening on" line. Fails the test when it exits first. */
+void server_start(struct server *s, const char *const *args);
+/* Sends SIGTERM, waits for the exit and asserts it was clean (status 0). */
+void server_stop(struct server *s);
+/* Reads the server's log until a line contains `needle` (or the server exits, failing). */
+void server_wait_log(struct server *s, const char *needle);
+
+struct response {
+    int status;
+    char headers[8192]; /* raw header block, lower-cased names */
+    char *body;         /* de-chunked, NUL-terminated, malloc'd */
+    size_t body_len;
+};
+
+int client_connect(int port);
+/* Writes all bytes. */
+void client_send(int fd, const char *data, size_t len);
+/* Sends one request (Content-Length set when body != NULL). */
+void client_request(int fd, const char *method, const char *path, const char *body,
+                    bool keep_alive);
+/* Reads one full response (Content-Length, chunked, or until close). Returns false on EOF before
+ * a status line. */
+bool client_read_response(int fd, struct response *r);
+void response_dispose(struct response *r);
+/* The value of header `name` (lower case) or NULL; points into a static buffer. */
+const char *response_header(const struct response *r, const char *name);
+
+/* Reads from fd until `needle` has appeared in what was read (bounded by max bytes). */
+bool client_read_until(int fd, const char *needle, char *buf, size_t max);
+
+#endif

@@ -1,0 +1,277 @@
+/* The real server on a loopback port, spoken to over real sockets. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static struct server srv;
+
+static void start_default(void)
+{
+    server_start(&srv, NULL);
+}
+static void stop(void)
+{
+    server_stop(&srv);
+}
+
+static json_t *parse_json(const char *body)
+{
+    json_error_t e;
+    json_t *j = json_loads(body, 0, &e);
+    cr_assert_not_null(j, "not JSON (%s): %s", e.text, body);
+    return j;
+}
+
+static struct response roundtrip(const char *method, const char *path, const char *body)
+{
+    int fd = client_connect(srv.port);
+    client_request(fd, method, path, body, false);
+    struct response r;
+    cr_assert(client_read_response(fd, &r), "no response to %s %s", method, path);
+    close(fd);
+    return r;
+}
+
+static void assert_error_object(const struct response *r, int status, const char *type)
+{
+    cr_assert_eq(r->status, status, "status %d, body %s", r->status, r->body);
+    json_t *j = parse_json(r->body);
+    json_t *err = json_object_get(j, "error");
+    cr_assert(json_is_object(err), "no error object: %s", r->body);
+    cr_assert(json_is_string(json_object_get(err, "message")));
+    cr_assert_gt(strlen(json_string_value(json_object_get(err, "message"))), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(err, "type")), type);
+    cr_assert_not_null(json_object_get(err, "param"), "param is present (may be null)");
+    cr_assert_not_null(json_object_get(err, "code"), "code is present (may be null)");
+    json_decref(j);
+}
+
+/* The text of a non-streamed completion, checked for shape; caller frees. */
+static char *complete(const char *body, int max_tokens, const char **finish_out)
+{
+    struct response r = roundtrip("POST", "/v1/completions", body);
+    cr_assert_eq(r.status, 200, "body: %s", r.body);
+    cr_assert(strstr(response_header(&r, "content-type"), "application/json"));
+    json_t *j = parse_json(r.body);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "text_completion");
+    cr_assert(json_is_string(json_object_get(j, "id")));
+    cr_assert(json_is_integer(json_object_get(j, "created")));
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    cr_assert(json_is_object(choice));
+    const char *finish = json_string_value(json_object_get(choice, "finish_reason"));
+    cr_assert(finish && (strcmp(finish, "length") == 0 || strcmp(finish, "stop") == 0));
+    static char fin[16];
+    snprintf(fin, sizeof fin, "%s", finish);
+    if (finish_out)
+        *finish_out = fin;
+    json_t *usage = json_object_get(j, "usage");
+    json_int_t pt = json_integer_value(json_object_get(usage, "prompt_tokens"));
+    json_int_t ct = json_integer_value(json_object_get(usage, "completion_tokens"));
+    cr_assert_gt(pt, 0);
+    cr_assert_leq(ct, max_tokens);
+    if (strcmp(finish, "length") == 0)
+        cr_assert_eq(ct, max_tokens);
+    cr_assert_eq(json_integer_value(json_object_get(usage, "total_tokens")), pt + ct);
+    char *text = strdup(json_string_value(json_object_get(choice, "text")));
+    json_decref(j);
+    response_dispose(&r);
+    return text;
+}
+
+/* Streams a completion; returns the concatenated text and checks the chunk format. */
+static char *stream(const char *body, const char **finish_out)
+{
+    struct response r = roundtrip("POST", "/v1/completions", body);
+    cr_assert_eq(r.status, 200, "body: %s", r.body);
+    cr_assert(strstr(response_header(&r, "content-type"), "text/event-stream"));
+    size_t cap = 4096, len = 0;
+    char *text = calloc(1, cap);
+    char id[128] = "";
+    static char fin[16] = "";
+    bool done = false;
+    int chunks = 0;
+    for (char *ev = r.body; ev && *ev;) {
+        char *end = strstr(ev, "\n\n");
+        cr_assert_not_null(end, "event not terminated by a blank line");
+        *end = '\0';
+        cr_assert_eq(strncmp(ev, "data: ", 6), 0, "event: %s", ev);
+        cr_assert(!done, "nothing after [DONE]");
+        const char *data = ev + 6;
+        if (strcmp(data, "[DONE]") == 0) {
+            done = true;
+        } else {
+            json_t *j = parse_json(data);
+            cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "text_completion");
+            const char *cid = json_string_value(json_object_get(j, "id"));
+            if (!id[0])
+                snprintf(id, sizeof id, "%s", cid);
+            cr_assert_str_eq(cid, id, "every chunk has the same id");
+            json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+            const char *t = json_string_value(json_object_get(choice, "text"));
+            cr_assert_not_null(t);
+            size_t tl = strlen(t);
+            while (len + tl + 1 > cap)
+                text = realloc(text, cap *= 2);
+            memcpy(text + len, t, tl + 1);
+            len += tl;
+            json_t *f = json_object_get(choice, "finish_reason");
+            if (json_is_string(f))
+                snprintf(fin, sizeof fin, "%s", json_string_value(f));
+            else
+                cr_assert(json_is_null(f), "finish_reason is null before the end");
+            chunks++;
+            json_decref(j);
+        }
+        ev = end + 2;
+    }
+    cr_assert(done, "the stream ends with data: [DONE]");
+    cr_assert_gt(chunks, 1);
+    cr_assert(fin[0], "the last chunk carries a finish_reason");
+    if (finish_out)
+        *finish_out = fin;
+    response_dispose(&r);
+    return text;
+}
+
+TestSuite(integration, .init = start_default, .fini = stop, .timeout = 300);
+
+Test(integration, completion_returns_openai_object_when_not_streaming)
+{
+    char *t =
+        complete("{\"prompt\":\"Hello there\",\"max_tokens\":12,\"temperature\":0}", 12, NULL);
+    free(t);
+}
+
+Test(integration, stream_yields_same_text_as_non_streaming_when_greedy)
+{
+    const char *f1, *f2;
+    char *a =
+        complete("{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0}", 40, &f1);
+    char fin1[16];
+    snprintf(fin1, sizeof fin1, "%s", f1);
+    char *b = stream("{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,"
+                     "\"stream\":true}",
+                     &f2);
+    cr_assert_str_eq(a, b);
+    cr_assert_str_eq(fin1, f2);
+    free(a);
+    free(b);
+}
+
+Test(integration, same_seed_gives_same_text_when_sampling)
+{
+    const char *body = "{\"prompt\":\"The cat\",\"max_tokens\":30,\"temperature\":0.9,\"seed\":77}";
+    char *a = complete(body, 30, NULL);
+    char *b = complete(body, 30, NULL);
+    cr_assert_str_eq(a, b);
+    free(a);
+    free(b);
+}
+
+Test(integration, two_requests_share_one_connection_when_keep_alive)
+{
+    int fd = client_connect(srv.port);
+    const char *body = "{\"prompt\":\"Hi\",\"max_tokens\":5}";
+    client_request(fd, "POST", "/v1/completions", body, true);
+    struct response r1, r2;
+    cr_assert(client_read_response(fd, &r1));
+    cr_assert_eq(r1.status, 200, "%s", r1.body);
+    client_request(fd, "GET", "/v1/models", NULL, true);
+    cr_assert(client_read_response(fd, &r2), "the connection stayed open for a second request");
+    cr_assert_eq(r2.status, 200);
+    json_t *j = parse_json(r2.body);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
+    json_t *m = json_array_get(json_object_get(j, "data"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "synthetic:tiny");
+    json_decref(j);
+    response_dispose(&r1);
+    response_dispose(&r2);
+    close(fd);
+}
+
+Test(integration, malformed_json_gets_400_error_object_when_posted)
+{
+    struct response r = roundtrip("POST", "/v1/completions", "{\"prompt\": \"x\",");
+    assert_error_object(&r, 400, "invalid_request_error");
+    response_dispose(&r);
+}
+
+Test(integration, wrong_type_gets_400_naming_param_when_field_mistyped)
+{
+    struct response r =
+        roundtrip("POST", "/v1/completions", "{\"prompt\":\"x\",\"max_tokens\":\"ten\"}");
+    assert_error_object(&r, 400, "invalid_request_error");
+    json_t *j = parse_json(r.body);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "param")),
+                     "max_tokens");
+    json_decref(j);
+    response_dispose(&r);
+}
+
+Test(integration, unknown_route_gets_404_and_wrong_method_405_when_requested)
+{
+    struct response r = roundtrip("GET", "/v1/nothing", NULL);
+    assert_error_object(&r, 404, "invalid_request_error");
+    response_dispose(&r);
+    r = roundtrip("GET", "/v1/completions", NULL);
+    assert_error_object(&r, 405, "invalid_request_error");
+    cr_assert_not_null(response_header(&r, "allow"));
+    cr_assert(strstr(response_header(&r, "allow"), "POST"));
+    response_dispose(&r);
+}
+
+Test(integration, prompt_over_context_gets_400_when_too_long)
+{
+    /* The tiny synthetic model has a 512-token context; 3000 words cannot fit. */
+    size_t n = 3000 * 6 + 64;
+    char *body = malloc(n);
+    size_t len = (size_t)sprintf(body, "{\"prompt\":\"");
+    for (int i = 0; i < 3000; i++)
+        len += (size_t)sprintf(body + len, "word%d ", i % 10);
+    sprintf(body + len, "\"}");
+    struct response r = roundtrip("POST", "/v1/completions", body);
+    assert_error_object(&r, 400, "invalid_request_error");
+    json_t *j = parse_json(r.body);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                     "context_length_exceeded");
+    json_decref(j);
+    response_dispose(&r);
+    free(body);
+}
+
+Test(integration, healthz_answers_ok_when_alive)
+{
+    struct response r = roundtrip("GET", "/healthz", NULL);
+    cr_assert_eq(r.status, 200);
+    response_dispose(&r);
+}
+
+Test(integration, disconnect_mid_stream_cancels_request_when_client_leaves)
+{
+    int fd = client_connect(srv.port);
+    client_request(fd, "POST", "/v1/completions",
+                   "{\"prompt\":\"Tell me a long story\",\"max_tokens\":400,\"stream\":true}",
+                   false);
+    char buf[8192];
+    cr_assert(client_read_until(fd, "data: {", buf, sizeof buf), "a first chunk arrives");
+    close(fd);
+    /* The server logs each request's outcome; a cancelled one proves the sequence was dropped. */
+    server_wait_log(&srv, "\"finish\":\"cancelled\"");
+    /* And it goes on serving. */
+    char *t = complete("{\"prompt\":\"Still there?\",\"max_tokens\":3}", 3, NULL);
+    free(t);
+}
+
+Test(integration, utf8_prompt_round_trips_into_valid_json_when_multibyte)
+{
+    char *t = complete("{\"prompt\":\"caf\\u00e9 \\ud83d\\ude00 \\u4e2d\\u6587\",\"max_tokens\":20,"
+                       "\"temperature\":1.0,\"seed\":5}",
+                       20, NULL);
+    free(t); /* parse_json already proved the body is valid JSON (jansson rejects bad UTF-8) */
+}
