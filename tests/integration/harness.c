@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -60,6 +61,9 @@ void server_start(struct server *s, const char *const *args)
     pid_t pid = fork();
     cr_assert_neq(pid, -1);
     if (pid == 0) {
+        /* A test that ends without its teardown (a skip, a crash) must not leave a server
+         * behind holding the runner's pipes. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(pipefd[1], 2);
         close(pipefd[0]);
         close(pipefd[1]);

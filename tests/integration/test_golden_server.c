@@ -22,7 +22,7 @@ static bool have(const char *path)
     return stat(path, &st) == 0;
 }
 
-Test(integration, golden_text_matches_llama2c_when_serving_stories260K, .timeout = 300)
+Test(golden, text_matches_llama2c_when_serving_stories260K, .timeout = 300)
 {
     char bin[4096], tok[4096], golden[4096];
     snprintf(bin, sizeof bin, "%s/stories260K.bin", models_dir());
