@@ -88,8 +88,8 @@ static const char *base_name(const char *path)
     return s ? s + 1 : path;
 }
 
-/* Reads a whole (small) file into memory. */
-static int read_file(const char *path, unsigned char **data, size_t *len, char *err, size_t errlen)
+/* Opens a regular file for reading and reports its size. */
+static int open_regular(const char *path, int *fd_out, size_t *size, char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -103,7 +103,19 @@ static int read_file(const char *path, unsigned char **data, size_t *len, char *
         close(fd);
         return SL_EIO;
     }
-    size_t n = (size_t)st.st_size;
+    *fd_out = fd;
+    *size = (size_t)st.st_size;
+    return SL_OK;
+}
+
+/* Reads a whole (small) file into memory. */
+static int read_file(const char *path, unsigned char **data, size_t *len, char *err, size_t errlen)
+{
+    int fd;
+    size_t n;
+    int rc = open_regular(path, &fd, &n, err, errlen);
+    if (rc != SL_OK)
+        return rc;
     unsigned char *buf = sl_xmalloc(n ? n : 1);
     size_t got = 0;
     while (got < n) {
@@ -143,19 +155,11 @@ static int load_tokenizer(struct sl_model *m, const char *path, char *err, size_
 
 static int load_checkpoint(struct sl_model *m, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        set_err(err, errlen, "%s: cannot open: %s", path, strerror(e));
-        return e == ENOENT ? SL_ENOENT : SL_EIO;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        set_err(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return SL_EIO;
-    }
-    size_t flen = (size_t)st.st_size;
+    int fd;
+    size_t flen;
+    int rc = open_regular(path, &fd, &flen, err, errlen);
+    if (rc != SL_OK)
+        return rc;
     if (flen < HEADER_BYTES) {
         set_err(err, errlen, "%s: truncated: %zu bytes, shorter than the %d-byte header", path,
                 flen, HEADER_BYTES);
