@@ -170,7 +170,10 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        snprintf(err, errlen, "%s: line %d, column %d: %s", path, je.line, je.column, je.text);
+        if (je.line < 1) /* not a syntax error: the file could not be read */
+            snprintf(err, errlen, "%s: %s", path, je.text);
+        else
+            snprintf(err, errlen, "%s: line %d, column %d: %s", path, je.line, je.column, je.text);
         return SL_EFORMAT;
     }
     if (!json_is_object(root)) {

@@ -80,6 +80,17 @@ Test(gateway, syntax_error_names_line_and_column_when_json_is_broken)
     sl_config_dispose(&c);
 }
 
+Test(gateway, unreadable_file_is_named_without_position_when_missing)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_neq(sl_config_load_file(&c, "/nonexistent/sluice.json", err, sizeof err), SL_OK);
+    cr_assert(strstr(err, "/nonexistent/sluice.json"), "%s", err);
+    cr_assert_null(strstr(err, "line -1"), "%s", err);
+    sl_config_dispose(&c);
+}
+
 Test(gateway, bad_key_is_named_when_unknown_mistyped_or_out_of_range)
 {
     struct sl_config c;
