@@ -40,12 +40,30 @@ static float *alloc_f32(uint64_t n, bool *ok)
     return p;
 }
 
+/* Until the typed kernels land, the CPU backend runs fp32 weights only. */
+static bool all_f32(const struct sl_model *m)
+{
+    const struct sl_model_weights *w = &m->w;
+    if (w->token_embedding.type != SL_DTYPE_F32 || w->wcls.type != SL_DTYPE_F32)
+        return false;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct sl_layer_weights *L = &w->layers[l];
+        const struct sl_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w2, &L->w3};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+            if (mats[i]->type != SL_DTYPE_F32)
+                return false;
+    }
+    return true;
+}
+
 static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, void **out)
 {
     if (o->n_kv_blocks < 1 || o->block_size < 1 || o->max_batch_tokens < 1 || o->max_seqs < 1 ||
         o->threads < 0)
         return SL_EINVAL;
     const struct sl_model_config *cfg = sl_model_config(m);
+    if (!all_f32(m))
+        return SL_EINVAL;
     struct sl_cpu_ctx *c = sl_xcalloc(1, sizeof(*c));
     c->m = m;
     c->cfg = *cfg;
@@ -169,17 +187,17 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
     const struct sl_model_weights *w = &c->m->w;
     int n = b->n_tokens, dim = cfg->dim, hid = cfg->hidden_dim, kv = c->kv_dim;
     int hs = c->head_size, bs = c->o.block_size;
-    size_t ld = (size_t)dim * dim, lkv = (size_t)kv * dim, lh = (size_t)hid * dim;
-
+    const float *emb = w->token_embedding.data;
     for (int r = 0; r < n; r++)
-        memcpy(c->x + (size_t)r * dim, w->token_embedding + (size_t)b->tokens[r] * dim,
+        memcpy(c->x + (size_t)r * dim, emb + (size_t)b->tokens[r] * dim,
                (size_t)dim * sizeof(float));
 
     for (int l = 0; l < cfg->n_layers; l++) {
-        sl_cpu_rmsnorm(c->xb, c->x, w->rms_att + (size_t)l * dim, n, dim, cfg->rms_eps);
-        sl_cpu_matmul_mt(c->pool, c->q, c->xb, w->wq + l * ld, n, dim, dim);
-        sl_cpu_matmul_mt(c->pool, c->k, c->xb, w->wk + l * lkv, n, kv, dim);
-        sl_cpu_matmul_mt(c->pool, c->v, c->xb, w->wv + l * lkv, n, kv, dim);
+        const struct sl_layer_weights *L = &w->layers[l];
+        sl_cpu_rmsnorm(c->xb, c->x, L->rms_att, n, dim, cfg->rms_eps);
+        sl_cpu_matmul_mt(c->pool, c->q, c->xb, L->wq.data, n, dim, dim);
+        sl_cpu_matmul_mt(c->pool, c->k, c->xb, L->wk.data, n, kv, dim);
+        sl_cpu_matmul_mt(c->pool, c->v, c->xb, L->wv.data, n, kv, dim);
         /* Every row's K and V go to the cache before any row attends, so a prefill chunk sees
          * its own earlier rows. */
         for (int r = 0; r < n; r++) {
@@ -193,14 +211,14 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         }
         for (int r = 0; r < n; r++)
             attend(c, b, l, r);
-        sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, w->wo + l * ld, n, dim, dim);
+        sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, L->wo.data, n, dim, dim);
         sl_cpu_add(c->x, c->xb2, n * dim);
 
-        sl_cpu_rmsnorm(c->xb, c->x, w->rms_ffn + (size_t)l * dim, n, dim, cfg->rms_eps);
-        sl_cpu_matmul_mt(c->pool, c->hb, c->xb, w->w1 + l * lh, n, hid, dim);
-        sl_cpu_matmul_mt(c->pool, c->hb2, c->xb, w->w3 + l * lh, n, hid, dim);
+        sl_cpu_rmsnorm(c->xb, c->x, L->rms_ffn, n, dim, cfg->rms_eps);
+        sl_cpu_matmul_mt(c->pool, c->hb, c->xb, L->w1.data, n, hid, dim);
+        sl_cpu_matmul_mt(c->pool, c->hb2, c->xb, L->w3.data, n, hid, dim);
         sl_cpu_swiglu(c->hb, c->hb2, n * hid);
-        sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, w->w2 + l * lh, n, dim, hid);
+        sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, L->w2.data, n, dim, hid);
         sl_cpu_add(c->x, c->xb2, n * dim);
     }
 
@@ -209,7 +227,7 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         sl_cpu_rmsnorm(c->xl + (size_t)i * dim, c->x + (size_t)b->logit_rows[i] * dim, w->rms_final,
                        1, dim, cfg->rms_eps);
     if (b->n_logits > 0)
-        sl_cpu_matmul_mt(c->pool, logits, c->xl, w->wcls, b->n_logits, cfg->vocab_size, dim);
+        sl_cpu_matmul_mt(c->pool, logits, c->xl, w->wcls.data, b->n_logits, cfg->vocab_size, dim);
     return SL_OK;
 }
 

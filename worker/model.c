@@ -39,7 +39,7 @@ uint64_t sl_model_body_floats(const struct sl_model_config *c)
     return n;
 }
 
-void sl_model_weights_map(struct sl_model_weights *w, const struct sl_model_config *c,
+void sl_model_llama2c_map(struct sl_llama2c_weights *w, const struct sl_model_config *c,
                           const float *p)
 {
     size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
@@ -80,6 +80,56 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+}
+
+void *sl_model_own(struct sl_model *m, void *buf)
+{
+    if (m->n_allocs == m->cap_allocs) {
+        m->cap_allocs = m->cap_allocs ? 2 * m->cap_allocs : 8;
+        m->allocs = sl_xrealloc(m->allocs, sizeof(*m->allocs) * (size_t)m->cap_allocs);
+    }
+    m->allocs[m->n_allocs++] = buf;
+    return buf;
+}
+
+static struct sl_mat f32_mat(const float *data, int rows, int cols)
+{
+    return (struct sl_mat){SL_DTYPE_F32, data, rows, cols};
+}
+
+/* The forward pass's view of a llama2.c-layout fp32 body. */
+static void use_llama2c_body(struct sl_model *m, const float *body)
+{
+    const struct sl_model_config *c = &m->cfg;
+    struct sl_llama2c_weights lw;
+    sl_model_llama2c_map(&lw, c, body);
+    int dim = c->dim, hid = c->hidden_dim, kv = dim / c->n_heads * c->n_kv_heads;
+    size_t ld = (size_t)dim * dim, lkv = (size_t)kv * dim, lh = (size_t)hid * dim;
+    struct sl_model_weights *w = &m->w;
+    w->token_embedding = f32_mat(lw.token_embedding, c->vocab_size, dim);
+    w->wcls = f32_mat(lw.wcls, c->vocab_size, dim);
+    w->rms_final = lw.rms_final;
+    w->layers = sl_model_own(m, sl_xcalloc((size_t)c->n_layers, sizeof(*w->layers)));
+    for (int l = 0; l < c->n_layers; l++) {
+        struct sl_layer_weights *L = &w->layers[l];
+        L->rms_att = lw.rms_att + (size_t)l * dim;
+        L->rms_ffn = lw.rms_ffn + (size_t)l * dim;
+        L->wq = f32_mat(lw.wq + l * ld, dim, dim);
+        L->wk = f32_mat(lw.wk + l * lkv, kv, dim);
+        L->wv = f32_mat(lw.wv + l * lkv, kv, dim);
+        L->wo = f32_mat(lw.wo + l * ld, dim, dim);
+        L->w1 = f32_mat(lw.w1 + l * lh, hid, dim);
+        L->w2 = f32_mat(lw.w2 + l * lh, dim, hid);
+        L->w3 = f32_mat(lw.w3 + l * lh, hid, dim);
+    }
+}
+
+/* llama2.c's run.c stops on BOS; EOS ends a story too. */
+static void set_llama_stops(struct sl_model *m)
+{
+    m->stop_tokens[0] = 1;
+    m->stop_tokens[1] = 2;
+    m->n_stop_tokens = 2;
 }
 
 static const char *base_name(const char *path)
@@ -205,7 +255,8 @@ static int load_checkpoint(struct sl_model *m, const char *path, char *err, size
     }
     m->map = map;
     m->map_len = flen;
-    sl_model_weights_map(&m->w, c, (const float *)((const char *)map + HEADER_BYTES));
+    use_llama2c_body(m, (const float *)((const char *)map + HEADER_BYTES));
+    set_llama_stops(m);
     return SL_OK;
 }
 
@@ -246,8 +297,9 @@ static int load_synthetic(struct sl_model *m, const char *name, char *err, size_
         return SL_EINVAL;
     }
     uint64_t floats = sl_model_body_floats(c);
-    m->owned = sl_xmalloc((size_t)floats * sizeof(float));
-    sl_model_weights_map(&m->w, c, m->owned);
+    float *body = sl_model_own(m, sl_xmalloc((size_t)floats * sizeof(float)));
+    struct sl_llama2c_weights lw;
+    sl_model_llama2c_map(&lw, c, body);
     /* Uniform ±sqrt(3/fan_in) has variance 1/fan_in: every projection keeps the scale of its
      * input, so activations stay O(1) through the layers and logits stay soft. */
     size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
@@ -255,26 +307,40 @@ static int load_synthetic(struct sl_model *m, const char *name, char *err, size_
     float a_dim = sqrtf(3.0f / (float)dim), a_hid = sqrtf(3.0f / (float)hid);
     uint64_t s = 0x511ce5eedull;
     float *w;
-    w = (float *)m->w.token_embedding;
+    w = (float *)lw.token_embedding;
     fill_uniform(w, (size_t)c->vocab_size * dim, 1.0f, &s);
-    fill_const((float *)m->w.rms_att, L * dim, 1.0f);
-    fill_uniform((float *)m->w.wq, L * dim * dim, a_dim, &s);
-    fill_uniform((float *)m->w.wk, L * kv * dim, a_dim, &s);
-    fill_uniform((float *)m->w.wv, L * kv * dim, a_dim, &s);
-    fill_uniform((float *)m->w.wo, L * dim * dim, a_dim, &s);
-    fill_const((float *)m->w.rms_ffn, L * dim, 1.0f);
-    fill_uniform((float *)m->w.w1, L * hid * dim, a_dim, &s);
-    fill_uniform((float *)m->w.w2, L * dim * hid, a_hid, &s);
-    fill_uniform((float *)m->w.w3, L * hid * dim, a_dim, &s);
-    fill_const((float *)m->w.rms_final, dim, 1.0f);
+    fill_const((float *)lw.rms_att, L * dim, 1.0f);
+    fill_uniform((float *)lw.wq, L * dim * dim, a_dim, &s);
+    fill_uniform((float *)lw.wk, L * kv * dim, a_dim, &s);
+    fill_uniform((float *)lw.wv, L * kv * dim, a_dim, &s);
+    fill_uniform((float *)lw.wo, L * dim * dim, a_dim, &s);
+    fill_const((float *)lw.rms_ffn, L * dim, 1.0f);
+    fill_uniform((float *)lw.w1, L * hid * dim, a_dim, &s);
+    fill_uniform((float *)lw.w2, L * dim * hid, a_hid, &s);
+    fill_uniform((float *)lw.w3, L * hid * dim, a_dim, &s);
+    fill_const((float *)lw.rms_final, dim, 1.0f);
     /* The freq_cis region is never read; zero it so the buffer is fully defined. */
-    float *freq = (float *)m->w.rms_final + dim;
+    float *freq = (float *)lw.rms_final + dim;
     fill_const(freq, (size_t)c->seq_len * (dim / (size_t)c->n_heads), 0.0f);
+    use_llama2c_body(m, body);
+    set_llama_stops(m);
     m->tok = sl_tok_synthetic(c->vocab_size);
     size_t idlen = strlen(name) + 11;
     m->id = sl_xmalloc(idlen);
     snprintf(m->id, idlen, "synthetic:%s", name);
     return SL_OK;
+}
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
 int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model **out, char *err,
@@ -292,6 +358,10 @@ int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model 
         rc = load_synthetic(m, "tiny", err, errlen);
     } else if (strncmp(spec, "synthetic:", 10) == 0) {
         rc = load_synthetic(m, spec + 10, err, errlen);
+    } else if (is_dir(spec)) {
+        rc = sl_model_load_hf(m, spec, err, errlen);
+    } else if (has_suffix(spec, ".gguf")) {
+        rc = sl_model_load_gguf(m, spec, err, errlen);
     } else if (!tokenizer_path || !*tokenizer_path) {
         set_err(err, errlen, "%s: a llama2.c checkpoint needs a tokenizer path", spec);
         rc = SL_EINVAL;
@@ -322,7 +392,9 @@ void sl_model_free(struct sl_model *m)
         return;
     if (m->map)
         munmap(m->map, m->map_len);
-    free(m->owned);
+    for (int i = 0; i < m->n_allocs; i++)
+        free(m->allocs[i]);
+    free(m->allocs);
     sl_tok_free(m->tok);
     free(m->id);
     free(m);
@@ -345,8 +417,10 @@ const struct sl_tok *sl_model_tok(const struct sl_model *m)
 
 bool sl_model_is_stop_token(const struct sl_model *m, int32_t token)
 {
-    (void)m;
-    return token == 1 || token == 2;
+    for (int i = 0; i < m->n_stop_tokens; i++)
+        if (m->stop_tokens[i] == token)
+            return true;
+    return false;
 }
 
 size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size)

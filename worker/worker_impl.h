@@ -7,7 +7,7 @@
 
 /* Views into one contiguous fp32 block laid out exactly like a llama2.c legacy checkpoint after
  * its header. Matrices are (out, in), so a row of W is one output feature. */
-struct sl_model_weights {
+struct sl_llama2c_weights {
     const float *token_embedding; /* (vocab, dim) */
     const float *rms_att;         /* (layer, dim) */
     const float *wq;              /* (layer, n_heads * head_size, dim) */
@@ -27,18 +27,56 @@ struct sl_model_weights {
 uint64_t sl_model_body_floats(const struct sl_model_config *c);
 
 /* Points w into body (sl_model_body_floats(c) floats). */
-void sl_model_weights_map(struct sl_model_weights *w, const struct sl_model_config *c,
+void sl_model_llama2c_map(struct sl_llama2c_weights *w, const struct sl_model_config *c,
                           const float *body);
+
+/* One transformer layer. Norm weights are always fp32 (loaders convert them); projections keep
+ * the file's type. RoPE layout: llama2.c's interleaved pairs (loaders of HF-layout q/k weights
+ * permute rows at load, as llama.cpp's converter does). */
+struct sl_layer_weights {
+    const float *rms_att; /* (dim) */
+    const float *rms_ffn; /* (dim) */
+    struct sl_mat wq;     /* (n_heads * head_size, dim) */
+    struct sl_mat wk;     /* (n_kv_heads * head_size, dim) */
+    struct sl_mat wv;     /* (n_kv_heads * head_size, dim) */
+    struct sl_mat wo;     /* (dim, n_heads * head_size) */
+    struct sl_mat w1;     /* (hidden_dim, dim) gate */
+    struct sl_mat w2;     /* (dim, hidden_dim) down */
+    struct sl_mat w3;     /* (hidden_dim, dim) up */
+};
+
+/* What the forward pass reads, whatever the file format. */
+struct sl_model_weights {
+    struct sl_mat token_embedding;   /* (vocab, dim); rows are looked up, then dequantized */
+    struct sl_layer_weights *layers; /* (n_layers), owned by the model */
+    const float *rms_final;          /* (dim) */
+    struct sl_mat wcls;              /* (vocab, dim); may alias token_embedding (tied) */
+};
+
+#define SL_MODEL_MAX_STOP 8
 
 struct sl_model {
     struct sl_model_config cfg;
     struct sl_model_weights w;
     char *id;
     struct sl_tok *tok;
-    void *map;      /* mmap'd checkpoint, or NULL */
+    int32_t stop_tokens[SL_MODEL_MAX_STOP]; /* sampling one of these ends a sequence */
+    int n_stop_tokens;
+    void *map;      /* mmap'd file, or NULL */
     size_t map_len; /* bytes of map */
-    float *owned;   /* synthetic weights (body floats), or NULL */
+    void *
+        *allocs; /* buffers the model owns (synthetic weights, converted tensors), freed with it */
+    int n_allocs, cap_allocs;
 };
+
+/* Hands buf to m (freed by sl_model_free) and returns it. */
+void *sl_model_own(struct sl_model *m, void *buf);
+
+/* Format loaders, called by sl_model_load on a zeroed model. Each fills cfg, w, tok, id and the
+ * stop tokens, or returns a negative status with err naming the file and what is wrong. */
+int sl_model_load_gguf(struct sl_model *m, const char *path, char *err, size_t errlen);
+/* dir: a Hugging Face folder with config.json, model.safetensors and tokenizer.json. */
+int sl_model_load_hf(struct sl_model *m, const char *dir, char *err, size_t errlen);
 
 struct sl_tok_entry {
     const char *s; /* piece bytes (not NUL-terminated) */

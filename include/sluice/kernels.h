@@ -15,6 +15,29 @@
 
 #include <sluice/common.h>
 
+/* Element types of weight matrices. Activations are always fp32. */
+enum sl_dtype {
+    SL_DTYPE_F32,
+    SL_DTYPE_F16,  /* IEEE half */
+    SL_DTYPE_BF16, /* bfloat16 */
+    SL_DTYPE_Q8_0, /* GGML Q8_0: blocks of 32 values, each an fp16 scale d then 32 int8 q;
+                    * value = d * q. A row of `cols` values is cols / 32 blocks (34 bytes each). */
+};
+
+#define SL_Q8_0_BLOCK 32
+
+/* A weight matrix (rows, cols), row-major, stored (out, in): row i holds the weights of output
+ * feature i. Transparent value type; data is borrowed (mmap'd file or the model's buffers). */
+struct sl_mat {
+    enum sl_dtype type;
+    const void *data;
+    int rows;
+    int cols; /* a multiple of SL_Q8_0_BLOCK for Q8_0 */
+};
+
+/* Bytes one row of `cols` values takes in type t (0 when cols is not valid for t). */
+size_t sl_dtype_row_bytes(enum sl_dtype t, int cols);
+
 /* Dot product of a (n) and b (n), accumulated left to right in fp32. */
 float sl_cpu_dot(const float *a, const float *b, int n);
 

@@ -252,3 +252,17 @@ void sl_cpu_matmul_mt(struct sl_cpu_pool *p, float *out, const float *x, const f
         pthread_cond_wait(&p->done, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
+
+size_t sl_dtype_row_bytes(enum sl_dtype t, int cols)
+{
+    if (cols < 1)
+        return 0;
+    switch (t) {
+    case SL_DTYPE_F32: return (size_t)cols * 4;
+    case SL_DTYPE_F16:
+    case SL_DTYPE_BF16: return (size_t)cols * 2;
+    case SL_DTYPE_Q8_0:
+        return cols % SL_Q8_0_BLOCK ? 0 : (size_t)(cols / SL_Q8_0_BLOCK) * (2 + SL_Q8_0_BLOCK);
+    }
+    return 0;
+}

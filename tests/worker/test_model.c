@@ -36,10 +36,11 @@ Test(worker, model_loads_when_checkpoint_is_stories260k)
     cr_assert_str_eq(sl_model_id(m), "stories260K");
     cr_assert_eq(sl_tok_vocab_size(sl_model_tok(m)), 512);
     cr_assert_eq(sl_tok_bos(sl_model_tok(m)), 1);
-    cr_assert(m->w.wcls == m->w.token_embedding);
+    cr_assert(m->w.wcls.data == m->w.token_embedding.data);
     /* The last weight (rms_final) ends right where the freq_cis blocks begin. */
     size_t body = (1056540 - 28) / 4;
-    cr_assert_eq((size_t)(m->w.rms_final + 64 + 512 * 8 - m->w.token_embedding), body);
+    cr_assert_eq((size_t)(m->w.rms_final + 64 + 512 * 8 - (const float *)m->w.token_embedding.data),
+                 body);
     cr_assert_eq(sl_model_kv_block_bytes(m, 16), (size_t)2 * 5 * 16 * 32 * 4);
     cr_assert(sl_model_is_stop_token(m, 1));
     cr_assert(sl_model_is_stop_token(m, 2));
@@ -200,9 +201,10 @@ Test(worker, model_uses_separate_classifier_when_vocab_size_is_negative)
     struct sl_model *m = wt_load(mfile, tfile);
     cr_assert(!sl_model_config(m)->shared_classifier);
     cr_assert_eq(sl_model_config(m)->vocab_size, 259);
-    cr_assert(m->w.wcls != m->w.token_embedding);
-    cr_assert_float_eq(m->w.wcls[0], (float)(floats - 259 * 8), 0.5f);
-    cr_assert_float_eq(m->w.wcls[259 * 8 - 1], (float)(floats - 1), 0.5f);
+    cr_assert(m->w.wcls.data != m->w.token_embedding.data);
+    const float *wcls = m->w.wcls.data;
+    cr_assert_float_eq(wcls[0], (float)(floats - 259 * 8), 0.5f);
+    cr_assert_float_eq(wcls[259 * 8 - 1], (float)(floats - 1), 0.5f);
     sl_model_free(m);
 
     /* The same body with a positive vocab_size is 259 * 8 floats too long. */
@@ -234,11 +236,14 @@ Test(worker, synthetic_model_is_deterministic_when_loaded_twice)
     cr_assert_eq(c->vocab_size, 512);
     cr_assert_eq(c->seq_len, 512);
     uint64_t n = sl_model_body_floats(c);
-    cr_assert(memcmp(a->owned, b->owned, (size_t)n * sizeof(float)) == 0);
+    /* The synthetic body starts with the token embedding. */
+    const float *wa = a->w.token_embedding.data, *wb = b->w.token_embedding.data;
+    cr_assert(memcmp(wa, wb, (size_t)n * sizeof(float)) == 0);
     for (uint64_t i = 0; i < n; i++)
-        cr_assert(isfinite(a->owned[i]) && fabsf(a->owned[i]) <= 1.0f);
-    for (int i = 0; i < c->n_layers * c->dim; i++)
-        cr_assert_eq(a->w.rms_att[i], 1.0f);
+        cr_assert(isfinite(wa[i]) && fabsf(wa[i]) <= 1.0f);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < c->dim; i++)
+            cr_assert_eq(a->w.layers[l].rms_att[i], 1.0f);
     cr_assert_eq(sl_tok_vocab_size(sl_model_tok(a)), 512);
     sl_model_free(a);
     sl_model_free(b);
