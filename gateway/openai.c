@@ -180,6 +180,22 @@ static int decode_fields(struct sl_openai_completion *c, const char *model_id,
         return st;
     if ((st = decode_number(root, "top_p", 0.0, true, 1.0, &c->params.top_p, err)))
         return st;
+    /* vLLM's extensions, which OpenAI clients send through extra_body. */
+    if ((st = decode_number(root, "min_p", 0.0, false, 1.0, &c->params.min_p, err)))
+        return st;
+    if ((v = member(root, "top_k"))) {
+        if (!json_is_integer(v))
+            return bad_type(err, "top_k", "an integer", v);
+        json_int_t k = json_integer_value(v);
+        if (k < -1) {
+            sl_openai_error_set(err, 400, "top_k", "integer_below_min_value",
+                                "Invalid 'top_k': expected -1 or 0 (off) or a positive integer, "
+                                "but got %lld instead.",
+                                (long long)k);
+            return SL_EINVAL;
+        }
+        c->params.top_k = k <= 0 ? 0 : k > INT_MAX ? INT_MAX : (int)k;
+    }
 
     if ((v = member(root, "seed"))) {
         if (!json_is_integer(v))

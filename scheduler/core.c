@@ -255,7 +255,8 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         c->b_seqs[i]->n_computed = c->b_ctx[i];
     for (int i = 0; i < n_logits; i++) {
         struct sl_seq *s = c->b_logit_seqs[i];
-        struct sl_sampling sp = {s->req->params.temperature, s->req->params.top_p};
+        const struct sl_req_params *rp = &s->req->params;
+        struct sl_sampling sp = {rp->temperature, rp->top_p, rp->top_k, rp->min_p};
         float *row = c->logits + (size_t)i * (size_t)c->lim.vocab;
         int32_t tok = sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch);
         seq_accept(c, s, tok);

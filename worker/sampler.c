@@ -1,4 +1,4 @@
-/* Sampling: greedy, temperature, top-p; xorshift64* per sequence. */
+/* Sampling: greedy, temperature, min-p, top-k, top-p; xorshift64* per sequence. */
 #include "worker_impl.h"
 
 #include <math.h>
@@ -69,35 +69,66 @@ static void sift_down(struct cand *h, int n, int i)
     h[i] = c;
 }
 
-/* Nucleus sampling over probs (n, summing to 1): the smallest set of most likely tokens whose
- * mass exceeds top_p, then a draw within it. A max-heap pops candidates in order, so only the
- * nucleus is ever sorted: O(n + k log n), no allocation. */
-static int32_t sample_top_p(const float *probs, int n, float top_p, float coin, struct cand *c)
+/* Draws from the most likely candidates of probs (n, summing to 1) after the filters, in this
+ * order: min-p (drop tokens below min_p times the best one's probability), top-k (keep the k most
+ * likely), top-p (the smallest prefix of what is left whose renormalised mass exceeds top_p). A
+ * max-heap pops candidates in order, so only the kept ones are ever sorted: O(n + k log n), no
+ * allocation. */
+static int32_t sample_filtered(const float *probs, int n, const struct sl_sampling *p, float coin,
+                               struct cand *c)
 {
-    /* A token below (1 - top_p) / (n - 1) cannot be in the nucleus (llama2.c's cut): even if
-     * every other excluded token had that mass, the rest would exceed top_p without it. */
-    float cutoff = n > 1 ? (1.0f - top_p) / (float)(n - 1) : 0.0f;
+    float pmax = probs[argmax(probs, n)];
+    float cutoff = p->min_p > 0.0f ? p->min_p * pmax : 0.0f;
+    bool top_p = p->top_p < 1.0f;
+    /* Without min-p and top-k, a token below (1 - top_p) / (n - 1) cannot be in the nucleus
+     * (llama2.c's cut): even if every other excluded token had that mass, the rest would exceed
+     * top_p without it. */
+    if (top_p && p->top_k <= 0 && cutoff == 0.0f && n > 1)
+        cutoff = (1.0f - p->top_p) / (float)(n - 1);
     int k = 0;
+    float mass = 0.0f;
     for (int i = 0; i < n; i++)
-        if (probs[i] >= cutoff)
+        if (probs[i] >= cutoff && probs[i] > 0.0f) {
             c[k++] = (struct cand){probs[i], i};
+            mass += probs[i];
+        }
     if (k == 0)
         return argmax(probs, n);
     for (int i = k / 2 - 1; i >= 0; i--)
         sift_down(c, k, i);
-    /* Pop into the tail of the array: c[k - 1], c[k - 2], … hold the nucleus in order. */
-    float cum = 0.0f;
+    int keep = p->top_k > 0 && p->top_k < k ? p->top_k : k;
+    /* With top-k, the nucleus is measured against the mass of the k kept tokens, so those are
+     * popped first; without it, against everything that passed min-p. */
     int end = k, taken = 0;
-    while (end > 0) {
-        struct cand top = c[0];
-        c[0] = c[end - 1];
-        end--;
-        sift_down(c, end, 0);
-        c[k - 1 - taken] = top;
-        taken++;
-        cum += top.p;
-        if (cum > top_p)
-            break;
+    float cum = 0.0f;
+    if (keep < k) {
+        while (taken < keep) {
+            struct cand top = c[0];
+            c[0] = c[--end];
+            sift_down(c, end, 0);
+            c[k - 1 - taken++] = top;
+            cum += top.p;
+        }
+        mass = cum;
+        if (top_p) {
+            float acc = 0.0f;
+            int i = 0;
+            while (i < taken && !(acc > p->top_p * mass))
+                acc += c[k - 1 - i++].p;
+            taken = i;
+            cum = acc;
+        }
+    } else {
+        float limit = top_p ? p->top_p * mass : mass;
+        while (end > 0) {
+            struct cand top = c[0];
+            c[0] = c[--end];
+            sift_down(c, end, 0);
+            c[k - 1 - taken++] = top;
+            cum += top.p;
+            if (top_p && cum > limit)
+                break;
+        }
     }
     float r = coin * cum, acc = 0.0f;
     for (int i = 0; i < taken; i++) {
@@ -105,7 +136,7 @@ static int32_t sample_top_p(const float *probs, int n, float top_p, float coin, 
         if (r < acc)
             return c[k - 1 - i].id;
     }
-    return c[k - taken].id; /* rounding: the last of the nucleus */
+    return c[k - taken].id; /* rounding: the last kept candidate */
 }
 
 int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct sl_rng *rng,
@@ -113,14 +144,14 @@ int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct 
 {
     if (vocab <= 1)
         return 0;
-    if (!(p->temperature > 0.0f) || !(p->top_p > 0.0f))
+    if (!(p->temperature > 0.0f) || !(p->top_p > 0.0f) || p->top_k == 1)
         return argmax(logits, vocab);
     for (int i = 0; i < vocab; i++)
         logits[i] /= p->temperature;
     sl_cpu_softmax(logits, vocab);
     float coin = sl_rng_f32(rng);
-    if (p->top_p < 1.0f)
-        return sample_top_p(logits, vocab, p->top_p, coin, scratch);
+    if (p->top_p < 1.0f || p->top_k > 0 || p->min_p > 0.0f)
+        return sample_filtered(logits, vocab, p, coin, scratch);
     float acc = 0.0f;
     int32_t last = 0;
     for (int i = 0; i < vocab; i++) {

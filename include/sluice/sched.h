@@ -36,6 +36,8 @@ struct sl_req_params {
     int max_tokens;    /* most tokens to generate, >= 1 */
     float temperature; /* 0 = greedy */
     float top_p;       /* (0, 1] */
+    int top_k;         /* keep the k most likely; 0 = off */
+    float min_p;       /* [0, 1]; 0 = off */
     uint64_t seed;     /* sampling seed */
     int n_stop;        /* stop strings, at most SL_REQ_MAX_STOPS */
     const char *stop[SL_REQ_MAX_STOPS];

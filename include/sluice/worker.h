@@ -104,6 +104,8 @@ size_t sl_detok_finish(struct sl_detok *d, struct sl_str *out);
 struct sl_sampling {
     float temperature; /* 0 = greedy (argmax, lowest id wins ties) */
     float top_p;       /* nucleus mass in (0, 1]; 1 = off */
+    int top_k;         /* keep the k most likely; 0 = off, 1 = greedy */
+    float min_p;       /* drop tokens below min_p * the best probability; 0 = off */
 };
 
 /* xorshift64* state; one per sequence, seeded per request (same seed → same output). */
@@ -116,7 +118,9 @@ float sl_rng_f32(struct sl_rng *r);
 
 /* Bytes of scratch sl_sample needs for a vocabulary of `vocab` entries. */
 size_t sl_sample_scratch_size(int vocab);
-/* Picks the next token from logits (vocab) for the given parameters. logits may be modified.
+/* Picks the next token from logits (vocab) for the given parameters: logits / temperature, softmax,
+ * then min-p, top-k and top-p filters in that order (each renormalising what is left), then one
+ * draw from rng. logits may be modified.
  * scratch: at least sl_sample_scratch_size(vocab) bytes. Never allocates. */
 int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct sl_rng *rng,
                   void *scratch);

@@ -423,3 +423,21 @@ Test(gateway, lists_the_one_model_when_models_are_listed)
     json_decref(j);
     sl_str_dispose(&s);
 }
+
+Test(gateway, decodes_vllm_sampling_extensions_when_top_k_and_min_p_are_given)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\",\"top_k\":40,\"min_p\":0.05}", &err), SL_OK, "%s",
+                 err.message);
+    cr_assert_eq(c.params.top_k, 40);
+    cr_assert_float_eq(c.params.min_p, 0.05f, 1e-6);
+    sl_openai_completion_dispose(&c);
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\",\"top_k\":-1}", &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.params.top_k, 0, "-1 means off, as in vLLM");
+    cr_assert_float_eq(c.params.min_p, 0.0f, 1e-9);
+    sl_openai_completion_dispose(&c);
+    expect_error("{\"prompt\":\"x\",\"top_k\":-2}", 400, "top_k", NULL);
+    expect_error("{\"prompt\":\"x\",\"top_k\":2.5}", 400, "top_k", NULL);
+    expect_error("{\"prompt\":\"x\",\"min_p\":1.5}", 400, "min_p", NULL);
+}

@@ -138,3 +138,46 @@ Test(worker, top_p_excludes_tail_when_mass_is_reached)
     cr_assert_eq(f[3], 0.0);
     cr_assert(fabs(f[0] - 0.625) < 0.02 && fabs(f[1] - 0.375) < 0.02, "%g %g", f[0], f[1]);
 }
+
+Test(worker, top_k_keeps_k_most_likely_when_set)
+{
+    float logits[5] = {logf(0.1f), logf(0.4f), logf(0.05f), logf(0.3f), logf(0.15f)};
+    double f[5];
+    struct sl_sampling p = {.temperature = 1.0f, .top_p = 1.0f, .top_k = 2};
+    frequencies(logits, 5, &p, 20000, f);
+    cr_assert(f[0] == 0.0 && f[2] == 0.0 && f[4] == 0.0, "%g %g %g", f[0], f[2], f[4]);
+    cr_assert(fabs(f[1] - 0.4 / 0.7) < 0.02 && fabs(f[3] - 0.3 / 0.7) < 0.02, "%g %g", f[1], f[3]);
+    /* top_k 1 is greedy whatever the temperature. */
+    p.top_k = 1;
+    frequencies(logits, 5, &p, 2000, f);
+    cr_assert(fabs(f[1] - 1.0) < 1e-9, "%g", f[1]);
+}
+
+Test(worker, top_p_applies_to_top_k_survivors_when_both_set)
+{
+    float logits[4] = {logf(0.4f), logf(0.3f), logf(0.2f), logf(0.1f)};
+    double f[4];
+    /* top-k 3 keeps {0.4, 0.3, 0.2} (mass 0.9); top-p 0.5 of that is 0.45: 0.4 alone is not above
+     * it, 0.4 + 0.3 is — the nucleus is {0, 1}. Without top-k, 0.5 of 1.0 would give the same
+     * set, so also check a case where they differ: top-p 0.8 → 0.72 of 0.9 needs all three. */
+    struct sl_sampling p = {.temperature = 1.0f, .top_p = 0.5f, .top_k = 3};
+    frequencies(logits, 4, &p, 20000, f);
+    cr_assert(f[2] == 0.0 && f[3] == 0.0, "%g %g", f[2], f[3]);
+    cr_assert(fabs(f[0] - 0.4 / 0.7) < 0.02, "%g", f[0]);
+    p.top_p = 0.8f;
+    frequencies(logits, 4, &p, 20000, f);
+    cr_assert_eq(f[3], 0.0);
+    cr_assert(fabs(f[2] - 0.2 / 0.9) < 0.02, "%g", f[2]);
+}
+
+Test(worker, min_p_drops_tokens_below_fraction_of_best_when_set)
+{
+    float logits[4] = {logf(0.5f), logf(0.3f), logf(0.12f), logf(0.08f)};
+    double f[4];
+    /* min_p 0.2: the bar is 0.1, so 0.08 goes and 0.12 stays. */
+    struct sl_sampling p = {.temperature = 1.0f, .top_p = 1.0f, .min_p = 0.2f};
+    frequencies(logits, 4, &p, 20000, f);
+    cr_assert_eq(f[3], 0.0);
+    cr_assert(fabs(f[0] - 0.5 / 0.92) < 0.02 && fabs(f[2] - 0.12 / 0.92) < 0.02, "%g %g", f[0],
+              f[2]);
+}
