@@ -82,7 +82,7 @@ static int check_log_level(const char *v)
     return -1;
 }
 
-enum key_type { K_INT, K_SIZE, K_STR, K_STR_OR_NULL, K_LISTEN, K_LOG_LEVEL };
+enum key_type { K_INT, K_SIZE, K_FRACTION, K_STR, K_STR_OR_NULL, K_LISTEN, K_LOG_LEVEL };
 
 struct key {
     const char *name;
@@ -102,6 +102,7 @@ static const struct key keys[] = {
     {"max_batch_tokens", K_INT, OFF(max_batch_tokens), 1, 1 << 20},
     {"block_size", K_INT, OFF(block_size), 1, 1024},
     {"kv_cache_mib", K_INT, OFF(kv_cache_mib), 1, 1 << 24},
+    {"kv_cache_fraction", K_FRACTION, OFF(kv_cache_fraction), 0, 0},
     {"default_max_tokens", K_INT, OFF(default_max_tokens), 1, 1 << 20},
     {"max_body_bytes", K_SIZE, OFF(max_body_bytes), 64, 1L << 30},
     {"max_header_bytes", K_SIZE, OFF(max_header_bytes), 256, 1L << 20},
@@ -129,6 +130,16 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
             *(int *)(base + k->off) = (int)x;
         else
             *(size_t *)(base + k->off) = (size_t)x;
+        return SL_OK;
+    }
+    case K_FRACTION: {
+        double x = json_is_number(v) ? json_number_value(v) : -1.0;
+        if (x < 0.0 || x > 0.95) {
+            snprintf(err, errlen, "%s: \"%s\" must be a number from 0 (off) to 0.95", where,
+                     k->name);
+            return SL_EINVAL;
+        }
+        *(double *)(base + k->off) = x;
         return SL_OK;
     }
     case K_STR_OR_NULL:

@@ -19,7 +19,23 @@ static enum sl_log_level level_of(const char *name)
     return SL_LOG_INFO;
 }
 
-/* KV pool: enough blocks for max_seqs full contexts, capped by kv_cache_mib. */
+/* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
+static size_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return (size_t)kib << 10;
+}
+
+/* KV pool: enough blocks for max_seqs full contexts, capped by kv_cache_mib or, when set,
+ * kv_cache_fraction of the memory available now. */
 static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char *err,
                      size_t errlen)
 {
@@ -27,12 +43,25 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char
     long per_seq = (mc->seq_len + cfg->block_size - 1) / cfg->block_size;
     long want = per_seq * cfg->max_seqs;
     size_t block_bytes = sl_model_kv_block_bytes(m, cfg->block_size);
-    long cap = (long)(((size_t)cfg->kv_cache_mib << 20) / block_bytes);
+    size_t cap_bytes = (size_t)cfg->kv_cache_mib << 20;
+    const char *what = "\"kv_cache_mib\"";
+    if (cfg->kv_cache_fraction > 0) {
+        size_t avail = mem_available();
+        if (avail == 0) {
+            snprintf(err, errlen,
+                     "\"kv_cache_fraction\": available memory is unknown "
+                     "(no MemAvailable in /proc/meminfo); set \"kv_cache_mib\"");
+            return -1;
+        }
+        cap_bytes = (size_t)((double)avail * cfg->kv_cache_fraction);
+        what = "\"kv_cache_fraction\"";
+    }
+    long cap = (long)(cap_bytes / block_bytes);
     if (cap < per_seq) {
         snprintf(err, errlen,
-                 "\"kv_cache_mib\" %d holds %ld blocks of %d tokens, fewer than one full context "
-                 "of %d tokens needs (%ld)",
-                 cfg->kv_cache_mib, cap, cfg->block_size, mc->seq_len, per_seq);
+                 "%s allows %.1f MiB: %ld blocks of %d tokens, fewer than one full context of %d "
+                 "tokens needs (%ld)",
+                 what, (double)cap_bytes / (1 << 20), cap, cfg->block_size, mc->seq_len, per_seq);
         return -1;
     }
     return (int)(want < cap ? want : cap);

@@ -16,20 +16,21 @@
  */
 
 struct sl_config {
-    char *listen_host;       /* "127.0.0.1" */
-    int listen_port;         /* 8080; 0 picks a free port */
-    char *model;             /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
-    char *tokenizer;         /* llama2.c tokenizer.bin path, or NULL */
-    int io_threads;          /* event loops (default 1) */
-    int threads;             /* CPU kernel threads (0 = all cores) */
-    int max_seqs;            /* most running sequences in a step */
-    int max_batch_tokens;    /* most rows in a step */
-    int block_size;          /* KV block size in positions */
-    int kv_cache_mib;        /* KV pool size cap in MiB */
-    int default_max_tokens;  /* max_tokens when a request gives none (OpenAI: 16) */
-    size_t max_body_bytes;   /* larger request bodies get 413 */
-    size_t max_header_bytes; /* larger request heads get 431 */
-    char *log_level;         /* "debug", "info", "warn", "error" */
+    char *listen_host;        /* "127.0.0.1" */
+    int listen_port;          /* 8080; 0 picks a free port */
+    char *model;              /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
+    char *tokenizer;          /* llama2.c tokenizer.bin path, or NULL */
+    int io_threads;           /* event loops (default 1) */
+    int threads;              /* CPU kernel threads (0 = all cores) */
+    int max_seqs;             /* most running sequences in a step */
+    int max_batch_tokens;     /* most rows in a step */
+    int block_size;           /* KV block size in positions */
+    int kv_cache_mib;         /* KV pool size cap in MiB */
+    double kv_cache_fraction; /* when > 0: the cap is this fraction of available memory instead */
+    int default_max_tokens;   /* max_tokens when a request gives none (OpenAI: 16) */
+    size_t max_body_bytes;    /* larger request bodies get 413 */
+    size_t max_header_bytes;  /* larger request heads get 431 */
+    char *log_level;          /* "debug", "info", "warn", "error" */
 };
 
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */

@@ -161,3 +161,16 @@ Test(gateway, cross_field_check_fails_when_batch_smaller_than_seqs)
     cr_assert(strstr(err, "max_batch_tokens"), "%s", err);
     sl_config_dispose(&c);
 }
+
+Test(gateway, kv_cache_fraction_is_checked_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"kv_cache_fraction\":0.25}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert_float_eq(c.kv_cache_fraction, 0.25, 1e-12);
+    cr_assert_eq(load(&c, "{\"kv_cache_fraction\":1.5}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"kv_cache_fraction\""), "%s", err);
+    cr_assert_eq(load(&c, "{\"kv_cache_fraction\":\"half\"}", err, sizeof err), SL_EINVAL);
+    sl_config_dispose(&c);
+}
