@@ -240,9 +240,10 @@ const char *sl_config_usage(void)
            "  --config FILE       JSON configuration (see conf/sluice.json); flags override it\n"
            "  --listen HOST:PORT  address to serve HTTP on (default 127.0.0.1:8080; port 0 picks "
            "one)\n"
-           "  --model SPEC        synthetic, synthetic:tiny, synthetic:stories15M, or a llama2.c\n"
-           "                      checkpoint (.bin) (default synthetic)\n"
-           "  --tokenizer PATH    llama2.c tokenizer.bin for a .bin model\n"
+           "  --model SPEC        synthetic[:tiny|stories15M|...], a GGUF file (.gguf), a Hugging\n"
+           "                      Face folder (config.json, model.safetensors, tokenizer.json),\n"
+           "                      or a llama2.c checkpoint (.bin) (default synthetic)\n"
+           "  --tokenizer PATH    llama2.c tokenizer.bin, for a .bin model only\n"
            "  --help              print this help and exit\n"
            "  --version           print the version and exit\n";
 }

@@ -1,5 +1,6 @@
 /* Tokenizer: llama2.c tokenizer.bin semantics (SentencePiece-style BPE by score, byte fallback
- * +3), plus the synthetic vocabulary of the synthetic models. */
+ * +3), the synthetic vocabulary of the synthetic models, GGUF "llama" vocabularies (the same
+ * semantics) and Hugging Face BPE (merges by rank; tokenizer.json is parsed in tok_hf.c). */
 #include "worker_impl.h"
 
 #include <math.h>
@@ -7,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BOS_ID 1
+#define BOS_ID 1 /* llama2.c hard-codes it */
 
 static int cmp_bytes(const char *a, size_t alen, const char *b, size_t blen)
 {
@@ -82,8 +83,7 @@ static int hexval(char c)
     return -1;
 }
 
-/* Builds the derived tables once blob, pieces, piece_len and scores are filled. */
-static void tok_index(struct sl_tok *t)
+void sl_tok_index(struct sl_tok *t)
 {
     int n = t->vocab_size;
     t->sorted = sl_xmalloc((size_t)n * sizeof(*t->sorted));
@@ -100,8 +100,13 @@ static void tok_index(struct sl_tok *t)
             hexval(p[4]) >= 0)
             t->byte_piece[i] = (int16_t)(hexval(p[3]) * 16 + hexval(p[4]));
     }
-    for (int b = 0; b < 256; b++)
+    for (int b = 0; b < 256; b++) {
         t->bytes[b] = (unsigned char)b;
+        t->byte_id[b] = -1;
+    }
+    for (int i = n - 1; i >= 0; i--)
+        if (t->byte_piece[i] >= 0)
+            t->byte_id[t->byte_piece[i]] = i; /* the lowest id wins, like the piece lookup */
     qsort(t->sorted, (size_t)n, sizeof(*t->sorted), cmp_entry);
     t->space_id = sl_tok_lookup(t, " ", 1);
 }
@@ -116,13 +121,19 @@ void sl_tok_free(struct sl_tok *t)
     free(t->scores);
     free(t->sorted);
     free(t->byte_piece);
+    free(t->special);
+    free(t->merges);
+    free(t->added);
     free(t);
 }
 
-static struct sl_tok *tok_alloc(int vocab)
+struct sl_tok *sl_tok_alloc(int vocab)
 {
     struct sl_tok *t = sl_xcalloc(1, sizeof(*t));
+    t->kind = SL_TOK_KIND_LLAMA2C;
     t->vocab_size = vocab;
+    t->bos_id = BOS_ID;
+    t->unk_id = 0;
     t->pieces = sl_xcalloc((size_t)vocab, sizeof(*t->pieces));
     t->piece_len = sl_xcalloc((size_t)vocab, sizeof(*t->piece_len));
     t->scores = sl_xcalloc((size_t)vocab, sizeof(*t->scores));
@@ -195,7 +206,7 @@ struct sl_tok *sl_tok_parse(const unsigned char *data, size_t len, int vocab, ch
                  len - off, vocab);
         return NULL;
     }
-    struct sl_tok *t = tok_alloc(vocab);
+    struct sl_tok *t = sl_tok_alloc(vocab);
     t->blob = sl_xmalloc(total);
     off = 4;
     size_t at = 0;
@@ -210,7 +221,63 @@ struct sl_tok *sl_tok_parse(const unsigned char *data, size_t len, int vocab, ch
         off += plen;
         at += plen + 1;
     }
-    tok_index(t);
+    sl_tok_index(t);
+    return t;
+}
+
+size_t sl_tok_unescape(char *dst, const char *src, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (len - i >= 3 && memcmp(src + i, "\xe2\x96\x81", 3) == 0) {
+            dst[n++] = ' ';
+            i += 2;
+        } else {
+            dst[n++] = src[i];
+        }
+    }
+    return n;
+}
+
+struct sl_tok *sl_tok_from_spm(int vocab, const char *const *pieces, const uint64_t *lens,
+                               const float *scores, const int32_t *types, int32_t bos_id, char *err,
+                               size_t errlen)
+{
+    if (vocab < 1) {
+        snprintf(err, errlen, "empty vocabulary");
+        return NULL;
+    }
+    size_t total = 0;
+    for (int i = 0; i < vocab; i++) {
+        if (lens[i] > 65536) {
+            snprintf(err, errlen, "token %d is %llu bytes long", i, (unsigned long long)lens[i]);
+            return NULL;
+        }
+        if (scores && !isfinite(scores[i])) {
+            snprintf(err, errlen, "token %d has a non-finite score", i);
+            return NULL;
+        }
+        total += (size_t)lens[i] + 1;
+    }
+    struct sl_tok *t = sl_tok_alloc(vocab);
+    t->bos_id = bos_id;
+    t->blob = sl_xmalloc(total);
+    size_t at = 0;
+    for (int i = 0; i < vocab; i++) {
+        size_t n = sl_tok_unescape(t->blob + at, pieces[i], (size_t)lens[i]);
+        t->blob[at + n] = '\0';
+        t->pieces[i] = t->blob + at;
+        t->piece_len[i] = (uint32_t)n;
+        t->scores[i] = scores ? scores[i] : 0.0f;
+        at += n + 1;
+        /* GGUF token type 3 is a control token (<s>, </s>): text nobody should see. */
+        if (types && types[i] == 3) {
+            if (!t->special)
+                t->special = sl_xcalloc((size_t)vocab, 1);
+            t->special[i] = 1;
+        }
+    }
+    sl_tok_index(t);
     return t;
 }
 
@@ -349,7 +416,7 @@ struct sl_tok *sl_tok_synthetic(int vocab)
         syn_add(&b, p, (size_t)l);
     }
 
-    struct sl_tok *t = tok_alloc(vocab);
+    struct sl_tok *t = sl_tok_alloc(vocab);
     t->blob = b.blob.p; /* ownership moves to the tokenizer */
     for (int i = 0; i < vocab; i++) {
         t->pieces[i] = t->blob + b.off[i];
@@ -359,7 +426,7 @@ struct sl_tok *sl_tok_synthetic(int vocab)
     free(b.off);
     free(b.len);
     free(b.hash);
-    tok_index(t);
+    sl_tok_index(t);
     return t;
 }
 
@@ -374,8 +441,7 @@ int sl_tok_vocab_size(const struct sl_tok *t)
 
 int32_t sl_tok_bos(const struct sl_tok *t)
 {
-    (void)t;
-    return BOS_ID;
+    return t->bos_id;
 }
 
 /* Length of the valid UTF-8 character at s[0..len), or 0 when invalid or truncated. */
@@ -465,45 +531,54 @@ static struct cand heap_pop(struct cand *h, int *n)
     return top;
 }
 
+static size_t merge_slot(int32_t a, int32_t b, size_t mask)
+{
+    uint64_t k = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) * 0x9e3779b97f4a7c15ull;
+    return (size_t)(k >> 32) & mask;
+}
+
+static const struct sl_tok_merge *merge_find(const struct sl_tok *t, int32_t a, int32_t b)
+{
+    for (size_t h = merge_slot(a, b, t->merge_mask);; h = (h + 1) & t->merge_mask) {
+        const struct sl_tok_merge *m = &t->merges[h];
+        if (m->left < 0)
+            return NULL;
+        if (m->left == a && m->right == b)
+            return m;
+    }
+}
+
+void sl_tok_merge_add(struct sl_tok *t, int32_t a, int32_t b, int32_t rank, int32_t merged)
+{
+    size_t h = merge_slot(a, b, t->merge_mask);
+    while (t->merges[h].left >= 0 && !(t->merges[h].left == a && t->merges[h].right == b))
+        h = (h + 1) & t->merge_mask;
+    t->merges[h] = (struct sl_tok_merge){a, b, rank, merged};
+}
+
 static void try_pair(const struct sl_tok *t, const struct sym *sy, int l, int r, struct cand *h,
                      int *nh)
 {
     if (l < 0 || r < 0)
         return;
     int32_t a = sy[l].id, b = sy[r].id;
+    if (t->kind == SL_TOK_KIND_HF_BPE) {
+        /* Only listed pairs merge; a lower rank goes first, which a negated score orders the
+         * same way (ranks stay below 2^24, exact in a float). */
+        const struct sl_tok_merge *m = merge_find(t, a, b);
+        if (m)
+            heap_push(h, nh, (struct cand){-(float)m->rank, l, r, a, b, m->merged});
+        return;
+    }
     int32_t m = lookup2(t, t->pieces[a], t->piece_len[a], t->pieces[b], t->piece_len[b]);
     if (m >= 0)
         heap_push(h, nh, (struct cand){t->scores[m], l, r, a, b, m});
 }
 
-int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos, int32_t *out,
-                  int max_out, int *n_out)
+/* Merges the linked symbols sy[0..ns) in place; heap holds at least 3 * ns candidates. */
+static void bpe_merge(const struct sl_tok *t, struct sym *sy, int ns, struct cand *heap)
 {
-    const unsigned char *u = (const unsigned char *)text;
-    for (size_t i = 0; i < len;) {
-        size_t n = utf8_char(u + i, len - i);
-        if (n == 0)
-            return SL_EINVAL;
-        i += n;
-    }
-    /* At most one symbol per byte plus the dummy prefix; each merge pushes at most 2 candidates. */
-    size_t cap = len + 1;
-    struct sym *sy = sl_xmalloc(cap * sizeof(*sy));
-    struct cand *heap = sl_xmalloc(3 * cap * sizeof(*heap));
-    int ns = 0, nh = 0;
-    if (len > 0)
-        sy[ns++].id = t->space_id >= 0 ? t->space_id : ' ' + 3;
-    for (size_t i = 0; i < len;) {
-        size_t n = utf8_char(u + i, len - i);
-        int32_t id = sl_tok_lookup(t, text + i, n);
-        if (id >= 0) {
-            sy[ns++].id = id;
-        } else {
-            for (size_t j = 0; j < n; j++)
-                sy[ns++].id = (int32_t)u[i + j] + 3;
-        }
-        i += n;
-    }
+    int nh = 0;
     for (int i = 0; i < ns; i++) {
         sy[i].prev = i - 1;
         sy[i].next = i + 1 < ns ? i + 1 : -1;
@@ -512,7 +587,8 @@ int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos
         try_pair(t, sy, i, i + 1, heap, &nh);
     while (nh > 0) {
         struct cand c = heap_pop(heap, &nh);
-        /* Stale when either side has merged since: ids only grow, so equal ids mean unchanged. */
+        /* Stale when either side has merged since: a symbol that merged spells a longer piece,
+         * so equal ids mean unchanged. */
         if (sy[c.left].id != c.lid || sy[c.right].id != c.rid || sy[c.left].next != c.right)
             continue;
         sy[c.left].id = c.merged;
@@ -524,24 +600,203 @@ int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos
         try_pair(t, sy, sy[c.left].prev, c.left, heap, &nh);
         try_pair(t, sy, c.left, nx, heap, &nh);
     }
-    int n = 0;
-    if (bos) {
-        if (n < max_out)
-            out[n] = BOS_ID;
-        n++;
-    }
-    for (int i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next) {
-        if (n < max_out)
-            out[n] = sy[i].id;
-        n++;
-    }
-    free(sy);
-    free(heap);
-    if (n > max_out) {
-        *n_out = max_out + 1;
+}
+
+/* Output ids past max_out are counted, not written, so the caller learns the size it needs. */
+struct emit {
+    int32_t *out;
+    int max_out;
+    int n;
+};
+
+static void emit_id(struct emit *e, int32_t id)
+{
+    if (e->n < e->max_out)
+        e->out[e->n] = id;
+    e->n++;
+}
+
+static int emit_done(const struct emit *e, int *n_out)
+{
+    if (e->n > e->max_out) {
+        *n_out = e->max_out + 1;
         return SL_ERANGE;
     }
-    *n_out = n;
+    *n_out = e->n;
+    return SL_OK;
+}
+
+/* The id llama2.c's byte fallback gives byte b: its "<0xAB>" piece, else b + 3 as run.c
+ * computes it (the same id for every llama2.c vocabulary), else <unk>. */
+static int32_t llama_byte_id(const struct sl_tok *t, unsigned char b)
+{
+    if (t->byte_id[b] >= 0)
+        return t->byte_id[b];
+    return (int32_t)b + 3 < t->vocab_size ? (int32_t)b + 3 : t->unk_id;
+}
+
+static int hf_encode(const struct sl_tok *t, const char *text, size_t len, bool bos,
+                     struct emit *e);
+
+int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos, int32_t *out,
+                  int max_out, int *n_out)
+{
+    const unsigned char *u = (const unsigned char *)text;
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8_char(u + i, len - i);
+        if (n == 0)
+            return SL_EINVAL;
+        i += n;
+    }
+    struct emit e = {out, max_out, 0};
+    if (t->kind == SL_TOK_KIND_HF_BPE) {
+        int rc = hf_encode(t, text, len, bos, &e);
+        return rc != SL_OK ? rc : emit_done(&e, n_out);
+    }
+    /* At most one symbol per byte plus the dummy prefix; each merge pushes at most 2 candidates. */
+    size_t cap = len + 1;
+    struct sym *sy = sl_xmalloc(cap * sizeof(*sy));
+    struct cand *heap = sl_xmalloc(3 * cap * sizeof(*heap));
+    int ns = 0;
+    if (len > 0)
+        sy[ns++].id = t->space_id >= 0 ? t->space_id : llama_byte_id(t, ' ');
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8_char(u + i, len - i);
+        int32_t id = sl_tok_lookup(t, text + i, n);
+        if (id >= 0) {
+            sy[ns++].id = id;
+        } else {
+            for (size_t j = 0; j < n; j++)
+                sy[ns++].id = llama_byte_id(t, u[i + j]);
+        }
+        i += n;
+    }
+    bpe_merge(t, sy, ns, heap);
+    if (bos)
+        emit_id(&e, t->bos_id);
+    for (int i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next)
+        emit_id(&e, sy[i].id);
+    free(sy);
+    free(heap);
+    return emit_done(&e, n_out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Hugging Face BPE encode (tokenizers' BPE model over the whole normalized segment, as with no
+ * pre-tokenizer): added tokens split the input, then each piece between them is normalized,
+ * mapped to one symbol per character (or byte tokens, or <unk>) and merged by rank.
+ */
+
+struct hf_scratch {
+    char *norm;        /* (len + 1) normalized segment */
+    struct sym *sy;    /* (len + 1) */
+    struct cand *heap; /* (3 * (len + 1)) */
+};
+
+/* Leftmost, then longest added token with the given `normalized` flag in s[from..len). */
+static const struct sl_tok_added *find_added(const struct sl_tok *t, const char *s, size_t len,
+                                             size_t from, bool normalized, size_t *at)
+{
+    if (t->n_added == 0)
+        return NULL;
+    for (size_t p = from; p < len; p++) {
+        for (int k = 0; k < t->n_added; k++) {
+            const struct sl_tok_added *a = &t->added[k];
+            if (a->normalized == normalized && a->len <= len - p && s[p] == a->s[0] &&
+                memcmp(s + p, a->s, a->len) == 0) {
+                *at = p;
+                return a; /* added tokens are sorted longest first */
+            }
+        }
+    }
+    return NULL;
+}
+
+/* BPE of one normalized piece with no added token inside. */
+static void hf_bpe(const struct sl_tok *t, const char *s, size_t len, struct hf_scratch *w,
+                   struct emit *e)
+{
+    if (len == 0)
+        return;
+    if (t->ignore_merges) {
+        int32_t id = sl_tok_lookup(t, s, len);
+        if (id >= 0) {
+            emit_id(e, id);
+            return;
+        }
+    }
+    const unsigned char *u = (const unsigned char *)s;
+    struct sym *sy = w->sy;
+    int ns = 0;
+    bool in_unk = false; /* the last symbol is an <unk> that may absorb the next character */
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8_char(u + i, len - i);
+        int32_t id = sl_tok_lookup(t, s + i, n);
+        bool bytes = false;
+        if (id < 0 && t->byte_fallback) {
+            bytes = true;
+            for (size_t j = 0; j < n && bytes; j++)
+                bytes = t->byte_id[u[i + j]] >= 0;
+        }
+        if (id >= 0) {
+            sy[ns++].id = id;
+            in_unk = false;
+        } else if (bytes) {
+            for (size_t j = 0; j < n; j++)
+                sy[ns++].id = t->byte_id[u[i + j]];
+            in_unk = false;
+        } else if (t->unk_id >= 0 && !(in_unk && t->fuse_unk)) {
+            sy[ns++].id = t->unk_id;
+            in_unk = true;
+        }
+        i += n;
+    }
+    bpe_merge(t, sy, ns, w->heap);
+    for (int i = ns > 0 ? 0 : -1; i >= 0; i = sy[i].next)
+        emit_id(e, sy[i].id);
+}
+
+/* Normalizes raw[0..len) (prepend "▁" when non-empty; a literal "▁" is a space, since pieces
+ * store "▁" as a space) and encodes it, splitting on normalized added tokens. */
+static void hf_segment(const struct sl_tok *t, const char *raw, size_t len, struct hf_scratch *w,
+                       struct emit *e)
+{
+    if (len == 0)
+        return;
+    size_t n = 0;
+    if (t->prepend_space)
+        w->norm[n++] = ' ';
+    n += sl_tok_unescape(w->norm + n, raw, len);
+    size_t from = 0, at;
+    const struct sl_tok_added *a;
+    while ((a = find_added(t, w->norm, n, from, true, &at)) != NULL) {
+        hf_bpe(t, w->norm + from, at - from, w, e);
+        emit_id(e, a->id);
+        from = at + a->len;
+    }
+    hf_bpe(t, w->norm + from, n - from, w, e);
+}
+
+static int hf_encode(const struct sl_tok *t, const char *text, size_t len, bool bos, struct emit *e)
+{
+    if (bos && t->bos_id >= 0)
+        emit_id(e, t->bos_id);
+    struct hf_scratch w;
+    size_t cap = len + 1;
+    w.norm = sl_xmalloc(cap);
+    w.sy = sl_xmalloc(cap * sizeof(*w.sy));
+    w.heap = sl_xmalloc(3 * cap * sizeof(*w.heap));
+    size_t from = 0, at;
+    const struct sl_tok_added *a;
+    while ((a = find_added(t, text, len, from, false, &at)) != NULL) {
+        hf_segment(t, text + from, at - from, &w, e);
+        emit_id(e, a->id);
+        from = at + a->len;
+    }
+    hf_segment(t, text + from, len - from, &w, e);
+    free(w.norm);
+    free(w.sy);
+    free(w.heap);
     return SL_OK;
 }
 
@@ -551,13 +806,20 @@ const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size
         *len = 0;
         return "";
     }
+    if (t->special && t->special[id]) {
+        *len = 0;
+        return "";
+    }
     if (t->byte_piece[id] >= 0) {
         *len = 1;
         return (const char *)&t->bytes[t->byte_piece[id]];
     }
     const char *p = t->pieces[id];
     size_t n = t->piece_len[id];
-    if (prev == BOS_ID && n > 0 && p[0] == ' ') {
+    /* llama2.c drops the space after BOS; HF's Strip decoder drops the first one of the text,
+     * which in a sequence that starts with BOS is the same space. */
+    bool strip = t->kind == SL_TOK_KIND_LLAMA2C || t->strip_leading;
+    if (strip && prev == t->bos_id && n > 0 && p[0] == ' ') {
         p++;
         n--;
     }

@@ -84,7 +84,34 @@ struct sl_tok_entry {
     int32_t id;
 };
 
+enum sl_tok_kind {
+    /* llama2.c tokenizer.bin and GGUF "llama" vocabularies: a dummy-prefix space, merges of any
+     * two adjacent pieces whose concatenation is a piece, highest score first. */
+    SL_TOK_KIND_LLAMA2C,
+    /* Hugging Face tokenizers BPE: added tokens split the input first, the normalizer prepends
+     * "▁" and turns spaces into "▁", and only listed merges apply, lowest rank first. */
+    SL_TOK_KIND_HF_BPE,
+};
+
+/* One listed HF merge: left ‖ right → merged, applied in rank order (0 first). */
+struct sl_tok_merge {
+    int32_t left, right; /* -1 left marks an empty slot of the hash table */
+    int32_t rank;
+    int32_t merged;
+};
+
+/* An HF added token: matched in the input before BPE runs. */
+struct sl_tok_added {
+    const char *s; /* content bytes, points into the tokenizer's blob */
+    uint32_t len;
+    int32_t id;
+    bool normalized; /* matched in the normalized text rather than the raw input */
+};
+
+/* Pieces are stored as the text they decode to: a SentencePiece/HF "▁" (U+2581) is stored as a
+ * space, which is what the llama2.c format stores too. */
 struct sl_tok {
+    enum sl_tok_kind kind;
     int vocab_size;
     int max_token_length;        /* longest piece in bytes */
     char *blob;                  /* all pieces back to back, each followed by a NUL */
@@ -95,6 +122,20 @@ struct sl_tok {
     int16_t *byte_piece;         /* (vocab) raw byte a "<0xAB>" piece stands for, -1 otherwise */
     unsigned char bytes[256];    /* bytes[b] == b: storage that decode of "<0xAB>" points into */
     int32_t space_id;            /* id of " " (the dummy prefix), -1 when absent */
+    int32_t bos_id;              /* prepended by encode(bos); decode drops a space after it */
+    int32_t byte_id[256];        /* id of the "<0xAB>" piece of byte b, -1 when absent */
+    uint8_t *special;            /* (vocab) or NULL: 1 for control tokens, which decode to "" */
+    int32_t unk_id;              /* id for characters outside the vocab, -1 = drop them */
+    /* SL_TOK_KIND_HF_BPE only */
+    bool byte_fallback;          /* a character's "<0xAB>" ids, when all exist, before <unk> */
+    bool fuse_unk;               /* consecutive unknown characters give one <unk> */
+    bool ignore_merges;          /* a whole word that is a piece is taken as is */
+    bool prepend_space;          /* normalizer prepends "▁" to every non-empty segment */
+    bool strip_leading;          /* decoder strips one leading space (applied after BOS) */
+    struct sl_tok_merge *merges; /* (merge_mask + 1) open-addressing table by (left, right) */
+    size_t merge_mask;
+    struct sl_tok_added *added; /* (n_added) longest first */
+    int n_added;
 };
 
 /* Parses a llama2.c tokenizer.bin image of `vocab` entries. On failure returns NULL and writes a
@@ -106,6 +147,47 @@ struct sl_tok *sl_tok_synthetic(int vocab);
 void sl_tok_free(struct sl_tok *t);
 /* Id of the piece with exactly these bytes, or -1. */
 int32_t sl_tok_lookup(const struct sl_tok *t, const char *s, size_t len);
+
+/* Builds a SL_TOK_KIND_LLAMA2C tokenizer from SentencePiece pieces as GGUF stores them: pieces[i]
+ * (lens[i] bytes, "▁" for a space), scores (NULL: all 0), GGUF token types (NULL: all normal; 3 =
+ * control decodes to ""). Returns NULL with a reason in err when the vocabulary is empty, a
+ * piece is longer than 64 KiB or a score is not finite. */
+struct sl_tok *sl_tok_from_spm(int vocab, const char *const *pieces, const uint64_t *lens,
+                               const float *scores, const int32_t *types, int32_t bos_id, char *err,
+                               size_t errlen);
+/* Parses a Hugging Face tokenizer.json (BPE model, Prepend/Replace normalizer, no
+ * pre-tokenizer). bos_id: the id encode(bos) prepends (-1: from the post-processor template).
+ * Returns NULL with a reason (without the file name) in err for anything it does not support. */
+struct sl_tok *sl_tok_hf_parse(const char *json, size_t len, int32_t bos_id, char *err,
+                               size_t errlen);
+/* Shared by the tokenizer builders: zeroed tables for `vocab` pieces, then the derived indexes
+ * once blob, pieces, piece_len and scores are filled. */
+struct sl_tok *sl_tok_alloc(int vocab);
+void sl_tok_index(struct sl_tok *t);
+/* Copies len bytes to dst with every "▁" (U+2581) turned into a space; returns bytes written. */
+size_t sl_tok_unescape(char *dst, const char *src, size_t len);
+/* Enters the HF merge left ‖ right → merged of this rank in t->merges (a later duplicate pair
+ * replaces the earlier one, as tokenizers' map does). The table must have a free slot. */
+void sl_tok_merge_add(struct sl_tok *t, int32_t a, int32_t b, int32_t rank, int32_t merged);
+
+/* GGUF and safetensors images already in memory (the loaders mmap the file; tests feed buffers
+ * directly). `name` is the file name used in messages. Neither takes ownership of data, which
+ * must outlive m: the weights point into it. */
+int sl_model_gguf_parse(struct sl_model *m, const void *data, size_t len, const char *name,
+                        char *err, size_t errlen);
+/* Fills m->w from a safetensors image for the shape already in m->cfg (from config.json). */
+int sl_model_safetensors_parse(struct sl_model *m, const void *data, size_t len, const char *name,
+                               char *err, size_t errlen);
+/* IEEE half and bfloat16 to fp32, and one row of any weight type to fp32. */
+float sl_model_f16_to_f32(uint16_t h);
+float sl_model_bf16_to_f32(uint16_t h);
+void sl_model_row_to_f32(enum sl_dtype t, const void *row, float *out, int cols);
+/* A borrowed tensor as a matrix; copied into a model-owned buffer only when data is not aligned
+ * for its type. */
+struct sl_mat sl_model_mat_place(struct sl_model *m, enum sl_dtype t, const void *data, int rows,
+                                 int cols);
+/* A norm weight (n) as aligned fp32: data itself when it already is, else a model-owned copy. */
+const float *sl_model_norm_f32(struct sl_model *m, enum sl_dtype t, const void *data, int n);
 
 /* The CPU backend's context. Every buffer is sized at init from sl_backend_opts. */
 struct sl_cpu_ctx {

@@ -42,7 +42,12 @@ struct sl_model;
  *                          6 kv heads, vocab 32000, seq 256); with the synthetic tokenizer of the
  *                          same vocab size (round-trips any UTF-8 text)
  *   a path to a llama2.c checkpoint (.bin, legacy fp32 format, mmap'd); `tokenizer_path` is its
- *                          llama2.c tokenizer.bin (required for a .bin; ignored for synthetic).
+ *                          llama2.c tokenizer.bin (required for a .bin; ignored otherwise)
+ *   a path ending ".gguf"  GGUF v2/v3, llama architecture, F32/F16/BF16/Q8_0 tensors mmap'd as
+ *                          they are (Q8_0 is not expanded), vocabulary from its metadata
+ *   a folder               Hugging Face LlamaForCausalLM: config.json, model.safetensors
+ *                          (F32/F16/BF16, tied embeddings through the metadata alias) and
+ *                          tokenizer.json (HF BPE with rank-ordered merges)
  * On failure returns a negative status and writes a one-line reason naming the file and what is
  * wrong into err (NUL-terminated, at most errlen bytes); *out is untouched. A truncated or
  * inconsistent file is an error, never a crash. */
@@ -51,30 +56,36 @@ int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model 
 void sl_model_free(struct sl_model *m);
 
 const struct sl_model_config *sl_model_config(const struct sl_model *m);
-/* The model's public id for /v1/models: "synthetic:tiny", or the file's base name without
- * ".bin" ("stories260K"). */
+/* The model's public id for /v1/models: "synthetic:tiny", the file's base name without ".bin"
+ * or ".gguf" ("stories260K"), or the folder's base name. */
 const char *sl_model_id(const struct sl_model *m);
 const struct sl_tok *sl_model_tok(const struct sl_model *m);
-/* True when sampling `token` ends generation (llama2.c models: BOS=1 and EOS=2). */
+/* True when sampling `token` ends generation: llama2.c and synthetic models stop on BOS (1) and
+ * EOS (2); GGUF on its EOS, BOS and end-of-turn ids; HF folders on config's eos_token_id(s). */
 bool sl_model_is_stop_token(const struct sl_model *m, int32_t token);
 
 /* ---------------------------------------------------------------------------------------------
- * Tokenizer (SentencePiece-style BPE with byte fallback, llama2.c tokenizer.bin semantics)
+ * Tokenizer: two kinds behind one interface. SentencePiece-style BPE with byte fallback (llama2.c
+ * tokenizer.bin and GGUF vocabularies: merges by score) and Hugging Face BPE (tokenizer.json:
+ * merges by rank, normalizer, added tokens matched first, byte fallback only where the vocabulary
+ * has byte tokens). BOS comes from the model.
  */
 
 struct sl_tok;
 
 int sl_tok_vocab_size(const struct sl_tok *t);
 int32_t sl_tok_bos(const struct sl_tok *t);
-/* Encodes UTF-8 text exactly as llama2.c encode(text, bos, eos=0): optional BOS, the dummy-prefix
- * space when text is non-empty, merges by score, byte fallback (+3). Writes at most max_out ids.
+/* Encodes UTF-8 text: for the SentencePiece kind exactly as llama2.c encode(text, bos, eos=0)
+ * (optional BOS, the dummy-prefix space when text is non-empty, merges by score, byte fallback);
+ * for the HF kind as HF tokenizers would (plus BOS when asked). Writes at most max_out ids.
  * Returns SL_OK and sets *n_out, or SL_ERANGE when more than max_out ids would be needed (*n_out
  * then holds max_out + 1 as a lower bound), or SL_EINVAL when text is not valid UTF-8.
  * Thread-safe (no shared mutable state). */
 int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos, int32_t *out,
                   int max_out, int *n_out);
 /* The bytes token `id` decodes to when it follows token `prev` (llama2.c decode(): a leading
- * space is dropped after BOS; "<0xAB>" pieces become the raw byte). The bytes are not
+ * space is dropped after BOS; "<0xAB>" pieces become the raw byte; control and special tokens
+ * decode to ""). The bytes are not
  * necessarily valid UTF-8 on their own. Returns a pointer into the tokenizer (valid as long as
  * the model) and sets *len; an out-of-range id gives "". */
 const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size_t *len);

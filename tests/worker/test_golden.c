@@ -1,5 +1,6 @@
 /* Golden end-to-end: greedy generation through the batch interface and the paged KV cache
- * reproduces llama2.c run.c's token ids exactly (see ../shared/models/README.md). */
+ * reproduces llama2.c run.c's token ids exactly (see ../shared/models/README.md), from the
+ * llama2.c checkpoints and from the same weights as GGUF and as a Hugging Face folder. */
 #include "worker_test.h"
 
 #include <jansson.h>
@@ -18,6 +19,7 @@ struct gen {
     int32_t out[512]; /* generated ids */
     int n_out;
     bool done;
+    const struct sl_model *stops; /* stop on its stop tokens; NULL: on BOS only, as run.c */
 };
 
 /* Block i of sequence s: a scrambled bijection over the pool, so neighbours in a sequence are
@@ -93,7 +95,7 @@ static void generate(struct sl_worker *w, struct gen *g, int n)
             struct gen *q = &g[owner[i]];
             int32_t next = argmax(logits + (size_t)i * V, V);
             q->pos++;
-            if (next == 1) {
+            if (q->stops ? sl_model_is_stop_token(q->stops, next) : next == 1) {
                 q->done = true;
                 continue;
             }
@@ -116,10 +118,15 @@ static void ids_from_json(json_t *a, int32_t *out, int *n)
         out[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
 }
 
-static void check_golden(const char *model, const char *tokfile, const char *golden, bool batched)
+/* tokfile NULL: the model file carries its vocabulary. model_stops: stop on the model's own stop
+ * tokens (GGUF, HF) rather than on BOS only (llama2.c). The goldens have no stop token within
+ * their steps, so both rules must give the golden's full length. */
+static void check_golden(const char *model, const char *tokfile, const char *golden, bool batched,
+                         bool model_stops)
 {
     WT_REQUIRE_MODELS(dir);
-    char *mp = wt_path(dir, model), *tp = wt_path(dir, tokfile), *gp = wt_path(dir, golden);
+    char *mp = wt_path(dir, model), *tp = tokfile ? wt_path(dir, tokfile) : NULL;
+    char *gp = wt_path(dir, golden);
     struct sl_model *m = wt_load(mp, tp);
     json_error_t jerr;
     json_t *root = json_load_file(gp, 0, &jerr);
@@ -139,7 +146,14 @@ static void check_golden(const char *model, const char *tokfile, const char *gol
         int n = 0;
         cr_assert_eq(sl_tok_encode(sl_model_tok(m), prompt, strlen(prompt), true, ids, 512, &n),
                      SL_OK);
+        json_t *want = json_object_get(c, "prompt_token_ids");
+        cr_assert_eq((size_t)n, json_array_size(want), "%s \"%s\": %d prompt ids", model, prompt,
+                     n);
+        for (int k = 0; k < n; k++)
+            cr_assert_eq(ids[k], json_integer_value(json_array_get(want, (size_t)k)),
+                         "%s \"%s\": prompt id %d", model, prompt, k);
         gen_init(&g[i], (int)i, ids, n, (int)json_integer_value(json_object_get(c, "steps")));
+        g[i].stops = model_stops ? m : NULL;
         if (!batched) {
             struct sl_worker *w = NULL;
             cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
@@ -175,21 +189,98 @@ static void check_golden(const char *model, const char *tokfile, const char *gol
 
 Test(worker, greedy_ids_match_llama2c_when_model_is_stories260k)
 {
-    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.json", false);
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.json", false, false);
 }
 
 Test(worker, greedy_ids_match_llama2c_when_prompt_is_empty_for_200_steps)
 {
-    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.testall.json", false);
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.testall.json", false, false);
 }
 
 Test(worker, greedy_ids_match_llama2c_when_prompts_share_every_batch)
 {
-    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.json", true);
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.json", true, false);
 }
 
 Test(worker, greedy_ids_match_llama2c_when_model_is_tinystories656k)
 {
     check_golden("tinystories-656K/llama2c/model.bin", "tinystories-656K/llama2c/tokenizer.bin",
-                 "golden/tinystories-656K.json", true);
+                 "golden/tinystories-656K.json", true, false);
+}
+
+Test(worker, greedy_ids_match_llama2c_when_model_is_stories260k_gguf)
+{
+    check_golden("stories260K.gguf", NULL, "golden/stories260K.json", false, true);
+    check_golden("stories260K.gguf", NULL, "golden/stories260K.json", true, true);
+}
+
+Test(worker, greedy_ids_match_llama2c_when_gguf_prompt_is_empty_for_200_steps)
+{
+    check_golden("stories260K.gguf", NULL, "golden/stories260K.testall.json", false, true);
+}
+
+/* HF semantics end to end: tokenizer.json BPE, permuted q/k, eps 1e-6, EOS stops. */
+Test(worker, greedy_ids_match_reference_when_model_is_tinystories656k_hf)
+{
+    check_golden("tinystories-656K/hf", NULL, "golden/tinystories-656K.json", true, true);
+}
+
+/* llama.cpp's llama-simple on the same GGUF: its prompt ids, n_predict tokens, and its text
+ * (which starts with the "<s> " it prints for BOS). */
+Test(worker, greedy_text_matches_llamacpp_when_model_is_stories260k_gguf)
+{
+    WT_REQUIRE_MODELS(dir);
+    char *mp = wt_path(dir, "stories260K.gguf");
+    char *gp = wt_path(dir, "golden/stories260K.gguf.llamacpp.json");
+    struct sl_model *m = wt_load(mp, NULL);
+    const struct sl_tok *t = sl_model_tok(m);
+    json_error_t jerr;
+    json_t *root = json_load_file(gp, 0, &jerr);
+    cr_assert_not_null(root, "%s: %s", gp, jerr.text);
+    struct sl_backend_opts o = {.n_kv_blocks = POOL,
+                                .block_size = BLOCK,
+                                .max_batch_tokens = 64,
+                                .max_seqs = MAX_SEQS,
+                                .threads = 1};
+    size_t i;
+    json_t *c;
+    json_array_foreach(root, i, c)
+    {
+        const char *prompt = json_string_value(json_object_get(c, "prompt"));
+        const char *text = json_string_value(json_object_get(c, "text"));
+        int n_predict = (int)json_integer_value(json_object_get(c, "n_predict"));
+        int32_t ids[512];
+        int n = 0, n_want;
+        cr_assert_eq(sl_tok_encode(t, prompt, strlen(prompt), true, ids, 512, &n), SL_OK);
+        int32_t want[512];
+        ids_from_json(json_object_get(c, "prompt_token_ids"), want, &n_want);
+        cr_assert_eq(n, n_want);
+        cr_assert_eq(memcmp(ids, want, (size_t)n * sizeof(int32_t)), 0, "\"%s\" prompt", prompt);
+        struct gen *g = calloc(1, sizeof(*g));
+        gen_init(g, 0, ids, n, n - 1 + n_predict);
+        g->stops = m;
+        struct sl_worker *w = NULL;
+        cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
+        generate(w, g, 1);
+        sl_worker_free(w);
+        cr_assert_eq(g->n_out, n_predict);
+        struct sl_str s;
+        sl_str_init(&s);
+        sl_str_append(&s, "<s> ", 4);
+        sl_str_append(&s, prompt, strlen(prompt));
+        struct sl_detok *d = sl_detok_new(t, ids[n - 1], NULL, 0);
+        bool stopped = false;
+        for (int k = 0; k < g->n_out; k++)
+            sl_detok_push(d, g->out[k], &s, &stopped);
+        sl_detok_finish(d, &s);
+        sl_detok_free(d);
+        sl_str_append(&s, "\n", 1);
+        cr_assert_str_eq(s.p, text);
+        sl_str_dispose(&s);
+        free(g);
+    }
+    json_decref(root);
+    sl_model_free(m);
+    free(mp);
+    free(gp);
 }

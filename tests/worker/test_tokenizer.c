@@ -227,11 +227,13 @@ Test(worker, encode_gives_same_ids_when_called_from_many_threads)
     sl_tok_free(t);
 }
 
-/* The golden prompts with the real tok512.bin: llama2.c's encode() output, BOS included. */
+/* The golden prompts with the real tokenizers: llama2.c's encode() output, BOS included (tok
+ * NULL: the vocabulary inside a GGUF file or an HF folder). */
 static void check_golden_prompts(const char *dir, const char *model, const char *tok,
                                  const char *golden)
 {
-    char *mp = wt_path(dir, model), *tp = wt_path(dir, tok), *gp = wt_path(dir, golden);
+    char *mp = wt_path(dir, model), *tp = tok ? wt_path(dir, tok) : NULL;
+    char *gp = wt_path(dir, golden);
     struct sl_model *m = wt_load(mp, tp);
     json_error_t jerr;
     json_t *root = json_load_file(gp, 0, &jerr);
@@ -267,16 +269,94 @@ Test(worker, encode_matches_llama2c_when_prompts_are_golden)
                          "tinystories-656K/llama2c/tokenizer.bin", "golden/tinystories-656K.json");
 }
 
-Test(worker, tok512_round_trips_when_text_is_any_utf8)
+Test(worker, encode_matches_golden_when_vocab_is_gguf_or_hf)
 {
     WT_REQUIRE_MODELS(dir);
-    char *mp = wt_path(dir, "stories260K.bin"), *tp = wt_path(dir, "tok512.bin");
-    struct sl_model *m = wt_load(mp, tp);
-    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++)
-        check_round_trip(sl_model_tok(m), texts[i], strlen(texts[i]));
-    sl_model_free(m);
-    free(mp);
+    check_golden_prompts(dir, "stories260K.gguf", NULL, "golden/stories260K.json");
+    check_golden_prompts(dir, "stories260K.gguf", NULL, "golden/stories260K.gguf.llamacpp.json");
+    check_golden_prompts(dir, "tinystories-656K/hf", NULL, "golden/tinystories-656K.json");
+}
+
+/* The GGUF vocabulary is tok512 with "▁" for spaces: the same ids for any text. */
+Test(worker, gguf_vocab_encodes_like_tok512_when_text_is_any_utf8)
+{
+    WT_REQUIRE_MODELS(dir);
+    char *gp = wt_path(dir, "stories260K.gguf"), *bp = wt_path(dir, "stories260K.bin");
+    char *tp = wt_path(dir, "tok512.bin");
+    struct sl_model *g = wt_load(gp, NULL), *b = wt_load(bp, tp);
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++) {
+        int32_t x[1024], y[1024];
+        int nx = 0, ny = 0;
+        const char *s = texts[i];
+        cr_assert_eq(sl_tok_encode(sl_model_tok(g), s, strlen(s), true, x, 1024, &nx), SL_OK);
+        cr_assert_eq(sl_tok_encode(sl_model_tok(b), s, strlen(s), true, y, 1024, &ny), SL_OK);
+        cr_assert_eq(nx, ny, "\"%s\"", s);
+        cr_assert_eq(memcmp(x, y, (size_t)nx * sizeof(int32_t)), 0, "\"%s\"", s);
+        check_round_trip(sl_model_tok(g), s, strlen(s));
+    }
+    sl_model_free(g);
+    sl_model_free(b);
+    free(gp);
+    free(bp);
     free(tp);
+}
+
+/* The HF vocabulary has no byte tokens: text it can spell round-trips, other characters become
+ * one fused <unk>. */
+Test(worker, hf_tokenizer_round_trips_when_text_is_in_vocab)
+{
+    WT_REQUIRE_MODELS(dir);
+    char *hp = wt_path(dir, "tinystories-656K/hf");
+    struct sl_model *m = wt_load(hp, NULL);
+    const struct sl_tok *t = sl_model_tok(m);
+    static const char *const ok[] = {
+        "Once upon a time, there was a little girl named Lily.",
+        "Hello, world!",
+        "a",
+        " ",
+        "  two leading spaces and trailing  ",
+        "new lines\n\nand \"quotes\" and 'apostrophes'",
+        "Lily wanted to play. She said: \"Yes!\"",
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+        check_round_trip(t, ok[i], strlen(ok[i]));
+    int32_t ids[64];
+    int n = 0;
+    cr_assert_eq(sl_tok_encode(t, "日本語", strlen("日本語"), false, ids, 64, &n), SL_OK);
+    cr_assert_eq(n, 2, "%d ids", n);
+    cr_assert_eq(ids[0], 80); /* the prepended "▁" */
+    cr_assert_eq(ids[1], 0);  /* "日本語" fused into one <unk> */
+    /* A literal "▁" in the input is the same as a space after normalization. */
+    int32_t a[64], b[64];
+    int na = 0, nb = 0;
+    cr_assert_eq(sl_tok_encode(t, "the cat", 7, true, a, 64, &na), SL_OK);
+    cr_assert_eq(sl_tok_encode(t,
+                               "the\xe2\x96\x81"
+                               "cat",
+                               9, true, b, 64, &nb),
+                 SL_OK);
+    cr_assert_eq(na, nb);
+    cr_assert_eq(memcmp(a, b, (size_t)na * 4), 0);
+    /* Special tokens in the text are matched before BPE: "▁Once", <|end_story|>, "▁upon". */
+    cr_assert_eq(sl_tok_encode(t, "Once", 4, false, a, 64, &na), SL_OK);
+    cr_assert_eq(sl_tok_encode(t, "upon", 4, false, a + na, 64 - na, &nb), SL_OK);
+    na += nb;
+    int32_t c[64];
+    int nc = 0;
+    const char *sp = "Once<|end_story|> upon";
+    cr_assert_eq(sl_tok_encode(t, sp, strlen(sp), false, c, 64, &nc), SL_OK);
+    int k = 0;
+    cr_assert_eq(sl_tok_encode(t, "Once", 4, false, ids, 64, &k), SL_OK);
+    cr_assert_eq(nc, na + 1);
+    cr_assert_eq(memcmp(c, ids, (size_t)k * 4), 0);
+    cr_assert_eq(c[k], 2);
+    cr_assert_eq(memcmp(c + k + 1, a + k, (size_t)(na - k) * 4), 0);
+    /* Special tokens decode to nothing. */
+    size_t len;
+    sl_tok_decode(t, 57, 2, &len);
+    cr_assert_eq(len, 0);
+    sl_model_free(m);
+    free(hp);
 }
 
 /* A llama2.c tokenizer image: <unk>, <s>, </s>, the 256 byte tokens, then `extra` pieces with
@@ -345,4 +425,95 @@ Test(worker, encode_merges_best_score_first_when_pairs_overlap)
     /* "é" is not a piece: its two bytes fall back to byte tokens and never merge. */
     expect_ids(t, "bé", (const int32_t[]){259, 261, 0xC3 + 3, 0xA9 + 3}, 4);
     sl_tok_free(t);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * HF BPE semantics on small tokenizer.json texts
+ */
+
+static struct sl_tok *hf_tok(const char *vocab, const char *merges, const char *extra)
+{
+    char json[8192];
+    snprintf(json, sizeof(json),
+             "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true},"
+             "{\"id\": 1, \"content\": \"<s>\", \"special\": true, \"normalized\": false},"
+             "{\"id\": 2, \"content\": \"</s>\", \"special\": true, \"normalized\": false}%s],"
+             "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": ["
+             "{\"type\": \"Prepend\", \"prepend\": \"\u2581\"},"
+             "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\u2581\"}]},"
+             "\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"},"
+             "{\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": 0}]},"
+             "\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": %s,"
+             "\"byte_fallback\": true, \"vocab\": {\"<unk>\": 0, \"<s>\": 1, \"</s>\": 2, %s},"
+             "\"merges\": [%s]}}",
+             extra ? extra : "", extra && strstr(extra, "nofuse") ? "false" : "true", vocab,
+             merges);
+    char err[256];
+    struct sl_tok *t = sl_tok_hf_parse(json, strlen(json), 1, err, sizeof(err));
+    cr_assert_not_null(t, "%s", err);
+    return t;
+}
+
+Test(worker, hf_bpe_applies_only_listed_merges_by_rank_when_encoding)
+{
+    /* 3 "▁", 4 "a", 5 "b", 6 "ab", 7 "▁a", 8 "▁ab", 9 "c", 10 "bc", 11 "abc" */
+    struct sl_tok *t = hf_tok("\"\u2581\": 3, \"a\": 4, \"b\": 5, \"ab\": 6, \"\u2581a\": 7, "
+                              "\"\u2581ab\": 8, \"c\": 9, \"bc\": 10, \"abc\": 11",
+                              "\"b c\", \"a b\", \"\u2581 a\", \"\u2581a b\", \"a bc\"", NULL);
+    /* "▁ab": (a,b) rank 1 beats (▁,a) rank 2; then (▁,ab) is no merge, though "▁ab" is a piece
+     * (llama2.c's rule would take it). */
+    expect_ids(t, "ab", (const int32_t[]){3, 6}, 2);
+    /* "▁abc": (b,c) rank 0 first; then (▁,a) rank 2 beats (a,bc) rank 4, and (▁a,bc) is no
+     * merge, so "abc" never forms. */
+    expect_ids(t, "abc", (const int32_t[]){7, 10}, 2);
+    expect_ids(t, "a abc", (const int32_t[]){7, 7, 10}, 3);
+    /* "▁a": (▁,a) rank 2. */
+    expect_ids(t, "a", (const int32_t[]){7}, 1);
+    /* A token that is not normalized splits the raw input, and each side is normalized on its
+     * own, so each gets its "▁" (tokenizers' behaviour: "<s>Hello" gives <s> "▁Hello"). */
+    expect_ids(t, "a<s>a", (const int32_t[]){7, 1, 7}, 3);
+    int32_t ids[8];
+    int n = 0;
+    cr_assert_eq(sl_tok_encode(t, "", 0, true, ids, 8, &n), SL_OK);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(ids[0], 1);
+    size_t len;
+    const char *p = sl_tok_decode(t, 1, 7, &len);
+    cr_assert_eq(len, 1, "Strip drops the space after BOS");
+    cr_assert_eq(p[0], 'a');
+    p = sl_tok_decode(t, 4, 7, &len);
+    cr_assert_eq(len, 2);
+    sl_tok_decode(t, 4, 2, &len);
+    cr_assert_eq(len, 0);
+    sl_tok_free(t);
+}
+
+Test(worker, hf_bpe_falls_back_to_bytes_or_unk_when_char_is_unknown)
+{
+    /* "é" is C3 A9: both bytes exist. "ü" is C3 BC: BC does not, so it is <unk>. */
+    struct sl_tok *t = hf_tok("\"\u2581\": 3, \"a\": 4, \"<0xC3>\": 5, \"<0xA9>\": 6", "", NULL);
+    expect_ids(t, "aé", (const int32_t[]){3, 4, 5, 6}, 4);
+    expect_ids(t, "üü a", (const int32_t[]){3, 0, 3, 4}, 4);
+    size_t len;
+    cr_assert_eq((unsigned char)*sl_tok_decode(t, 4, 5, &len), 0xC3);
+    cr_assert_eq(len, 1);
+    sl_tok_free(t);
+    /* Without fuse_unk every unknown character is its own <unk>. */
+    t = hf_tok("\"\u2581\": 3, \"a\": 4", "",
+               ",{\"id\": 5, \"content\": \"nofuse\", \"special\": false}");
+    expect_ids(t, "üü", (const int32_t[]){3, 0, 0}, 3);
+    expect_ids(t, "anofusea", (const int32_t[]){3, 4, 5, 4}, 4);
+    sl_tok_free(t);
+}
+
+Test(worker, tok512_round_trips_when_text_is_any_utf8)
+{
+    WT_REQUIRE_MODELS(dir);
+    char *mp = wt_path(dir, "stories260K.bin"), *tp = wt_path(dir, "tok512.bin");
+    struct sl_model *m = wt_load(mp, tp);
+    for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++)
+        check_round_trip(sl_model_tok(m), texts[i], strlen(texts[i]));
+    sl_model_free(m);
+    free(mp);
+    free(tp);
 }
