@@ -1,4 +1,5 @@
-/* Golden: the server's completion for a real tiny model equals llama2.c's greedy output. */
+/* Golden: the server's completion for a real tiny model, in each file format it loads, equals
+ * llama2.c's greedy output. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 
@@ -22,56 +23,80 @@ static bool have(const char *path)
     return stat(path, &st) == 0;
 }
 
-Test(golden, text_matches_llama2c_when_serving_stories260K, .timeout = 300)
+/* Serves `model` (and `tokenizer`, or NULL) and checks every prompt of the golden file: the
+ * completion of n_generated greedy tokens is llama2.c's text after the prompt, without the "\n"
+ * run.c prints at the end. */
+static void check_golden(const char *model, const char *tokenizer, const char *golden_name)
 {
-    char bin[4096], tok[4096], golden[4096];
-    snprintf(bin, sizeof bin, "%s/stories260K.bin", models_dir());
-    snprintf(tok, sizeof tok, "%s/tok512.bin", models_dir());
-    snprintf(golden, sizeof golden, "%s/golden/stories260K.json", models_dir());
-    if (!have(bin) || !have(tok) || !have(golden))
+    char golden[4096];
+    snprintf(golden, sizeof golden, "%s/golden/%s", models_dir(), golden_name);
+    if (!have(model) || (tokenizer && !have(tokenizer)) || !have(golden))
         cr_skip_test("../shared/models not found (SL_MODELS_DIR=%s): golden server test skipped",
                      models_dir());
-
     json_error_t e;
     json_t *cases = json_load_file(golden, 0, &e);
     cr_assert_not_null(cases, "%s: %s", golden, e.text);
-    json_t *c = NULL;
-    size_t i;
-    json_t *v;
-    json_array_foreach(cases, i, v) if (strcmp(json_string_value(json_object_get(v, "prompt")),
-                                               "Once upon a time") == 0) c = v;
-    cr_assert_not_null(c, "golden case \"Once upon a time\"");
-    const char *prompt = json_string_value(json_object_get(c, "prompt"));
-    const char *text = json_string_value(json_object_get(c, "text"));
-    int n_gen = (int)json_integer_value(json_object_get(c, "n_generated"));
-    cr_assert_eq(n_gen, 60);
-    /* llama2.c printed the prompt, the completion, then one "\n" of its own. */
-    size_t pl = strlen(prompt), tl = strlen(text);
-    cr_assert_eq(strncmp(text, prompt, pl), 0);
-    char *want = strndup(text + pl, tl - pl - 1);
 
     struct server srv;
-    const char *args[] = {"--model", bin, "--tokenizer", tok, NULL};
+    const char *args[] = {"--model", model, tokenizer ? "--tokenizer" : NULL, tokenizer, NULL};
     server_start(&srv, args);
-    int fd = client_connect(srv.port);
-    client_request(fd, "POST", "/v1/completions",
-                   "{\"model\":\"stories260K\",\"prompt\":\"Once upon a time\",\"max_tokens\":60,"
-                   "\"temperature\":0}",
-                   false);
-    struct response r;
-    cr_assert(client_read_response(fd, &r));
-    close(fd);
-    cr_assert_eq(r.status, 200, "%s", r.body);
-    json_t *j = json_loads(r.body, 0, &e);
-    cr_assert_not_null(j, "%s", r.body);
-    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
-    cr_assert_str_eq(json_string_value(json_object_get(choice, "text")), want);
-    cr_assert_str_eq(json_string_value(json_object_get(choice, "finish_reason")), "length");
-    cr_assert_eq(
-        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 60);
-    json_decref(j);
-    response_dispose(&r);
+    size_t i;
+    json_t *c;
+    json_array_foreach(cases, i, c)
+    {
+        const char *prompt = json_string_value(json_object_get(c, "prompt"));
+        const char *text = json_string_value(json_object_get(c, "text"));
+        int n_gen = (int)json_integer_value(json_object_get(c, "n_generated"));
+        size_t pl = strlen(prompt), tl = strlen(text);
+        cr_assert_eq(strncmp(text, prompt, pl), 0);
+        char *want = strndup(text + pl, tl - pl - 1);
+
+        json_t *req =
+            json_pack("{s:s, s:i, s:f}", "prompt", prompt, "max_tokens", n_gen, "temperature", 0.0);
+        char *body = json_dumps(req, 0);
+        int fd = client_connect(srv.port);
+        client_request(fd, "POST", "/v1/completions", body, false);
+        struct response r;
+        cr_assert(client_read_response(fd, &r));
+        close(fd);
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        json_t *j = json_loads(r.body, 0, &e);
+        cr_assert_not_null(j, "%s", r.body);
+        json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+        cr_assert_str_eq(json_string_value(json_object_get(choice, "text")), want, "%s: \"%s\"",
+                         model, prompt);
+        cr_assert_str_eq(json_string_value(json_object_get(choice, "finish_reason")), "length");
+        cr_assert_eq(
+            json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")),
+            n_gen);
+        json_decref(j);
+        response_dispose(&r);
+        free(body);
+        json_decref(req);
+        free(want);
+    }
     server_stop(&srv);
-    free(want);
     json_decref(cases);
+}
+
+Test(golden, text_matches_llama2c_when_serving_stories260K_bin, .timeout = 300)
+{
+    char bin[4096], tok[4096];
+    snprintf(bin, sizeof bin, "%s/stories260K.bin", models_dir());
+    snprintf(tok, sizeof tok, "%s/tok512.bin", models_dir());
+    check_golden(bin, tok, "stories260K.json");
+}
+
+Test(golden, text_matches_llama2c_when_serving_stories260K_gguf, .timeout = 300)
+{
+    char gguf[4096];
+    snprintf(gguf, sizeof gguf, "%s/stories260K.gguf", models_dir());
+    check_golden(gguf, NULL, "stories260K.json");
+}
+
+Test(golden, text_matches_reference_when_serving_tinystories656K_hf_folder, .timeout = 300)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tinystories-656K/hf", models_dir());
+    check_golden(dir, NULL, "tinystories-656K.json");
 }
