@@ -95,6 +95,15 @@ void server_stop(struct server *s)
               "sluice exited uncleanly (status %d):\n%s", status, s->log);
 }
 
+/* Buffered reader over the socket. Leftover bytes stay in a per-fd buffer so a second response
+ * on the same connection is read correctly. */
+struct rbuf {
+    int fd;
+    char data[1 << 16];
+    size_t start, end;
+};
+static struct rbuf rb;
+
 int client_connect(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -106,6 +115,9 @@ int client_connect(int port)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     struct timeval tv = {.tv_sec = 120};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    /* A new socket may reuse the number of one closed with unread bytes still buffered here. */
+    if (rb.fd == fd)
+        rb.start = rb.end = 0;
     return fd;
 }
 
@@ -133,15 +145,6 @@ void client_request(int fd, const char *method, const char *path, const char *bo
     if (body)
         client_send(fd, body, strlen(body));
 }
-
-/* Buffered reader over the socket. Leftover bytes stay in a per-fd buffer so a second response
- * on the same connection is read correctly. */
-struct rbuf {
-    int fd;
-    char data[1 << 16];
-    size_t start, end;
-};
-static struct rbuf rb;
 
 static bool fill(int fd)
 {
