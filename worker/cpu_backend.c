@@ -1,7 +1,14 @@
-/* The CPU backend: a Llama forward over a varlen batch with a paged fp32 KV pool. */
+/* The CPU backend: a Llama forward over a varlen batch with a paged fp32 KV pool.
+ *
+ * Every projection is one matrix-matrix product over all rows of the step (kernels/cpu), split
+ * over the pool by weight rows; attention is split over the pool by (row, head). Per step the
+ * pool runs five jobs per layer (QKV, attention, output, gate/up + SwiGLU, down) plus the
+ * classifier; the cheap row-wise glue (norms, residual adds, RoPE of K, KV writes) stays on the
+ * calling thread. */
 #include "worker_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +27,7 @@ static void cpu_free(void *vctx)
     free(c->hb);
     free(c->hb2);
     free(c->att);
+    free(c->rope);
     free(c->xl);
     free(c->key_cache);
     free(c->value_cache);
@@ -40,18 +48,25 @@ static float *alloc_f32(uint64_t n, bool *ok)
     return p;
 }
 
-/* Until the typed kernels land, the CPU backend runs fp32 weights only. */
-static bool all_f32(const struct sl_model *m)
+static bool mat_ok(const struct sl_mat *w, int rows, int cols)
 {
+    return w->data && w->rows == rows && w->cols == cols && sl_dtype_row_bytes(w->type, cols) != 0;
+}
+
+/* The kernels take any weight type; what they cannot take is a matrix of the wrong shape. */
+static bool weights_ok(const struct sl_model *m, int kv_dim)
+{
+    const struct sl_model_config *c = &m->cfg;
     const struct sl_model_weights *w = &m->w;
-    if (w->token_embedding.type != SL_DTYPE_F32 || w->wcls.type != SL_DTYPE_F32)
+    int dim = c->dim, hid = c->hidden_dim;
+    if (!mat_ok(&w->token_embedding, c->vocab_size, dim) || !mat_ok(&w->wcls, c->vocab_size, dim))
         return false;
-    for (int l = 0; l < m->cfg.n_layers; l++) {
+    for (int l = 0; l < c->n_layers; l++) {
         const struct sl_layer_weights *L = &w->layers[l];
-        const struct sl_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w2, &L->w3};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
-            if (mats[i]->type != SL_DTYPE_F32)
-                return false;
+        if (!mat_ok(&L->wq, dim, dim) || !mat_ok(&L->wk, kv_dim, dim) ||
+            !mat_ok(&L->wv, kv_dim, dim) || !mat_ok(&L->wo, dim, dim) ||
+            !mat_ok(&L->w1, hid, dim) || !mat_ok(&L->w2, dim, hid) || !mat_ok(&L->w3, hid, dim))
+            return false;
     }
     return true;
 }
@@ -62,14 +77,21 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
         o->threads < 0)
         return SL_EINVAL;
     const struct sl_model_config *cfg = sl_model_config(m);
-    if (!all_f32(m))
+    int head_size = cfg->dim / cfg->n_heads;
+    if (!weights_ok(m, head_size * cfg->n_kv_heads))
         return SL_EINVAL;
     struct sl_cpu_ctx *c = sl_xcalloc(1, sizeof(*c));
     c->m = m;
     c->cfg = *cfg;
     c->o = *o;
-    c->head_size = cfg->dim / cfg->n_heads;
+    c->head_size = head_size;
     c->kv_dim = c->head_size * cfg->n_kv_heads;
+    c->pool = sl_cpu_pool_new(o->threads);
+    if (!c->pool) {
+        cpu_free(c);
+        return SL_EBACKEND;
+    }
+    c->n_threads = sl_cpu_pool_threads(c->pool);
     uint64_t T = (uint64_t)o->max_batch_tokens, dim = (uint64_t)cfg->dim;
     uint64_t hid = (uint64_t)cfg->hidden_dim, kv = (uint64_t)c->kv_dim;
     bool ok = true;
@@ -81,7 +103,8 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     c->v = alloc_f32(T * kv, &ok);
     c->hb = alloc_f32(T * hid, &ok);
     c->hb2 = alloc_f32(T * hid, &ok);
-    c->att = alloc_f32((uint64_t)cfg->seq_len, &ok);
+    c->att = alloc_f32((uint64_t)c->n_threads * (uint64_t)cfg->seq_len, &ok);
+    c->rope = alloc_f32(T * (uint64_t)head_size, &ok);
     c->xl = alloc_f32(T * dim, &ok);
     uint64_t cache =
         (uint64_t)o->n_kv_blocks * (uint64_t)cfg->n_layers * (uint64_t)o->block_size * kv;
@@ -92,11 +115,6 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
         return SL_ENOMEM;
     }
     c->kv_bytes = (size_t)(2 * cache * sizeof(float));
-    c->pool = sl_cpu_pool_new(o->threads);
-    if (!c->pool) {
-        cpu_free(c);
-        return SL_EBACKEND;
-    }
     *out = c;
     return SL_OK;
 }
@@ -148,30 +166,49 @@ static size_t kv_off(const struct sl_cpu_ctx *c, int32_t block, int layer, int s
            (size_t)c->kv_dim;
 }
 
-/* Causal attention of row r over positions 0..pos of its own sequence, read through its block
- * table. Writes the heads' outputs into xb row r. */
-static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, int r)
+/* Causal attention of row r, query head h: RoPE of the query head, then the head over positions
+ * 0..pos of its own sequence, read through its block table into xb. It reads only the cache and
+ * its own q head and writes only its own xb head, so (row, head) tasks are independent and their
+ * order (and the thread count) does not change a bit. att: (seq_len) scratch. */
+static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, int r, int h,
+                   float *att)
 {
-    int hs = c->head_size, bs = c->o.block_size;
-    int kv_mul = c->cfg.n_heads / c->cfg.n_kv_heads;
-    int32_t pos = b->pos[r];
-    const int32_t *bt = b->block_tables[b->seq[r]];
-    float scale = sqrtf((float)hs);
-    for (int h = 0; h < c->cfg.n_heads; h++) {
-        const float *q = c->q + (size_t)r * c->cfg.dim + (size_t)h * hs;
-        size_t head_off = (size_t)(h / kv_mul) * hs;
-        float *att = c->att;
-        for (int t = 0; t <= pos; t++) {
-            const float *k = c->key_cache + kv_off(c, bt[t / bs], layer, t % bs) + head_off;
-            att[t] = sl_cpu_dot(q, k, hs) / scale;
-        }
-        sl_cpu_softmax(att, pos + 1);
-        float *o = c->xb + (size_t)r * c->cfg.dim + (size_t)h * hs;
-        memset(o, 0, (size_t)hs * sizeof(float));
-        for (int t = 0; t <= pos; t++) {
-            const float *v = c->value_cache + kv_off(c, bt[t / bs], layer, t % bs) + head_off;
-            sl_cpu_axpy(o, att[t], v, hs);
-        }
+    int hs = c->head_size, dim = c->cfg.dim, kv_mul = c->cfg.n_heads / c->cfg.n_kv_heads;
+    size_t head_off = kv_off(c, 0, layer, 0) + (size_t)(h / kv_mul) * hs;
+    size_t page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim;
+    float *q = c->q + (size_t)r * dim + (size_t)h * hs;
+    sl_cpu_rope_apply(q, 1, hs, c->rope + (size_t)r * hs);
+    struct sl_cpu_pages kp = {c->key_cache + head_off, b->block_tables[b->seq[r]], page_stride,
+                              (size_t)c->kv_dim, c->o.block_size};
+    struct sl_cpu_pages vp = kp;
+    vp.base = c->value_cache + head_off;
+    sl_cpu_attention(c->xb + (size_t)r * dim + (size_t)h * hs, q, &kp, &vp, b->pos[r] + 1, hs, att);
+}
+
+struct attn_job {
+    struct sl_cpu_ctx *c;
+    const struct sl_batch *b;
+    int layer;
+    int chunk;        /* tasks per grab */
+    _Atomic int next; /* next (row, head) task to hand out */
+};
+
+/* (row, head) tasks are grabbed a chunk at a time, so a thread that loses its core to another
+ * process does not hold the others up. */
+static void attn_task(void *arg, int ith, int nth)
+{
+    (void)nth;
+    struct attn_job *j = arg;
+    struct sl_cpu_ctx *c = j->c;
+    int nh = c->cfg.n_heads, tasks = j->b->n_tokens * nh;
+    float *att = c->att + (size_t)ith * (size_t)c->cfg.seq_len;
+    for (;;) {
+        int t0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
+        if (t0 >= tasks)
+            return;
+        int t1 = t0 + j->chunk < tasks ? t0 + j->chunk : tasks;
+        for (int t = t0; t < t1; t++)
+            attend(c, j->b, j->layer, t / nh, t % nh, att);
     }
 }
 
@@ -185,40 +222,41 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         return SL_EINVAL;
     const struct sl_model_config *cfg = &c->cfg;
     const struct sl_model_weights *w = &c->m->w;
-    int n = b->n_tokens, dim = cfg->dim, hid = cfg->hidden_dim, kv = c->kv_dim;
+    int n = b->n_tokens, dim = cfg->dim, kv = c->kv_dim;
     int hs = c->head_size, bs = c->o.block_size;
-    const float *emb = w->token_embedding.data;
-    for (int r = 0; r < n; r++)
-        memcpy(c->x + (size_t)r * dim, emb + (size_t)b->tokens[r] * dim,
-               (size_t)dim * sizeof(float));
+    for (int r = 0; r < n; r++) {
+        sl_cpu_mat_row(c->x + (size_t)r * dim, &w->token_embedding, b->tokens[r]);
+        /* RoPE angles depend only on the position: computed once per step, not per layer. */
+        sl_cpu_rope_table(c->rope + (size_t)r * hs, hs, b->pos[r], cfg->rope_theta);
+    }
 
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct sl_layer_weights *L = &w->layers[l];
         sl_cpu_rmsnorm(c->xb, c->x, L->rms_att, n, dim, cfg->rms_eps);
-        sl_cpu_matmul_mt(c->pool, c->q, c->xb, L->wq.data, n, dim, dim);
-        sl_cpu_matmul_mt(c->pool, c->k, c->xb, L->wk.data, n, kv, dim);
-        sl_cpu_matmul_mt(c->pool, c->v, c->xb, L->wv.data, n, kv, dim);
+        float *const qkv_out[3] = {c->q, c->k, c->v};
+        const struct sl_mat qkv[3] = {L->wq, L->wk, L->wv};
+        sl_cpu_matmul_multi_mt(c->pool, 3, qkv_out, c->xb, qkv, n);
         /* Every row's K and V go to the cache before any row attends, so a prefill chunk sees
          * its own earlier rows. */
         for (int r = 0; r < n; r++) {
             int32_t pos = b->pos[r];
-            sl_cpu_rope(c->q + (size_t)r * dim, cfg->n_heads, hs, pos, cfg->rope_theta);
-            sl_cpu_rope(c->k + (size_t)r * kv, cfg->n_kv_heads, hs, pos, cfg->rope_theta);
+            sl_cpu_rope_apply(c->k + (size_t)r * kv, cfg->n_kv_heads, hs, c->rope + (size_t)r * hs);
             int32_t block = b->block_tables[b->seq[r]][pos / bs];
             size_t off = kv_off(c, block, l, pos % bs);
             memcpy(c->key_cache + off, c->k + (size_t)r * kv, (size_t)kv * sizeof(float));
             memcpy(c->value_cache + off, c->v + (size_t)r * kv, (size_t)kv * sizeof(float));
         }
-        for (int r = 0; r < n; r++)
-            attend(c, b, l, r);
-        sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, L->wo.data, n, dim, dim);
+        struct attn_job aj = {.c = c, .b = b, .layer = l};
+        int tasks = n * cfg->n_heads;
+        aj.chunk = tasks / (4 * c->n_threads) > 0 ? tasks / (4 * c->n_threads) : 1;
+        atomic_store_explicit(&aj.next, 0, memory_order_relaxed);
+        sl_cpu_pool_run(c->pool, attn_task, &aj);
+        sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, &L->wo, n);
         sl_cpu_add(c->x, c->xb2, n * dim);
 
         sl_cpu_rmsnorm(c->xb, c->x, L->rms_ffn, n, dim, cfg->rms_eps);
-        sl_cpu_matmul_mt(c->pool, c->hb, c->xb, L->w1.data, n, hid, dim);
-        sl_cpu_matmul_mt(c->pool, c->hb2, c->xb, L->w3.data, n, hid, dim);
-        sl_cpu_swiglu(c->hb, c->hb2, n * hid);
-        sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, L->w2.data, n, dim, hid);
+        sl_cpu_matmul_swiglu_mt(c->pool, c->hb, c->hb2, c->xb, &L->w1, &L->w3, n);
+        sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, &L->w2, n);
         sl_cpu_add(c->x, c->xb2, n * dim);
     }
 
@@ -227,7 +265,7 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         sl_cpu_rmsnorm(c->xl + (size_t)i * dim, c->x + (size_t)b->logit_rows[i] * dim, w->rms_final,
                        1, dim, cfg->rms_eps);
     if (b->n_logits > 0)
-        sl_cpu_matmul_mt(c->pool, logits, c->xl, w->wcls.data, b->n_logits, cfg->vocab_size, dim);
+        sl_cpu_matmul_mt(c->pool, logits, c->xl, &w->wcls, b->n_logits);
     return SL_OK;
 }
 

@@ -260,22 +260,68 @@ static int load_checkpoint(struct sl_model *m, const char *path, char *err, size
     return SL_OK;
 }
 
-/* splitmix64: a well-mixed stream from any seed, so synthetic weights are the same everywhere. */
-static uint64_t splitmix(uint64_t *s)
+/* Synthetic weights are one splitmix64 stream over every uniform value of the model in llama2.c
+ * order, so they are the same everywhere. Value i of the stream is a pure function of i, which
+ * lets threads fill disjoint ranges and a typed variant quantize exactly the fp32 model's values.
+ */
+#define SYNTH_SEED 0x511ce5eedull
+
+static float synth_uniform(uint64_t i)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    uint64_t z = SYNTH_SEED + (i + 1) * 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    z ^= z >> 31;
+    float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+    return 2.0f * u - 1.0f;
 }
 
-/* Fills n floats uniform in [-a, a). */
-static void fill_uniform(float *p, size_t n, float a, uint64_t *s)
+/* One tensor of `rows` rows of `cols` uniform values in [-a, a), stream values first.. onwards,
+ * stored as type t at dst. */
+struct synth_fill {
+    void *dst;
+    enum sl_dtype t;
+    int64_t rows;
+    int cols;
+    float a;
+    uint64_t first;
+};
+
+static void synth_fill_task(void *arg, int ith, int nth)
 {
-    for (size_t i = 0; i < n; i++) {
-        float u = (float)(splitmix(s) >> 40) * (1.0f / 16777216.0f);
-        p[i] = (2.0f * u - 1.0f) * a;
+    const struct synth_fill *f = arg;
+    int64_t r0 = f->rows * ith / nth, r1 = f->rows * (ith + 1) / nth;
+    size_t rb = sl_dtype_row_bytes(f->t, f->cols);
+    float *tmp = f->t == SL_DTYPE_F32 ? NULL : sl_xmalloc((size_t)f->cols * sizeof(float));
+    for (int64_t r = r0; r < r1; r++) {
+        float *row = f->t == SL_DTYPE_F32 ? (float *)((char *)f->dst + (size_t)r * rb) : tmp;
+        uint64_t base = f->first + (uint64_t)r * (uint64_t)f->cols;
+        for (int j = 0; j < f->cols; j++)
+            row[j] = synth_uniform(base + (uint64_t)j) * f->a;
+        if (tmp)
+            sl_cpu_quantize_row(f->t, (char *)f->dst + (size_t)r * rb, tmp, f->cols);
     }
+    free(tmp);
+}
+
+struct synth {
+    struct sl_model *m;
+    struct sl_cpu_pool *pool;
+    enum sl_dtype t;
+    uint64_t next; /* stream index of the next tensor */
+};
+
+/* Fills (layers · rows, cols) values of a ±a tensor, in type s->t (or fp32 into dst when dst is
+ * given), advancing the stream. Returns the tensor's storage. */
+static void *synth_tensor(struct synth *s, float *dst, int layers, int rows, int cols, float a)
+{
+    struct synth_fill f = {dst,    dst ? SL_DTYPE_F32 : s->t, (int64_t)layers * rows, cols, a,
+                           s->next};
+    if (!f.dst)
+        f.dst = sl_model_own(s->m, sl_xmalloc((size_t)f.rows * sl_dtype_row_bytes(f.t, cols)));
+    sl_cpu_pool_run(s->pool, synth_fill_task, &f);
+    s->next += (uint64_t)f.rows * (uint64_t)cols;
+    return f.dst;
 }
 
 static void fill_const(float *p, size_t n, float v)
@@ -284,45 +330,121 @@ static void fill_const(float *p, size_t n, float v)
         p[i] = v;
 }
 
+static const struct {
+    const char *name;
+    struct sl_model_config cfg;
+} synth_shapes[] = {
+    {"tiny", {64, 172, 5, 8, 4, 512, 512, 1e-5f, 10000.0f, true}},
+    {"stories15M", {288, 768, 6, 6, 6, 32000, 256, 1e-5f, 10000.0f, true}},
+    /* Llama-3.2-1B-like width and depth with a llama2-sized vocabulary, for scale tests. */
+    {"llama-1b", {2048, 8192, 16, 32, 8, 32000, 2048, 1e-5f, 10000.0f, true}},
+};
+
+/* name is "SHAPE" or "SHAPE:TYPE" with TYPE one of f32 (default), f16, bf16, q8_0: projections,
+ * embedding and classifier are stored in TYPE (the fp32 model's values, rounded); norms stay
+ * fp32. */
 static int load_synthetic(struct sl_model *m, const char *name, char *err, size_t errlen)
 {
     struct sl_model_config *c = &m->cfg;
-    if (strcmp(name, "tiny") == 0) {
-        *c = (struct sl_model_config){64, 172, 5, 8, 4, 512, 512, 1e-5f, 10000.0f, true};
-    } else if (strcmp(name, "stories15M") == 0) {
-        *c = (struct sl_model_config){288, 768, 6, 6, 6, 32000, 256, 1e-5f, 10000.0f, true};
-    } else {
-        set_err(err, errlen, "synthetic:%s: unknown synthetic model (known: tiny, stories15M)",
-                name);
+    const char *colon = strchr(name, ':');
+    size_t shape_len = colon ? (size_t)(colon - name) : strlen(name);
+    enum sl_dtype t = SL_DTYPE_F32;
+    if (colon) {
+        static const enum sl_dtype types[] = {SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16,
+                                              SL_DTYPE_Q8_0};
+        bool found = false;
+        for (size_t i = 0; i < sizeof types / sizeof types[0] && !found; i++)
+            if (strcmp(colon + 1, sl_dtype_name(types[i])) == 0) {
+                t = types[i];
+                found = true;
+            }
+        if (!found) {
+            set_err(err, errlen, "synthetic:%s: unknown weight type (known: f32, f16, bf16, q8_0)",
+                    name);
+            return SL_EINVAL;
+        }
+    }
+    bool known = false;
+    for (size_t i = 0; i < sizeof synth_shapes / sizeof synth_shapes[0] && !known; i++)
+        if (strlen(synth_shapes[i].name) == shape_len &&
+            strncmp(name, synth_shapes[i].name, shape_len) == 0) {
+            *c = synth_shapes[i].cfg;
+            known = true;
+        }
+    if (!known) {
+        set_err(err, errlen,
+                "synthetic:%s: unknown synthetic model (known: tiny, stories15M, llama-1b)", name);
         return SL_EINVAL;
     }
-    uint64_t floats = sl_model_body_floats(c);
-    float *body = sl_model_own(m, sl_xmalloc((size_t)floats * sizeof(float)));
-    struct sl_llama2c_weights lw;
-    sl_model_llama2c_map(&lw, c, body);
+    if (t == SL_DTYPE_Q8_0 && (c->dim % SL_Q8_0_BLOCK || c->hidden_dim % SL_Q8_0_BLOCK)) {
+        set_err(err, errlen, "synthetic:%s: q8_0 needs dim and hidden_dim multiples of %d", name,
+                SL_Q8_0_BLOCK);
+        return SL_EINVAL;
+    }
+    int dim = c->dim, hid = c->hidden_dim, L = c->n_layers;
+    int kv = dim / c->n_heads * c->n_kv_heads;
     /* Uniform ±sqrt(3/fan_in) has variance 1/fan_in: every projection keeps the scale of its
      * input, so activations stay O(1) through the layers and logits stay soft. */
-    size_t dim = (size_t)c->dim, hid = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
-    size_t kv = dim / (size_t)c->n_heads * (size_t)c->n_kv_heads;
     float a_dim = sqrtf(3.0f / (float)dim), a_hid = sqrtf(3.0f / (float)hid);
-    uint64_t s = 0x511ce5eedull;
-    float *w;
-    w = (float *)lw.token_embedding;
-    fill_uniform(w, (size_t)c->vocab_size * dim, 1.0f, &s);
-    fill_const((float *)lw.rms_att, L * dim, 1.0f);
-    fill_uniform((float *)lw.wq, L * dim * dim, a_dim, &s);
-    fill_uniform((float *)lw.wk, L * kv * dim, a_dim, &s);
-    fill_uniform((float *)lw.wv, L * kv * dim, a_dim, &s);
-    fill_uniform((float *)lw.wo, L * dim * dim, a_dim, &s);
-    fill_const((float *)lw.rms_ffn, L * dim, 1.0f);
-    fill_uniform((float *)lw.w1, L * hid * dim, a_dim, &s);
-    fill_uniform((float *)lw.w2, L * dim * hid, a_hid, &s);
-    fill_uniform((float *)lw.w3, L * hid * dim, a_dim, &s);
-    fill_const((float *)lw.rms_final, dim, 1.0f);
-    /* The freq_cis region is never read; zero it so the buffer is fully defined. */
-    float *freq = (float *)lw.rms_final + dim;
-    fill_const(freq, (size_t)c->seq_len * (dim / (size_t)c->n_heads), 0.0f);
-    use_llama2c_body(m, body);
+    struct synth s = {m, sl_cpu_pool_new(0), t, 0};
+    if (!s.pool) {
+        set_err(err, errlen, "synthetic:%s: cannot start threads", name);
+        return SL_EBACKEND;
+    }
+    if (t == SL_DTYPE_F32) {
+        /* One llama2.c-layout body, exactly what a checkpoint of this shape would map. */
+        uint64_t floats = sl_model_body_floats(c);
+        float *body = sl_model_own(m, sl_xmalloc((size_t)floats * sizeof(float)));
+        struct sl_llama2c_weights lw;
+        sl_model_llama2c_map(&lw, c, body);
+        synth_tensor(&s, (float *)lw.token_embedding, 1, c->vocab_size, dim, 1.0f);
+        fill_const((float *)lw.rms_att, (size_t)L * dim, 1.0f);
+        synth_tensor(&s, (float *)lw.wq, L, dim, dim, a_dim);
+        synth_tensor(&s, (float *)lw.wk, L, kv, dim, a_dim);
+        synth_tensor(&s, (float *)lw.wv, L, kv, dim, a_dim);
+        synth_tensor(&s, (float *)lw.wo, L, dim, dim, a_dim);
+        fill_const((float *)lw.rms_ffn, (size_t)L * dim, 1.0f);
+        synth_tensor(&s, (float *)lw.w1, L, hid, dim, a_dim);
+        synth_tensor(&s, (float *)lw.w2, L, dim, hid, a_hid);
+        synth_tensor(&s, (float *)lw.w3, L, hid, dim, a_dim);
+        fill_const((float *)lw.rms_final, (size_t)dim, 1.0f);
+        /* The freq_cis region is never read; zero it so the buffer is fully defined. */
+        float *freq = (float *)lw.rms_final + dim;
+        fill_const(freq, (size_t)c->seq_len * (size_t)(dim / c->n_heads), 0.0f);
+        use_llama2c_body(m, body);
+    } else {
+        /* Same stream order as the fp32 body, so this is that model rounded to type t. */
+        struct sl_model_weights *w = &m->w;
+        const unsigned char *emb = synth_tensor(&s, NULL, 1, c->vocab_size, dim, 1.0f);
+        const unsigned char *wq = synth_tensor(&s, NULL, L, dim, dim, a_dim);
+        const unsigned char *wk = synth_tensor(&s, NULL, L, kv, dim, a_dim);
+        const unsigned char *wv = synth_tensor(&s, NULL, L, kv, dim, a_dim);
+        const unsigned char *wo = synth_tensor(&s, NULL, L, dim, dim, a_dim);
+        const unsigned char *w1 = synth_tensor(&s, NULL, L, hid, dim, a_dim);
+        const unsigned char *w2 = synth_tensor(&s, NULL, L, dim, hid, a_hid);
+        const unsigned char *w3 = synth_tensor(&s, NULL, L, hid, dim, a_dim);
+        /* (2 · layer + 1, dim) ones: rms_att and rms_ffn of every layer, then rms_final. */
+        float *ones = sl_model_own(m, sl_xmalloc((size_t)(2 * L + 1) * dim * sizeof(float)));
+        fill_const(ones, (size_t)(2 * L + 1) * dim, 1.0f);
+        size_t rd = sl_dtype_row_bytes(t, dim), rh = sl_dtype_row_bytes(t, hid);
+        w->token_embedding = (struct sl_mat){t, emb, c->vocab_size, dim};
+        w->wcls = w->token_embedding;
+        w->rms_final = ones + (size_t)2 * L * dim;
+        w->layers = sl_model_own(m, sl_xcalloc((size_t)L, sizeof(*w->layers)));
+        for (int l = 0; l < L; l++) {
+            struct sl_layer_weights *y = &w->layers[l];
+            y->rms_att = ones + (size_t)l * dim;
+            y->rms_ffn = ones + (size_t)(L + l) * dim;
+            y->wq = (struct sl_mat){t, wq + (size_t)l * dim * rd, dim, dim};
+            y->wk = (struct sl_mat){t, wk + (size_t)l * kv * rd, kv, dim};
+            y->wv = (struct sl_mat){t, wv + (size_t)l * kv * rd, kv, dim};
+            y->wo = (struct sl_mat){t, wo + (size_t)l * dim * rd, dim, dim};
+            y->w1 = (struct sl_mat){t, w1 + (size_t)l * hid * rd, hid, dim};
+            y->w2 = (struct sl_mat){t, w2 + (size_t)l * dim * rh, dim, hid};
+            y->w3 = (struct sl_mat){t, w3 + (size_t)l * hid * rd, hid, dim};
+        }
+    }
+    sl_cpu_pool_free(s.pool);
     set_llama_stops(m);
     m->tok = sl_tok_synthetic(c->vocab_size);
     size_t idlen = strlen(name) + 11;

@@ -197,17 +197,19 @@ struct sl_cpu_ctx {
     int head_size;
     int kv_dim; /* n_kv_heads * head_size */
     struct sl_cpu_pool *pool;
+    int n_threads; /* threads of pool, caller included */
     /* activations, T = max_batch_tokens rows */
-    float *x;   /* (T, dim) residual stream */
-    float *xb;  /* (T, dim) normed input / attention output */
-    float *xb2; /* (T, dim) projection output */
-    float *q;   /* (T, n_heads * head_size) */
-    float *k;   /* (T, kv_dim) */
-    float *v;   /* (T, kv_dim) */
-    float *hb;  /* (T, hidden_dim) */
-    float *hb2; /* (T, hidden_dim) */
-    float *att; /* (seq_len) scores of one head of one row */
-    float *xl;  /* (T, dim) final-normed rows that want logits */
+    float *x;    /* (T, dim) residual stream */
+    float *xb;   /* (T, dim) normed input / attention output */
+    float *xb2;  /* (T, dim) projection output */
+    float *q;    /* (T, n_heads * head_size) */
+    float *k;    /* (T, kv_dim) */
+    float *v;    /* (T, kv_dim) */
+    float *hb;   /* (T, hidden_dim) gated FFN hidden state */
+    float *hb2;  /* (T, hidden_dim) up-projection scratch */
+    float *att;  /* (n_threads, seq_len) attention scores, one row per pool thread */
+    float *rope; /* (T, head_size) cos/sin pairs of each row's position */
+    float *xl;   /* (T, dim) final-normed rows that want logits */
     /* paged KV pool, fp32 */
     float *key_cache;   /* (n_kv_blocks, layer, block_size, kv_dim) */
     float *value_cache; /* (n_kv_blocks, layer, block_size, kv_dim) */

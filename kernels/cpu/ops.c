@@ -1,12 +1,223 @@
-/* CPU kernels: plain loops, sequential fp32 reductions (see kernels.h for why). */
-#include <sluice/kernels.h>
+/* CPU kernels: conversions, the portable scalar kernels, run-time dispatch to the AVX2 ones
+ * (avx2.c), the thread pool and the split of matmuls over it. */
+#include "cpu_impl.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
-float sl_cpu_dot(const float *a, const float *b, int n)
+/* ---------------------------------------------------------------------------------------------
+ * Types and conversions
+ */
+
+size_t sl_dtype_row_bytes(enum sl_dtype t, int cols)
+{
+    if (cols < 1)
+        return 0;
+    switch (t) {
+    case SL_DTYPE_F32: return (size_t)cols * 4;
+    case SL_DTYPE_F16:
+    case SL_DTYPE_BF16: return (size_t)cols * 2;
+    case SL_DTYPE_Q8_0:
+        return cols % SL_Q8_0_BLOCK ? 0 : (size_t)(cols / SL_Q8_0_BLOCK) * SL_Q8_0_BYTES;
+    }
+    return 0;
+}
+
+const char *sl_dtype_name(enum sl_dtype t)
+{
+    switch (t) {
+    case SL_DTYPE_F32: return "f32";
+    case SL_DTYPE_F16: return "f16";
+    case SL_DTYPE_BF16: return "bf16";
+    case SL_DTYPE_Q8_0: return "q8_0";
+    }
+    return "?";
+}
+
+float sl_cpu_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, x;
+    if (e == 0) {
+        /* Zero or subnormal: m · 2^-24 is exact in fp32. */
+        float v = (float)m * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        x = sign | 0x7f800000u | (m << 13);
+    else
+        x = sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, sizeof(f));
+    return f;
+}
+
+uint16_t sl_cpu_f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf stays inf, NaN stays a (quiet) NaN */
+        return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0);
+    if (ax >= 0x477ff000u) /* >= 65520 rounds to inf */
+        return sign | 0x7c00;
+    if (ax < 0x38800000u) {
+        /* Below the smallest normal half: a multiple of 2^-24, rounded to nearest even. */
+        float v;
+        memcpy(&v, &ax, sizeof(v));
+        return sign | (uint16_t)lrintf(v * 16777216.0f);
+    }
+    uint32_t h = (ax - 0x38000000u) >> 13, rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1)))
+        h++;
+    return sign | (uint16_t)h;
+}
+
+float sl_cpu_bf16_to_f32(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof(f));
+    return f;
+}
+
+uint16_t sl_cpu_f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fffu + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+static uint16_t rd16(const unsigned char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+void sl_cpu_quantize_row(enum sl_dtype t, void *dst, const float *src, int cols)
+{
+    unsigned char *d = dst;
+    switch (t) {
+    case SL_DTYPE_F32: memcpy(d, src, (size_t)cols * sizeof(float)); return;
+    case SL_DTYPE_F16:
+        for (int j = 0; j < cols; j++) {
+            uint16_t h = sl_cpu_f32_to_f16(src[j]);
+            memcpy(d + 2 * (size_t)j, &h, 2);
+        }
+        return;
+    case SL_DTYPE_BF16:
+        for (int j = 0; j < cols; j++) {
+            uint16_t h = sl_cpu_f32_to_bf16(src[j]);
+            memcpy(d + 2 * (size_t)j, &h, 2);
+        }
+        return;
+    case SL_DTYPE_Q8_0:
+        for (int b = 0; b < cols / SL_Q8_0_BLOCK; b++) {
+            const float *s = src + (size_t)b * SL_Q8_0_BLOCK;
+            unsigned char *o = d + (size_t)b * SL_Q8_0_BYTES;
+            float amax = 0.0f;
+            for (int j = 0; j < SL_Q8_0_BLOCK; j++)
+                amax = fmaxf(amax, fabsf(s[j]));
+            float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+            uint16_t h = sl_cpu_f32_to_f16(scale);
+            memcpy(o, &h, 2);
+            for (int j = 0; j < SL_Q8_0_BLOCK; j++)
+                o[2 + j] = (unsigned char)(int8_t)lrintf(s[j] * inv);
+        }
+        return;
+    }
+}
+
+/* Values [j0, j0 + len) of one typed row as fp32; for Q8_0 j0 and len are multiples of 32. */
+static void dequant(enum sl_dtype t, float *out, const unsigned char *row, int j0, int len)
+{
+    switch (t) {
+    case SL_DTYPE_F32: memcpy(out, row + 4 * (size_t)j0, (size_t)len * sizeof(float)); return;
+    case SL_DTYPE_F16:
+        for (int j = 0; j < len; j++)
+            out[j] = sl_cpu_f16_to_f32(rd16(row + 2 * (size_t)(j0 + j)));
+        return;
+    case SL_DTYPE_BF16:
+        for (int j = 0; j < len; j++)
+            out[j] = sl_cpu_bf16_to_f32(rd16(row + 2 * (size_t)(j0 + j)));
+        return;
+    case SL_DTYPE_Q8_0:
+        for (int b = 0; b < len / SL_Q8_0_BLOCK; b++) {
+            const unsigned char *blk = row + (size_t)(j0 / SL_Q8_0_BLOCK + b) * SL_Q8_0_BYTES;
+            float scale = sl_cpu_f16_to_f32(rd16(blk));
+            for (int j = 0; j < SL_Q8_0_BLOCK; j++)
+                out[b * SL_Q8_0_BLOCK + j] = scale * (float)(int8_t)blk[2 + j];
+        }
+        return;
+    }
+}
+
+void sl_cpu_mat_row(float *out, const struct sl_mat *w, int row)
+{
+    size_t rb = sl_dtype_row_bytes(w->type, w->cols);
+    dequant(w->type, out, (const unsigned char *)w->data + (size_t)row * rb, 0, w->cols);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Instruction set selection
+ */
+
+static _Atomic int g_isa = -1; /* enum sl_cpu_isa once chosen */
+
+enum sl_cpu_isa sl_cpu_isa_best(void)
+{
+#if SL_CPU_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        return SL_CPU_ISA_AVX2;
+#endif
+    return SL_CPU_ISA_SCALAR;
+}
+
+enum sl_cpu_isa sl_cpu_isa(void)
+{
+    int v = atomic_load_explicit(&g_isa, memory_order_relaxed);
+    if (v < 0) {
+        v = (int)sl_cpu_isa_best();
+        atomic_store_explicit(&g_isa, v, memory_order_relaxed);
+    }
+    return (enum sl_cpu_isa)v;
+}
+
+int sl_cpu_set_isa(enum sl_cpu_isa isa)
+{
+    if (isa != SL_CPU_ISA_SCALAR && isa != sl_cpu_isa_best())
+        return SL_EINVAL;
+    atomic_store_explicit(&g_isa, (int)isa, memory_order_relaxed);
+    return SL_OK;
+}
+
+const char *sl_cpu_isa_name(enum sl_cpu_isa isa)
+{
+    return isa == SL_CPU_ISA_AVX2 ? "avx2" : "scalar";
+}
+
+#if SL_CPU_HAVE_AVX2
+#define AVX2() (sl_cpu_isa() == SL_CPU_ISA_AVX2)
+#else
+#define AVX2() 0
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Scalar kernels: llama2.c's plain loops and order of summation.
+ */
+
+static float dot_scalar(const float *a, const float *b, int n)
 {
     float s = 0.0f;
     for (int i = 0; i < n; i++)
@@ -14,47 +225,97 @@ float sl_cpu_dot(const float *a, const float *b, int n)
     return s;
 }
 
-void sl_cpu_matmul_cols(float *out, const float *x, const float *w, int n, int d, int k, int d0,
-                        int d1)
+float sl_cpu_dot(const float *a, const float *b, int n)
 {
-    /* Four weight rows at a time: four independent accumulator chains hide the add latency that
-     * bounds a single sequential dot, while each chain still sums in plain j order, so every
-     * output is bit-identical to sl_cpu_dot. Weight rows are the outer loop so the four rows are
-     * read from memory once per call and reused from L1 for every batch row. */
-    int i = d0;
-    for (; i + 4 <= d1; i += 4) {
-        const float *w0 = w + (size_t)i * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
-        for (int r = 0; r < n; r++) {
-            const float *xr = x + (size_t)r * k;
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-            for (int j = 0; j < k; j++) {
-                float xj = xr[j];
-                s0 += w0[j] * xj;
-                s1 += w1[j] * xj;
-                s2 += w2[j] * xj;
-                s3 += w3[j] * xj;
+#if SL_CPU_HAVE_AVX2
+    if (AVX2())
+        return sl_cpu_avx2_dot(a, b, n);
+#endif
+    return dot_scalar(a, b, n);
+}
+
+#define SCHUNK 64 /* columns of typed weights converted at a time (a multiple of 32) */
+
+/* Four weight rows at a time: four independent accumulator chains hide the add latency that
+ * bounds a single sequential dot, while each chain still sums in plain j order. Typed weights are
+ * converted SCHUNK columns at a time into a stack buffer, reused for every row of x; the running
+ * sums live in out between chunks (a float store and load is exact, so the order is unchanged). */
+static void matmul_scalar(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1)
+{
+    int k = w->cols, d = w->rows;
+    size_t rb = sl_dtype_row_bytes(w->type, k);
+    const unsigned char *wd = w->data;
+    float buf[4][SCHUNK]; /* (4 weight rows, SCHUNK columns) converted weights */
+    for (int i = d0; i < d1; i += 4) {
+        int nr = d1 - i < 4 ? d1 - i : 4;
+        for (int j0 = 0; j0 < k; j0 += SCHUNK) {
+            int jn = k - j0 < SCHUNK ? k - j0 : SCHUNK;
+            const float *wr[4] = {0};
+            for (int c = 0; c < nr; c++) {
+                const unsigned char *row = wd + (size_t)(i + c) * rb;
+                if (w->type == SL_DTYPE_F32) {
+                    wr[c] = (const float *)row + j0;
+                } else {
+                    dequant(w->type, buf[c], row, j0, jn);
+                    wr[c] = buf[c];
+                }
             }
-            float *o = out + (size_t)r * d + i;
-            o[0] = s0;
-            o[1] = s1;
-            o[2] = s2;
-            o[3] = s3;
+            for (int r = 0; r < n; r++) {
+                const float *xr = x + (size_t)r * k + j0;
+                float *o = out + (size_t)r * d + i;
+                if (nr == 4) {
+                    float s0 = j0 ? o[0] : 0.0f, s1 = j0 ? o[1] : 0.0f;
+                    float s2 = j0 ? o[2] : 0.0f, s3 = j0 ? o[3] : 0.0f;
+                    for (int j = 0; j < jn; j++) {
+                        float xj = xr[j];
+                        s0 += wr[0][j] * xj;
+                        s1 += wr[1][j] * xj;
+                        s2 += wr[2][j] * xj;
+                        s3 += wr[3][j] * xj;
+                    }
+                    o[0] = s0;
+                    o[1] = s1;
+                    o[2] = s2;
+                    o[3] = s3;
+                } else {
+                    for (int c = 0; c < nr; c++) {
+                        float s = j0 ? o[c] : 0.0f;
+                        for (int j = 0; j < jn; j++)
+                            s += wr[c][j] * xr[j];
+                        o[c] = s;
+                    }
+                }
+            }
         }
-    }
-    for (; i < d1; i++) {
-        const float *wi = w + (size_t)i * k;
-        for (int r = 0; r < n; r++)
-            out[(size_t)r * d + i] = sl_cpu_dot(x + (size_t)r * k, wi, k);
     }
 }
 
-void sl_cpu_matmul(float *out, const float *x, const float *w, int n, int d, int k)
+void sl_cpu_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1)
 {
-    sl_cpu_matmul_cols(out, x, w, n, d, k, 0, d);
+    if (n < 1 || d0 >= d1)
+        return;
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
+        return;
+    }
+#endif
+    matmul_scalar(out, x, w, n, d0, d1);
+}
+
+void sl_cpu_matmul(float *out, const float *x, const struct sl_mat *w, int n)
+{
+    sl_cpu_matmul_cols(out, x, w, n, 0, w->rows);
 }
 
 void sl_cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps)
 {
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_rmsnorm(out, x, w, n, dim, eps);
+        return;
+    }
+#endif
     for (int r = 0; r < n; r++) {
         const float *xr = x + (size_t)r * dim;
         float *o = out + (size_t)r * dim;
@@ -71,6 +332,12 @@ void sl_cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
 
 void sl_cpu_softmax(float *x, int n)
 {
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_softmax(x, n);
+        return;
+    }
+#endif
     float max = x[0];
     for (int i = 1; i < n; i++)
         if (x[i] > max)
@@ -84,24 +351,54 @@ void sl_cpu_softmax(float *x, int n)
         x[i] /= sum;
 }
 
-void sl_cpu_rope(float *x, int n_heads, int head_size, int pos, float theta)
+void sl_cpu_rope_table(float *cs, int head_size, int pos, float theta)
 {
     for (int i = 0; i < head_size; i += 2) {
         /* Same float expression order as run.c, so angles (and the golden) match exactly. */
         float freq = 1.0f / powf(theta, (float)i / (float)head_size);
         float val = (float)pos * freq;
-        float fcr = cosf(val), fci = sinf(val);
+        cs[i] = cosf(val);
+        cs[i + 1] = sinf(val);
+    }
+}
+
+void sl_cpu_rope_apply(float *x, int n_heads, int head_size, const float *cs)
+{
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_size;
+        for (int i = 0; i < head_size; i += 2) {
+            float fcr = cs[i], fci = cs[i + 1], v0 = v[i], v1 = v[i + 1];
+            v[i] = v0 * fcr - v1 * fci;
+            v[i + 1] = v0 * fci + v1 * fcr;
+        }
+    }
+}
+
+void sl_cpu_rope(float *x, int n_heads, int head_size, int pos, float theta)
+{
+    for (int i = 0; i < head_size; i += 2) {
+        float cs[2];
+        float freq = 1.0f / powf(theta, (float)i / (float)head_size);
+        float val = (float)pos * freq;
+        cs[0] = cosf(val);
+        cs[1] = sinf(val);
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)h * head_size + i;
             float v0 = v[0], v1 = v[1];
-            v[0] = v0 * fcr - v1 * fci;
-            v[1] = v0 * fci + v1 * fcr;
+            v[0] = v0 * cs[0] - v1 * cs[1];
+            v[1] = v0 * cs[1] + v1 * cs[0];
         }
     }
 }
 
 void sl_cpu_swiglu(float *h, const float *g, int n)
 {
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_swiglu(h, g, n);
+        return;
+    }
+#endif
     for (int i = 0; i < n; i++) {
         float v = h[i];
         v *= 1.0f / (1.0f + expf(-v));
@@ -111,75 +408,129 @@ void sl_cpu_swiglu(float *h, const float *g, int n)
 
 void sl_cpu_add(float *y, const float *x, int n)
 {
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_add(y, x, n);
+        return;
+    }
+#endif
     for (int i = 0; i < n; i++)
         y[i] += x[i];
 }
 
 void sl_cpu_axpy(float *y, float a, const float *x, int n)
 {
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_axpy(y, a, x, n);
+        return;
+    }
+#endif
     for (int i = 0; i < n; i++)
         y[i] += a * x[i];
 }
 
+static const float *page_row(const struct sl_cpu_pages *p, int t)
+{
+    return p->base + (size_t)p->pages[t / p->page_size] * p->page_stride +
+           (size_t)(t % p->page_size) * p->row_stride;
+}
+
+void sl_cpu_attention(float *out, const float *q, const struct sl_cpu_pages *k,
+                      const struct sl_cpu_pages *v, int n_ctx, int hs, float *att)
+{
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_attention(out, q, k, v, n_ctx, hs, att);
+        return;
+    }
+#endif
+    float scale = sqrtf((float)hs);
+    for (int t = 0; t < n_ctx; t++)
+        att[t] = dot_scalar(q, page_row(k, t), hs) / scale;
+    sl_cpu_softmax(att, n_ctx);
+    memset(out, 0, (size_t)hs * sizeof(float));
+    for (int t = 0; t < n_ctx; t++) {
+        const float *vt = page_row(v, t);
+        for (int j = 0; j < hs; j++)
+            out[j] += att[t] * vt[j];
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
- * Thread pool: one job at a time, published under a mutex with a generation counter; the caller
- * takes part 0 and waits for the others. Simple rather than clever: jobs are whole matmuls, so
- * the lock is taken a handful of times per layer, not per row.
+ * Thread pool: one job at a time. The caller publishes the job and bumps a generation counter;
+ * workers spin on the counter for a while (jobs come every few microseconds during a forward),
+ * then sleep on a condition variable. The caller runs part 0 itself and spins until the others
+ * are done.
  */
 
-struct matmul_job {
-    float *out;
-    const float *x;
-    const float *w;
-    int n, d, k;
-};
+#define SPIN_NS 300000 /* how long an idle worker spins before it sleeps */
 
 struct sl_cpu_pool {
     int n_threads; /* including the caller */
     pthread_t *tids;
     pthread_mutex_t mu;
-    pthread_cond_t work; /* a new generation is published, or quit */
-    pthread_cond_t done; /* pending reached 0 */
-    uint64_t gen;
-    int pending;
-    bool quit;
-    struct matmul_job job;
+    pthread_cond_t wake;
+    _Atomic unsigned gen;
+    _Atomic int pending;  /* workers still running the current job */
+    _Atomic int sleepers; /* workers blocked on wake */
+    _Atomic bool quit;
+    void (*fn)(void *arg, int ith, int nth); /* the current job; read after gen is seen */
+    void *arg;
 };
 
 struct pool_arg {
     struct sl_cpu_pool *p;
-    int part;
+    int ith;
 };
 
-static void run_part(const struct matmul_job *j, int part, int parts)
+static inline void cpu_relax(void)
 {
-    int d0 = (int)((int64_t)j->d * part / parts);
-    int d1 = (int)((int64_t)j->d * (part + 1) / parts);
-    sl_cpu_matmul_cols(j->out, j->x, j->w, j->n, j->d, j->k, d0, d1);
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
 }
 
 static void *pool_main(void *arg)
 {
     struct pool_arg *a = arg;
     struct sl_cpu_pool *p = a->p;
-    int part = a->part;
+    int ith = a->ith;
     free(a);
-    uint64_t seen = 0;
-    pthread_mutex_lock(&p->mu);
+    unsigned seen = 0;
     for (;;) {
-        while (!p->quit && p->gen == seen)
-            pthread_cond_wait(&p->work, &p->mu);
-        if (p->quit)
+        unsigned g;
+        uint64_t t0 = 0;
+        int spins = 0;
+        while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
+               !atomic_load_explicit(&p->quit, memory_order_relaxed)) {
+            cpu_relax();
+            if (++spins % 256)
+                continue;
+            uint64_t now = sl_clock_ns();
+            if (!t0) {
+                t0 = now;
+            } else if (now - t0 > SPIN_NS) {
+                /* The caller bumps gen before it reads sleepers, and we count ourselves before
+                 * we re-read gen (both seq_cst): one of us sees the other, so no wake-up is
+                 * lost. */
+                pthread_mutex_lock(&p->mu);
+                atomic_fetch_add(&p->sleepers, 1);
+                while (atomic_load(&p->gen) == seen && !atomic_load(&p->quit))
+                    pthread_cond_wait(&p->wake, &p->mu);
+                atomic_fetch_sub(&p->sleepers, 1);
+                pthread_mutex_unlock(&p->mu);
+                t0 = 0;
+            }
+        }
+        if (atomic_load(&p->quit))
             break;
-        seen = p->gen;
-        struct matmul_job j = p->job;
-        pthread_mutex_unlock(&p->mu);
-        run_part(&j, part, p->n_threads);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0)
-            pthread_cond_signal(&p->done);
+        seen = g;
+        p->fn(p->arg, ith, p->n_threads);
+        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -192,13 +543,12 @@ struct sl_cpu_pool *sl_cpu_pool_new(int threads)
     struct sl_cpu_pool *p = sl_xcalloc(1, sizeof(*p));
     p->n_threads = threads;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->work, NULL);
-    pthread_cond_init(&p->done, NULL);
+    pthread_cond_init(&p->wake, NULL);
     p->tids = sl_xcalloc((size_t)threads, sizeof(pthread_t));
     for (int i = 1; i < threads; i++) {
         struct pool_arg *a = sl_xmalloc(sizeof(*a));
         a->p = p;
-        a->part = i;
+        a->ith = i;
         if (pthread_create(&p->tids[i], NULL, pool_main, a) != 0) {
             free(a);
             p->n_threads = i; /* join only those started */
@@ -214,13 +564,12 @@ void sl_cpu_pool_free(struct sl_cpu_pool *p)
     if (!p)
         return;
     pthread_mutex_lock(&p->mu);
-    p->quit = true;
-    pthread_cond_broadcast(&p->work);
+    atomic_store(&p->quit, true);
+    pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++)
         pthread_join(p->tids[i], NULL);
-    pthread_cond_destroy(&p->work);
-    pthread_cond_destroy(&p->done);
+    pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->mu);
     free(p->tids);
     free(p);
@@ -231,38 +580,199 @@ int sl_cpu_pool_threads(const struct sl_cpu_pool *p)
     return p ? p->n_threads : 1;
 }
 
-void sl_cpu_matmul_mt(struct sl_cpu_pool *p, float *out, const float *x, const float *w, int n,
-                      int d, int k)
+void sl_cpu_pool_run(struct sl_cpu_pool *p, void (*fn)(void *arg, int ith, int nth), void *arg)
 {
-    /* Below a few hundred thousand multiply-adds the wake-up costs more than it saves. */
-    if (!p || p->n_threads == 1 || (int64_t)n * d * k < 65536 || d < p->n_threads) {
-        sl_cpu_matmul(out, x, w, n, d, k);
+    if (!p || p->n_threads == 1) {
+        fn(arg, 0, 1);
         return;
     }
-    struct matmul_job j = {out, x, w, n, d, k};
-    pthread_mutex_lock(&p->mu);
-    p->job = j;
-    p->pending = p->n_threads - 1;
-    p->gen++;
-    pthread_cond_broadcast(&p->work);
-    pthread_mutex_unlock(&p->mu);
-    run_part(&j, 0, p->n_threads);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    p->fn = fn;
+    p->arg = arg;
+    atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: publishes fn, arg and pending */
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+    }
+    fn(arg, 0, p->n_threads);
+    /* On a busy machine a worker may be descheduled; yield rather than burn its core. */
+    for (int spins = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; spins++) {
+        cpu_relax();
+        if (spins > 20000)
+            sched_yield();
+    }
 }
 
-size_t sl_dtype_row_bytes(enum sl_dtype t, int cols)
+/* ---------------------------------------------------------------------------------------------
+ * Matmuls split by weight rows
+ */
+
+/* Work is handed out in chunks of whole 12-row units (3- and 4-row register tiles) from a shared
+ * counter rather than split evenly up front: on a machine shared with other processes a thread
+ * may lose its core for a time slice, and the others then take its chunks instead of waiting.
+ * Which thread computes a row never changes its value. */
+#define ROW_ALIGN 12
+
+struct mm_job {
+    int count;
+    float *outs[4];
+    struct sl_mat ws[4];
+    const float *x;
+    int n;
+    float *gate_h;    /* swiglu: h (n, rows) gated by outs[1] after both are computed */
+    int total;        /* rows to compute: all matrices end to end, or the gated width */
+    int chunk;        /* units per grab */
+    _Atomic int next; /* next unit to hand out */
+};
+
+static void mm_range(const struct mm_job *j, int lo, int hi)
 {
-    if (cols < 1)
-        return 0;
-    switch (t) {
-    case SL_DTYPE_F32: return (size_t)cols * 4;
-    case SL_DTYPE_F16:
-    case SL_DTYPE_BF16: return (size_t)cols * 2;
-    case SL_DTYPE_Q8_0:
-        return cols % SL_Q8_0_BLOCK ? 0 : (size_t)(cols / SL_Q8_0_BLOCK) * (2 + SL_Q8_0_BLOCK);
+    if (j->gate_h) {
+        /* Both matrices have the same rows: take the same columns of each, then gate them. */
+        int hid = j->ws[0].rows;
+        sl_cpu_matmul_cols(j->gate_h, j->x, &j->ws[0], j->n, lo, hi);
+        sl_cpu_matmul_cols(j->outs[1], j->x, &j->ws[1], j->n, lo, hi);
+        for (int r = 0; r < j->n; r++)
+            sl_cpu_swiglu(j->gate_h + (size_t)r * hid + lo, j->outs[1] + (size_t)r * hid + lo,
+                          hi - lo);
+        return;
     }
-    return 0;
+    int off = 0;
+    for (int m = 0; m < j->count; m++) {
+        int rows = j->ws[m].rows;
+        int a = lo > off ? lo - off : 0, b = hi - off < rows ? hi - off : rows;
+        if (a < b)
+            sl_cpu_matmul_cols(j->outs[m], j->x, &j->ws[m], j->n, a, b);
+        off += rows;
+    }
+}
+
+static void mm_task(void *arg, int ith, int nth)
+{
+    (void)ith;
+    (void)nth;
+    struct mm_job *j = arg;
+    int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN;
+    for (;;) {
+        int u = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
+        if (u >= units)
+            return;
+        int lo = u * ROW_ALIGN, hi = (u + j->chunk) * ROW_ALIGN;
+        mm_range(j, lo, hi < j->total ? hi : j->total);
+    }
+}
+
+/* About four chunks per thread: few enough grabs to stay cheap, enough to rebalance. */
+static void mm_dispatch(struct sl_cpu_pool *p, struct mm_job *j, int rows_work, int k)
+{
+    int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN;
+    int nth = sl_cpu_pool_threads(p);
+    /* Below about a hundred thousand multiply-adds a dispatch costs more than it saves. */
+    if (nth == 1 || (int64_t)j->n * rows_work * k < 100000 || units < 2) {
+        mm_range(j, 0, j->total);
+        return;
+    }
+    j->chunk = units / (4 * nth) > 0 ? units / (4 * nth) : 1;
+    atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+    sl_cpu_pool_run(p, mm_task, j);
+}
+
+void sl_cpu_matmul_multi_mt(struct sl_cpu_pool *p, int count, float *const *outs, const float *x,
+                            const struct sl_mat *ws, int n)
+{
+    struct mm_job j = {.count = count, .x = x, .n = n};
+    for (int m = 0; m < count && m < 4; m++) {
+        j.outs[m] = outs[m];
+        j.ws[m] = ws[m];
+        j.total += ws[m].rows;
+    }
+    mm_dispatch(p, &j, j.total, ws[0].cols);
+}
+
+void sl_cpu_matmul_mt(struct sl_cpu_pool *p, float *out, const float *x, const struct sl_mat *w,
+                      int n)
+{
+    sl_cpu_matmul_multi_mt(p, 1, &out, x, w, n);
+}
+
+void sl_cpu_matmul_swiglu_mt(struct sl_cpu_pool *p, float *h, float *g, const float *x,
+                             const struct sl_mat *w1, const struct sl_mat *w3, int n)
+{
+    struct mm_job j = {.count = 2, .x = x, .n = n, .gate_h = h, .total = w1->rows};
+    j.outs[0] = h;
+    j.outs[1] = g;
+    j.ws[0] = *w1;
+    j.ws[1] = *w3;
+    mm_dispatch(p, &j, 2 * w1->rows, w1->cols);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Machine figures
+ */
+
+struct read_job {
+    const float *buf;
+    size_t floats;
+    float sums[64];
+};
+
+static void read_task(void *arg, int ith, int nth)
+{
+    struct read_job *j = arg;
+    /* Whole 64-float (256-byte) pieces per thread. */
+    size_t units = j->floats / 64;
+    size_t a = units * (size_t)ith / (size_t)nth * 64, b = units * (size_t)(ith + 1) / nth * 64;
+    float s = 0.0f;
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        s = sl_cpu_avx2_bench_read(j->buf + a, b - a);
+        j->sums[ith % 64] = s;
+        return;
+    }
+#endif
+    float s4[4] = {0};
+    for (size_t i = a; i < b; i += 4)
+        for (int l = 0; l < 4; l++)
+            s4[l] += j->buf[i + (size_t)l];
+    s = s4[0] + s4[1] + s4[2] + s4[3];
+    j->sums[ith % 64] = s;
+}
+
+float sl_cpu_bench_read(struct sl_cpu_pool *p, const float *buf, size_t bytes)
+{
+    struct read_job j = {.buf = buf, .floats = bytes / sizeof(float)};
+    sl_cpu_pool_run(p, read_task, &j);
+    float s = 0.0f;
+    for (int i = 0; i < 64; i++)
+        s += j.sums[i];
+    return s;
+}
+
+struct fma_job {
+    long iters;
+    double flops[64];
+};
+
+static void fma_task(void *arg, int ith, int nth)
+{
+    (void)nth;
+    struct fma_job *j = arg;
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        j->flops[ith % 64] = sl_cpu_avx2_bench_fma(j->iters);
+        return;
+    }
+#endif
+    j->flops[ith % 64] = 0;
+}
+
+double sl_cpu_bench_fma(struct sl_cpu_pool *p, long iters)
+{
+    struct fma_job j = {.iters = iters};
+    sl_cpu_pool_run(p, fma_task, &j);
+    double f = 0;
+    for (int i = 0; i < 64; i++)
+        f += j.flops[i];
+    return f;
 }

@@ -1,0 +1,607 @@
+/* AVX2 + FMA + F16C kernels, compiled with per-function target attributes so the build needs no
+ * -march flag; ops.c calls them only after checking the CPU (see cpu_impl.h).
+ *
+ * The matmul is llamafile-tinyBLAS-shaped rather than BLIS-shaped: both x and W are read along
+ * k in their natural row-major layout (W comes straight from an mmap'd file, and packing it per
+ * call would cost a second pass over memory in decode). A register tile of RM rows of x and RN
+ * rows of W keeps RM×RN 8-lane accumulators; each k step loads RN weight vectors (converted from
+ * their type in registers) and RM activation vectors and issues RM×RN FMAs, so a weight vector
+ * fetched from memory serves RM activation rows and vice versa. Every accumulator is reduced by
+ * the same tree whatever the tile, which is what makes results independent of batch size.
+ */
+#include "cpu_impl.h"
+
+#if SL_CPU_HAVE_AVX2
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline)) TARGET
+
+/* [sum a, sum b, sum c, sum d], each as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)): the same tree for
+ * every lane, so a value does not depend on its neighbours or its position. */
+INLINE __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    __m256 t = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+INLINE float reduce1(__m256 a)
+{
+    return _mm_cvtss_f32(reduce4(a, a, a, a));
+}
+
+/* Eight weights of a row at column j (j a multiple of 8), converted exactly to fp32. */
+INLINE __m256 load_w(const enum sl_dtype t, const unsigned char *row, int j)
+{
+    switch (t) {
+    case SL_DTYPE_F32: return _mm256_loadu_ps((const float *)row + j);
+    case SL_DTYPE_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)j)));
+    case SL_DTYPE_BF16: {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)j)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    case SL_DTYPE_Q8_0: break; /* handled block-wise in tile() */
+    }
+    return _mm256_setzero_ps();
+}
+
+/* One weight as fp32 (the k % 8 tail; never Q8_0, whose rows are whole blocks). */
+INLINE float scalar_w(const enum sl_dtype t, const unsigned char *row, int j)
+{
+    uint16_t h;
+    switch (t) {
+    case SL_DTYPE_F32: return ((const float *)row)[j];
+    case SL_DTYPE_F16: memcpy(&h, row + 2 * (size_t)j, 2); return _cvtsh_ss(h);
+    case SL_DTYPE_BF16: memcpy(&h, row + 2 * (size_t)j, 2); return sl_cpu_bf16_to_f32(h);
+    case SL_DTYPE_Q8_0: break;
+    }
+    return 0.0f;
+}
+
+/* The first n (1..4) floats at p as a vector; the other lanes are 0. */
+INLINE __m128 load_n(const int n, const float *p)
+{
+    switch (n) {
+    case 1: return _mm_load_ss(p);
+    case 2: return _mm_castpd_ps(_mm_load_sd((const double *)p));
+    case 3: return _mm_movelh_ps(_mm_castpd_ps(_mm_load_sd((const double *)p)), _mm_load_ss(p + 2));
+    default: return _mm_loadu_ps(p);
+    }
+}
+
+/* Stores the first n (1..4) lanes of v at p. */
+INLINE void store_n(const int n, float *p, __m128 v)
+{
+    switch (n) {
+    case 1: _mm_store_ss(p, v); break;
+    case 2: _mm_store_sd((double *)p, _mm_castps_pd(v)); break;
+    case 3:
+        _mm_store_sd((double *)p, _mm_castps_pd(v));
+        _mm_store_ss(p + 2, _mm_movehl_ps(v, v));
+        break;
+    default: _mm_storeu_ps(p, v); break;
+    }
+}
+
+/* A dot product of length k is defined block by block: k8 = k rounded down to 8 is cut into
+ * nb = ceil(k8 / KC_MAX) blocks of equal length (rounded up to 32), each block's products go into
+ * 8 lane sums reduced by the tree above, the block results are added left to right into one fp32
+ * sum, and the k % 8 tail comes last. The blocks depend on k alone, never on the batch; they let
+ * an activation block stay in L1 while weight tiles stream past it. */
+#define KC_MAX 384
+
+/* For r < RM, c < RN: out[r * ldo + c] (=, or += when !first) the block [j0, j1) of x row r · W
+ * row c, then the tail [k8, k) when j1 == k8. x rows are ldx floats apart, W rows wrb bytes.
+ * RM, RN and t are constants after inlining, so the loops unroll and the accumulators live in
+ * registers (RM·RN + RN + 1 <= 16 ymm). */
+INLINE void tile(const enum sl_dtype t, const int RM, const int RN, float *out, size_t ldo,
+                 const float *x, size_t ldx, const unsigned char *w, size_t wrb, int j0, int j1,
+                 int k8, int k)
+{
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++)
+            acc[r][c] = _mm256_setzero_ps();
+    if (t == SL_DTYPE_Q8_0) {
+        for (int b = j0 / SL_Q8_0_BLOCK; b < j1 / SL_Q8_0_BLOCK; b++) {
+            const unsigned char *blk[4];
+            __m256 d[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                uint16_t h;
+                blk[c] = w + (size_t)c * wrb + (size_t)b * SL_Q8_0_BYTES;
+                memcpy(&h, blk[c], 2);
+                d[c] = _mm256_set1_ps(_cvtsh_ss(h));
+            }
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++) {
+                int j = b * SL_Q8_0_BLOCK + s * 8;
+                __m256 wv[4];
+#pragma GCC unroll 4
+                for (int c = 0; c < RN; c++) {
+                    __m128i q = _mm_loadl_epi64((const __m128i *)(blk[c] + 2 + s * 8));
+                    /* d·q is exact in fp32 (11-bit by 8-bit significands). */
+                    wv[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[c]);
+                }
+#pragma GCC unroll 4
+                for (int r = 0; r < RM; r++) {
+                    __m256 xv = _mm256_loadu_ps(x + (size_t)r * ldx + j);
+#pragma GCC unroll 4
+                    for (int c = 0; c < RN; c++)
+                        acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+                }
+            }
+        }
+    } else {
+        for (int j = j0; j < j1; j += 8) {
+            __m256 wv[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++)
+                wv[c] = load_w(t, w + (size_t)c * wrb, j);
+#pragma GCC unroll 4
+            for (int r = 0; r < RM; r++) {
+                __m256 xv = _mm256_loadu_ps(x + (size_t)r * ldx + j);
+#pragma GCC unroll 4
+                for (int c = 0; c < RN; c++)
+                    acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++) {
+        __m128 v = reduce4(acc[r][0], acc[r][RN > 1 ? 1 : 0], acc[r][RN > 2 ? 2 : 0],
+                           acc[r][RN > 3 ? 3 : 0]);
+        float *o = out + (size_t)r * ldo;
+        if (j0 != 0)
+            v = _mm_add_ps(v, load_n(RN, o));
+        if (j1 == k8 && k8 < k) {
+            float s[4];
+            _mm_storeu_ps(s, v);
+            const float *xr = x + (size_t)r * ldx;
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                for (int j = k8; j < k; j++)
+                    s[c] += xr[j] * scalar_w(t, w + (size_t)c * wrb, j);
+                o[c] = s[c];
+            }
+        } else {
+            store_n(RN, o, v);
+        }
+    }
+}
+
+/* Rows [r0, r1) of x against RN weight rows: 4-row tiles, then the rest. */
+INLINE void tile_rows(const enum sl_dtype t, const int RN, float *out, size_t ldo, const float *x,
+                      size_t ldx, const unsigned char *w, size_t wrb, int r0, int r1, int j0,
+                      int j1, int k8, int k)
+{
+    int r = r0;
+    for (; r + 4 <= r1; r += 4)
+        tile(t, 4, RN, out + (size_t)r * ldo, ldo, x + (size_t)r * ldx, ldx, w, wrb, j0, j1, k8, k);
+    float *o = out + (size_t)r * ldo;
+    const float *xr = x + (size_t)r * ldx;
+    switch (r1 - r) {
+    case 3: tile(t, 3, RN, o, ldo, xr, ldx, w, wrb, j0, j1, k8, k); break;
+    case 2: tile(t, 2, RN, o, ldo, xr, ldx, w, wrb, j0, j1, k8, k); break;
+    case 1: tile(t, 1, RN, o, ldo, xr, ldx, w, wrb, j0, j1, k8, k); break;
+    default: break;
+    }
+}
+
+/* Cache blocking for more than two rows, inside one thread's weight rows:
+ *   weight slices of SLICE rows (SLICE · KC_MAX floats stay in L2 across all activation rows, so
+ *   each weight is read from memory once per call),
+ *     k blocks,
+ *       activation blocks of ROWS rows (ROWS · KC_MAX floats, 18 KiB, stay in L1),
+ *         3-row weight tiles (from L2, each reused by ROWS / 4 register tiles),
+ *           4-row activation tiles. */
+#define SLICE 96
+#define ROWS 12
+#ifndef PF_AHEAD
+#define PF_AHEAD 8192
+#endif
+
+INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const struct sl_mat *m,
+                     int n, int d0, int d1)
+{
+    int k = m->cols, k8 = k & ~7;
+    int nb = k8 ? (k8 + KC_MAX - 1) / KC_MAX : 1; /* k < 8: one empty block, then the tail */
+    int kc = ((k8 + nb - 1) / nb + 31) & ~31;
+    size_t ldo = (size_t)m->rows, ldx = (size_t)k, wrb = sl_dtype_row_bytes(t, k);
+    const unsigned char *w = m->data;
+    if (n <= 2) {
+        /* Decode of one or two rows is bound by the weight stream: 4 weight rows per tile keep
+         * four sequential streams and more loads in flight. */
+        int i = d0;
+        const unsigned char *end = w + (size_t)d1 * wrb;
+        for (; i + 4 <= d1; i += 4) {
+            /* The weights are read once, in address order: ask for them PF_AHEAD bytes early,
+             * which covers memory latency better than the hardware prefetcher alone. */
+            const unsigned char *pf = w + (size_t)i * wrb + PF_AHEAD;
+            for (size_t o = 0; o < 4 * wrb && pf + o < end; o += 64)
+                _mm_prefetch((const char *)(pf + o), _MM_HINT_T0);
+            for (int b = 0; b < nb; b++) {
+                int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
+                if (n == 1)
+                    tile(t, 1, 4, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, j0, j1, k8, k);
+                else
+                    tile(t, 2, 4, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, j0, j1, k8, k);
+            }
+        }
+        for (; i < d1; i++)
+            for (int b = 0; b < nb; b++) {
+                int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
+                if (n == 1)
+                    tile(t, 1, 1, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, j0, j1, k8, k);
+                else
+                    tile(t, 2, 1, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, j0, j1, k8, k);
+            }
+        return;
+    }
+    for (int s0 = d0; s0 < d1; s0 += SLICE) {
+        int s1 = d1 - s0 < SLICE ? d1 : s0 + SLICE;
+        for (int b = 0; b < nb; b++) {
+            int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
+            for (int r0 = 0; r0 < n; r0 += ROWS) {
+                int r1 = n - r0 < ROWS ? n : r0 + ROWS;
+                int i = s0;
+                for (; i + 3 <= s1; i += 3) {
+                    if (r0 == 0) {
+                        /* First use of these weights: fetch the tile after next (past the
+                         * slice's end too, where the next slice starts). */
+                        for (int c = 6; c < 9 && i + c < d1; c++)
+                            for (int j = j0; j < j1; j += 16)
+                                _mm_prefetch((const char *)(w + (size_t)(i + c) * wrb) +
+                                                 (size_t)j * wrb / (size_t)k,
+                                             _MM_HINT_T0);
+                    }
+                    tile_rows(t, 3, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, r0, r1, j0, j1,
+                              k8, k);
+                }
+                for (; i < s1; i++)
+                    tile_rows(t, 1, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, r0, r1, j0, j1,
+                              k8, k);
+            }
+        }
+    }
+}
+
+TARGET static void matmul_f32(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                              int d1)
+{
+    matmul_t(SL_DTYPE_F32, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_f16(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                              int d1)
+{
+    matmul_t(SL_DTYPE_F16, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_bf16(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_BF16, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_q8_0(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_Q8_0, out, x, m, n, d0, d1);
+}
+
+void sl_cpu_avx2_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
+                             int d1)
+{
+    switch (w->type) {
+    case SL_DTYPE_F32: matmul_f32(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_F16: matmul_f16(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_BF16: matmul_bf16(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_Q8_0: matmul_q8_0(out, x, w, n, d0, d1); break;
+    }
+}
+
+TARGET float sl_cpu_avx2_dot(const float *a, const float *b, int n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int n8 = n & ~7;
+    for (int j = 0; j < n8; j += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), acc);
+    float s = reduce1(acc);
+    for (int j = n8; j < n; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
+/* e^x for fp32 lanes, Cephes' expf: x = n·ln2 + r with |r| <= ln2/2, a degree-6 polynomial for
+ * e^r, then 2^n through the exponent bits. About 1 ulp; inputs below -87.3 give 0, above 88 are
+ * clamped (e^88 ≈ 1.65e38), so softmax and SiLU never see inf or NaN from it. */
+INLINE __m256 exp8(__m256 x)
+{
+    __m256 zero = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(zero, y);
+}
+
+/* silu(h) * g for 8 lanes, llama2.c's expression order. */
+INLINE __m256 swiglu8(__m256 h, __m256 g)
+{
+    __m256 one = _mm256_set1_ps(1.0f);
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), h));
+    __m256 v = _mm256_mul_ps(h, _mm256_div_ps(one, _mm256_add_ps(one, e)));
+    return _mm256_mul_ps(v, g);
+}
+
+TARGET void sl_cpu_avx2_swiglu(float *h, const float *g, int n)
+{
+    int n8 = n & ~7;
+    for (int i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(h + i, swiglu8(_mm256_loadu_ps(h + i), _mm256_loadu_ps(g + i)));
+    if (n8 < n) {
+        /* The tail goes through the same vector code (padded), so an element's value never
+         * depends on where a row or a thread's share of it ends. */
+        float hb[8] = {0}, gb[8] = {0};
+        memcpy(hb, h + n8, (size_t)(n - n8) * sizeof(float));
+        memcpy(gb, g + n8, (size_t)(n - n8) * sizeof(float));
+        _mm256_storeu_ps(hb, swiglu8(_mm256_loadu_ps(hb), _mm256_loadu_ps(gb)));
+        memcpy(h + n8, hb, (size_t)(n - n8) * sizeof(float));
+    }
+}
+
+TARGET void sl_cpu_avx2_softmax(float *x, int n)
+{
+    int n8 = n & ~7;
+    __m256 mv = _mm256_set1_ps(x[0]);
+    for (int i = 0; i < n8; i += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float mb[8];
+    _mm256_storeu_ps(mb, mv);
+    float max = mb[0];
+    for (int i = 1; i < 8; i++)
+        max = mb[i] > max ? mb[i] : max;
+    for (int i = n8; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    __m256 m = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
+    for (int i = 0; i < n8; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+        _mm256_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (n8 < n) {
+        /* Padding lanes are -inf and come out exactly 0. */
+        float tb[8];
+        for (int i = 0; i < 8; i++)
+            tb[i] = n8 + i < n ? x[n8 + i] : -INFINITY;
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(tb), m));
+        _mm256_storeu_ps(tb, e);
+        sum = _mm256_add_ps(sum, e);
+        memcpy(x + n8, tb, (size_t)(n - n8) * sizeof(float));
+    }
+    float s = reduce1(sum);
+    __m256 sv = _mm256_set1_ps(s);
+    for (int i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), sv));
+    for (int i = n8; i < n; i++)
+        x[i] /= s;
+}
+
+TARGET void sl_cpu_avx2_rmsnorm(float *out, const float *x, const float *w, int n, int dim,
+                                float eps)
+{
+    int d8 = dim & ~7;
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *o = out + (size_t)r * dim;
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < d8; j += 8) {
+            __m256 v = _mm256_loadu_ps(xr + j);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float ss = reduce1(acc);
+        for (int j = d8; j < dim; j++)
+            ss += xr[j] * xr[j];
+        ss /= (float)dim;
+        ss += eps;
+        ss = 1.0f / sqrtf(ss);
+        __m256 sv = _mm256_set1_ps(ss);
+        for (int j = 0; j < d8; j += 8)
+            _mm256_storeu_ps(o + j, _mm256_mul_ps(_mm256_loadu_ps(w + j),
+                                                  _mm256_mul_ps(sv, _mm256_loadu_ps(xr + j))));
+        for (int j = d8; j < dim; j++)
+            o[j] = w[j] * (ss * xr[j]);
+    }
+}
+
+TARGET void sl_cpu_avx2_add(float *y, const float *x, int n)
+{
+    int n8 = n & ~7;
+    for (int i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+    for (int i = n8; i < n; i++)
+        y[i] += x[i];
+}
+
+TARGET void sl_cpu_avx2_axpy(float *y, float a, const float *x, int n)
+{
+    int n8 = n & ~7;
+    __m256 av = _mm256_set1_ps(a);
+    for (int i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    /* Fused in the tail too, so every element is rounded the same way. */
+    for (int i = n8; i < n; i++)
+        y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
+}
+
+/* Walks the rows of paged K or V in position order without a division per row. */
+struct row_iter {
+    const struct sl_cpu_pages *p;
+    const float *row;
+    int page, slot;
+};
+
+INLINE struct row_iter rows_begin(const struct sl_cpu_pages *p)
+{
+    struct row_iter it = {p, p->base + (size_t)p->pages[0] * p->page_stride, 0, 0};
+    return it;
+}
+
+INLINE const float *rows_next(struct row_iter *it)
+{
+    const float *r = it->row;
+    if (++it->slot == it->p->page_size) {
+        it->slot = 0;
+        it->page++;
+        /* Only read the next page's id when a row of it will be asked for. */
+        it->row = NULL;
+    } else {
+        it->row += it->p->row_stride;
+    }
+    return r;
+}
+
+INLINE const float *rows_get(struct row_iter *it)
+{
+    if (!it->row)
+        it->row = it->p->base + (size_t)it->p->pages[it->page] * it->p->page_stride;
+    return rows_next(it);
+}
+
+/* out[0 .. 8·NV) = Σ_t att[t] · v_t[j0 .. j0 + 8·NV), each lane summed in t order with FMAs. */
+INLINE void attn_values(const int NV, float *out, const float *att, const struct sl_cpu_pages *v,
+                        int n_ctx, int j0)
+{
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; c++)
+        acc[c] = _mm256_setzero_ps();
+    struct row_iter it = rows_begin(v);
+    for (int t = 0; t < n_ctx; t++) {
+        const float *vt = rows_get(&it) + j0;
+        __m256 a = _mm256_set1_ps(att[t]);
+#pragma GCC unroll 8
+        for (int c = 0; c < NV; c++)
+            acc[c] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; c++)
+        _mm256_storeu_ps(out + 8 * c, acc[c]);
+}
+
+TARGET void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cpu_pages *k,
+                                  const struct sl_cpu_pages *v, int n_ctx, int hs, float *att)
+{
+    float scale = sqrtf((float)hs);
+    __m128 scale4 = _mm_set1_ps(scale);
+    int h8 = hs & ~7, t = 0;
+    struct row_iter it = rows_begin(k);
+    /* Scores four positions at a time (four independent FMA chains); each score is reduced by
+     * the same tree as a lone one, so grouping does not change it. */
+    for (; t + 4 <= n_ctx; t += 4) {
+        const float *kt[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kt[c] = rows_get(&it);
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                         _mm256_setzero_ps()};
+        for (int j = 0; j < h8; j += 8) {
+            __m256 qv = _mm256_loadu_ps(q + j);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt[c] + j), acc[c]);
+        }
+        __m128 s = reduce4(acc[0], acc[1], acc[2], acc[3]);
+        if (h8 < hs) {
+            float sv[4];
+            _mm_storeu_ps(sv, s);
+            for (int c = 0; c < 4; c++)
+                for (int j = h8; j < hs; j++)
+                    sv[c] += q[j] * kt[c][j];
+            s = _mm_loadu_ps(sv);
+        }
+        _mm_storeu_ps(att + t, _mm_div_ps(s, scale4));
+    }
+    for (; t < n_ctx; t++)
+        att[t] = sl_cpu_avx2_dot(q, rows_get(&it), hs) / scale;
+    sl_cpu_avx2_softmax(att, n_ctx);
+    int j0 = 0;
+    for (; j0 + 64 <= h8; j0 += 64)
+        attn_values(8, out + j0, att, v, n_ctx, j0);
+    switch ((h8 - j0) / 8) {
+    case 7: attn_values(7, out + j0, att, v, n_ctx, j0); break;
+    case 6: attn_values(6, out + j0, att, v, n_ctx, j0); break;
+    case 5: attn_values(5, out + j0, att, v, n_ctx, j0); break;
+    case 4: attn_values(4, out + j0, att, v, n_ctx, j0); break;
+    case 3: attn_values(3, out + j0, att, v, n_ctx, j0); break;
+    case 2: attn_values(2, out + j0, att, v, n_ctx, j0); break;
+    case 1: attn_values(1, out + j0, att, v, n_ctx, j0); break;
+    default: break;
+    }
+    if (h8 < hs) {
+        for (int j = h8; j < hs; j++)
+            out[j] = 0.0f;
+        struct row_iter vi = rows_begin(v);
+        for (int tt = 0; tt < n_ctx; tt++) {
+            const float *vt = rows_get(&vi);
+            __m128 a = _mm_set_ss(att[tt]);
+            for (int j = h8; j < hs; j++)
+                out[j] = _mm_cvtss_f32(_mm_fmadd_ss(a, _mm_set_ss(vt[j]), _mm_set_ss(out[j])));
+        }
+    }
+}
+
+TARGET float sl_cpu_avx2_bench_read(const float *buf, size_t n)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 32 <= n; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_loadu_ps(buf + i));
+        a1 = _mm256_add_ps(a1, _mm256_loadu_ps(buf + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_loadu_ps(buf + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_loadu_ps(buf + i + 24));
+    }
+    return reduce1(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+TARGET double sl_cpu_avx2_bench_fma(long iters)
+{
+    /* Twelve independent chains cover the FMA latency (4 cycles) times two pipes with margin. */
+    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+    __m256 a[12];
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm256_set1_ps(1.0f + (float)i);
+    for (long it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm256_fmadd_ps(a[i], m, c);
+    }
+    __m256 s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm256_add_ps(s, a[i]);
+    volatile float sink = reduce1(s);
+    (void)sink;
+    return (double)iters * 12 * 8 * 2;
+}
+
+#endif

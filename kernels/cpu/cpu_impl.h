@@ -1,0 +1,28 @@
+/* Private to kernels/cpu: the AVX2 versions of the kernels in <sluice/kernels.h>, defined in
+ * avx2.c with per-function target attributes. Callers go through the dispatch in ops.c, which
+ * only calls these when the CPU supports AVX2, FMA and F16C. */
+#ifndef SLUICE_KERNELS_CPU_IMPL_H
+#define SLUICE_KERNELS_CPU_IMPL_H
+
+#include <sluice/kernels.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define SL_CPU_HAVE_AVX2 1
+
+float sl_cpu_avx2_dot(const float *a, const float *b, int n);
+void sl_cpu_avx2_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
+                             int d1);
+void sl_cpu_avx2_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
+void sl_cpu_avx2_softmax(float *x, int n);
+void sl_cpu_avx2_swiglu(float *h, const float *g, int n);
+void sl_cpu_avx2_add(float *y, const float *x, int n);
+void sl_cpu_avx2_axpy(float *y, float a, const float *x, int n);
+void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cpu_pages *k,
+                           const struct sl_cpu_pages *v, int n_ctx, int hs, float *att);
+float sl_cpu_avx2_bench_read(const float *buf, size_t n);
+double sl_cpu_avx2_bench_fma(long iters);
+#else
+#define SL_CPU_HAVE_AVX2 0
+#endif
+
+#endif

@@ -1,0 +1,545 @@
+/* CPU kernels against scalar double-precision references, over odd shapes, every weight type and
+ * every instruction set this CPU has; plus the invariances the forward pass relies on (a row's
+ * result does not depend on its batch, its tile or the thread count). */
+#include <sluice/kernels.h>
+
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint64_t rs = 12345;
+static float frand(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (float)((rs >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static float *rand_vec(size_t n)
+{
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand();
+    return p;
+}
+
+/* The instruction sets to test: scalar always, AVX2 when the CPU has it. */
+static int isas(enum sl_cpu_isa *out)
+{
+    int n = 0;
+    out[n++] = SL_CPU_ISA_SCALAR;
+    if (sl_cpu_isa_best() == SL_CPU_ISA_AVX2)
+        out[n++] = SL_CPU_ISA_AVX2;
+    return n;
+}
+
+static enum sl_cpu_isa use_isa(enum sl_cpu_isa isa)
+{
+    cr_assert_eq(sl_cpu_set_isa(isa), SL_OK);
+    return isa;
+}
+
+/* Runs the block once per instruction set, with the kernels forced onto it. */
+#define FOR_EACH_ISA(isa)                                                                          \
+    enum sl_cpu_isa isa##_list[2];                                                                 \
+    int isa##_n = isas(isa##_list);                                                                \
+    for (int isa##_i = 0; isa##_i < isa##_n; isa##_i++)                                            \
+        for (int isa##_k = 1; isa##_k; isa##_k = 0)                                                \
+            for (enum sl_cpu_isa isa = use_isa(isa##_list[isa##_i]); isa##_k; isa##_k = 0)
+
+static void assert_close(const float *got, const double *want, size_t n, double tol,
+                         const char *what, enum sl_cpu_isa isa)
+{
+    for (size_t i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - want[i]) <= tol * (1.0 + fabs(want[i])),
+                  "%s [%s] [%zu]: got %.9g want %.9g", what, sl_cpu_isa_name(isa), i, got[i],
+                  want[i]);
+}
+
+/* A typed (rows, cols) matrix from fp32 values; *deq gets the values it really holds. */
+static struct sl_mat make_mat(enum sl_dtype t, const float *src, int rows, int cols, float **deq,
+                              void **buf)
+{
+    size_t rb = sl_dtype_row_bytes(t, cols);
+    unsigned char *p = malloc(rb * (size_t)rows);
+    for (int i = 0; i < rows; i++)
+        sl_cpu_quantize_row(t, p + rb * (size_t)i, src + (size_t)i * cols, cols);
+    struct sl_mat m = {t, p, rows, cols};
+    *deq = malloc((size_t)rows * cols * sizeof(float));
+    for (int i = 0; i < rows; i++)
+        sl_cpu_mat_row(*deq + (size_t)i * cols, &m, i);
+    *buf = p;
+    return m;
+}
+
+static const enum sl_dtype dtypes[] = {SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16, SL_DTYPE_Q8_0};
+static const int ns[] = {1, 2, 3, 4, 5, 7, 9, 33, 65};
+static const int ds[] = {1, 2, 3, 5, 13, 37, 50};
+static const int ks[] = {1, 3, 7, 8, 9, 31, 33, 65, 100};
+static const int ks_q8[] = {32, 64, 96, 288};
+#define LEN(a) (int)(sizeof(a) / sizeof((a)[0]))
+
+/* |got - exact| <= γ_(k+8) · Σ|x w|: the textbook bound for any order of fp32 summation of k
+ * products, with room for the 8-lane tree. */
+static void check_matmul(enum sl_cpu_isa isa, enum sl_dtype t, int n, int d, int k)
+{
+    float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k), *deq;
+    void *buf;
+    struct sl_mat w = make_mat(t, src, d, k, &deq, &buf);
+    float *out = malloc((size_t)n * d * sizeof(float));
+    sl_cpu_matmul(out, x, &w, n);
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < d; i++) {
+            double s = 0, a = 0;
+            for (int j = 0; j < k; j++) {
+                double p = (double)x[(size_t)r * k + j] * deq[(size_t)i * k + j];
+                s += p;
+                a += fabs(p);
+            }
+            double bound = (k + 8) * 0x1p-23 * a + 1e-30;
+            float got = out[(size_t)r * d + i];
+            cr_assert(fabs(got - s) <= bound, "matmul %s %s n=%d d=%d k=%d [%d,%d]: %.9g vs %.9g",
+                      sl_cpu_isa_name(isa), sl_dtype_name(t), n, d, k, r, i, got, s);
+        }
+    free(x);
+    free(src);
+    free(deq);
+    free(buf);
+    free(out);
+}
+
+Test(kernels, matmul_matches_reference_when_shapes_are_odd)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int ti = 0; ti < LEN(dtypes); ti++) {
+            enum sl_dtype t = dtypes[ti];
+            for (int a = 0; a < LEN(ns); a++)
+                for (int b = 0; b < LEN(ds); b++) {
+                    if (t == SL_DTYPE_Q8_0)
+                        for (int c = 0; c < LEN(ks_q8); c++)
+                            check_matmul(isa, t, ns[a], ds[b], ks_q8[c]);
+                    else
+                        for (int c = 0; c < LEN(ks); c++)
+                            check_matmul(isa, t, ns[a], ds[b], ks[c]);
+                }
+        }
+    }
+}
+
+/* The batch-invariance contract: a row's outputs are the same bits whether it is computed alone,
+ * in a batch of any size at any offset, and a typed matrix gives the bits of its dequantized fp32
+ * twin. */
+Test(kernels, matmul_is_bitwise_equal_when_rows_are_batched_differently)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int ti = 0; ti < LEN(dtypes); ti++) {
+            enum sl_dtype t = dtypes[ti];
+            int n = 37, d = 29, k = t == SL_DTYPE_Q8_0 ? 96 : 75;
+            float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k), *deq;
+            void *buf;
+            struct sl_mat w = make_mat(t, src, d, k, &deq, &buf);
+            struct sl_mat wf = {SL_DTYPE_F32, deq, d, k};
+            float *all = malloc((size_t)n * d * sizeof(float));
+            float *part = malloc((size_t)n * d * sizeof(float));
+            float *f32 = malloc((size_t)n * d * sizeof(float));
+            sl_cpu_matmul(all, x, &w, n);
+            sl_cpu_matmul(f32, x, &wf, n);
+            cr_assert(memcmp(all, f32, (size_t)n * d * sizeof(float)) == 0,
+                      "%s %s differs from its dequantized f32 twin", sl_cpu_isa_name(isa),
+                      sl_dtype_name(t));
+            int groups[] = {1, 2, 3, 5, 6, 64};
+            for (int g = 0; g < LEN(groups); g++) {
+                for (int r = 0; r < n; r += groups[g]) {
+                    int m = n - r < groups[g] ? n - r : groups[g];
+                    sl_cpu_matmul(part + (size_t)r * d, x + (size_t)r * k, &w, m);
+                }
+                cr_assert(memcmp(all, part, (size_t)n * d * sizeof(float)) == 0,
+                          "%s %s: rows in groups of %d differ from one batch", sl_cpu_isa_name(isa),
+                          sl_dtype_name(t), groups[g]);
+            }
+            /* Any split of the output columns (how threads divide a matmul). */
+            int cuts[] = {0, 1, 5, 12, 13, 29};
+            for (int c = 0; c + 1 < LEN(cuts); c++)
+                sl_cpu_matmul_cols(part, x, &w, n, cuts[c], cuts[c + 1]);
+            cr_assert(memcmp(all, part, (size_t)n * d * sizeof(float)) == 0,
+                      "%s %s: column split differs", sl_cpu_isa_name(isa), sl_dtype_name(t));
+            free(x);
+            free(src);
+            free(deq);
+            free(buf);
+            free(all);
+            free(part);
+            free(f32);
+        }
+    }
+}
+
+Test(kernels, matmul_mt_is_bitwise_equal_when_thread_count_changes)
+{
+    FOR_EACH_ISA(isa)
+    {
+        int n = 19, d = 301, k = 96, hid = 130;
+        float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k);
+        float *src1 = rand_vec((size_t)hid * k), *src3 = rand_vec((size_t)hid * k);
+        for (int ti = 0; ti < LEN(dtypes); ti++) {
+            float *deq, *deq1, *deq3;
+            void *buf, *buf1, *buf3;
+            struct sl_mat w = make_mat(dtypes[ti], src, d, k, &deq, &buf);
+            struct sl_mat w1 = make_mat(dtypes[ti], src1, hid, k, &deq1, &buf1);
+            struct sl_mat w3 = make_mat(dtypes[ti], src3, hid, k, &deq3, &buf3);
+            float *ref = malloc((size_t)n * d * sizeof(float));
+            float *h1 = malloc((size_t)n * hid * sizeof(float));
+            float *h3 = malloc((size_t)n * hid * sizeof(float));
+            float *out = malloc((size_t)n * d * sizeof(float));
+            float *o1 = malloc((size_t)n * hid * sizeof(float));
+            float *o3 = malloc((size_t)n * hid * sizeof(float));
+            sl_cpu_matmul(ref, x, &w, n);
+            sl_cpu_matmul(h1, x, &w1, n);
+            sl_cpu_matmul(h3, x, &w3, n);
+            float *gated = malloc((size_t)n * hid * sizeof(float));
+            memcpy(gated, h1, (size_t)n * hid * sizeof(float));
+            sl_cpu_swiglu(gated, h3, n * hid);
+            for (int th = 1; th <= 4; th++) {
+                struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+                cr_assert_not_null(p);
+                sl_cpu_matmul_mt(p, out, x, &w, n);
+                cr_assert(memcmp(ref, out, (size_t)n * d * sizeof(float)) == 0, "mt %d", th);
+                float *const outs[3] = {out, o1, o3};
+                const struct sl_mat ws[3] = {w, w1, w3};
+                sl_cpu_matmul_multi_mt(p, 3, outs, x, ws, n);
+                cr_assert(memcmp(ref, out, (size_t)n * d * sizeof(float)) == 0, "multi %d", th);
+                cr_assert(memcmp(h1, o1, (size_t)n * hid * sizeof(float)) == 0, "multi %d", th);
+                cr_assert(memcmp(h3, o3, (size_t)n * hid * sizeof(float)) == 0, "multi %d", th);
+                sl_cpu_matmul_swiglu_mt(p, o1, o3, x, &w1, &w3, n);
+                cr_assert(memcmp(gated, o1, (size_t)n * hid * sizeof(float)) == 0,
+                          "swiglu %s %s threads %d", sl_cpu_isa_name(isa),
+                          sl_dtype_name(dtypes[ti]), th);
+                sl_cpu_pool_free(p);
+            }
+            free(deq);
+            free(deq1);
+            free(deq3);
+            free(buf);
+            free(buf1);
+            free(buf3);
+            free(ref);
+            free(h1);
+            free(h3);
+            free(out);
+            free(o1);
+            free(o3);
+            free(gated);
+        }
+        free(x);
+        free(src);
+        free(src1);
+        free(src3);
+    }
+}
+
+Test(kernels, conversions_round_trip_when_values_are_representable)
+{
+    /* Every half is exactly representable in fp32 and comes back unchanged. */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = sl_cpu_f16_to_f32((uint16_t)h);
+        if (isnan(f))
+            continue;
+        cr_assert_eq(sl_cpu_f32_to_f16(f), h, "half %04x", h);
+        cr_assert_eq(sl_cpu_f32_to_bf16(sl_cpu_bf16_to_f32((uint16_t)h)), h, "bf16 %04x", h);
+    }
+    cr_assert_eq(sl_cpu_f16_to_f32(0x3c00), 1.0f);
+    cr_assert_eq(sl_cpu_f16_to_f32(0x0001), 0x1p-24f);
+    cr_assert_eq(sl_cpu_f16_to_f32(0x7bff), 65504.0f);
+    cr_assert_eq(sl_cpu_f32_to_f16(65519.0f), 0x7bff);
+    cr_assert_eq(sl_cpu_f32_to_f16(65520.0f), 0x7c00);
+    cr_assert_eq(sl_cpu_f32_to_f16(1.0f + 0x1p-11f), 0x3c00); /* tie to even */
+    cr_assert_eq(sl_cpu_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
+    cr_assert_eq(sl_cpu_f32_to_f16(0x1p-25f), 0x0000); /* tie to even: 0 */
+    cr_assert_eq(sl_cpu_f32_to_f16(3 * 0x1p-25f), 0x0002);
+    cr_assert(isnan(sl_cpu_f16_to_f32(sl_cpu_f32_to_f16(NAN))));
+    cr_assert_eq(sl_cpu_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80); /* tie to even */
+    cr_assert_eq(sl_cpu_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    /* Rounding to nearest: the error is at most half a unit in the last place. */
+    for (int i = 0; i < 100000; i++) {
+        float f = frand() * 1000.0f;
+        double e16 = fabs((double)sl_cpu_f16_to_f32(sl_cpu_f32_to_f16(f)) - f);
+        double eb = fabs((double)sl_cpu_bf16_to_f32(sl_cpu_f32_to_bf16(f)) - f);
+        cr_assert(e16 <= fabs(f) * 0x1p-11 + 0x1p-25, "f16 of %g", f);
+        cr_assert(eb <= fabs(f) * 0x1p-8, "bf16 of %g", f);
+    }
+}
+
+Test(kernels, q8_0_rows_hold_values_within_half_a_step_when_quantized)
+{
+    int cols = 96;
+    float *src = rand_vec((size_t)cols), out[96];
+    src[5] = 0.0f;
+    unsigned char q[3 * SL_Q8_0_BYTES];
+    cr_assert_eq(sl_dtype_row_bytes(SL_DTYPE_Q8_0, cols), sizeof(q));
+    cr_assert_eq(sl_dtype_row_bytes(SL_DTYPE_Q8_0, 33), 0);
+    sl_cpu_quantize_row(SL_DTYPE_Q8_0, q, src, cols);
+    struct sl_mat m = {SL_DTYPE_Q8_0, q, 1, cols};
+    sl_cpu_mat_row(out, &m, 0);
+    for (int b = 0; b < 3; b++) {
+        uint16_t h;
+        memcpy(&h, q + b * SL_Q8_0_BYTES, 2);
+        float d = sl_cpu_f16_to_f32(h);
+        for (int j = 0; j < 32; j++) {
+            int8_t qv = (int8_t)q[b * SL_Q8_0_BYTES + 2 + j];
+            cr_assert_eq(out[b * 32 + j], d * (float)qv);
+            cr_assert(fabsf(out[b * 32 + j] - src[b * 32 + j]) <= 0.51f * d + 1e-3f * d,
+                      "block %d value %d", b, j);
+        }
+    }
+    cr_assert_eq(out[5], 0.0f);
+    /* An all-zero block quantizes to scale 0, not NaN. */
+    float zeros[32] = {0};
+    sl_cpu_quantize_row(SL_DTYPE_Q8_0, q, zeros, 32);
+    m.cols = 32;
+    sl_cpu_mat_row(out, &m, 0);
+    for (int j = 0; j < 32; j++)
+        cr_assert_eq(out[j], 0.0f);
+    free(src);
+}
+
+static const int shapes[] = {1, 2, 3, 5, 7, 8, 9, 16, 17, 33, 64, 65, 300};
+#define NSHAPES LEN(shapes)
+
+Test(kernels, dot_and_elementwise_match_reference_when_shapes_are_odd)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int b = 0; b < NSHAPES; b++) {
+            int n = shapes[b];
+            float *h = rand_vec((size_t)n), *g = rand_vec((size_t)n), *y = rand_vec((size_t)n);
+            for (int i = 0; i < n; i++)
+                h[i] *= 20.0f; /* reach SiLU's tails */
+            double *ref = malloc((size_t)n * sizeof(double));
+            double dot = 0, adot = 0;
+            for (int i = 0; i < n; i++) {
+                dot += (double)g[i] * y[i];
+                adot += fabs((double)g[i] * y[i]);
+            }
+            cr_assert(fabs(sl_cpu_dot(g, y, n) - dot) <= (n + 8) * 0x1p-23 * adot, "dot");
+            for (int i = 0; i < n; i++)
+                ref[i] = h[i] / (1.0 + exp(-(double)h[i])) * g[i];
+            sl_cpu_swiglu(h, g, n);
+            assert_close(h, ref, (size_t)n, 2e-6, "swiglu", isa);
+            for (int i = 0; i < n; i++)
+                ref[i] = (double)y[i] + 0.5 * g[i];
+            sl_cpu_axpy(y, 0.5f, g, n);
+            assert_close(y, ref, (size_t)n, 1e-6, "axpy", isa);
+            for (int i = 0; i < n; i++)
+                ref[i] = (double)y[i] + g[i];
+            sl_cpu_add(y, g, n);
+            assert_close(y, ref, (size_t)n, 1e-6, "add", isa);
+            free(h);
+            free(g);
+            free(y);
+            free(ref);
+        }
+    }
+}
+
+Test(kernels, swiglu_is_bitwise_equal_when_split_anywhere)
+{
+    FOR_EACH_ISA(isa)
+    {
+        int n = 77;
+        float *h = rand_vec((size_t)n), *g = rand_vec((size_t)n);
+        float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+        memcpy(a, h, (size_t)n * sizeof(float));
+        memcpy(b, h, (size_t)n * sizeof(float));
+        sl_cpu_swiglu(a, g, n);
+        sl_cpu_swiglu(b, g, 3);
+        sl_cpu_swiglu(b + 3, g + 3, 11);
+        sl_cpu_swiglu(b + 14, g + 14, n - 14);
+        cr_assert(memcmp(a, b, (size_t)n * sizeof(float)) == 0, "%s", sl_cpu_isa_name(isa));
+        free(h);
+        free(g);
+        free(a);
+        free(b);
+    }
+}
+
+Test(kernels, rmsnorm_matches_reference_when_shapes_are_odd)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < NSHAPES; b++) {
+                int n = shapes[a], dim = shapes[b];
+                float *x = rand_vec((size_t)n * dim), *w = rand_vec((size_t)dim);
+                float *out = malloc((size_t)n * dim * sizeof(float));
+                double *ref = malloc((size_t)n * dim * sizeof(double));
+                for (int r = 0; r < n; r++) {
+                    double ss = 0;
+                    for (int j = 0; j < dim; j++)
+                        ss += (double)x[r * dim + j] * x[r * dim + j];
+                    double inv = 1.0 / sqrt(ss / dim + 1e-5);
+                    for (int j = 0; j < dim; j++)
+                        ref[r * dim + j] = w[j] * x[r * dim + j] * inv;
+                }
+                sl_cpu_rmsnorm(out, x, w, n, dim, 1e-5f);
+                assert_close(out, ref, (size_t)n * dim, 1e-5, "rmsnorm", isa);
+                sl_cpu_rmsnorm(x, x, w, n, dim, 1e-5f); /* in place */
+                assert_close(x, ref, (size_t)n * dim, 1e-5, "rmsnorm in place", isa);
+                free(x);
+                free(w);
+                free(out);
+                free(ref);
+            }
+    }
+}
+
+Test(kernels, softmax_matches_reference_when_values_are_large)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int b = 0; b < NSHAPES; b++) {
+            int n = shapes[b];
+            float *x = rand_vec((size_t)n);
+            for (int i = 0; i < n; i++)
+                x[i] = x[i] * 50.0f + (i % 2 ? 1000.0f : 0.0f);
+            double *ref = malloc((size_t)n * sizeof(double));
+            double max = x[0], sum = 0;
+            for (int i = 1; i < n; i++)
+                max = x[i] > max ? x[i] : max;
+            for (int i = 0; i < n; i++)
+                sum += ref[i] = exp(x[i] - max);
+            for (int i = 0; i < n; i++)
+                ref[i] /= sum;
+            sl_cpu_softmax(x, n);
+            assert_close(x, ref, (size_t)n, 1e-5, "softmax", isa);
+            free(x);
+            free(ref);
+        }
+    }
+}
+
+Test(kernels, rope_matches_complex_rotation_when_heads_vary)
+{
+    int heads[] = {1, 3, 8}, sizes[] = {2, 8, 16, 48}, positions[] = {0, 1, 7, 255, 511};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 5; c++) {
+                int nh = heads[a], hs = sizes[b], pos = positions[c];
+                float *x = rand_vec((size_t)nh * hs), *y = malloc((size_t)nh * hs * 4);
+                memcpy(y, x, (size_t)nh * hs * 4);
+                double *ref = malloc((size_t)nh * hs * sizeof(double));
+                for (int h = 0; h < nh; h++)
+                    for (int i = 0; i < hs; i += 2) {
+                        double ang = pos * pow(10000.0, -(double)i / hs);
+                        double re = x[h * hs + i], im = x[h * hs + i + 1];
+                        ref[h * hs + i] = re * cos(ang) - im * sin(ang);
+                        ref[h * hs + i + 1] = re * sin(ang) + im * cos(ang);
+                    }
+                sl_cpu_rope(x, nh, hs, pos, 10000.0f);
+                /* fp32 angles at position 511 are only good to ~1e-4 radians. */
+                assert_close(x, ref, (size_t)nh * hs, 2e-4, "rope", SL_CPU_ISA_SCALAR);
+                float cs[48];
+                sl_cpu_rope_table(cs, hs, pos, 10000.0f);
+                sl_cpu_rope_apply(y, nh, hs, cs);
+                cr_assert(memcmp(x, y, (size_t)nh * hs * 4) == 0, "table differs from rope");
+                free(x);
+                free(y);
+                free(ref);
+            }
+}
+
+Test(kernels, attention_matches_reference_when_pages_are_scattered)
+{
+    FOR_EACH_ISA(isa)
+    {
+        int sizes[] = {2, 6, 8, 10, 48, 64, 72, 130}, ctxs[] = {1, 3, 4, 5, 17, 40};
+        for (int a = 0; a < LEN(sizes); a++)
+            for (int b = 0; b < LEN(ctxs); b++) {
+                int hs = sizes[a], n_ctx = ctxs[b], ps = 3, n_pages = 20;
+                /* (n_pages, ps, 2 heads * hs): the head under test is the second one. */
+                size_t row = 2 * (size_t)hs, page = (size_t)ps * row;
+                float *kc = rand_vec(n_pages * page), *vc = rand_vec(n_pages * page);
+                float *q = rand_vec((size_t)hs), *out = malloc((size_t)hs * 4);
+                float *att = malloc((size_t)n_ctx * 4);
+                for (int j = 0; j < hs; j++)
+                    q[j] *= 3.0f;
+                int32_t pages[20];
+                for (int i = 0; i < n_pages; i++)
+                    pages[i] = (i * 7 + 3) % n_pages;
+                struct sl_cpu_pages kp = {kc + hs, pages, page, row, ps};
+                struct sl_cpu_pages vp = {vc + hs, pages, page, row, ps};
+                sl_cpu_attention(out, q, &kp, &vp, n_ctx, hs, att);
+                double sc[40], max = -1e300, sum = 0, ref[130] = {0};
+                for (int t = 0; t < n_ctx; t++) {
+                    const float *k = kc + (size_t)pages[t / ps] * page + (size_t)(t % ps) * row;
+                    double s = 0;
+                    for (int j = 0; j < hs; j++)
+                        s += (double)q[j] * k[hs + j];
+                    sc[t] = s / sqrt(hs);
+                    max = sc[t] > max ? sc[t] : max;
+                }
+                for (int t = 0; t < n_ctx; t++)
+                    sum += sc[t] = exp(sc[t] - max);
+                for (int t = 0; t < n_ctx; t++) {
+                    const float *v = vc + (size_t)pages[t / ps] * page + (size_t)(t % ps) * row;
+                    for (int j = 0; j < hs; j++)
+                        ref[j] += sc[t] / sum * v[hs + j];
+                }
+                assert_close(out, ref, (size_t)hs, 1e-5, "attention", isa);
+                free(kc);
+                free(vc);
+                free(q);
+                free(out);
+                free(att);
+            }
+    }
+}
+
+Test(kernels, isa_is_forced_when_set_and_refused_when_unsupported)
+{
+    cr_assert_eq(sl_cpu_set_isa(SL_CPU_ISA_SCALAR), SL_OK);
+    cr_assert_eq(sl_cpu_isa(), SL_CPU_ISA_SCALAR);
+    if (sl_cpu_isa_best() == SL_CPU_ISA_AVX2) {
+        cr_assert_eq(sl_cpu_set_isa(SL_CPU_ISA_AVX2), SL_OK);
+        cr_assert_eq(sl_cpu_isa(), SL_CPU_ISA_AVX2);
+    } else {
+        cr_assert_eq(sl_cpu_set_isa(SL_CPU_ISA_AVX2), SL_EINVAL);
+    }
+}
+
+struct count_job {
+    int hits[8];
+};
+
+static void count_task(void *arg, int ith, int nth)
+{
+    struct count_job *j = arg;
+    cr_assert(ith >= 0 && ith < nth && nth <= 8);
+    __atomic_fetch_add(&j->hits[ith], 1, __ATOMIC_RELAXED);
+}
+
+Test(kernels, pool_runs_every_part_once_when_jobs_come_fast_or_slow)
+{
+    for (int th = 1; th <= 5; th++) {
+        struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+        cr_assert_eq(sl_cpu_pool_threads(p), th);
+        struct count_job j = {{0}};
+        for (int it = 0; it < 2000; it++)
+            sl_cpu_pool_run(p, count_task, &j);
+        /* Past the spin window the workers sleep; a job must still wake them. */
+        for (int it = 0; it < 3; it++) {
+            usleep(2000);
+            sl_cpu_pool_run(p, count_task, &j);
+        }
+        for (int i = 0; i < th; i++)
+            cr_assert_eq(j.hits[i], 2003, "threads %d part %d ran %d times", th, i, j.hits[i]);
+        sl_cpu_pool_free(p);
+    }
+    struct count_job j = {{0}};
+    sl_cpu_pool_run(NULL, count_task, &j);
+    cr_assert_eq(j.hits[0], 1);
+}
