@@ -36,11 +36,13 @@ struct sl_model;
 
 /* Loads a model. `spec` is one of:
  *   "synthetic"            the default tiny synthetic model ("synthetic:tiny")
- *   "synthetic:NAME"       deterministic random weights of a named shape: "tiny"
+ *   "synthetic:NAME[:TYPE]" deterministic random weights of a named shape: "tiny"
  *                          (dim 64, hidden 172, 5 layers, 8 heads, 4 kv heads, vocab 512,
- *                          seq 512) or "stories15M" (dim 288, hidden 768, 6 layers, 6 heads,
- *                          6 kv heads, vocab 32000, seq 256); with the synthetic tokenizer of the
- *                          same vocab size (round-trips any UTF-8 text)
+ *                          seq 512), "stories15M" (dim 288, hidden 768, 6 layers, 6 heads,
+ *                          6 kv heads, vocab 32000, seq 256) or "llama-1b" (dim 2048, hidden
+ *                          8192, 16 layers, 32 heads, 8 kv heads, vocab 32000, seq 2048); TYPE is
+ *                          f32 (default), f16, bf16 or q8_0 for the projections; with the
+ *                          synthetic tokenizer of the same vocab size (round-trips any UTF-8)
  *   a path to a llama2.c checkpoint (.bin, legacy fp32 format, mmap'd); `tokenizer_path` is its
  *                          llama2.c tokenizer.bin (required for a .bin; ignored otherwise)
  *   a path ending ".gguf"  GGUF v2/v3, llama architecture, F32/F16/BF16/Q8_0 tensors mmap'd as
