@@ -1,8 +1,8 @@
 /* The CPU backend: a Llama forward over a varlen batch with a paged fp32 KV pool.
  *
  * Every projection is one matrix-matrix product over all rows of the step (kernels/cpu), split
- * over the pool by weight rows; attention is split over the pool by (row, head). Per step the
- * pool runs five jobs per layer (QKV, attention, output, gate/up + SwiGLU, down) plus the
+ * over the pool by weight rows; attention is split over the pool by (row group, KV head). Per step
+ * the pool runs five jobs per layer (QKV, attention, output, gate/up + SwiGLU, down) plus the
  * classifier; the cheap row-wise glue (norms, residual adds, RoPE of K, KV writes) stays on the
  * calling thread. */
 #include "worker_impl.h"
@@ -27,6 +27,7 @@ static void cpu_free(void *vctx)
     free(c->hb);
     free(c->hb2);
     free(c->att);
+    free(c->attn_rows);
     free(c->rope);
     free(c->xl);
     free(c->key_cache);
@@ -103,7 +104,9 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     c->v = alloc_f32(T * kv, &ok);
     c->hb = alloc_f32(T * hid, &ok);
     c->hb2 = alloc_f32(T * hid, &ok);
-    c->att = alloc_f32((uint64_t)c->n_threads * (uint64_t)cfg->seq_len, &ok);
+    c->att = alloc_f32((uint64_t)c->n_threads * SL_CPU_ATTN_MAX_Q * (uint64_t)cfg->seq_len, &ok);
+    c->attn_rows = calloc((size_t)T + 1, sizeof(int));
+    ok = ok && c->attn_rows;
     c->rope = alloc_f32(T * (uint64_t)head_size, &ok);
     c->xl = alloc_f32(T * dim, &ok);
     uint64_t cache =
@@ -166,49 +169,71 @@ static size_t kv_off(const struct sl_cpu_ctx *c, int32_t block, int layer, int s
            (size_t)c->kv_dim;
 }
 
-/* Causal attention of row r, query head h: RoPE of the query head, then the head over positions
- * 0..pos of its own sequence, read through its block table into xb. It reads only the cache and
- * its own q head and writes only its own xb head, so (row, head) tasks are independent and their
- * order (and the thread count) does not change a bit. att: (seq_len) scratch. */
-static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, int r, int h,
+/* Rows of one sequence attended together: their scores against a K row are taken while it is
+ * in registers. */
+#define ATTN_ROWS 3
+
+/* Causal attention of rows [r0, r1) (one sequence, consecutive in the batch) for the query heads
+ * of KV head g: RoPE of each query head, then each (row, head) over positions 0..pos of the
+ * sequence, read through its block table into xb, up to SL_CPU_ATTN_MAX_Q queries at a time.
+ * Each query's result is the bits sl_cpu_attention gives it alone (see
+ * sl_cpu_attention_multi), and a task reads only the cache and its own q heads and writes only
+ * its own xb heads, so the grouping, the task order and the thread count do not change a bit.
+ * att: (SL_CPU_ATTN_MAX_Q, seq_len) scratch. */
+static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, int r0, int r1, int g,
                    float *att)
 {
     int hs = c->head_size, dim = c->cfg.dim, kv_mul = c->cfg.n_heads / c->cfg.n_kv_heads;
-    size_t head_off = kv_off(c, 0, layer, 0) + (size_t)(h / kv_mul) * hs;
+    size_t head_off = kv_off(c, 0, layer, 0) + (size_t)g * hs;
     size_t page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim;
-    float *q = c->q + (size_t)r * dim + (size_t)h * hs;
-    sl_cpu_rope_apply(q, 1, hs, c->rope + (size_t)r * hs);
-    struct sl_cpu_pages kp = {c->key_cache + head_off, b->block_tables[b->seq[r]], page_stride,
+    struct sl_cpu_pages kp = {c->key_cache + head_off, b->block_tables[b->seq[r0]], page_stride,
                               (size_t)c->kv_dim, c->o.block_size};
     struct sl_cpu_pages vp = kp;
     vp.base = c->value_cache + head_off;
-    sl_cpu_attention(c->xb + (size_t)r * dim + (size_t)h * hs, q, &kp, &vp, b->pos[r] + 1, hs, att);
+    float *outs[SL_CPU_ATTN_MAX_Q];
+    const float *qs[SL_CPU_ATTN_MAX_Q];
+    int n_ctx[SL_CPU_ATTN_MAX_Q], nq = 0;
+    for (int r = r0; r < r1; r++)
+        for (int h = g * kv_mul; h < (g + 1) * kv_mul; h++) {
+            size_t off = (size_t)r * dim + (size_t)h * hs;
+            sl_cpu_rope_apply(c->q + off, 1, hs, c->rope + (size_t)r * hs);
+            outs[nq] = c->xb + off;
+            qs[nq] = c->q + off;
+            n_ctx[nq++] = b->pos[r] + 1;
+            if (nq == SL_CPU_ATTN_MAX_Q || (r == r1 - 1 && h == (g + 1) * kv_mul - 1)) {
+                sl_cpu_attention_multi(nq, outs, qs, n_ctx, &kp, &vp, hs, att,
+                                       (size_t)c->cfg.seq_len);
+                nq = 0;
+            }
+        }
 }
 
 struct attn_job {
     struct sl_cpu_ctx *c;
     const struct sl_batch *b;
     int layer;
+    int n_groups;     /* row groups, c->attn_rows[0 .. n_groups] */
     int chunk;        /* tasks per grab */
-    _Atomic int next; /* next (row, head) task to hand out */
+    _Atomic int next; /* next (row group, KV head) task to hand out */
 };
 
-/* (row, head) tasks are grabbed a chunk at a time, so a thread that loses its core to another
- * process does not hold the others up. */
+/* (row group, KV head) tasks are grabbed a chunk at a time, so a thread that loses its core to
+ * another process does not hold the others up. */
 static void attn_task(void *arg, int ith, int nth)
 {
     (void)nth;
     struct attn_job *j = arg;
     struct sl_cpu_ctx *c = j->c;
-    int nh = c->cfg.n_heads, tasks = j->b->n_tokens * nh;
-    float *att = c->att + (size_t)ith * (size_t)c->cfg.seq_len;
+    int nkv = c->cfg.n_kv_heads, tasks = j->n_groups * nkv;
+    const int *rows = c->attn_rows;
+    float *att = c->att + (size_t)ith * SL_CPU_ATTN_MAX_Q * (size_t)c->cfg.seq_len;
     for (;;) {
         int t0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
         if (t0 >= tasks)
             return;
         int t1 = t0 + j->chunk < tasks ? t0 + j->chunk : tasks;
         for (int t = t0; t < t1; t++)
-            attend(c, j->b, j->layer, t / nh, t % nh, att);
+            attend(c, j->b, j->layer, rows[t / nkv], rows[t / nkv + 1], t % nkv, att);
     }
 }
 
@@ -230,6 +255,13 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         sl_cpu_rope_table(c->rope + (size_t)r * hs, hs, b->pos[r], cfg->rope_theta);
     }
 
+    /* Consecutive rows of one sequence (a prefill chunk) are attended in groups. */
+    int n_groups = 0;
+    for (int r = 0; r < n; r++)
+        if (r == 0 || b->seq[r] != b->seq[r - 1] || r - c->attn_rows[n_groups - 1] == ATTN_ROWS)
+            c->attn_rows[n_groups++] = r;
+    c->attn_rows[n_groups] = n;
+
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct sl_layer_weights *L = &w->layers[l];
         sl_cpu_rmsnorm(c->xb, c->x, L->rms_att, n, dim, cfg->rms_eps);
@@ -246,8 +278,8 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
             memcpy(c->key_cache + off, c->k + (size_t)r * kv, (size_t)kv * sizeof(float));
             memcpy(c->value_cache + off, c->v + (size_t)r * kv, (size_t)kv * sizeof(float));
         }
-        struct attn_job aj = {.c = c, .b = b, .layer = l};
-        int tasks = n * cfg->n_heads;
+        struct attn_job aj = {.c = c, .b = b, .layer = l, .n_groups = n_groups};
+        int tasks = n_groups * cfg->n_kv_heads;
         aj.chunk = tasks / (4 * c->n_threads) > 0 ? tasks / (4 * c->n_threads) : 1;
         atomic_store_explicit(&aj.next, 0, memory_order_relaxed);
         sl_cpu_pool_run(c->pool, attn_task, &aj);

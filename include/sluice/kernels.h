@@ -153,6 +153,17 @@ struct sl_cpu_pages {
 void sl_cpu_attention(float *out, const float *q, const struct sl_cpu_pages *k,
                       const struct sl_cpu_pages *v, int n_ctx, int hs, float *att);
 
+/* The most queries sl_cpu_attention_multi takes at once. */
+#define SL_CPU_ATTN_MAX_Q 3
+
+/* nq (1..SL_CPU_ATTN_MAX_Q) queries over the same K and V (the heads of a grouped-query group,
+ * or rows of one sequence): for each i, outs[i] (hs) = sl_cpu_attention(qs[i], k, v, n_ctx[i]),
+ * bit for bit; each K and V row is loaded once for all the queries that see it. n_ctx[i] >= 1.
+ * att: scratch (nq, att_stride floats), att_stride >= every n_ctx[i]. */
+void sl_cpu_attention_multi(int nq, float *const *outs, const float *const *qs, const int *n_ctx,
+                            const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int hs,
+                            float *att, size_t att_stride);
+
 /* ---------------------------------------------------------------------------------------------
  * Thread pool
  *

@@ -245,22 +245,43 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
             }
         return;
     }
+    /* Bytes of 16 columns: exact for every type (a Q8_0 row is whole 32-column blocks, and
+     * kc is a multiple of 32), so prefetch addresses need no division. */
+    size_t pf16 = wrb * 16 / (size_t)k;
+    /* A matrix far larger than the caches (the classifier) comes from memory at the rate the
+     * first pass over a slice uses it, which is bandwidth-bound when only 12 activation rows
+     * share it. With three passes or more, spread the fetch of the next slice over every pass
+     * of this one instead (into L2), a weight row per tile: the 32-row classifier went from 64 %
+     * to 77 % of peak on one thread. With fewer passes, or a smaller matrix, the short-distance
+     * prefetch measured as fast or faster. */
+    bool ahead = n > 2 * ROWS && (size_t)m->rows * wrb >= ((size_t)4 << 20);
     for (int s0 = d0; s0 < d1; s0 += SLICE) {
         int s1 = d1 - s0 < SLICE ? d1 : s0 + SLICE;
         for (int b = 0; b < nb; b++) {
             int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
-            for (int r0 = 0; r0 < n; r0 += ROWS) {
+            size_t pf0 = (size_t)j0 / 16 * pf16;
+            /* With `ahead` there are at least 3 passes of SLICE / 3 tiles over a full slice:
+             * one next-slice row per tile covers the next slice. */
+            int tiles = (s1 - s0 + 2) / 3, n1 = d1 - s1 < SLICE ? d1 : s1 + SLICE;
+            for (int r0 = 0, pass = 0; r0 < n; r0 += ROWS, pass++) {
                 int r1 = n - r0 < ROWS ? n : r0 + ROWS;
                 int i = s0;
                 for (; i + 3 <= s1; i += 3) {
-                    if (r0 == 0) {
+                    if (ahead) {
+                        int c = s1 + pass * tiles + (i - s0) / 3;
+                        const char *pw = (const char *)(w + (size_t)c * wrb) + pf0;
+                        for (int j = j0; c < n1 && j < j1; j += 16, pw += pf16)
+                            _mm_prefetch(pw, _MM_HINT_T1);
+                    }
+                    if (r0 == 0 && (!ahead || s0 == d0)) {
                         /* First use of these weights: fetch the tile after next (past the
-                         * slice's end too, where the next slice starts). */
-                        for (int c = 6; c < 9 && i + c < d1; c++)
-                            for (int j = j0; j < j1; j += 16)
-                                _mm_prefetch((const char *)(w + (size_t)(i + c) * wrb) +
-                                                 (size_t)j * wrb / (size_t)k,
-                                             _MM_HINT_T0);
+                         * slice's end too, where the next slice starts); with `ahead`, only
+                         * in the first slice, which no earlier slice fetched. */
+                        for (int c = 6; c < 9 && i + c < d1; c++) {
+                            const char *pw = (const char *)(w + (size_t)(i + c) * wrb) + pf0;
+                            for (int j = j0; j < j1; j += 16, pw += pf16)
+                                _mm_prefetch(pw, _MM_HINT_T0);
+                        }
                     }
                     tile_rows(t, 3, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, r0, r1, j0, j1,
                               k8, k);
@@ -510,6 +531,14 @@ INLINE void attn_values(const int NV, float *out, const float *att, const struct
         _mm256_storeu_ps(out + 8 * c, acc[c]);
 }
 
+/* Row t of paged K or V (t < the sequence's length). */
+INLINE struct row_iter rows_at(const struct sl_cpu_pages *p, int t)
+{
+    struct row_iter it = {p, NULL, t / p->page_size, t % p->page_size};
+    it.row = p->base + (size_t)p->pages[it.page] * p->page_stride + (size_t)it.slot * p->row_stride;
+    return it;
+}
+
 TARGET void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cpu_pages *k,
                                   const struct sl_cpu_pages *v, int n_ctx, int hs, float *att)
 {
@@ -569,6 +598,162 @@ TARGET void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cp
             for (int j = h8; j < hs; j++)
                 out[j] = _mm_cvtss_f32(_mm_fmadd_ss(a, _mm_set_ss(vt[j]), _mm_set_ss(out[j])));
         }
+    }
+}
+
+/* Scores of NQ queries against positions [t0, t1) of K, four positions at a time, every score
+ * computed exactly as sl_cpu_avx2_attention computes it (one tree per score, whatever the
+ * grouping). A score is stored only where the position is below its query's n_ctx. */
+INLINE void multi_scores(const int NQ, const float *const *qs, const int *n_ctx,
+                         const struct sl_cpu_pages *k, int t0, int t1, int hs, float *att,
+                         size_t stride)
+{
+    float scale = sqrtf((float)hs);
+    __m128 scale4 = _mm_set1_ps(scale);
+    int h8 = hs & ~7, t = t0;
+    struct row_iter it = rows_at(k, t0);
+    for (; t + 4 <= t1; t += 4) {
+        const float *kt[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kt[c] = rows_get(&it);
+        __m256 acc[3][4];
+#pragma GCC unroll 3
+        for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[i][c] = _mm256_setzero_ps();
+        for (int j = 0; j < h8; j += 8) {
+            __m256 kv[4];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                kv[c] = _mm256_loadu_ps(kt[c] + j);
+#pragma GCC unroll 3
+            for (int i = 0; i < NQ; i++) {
+                __m256 qv = _mm256_loadu_ps(qs[i] + j);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++)
+                    acc[i][c] = _mm256_fmadd_ps(qv, kv[c], acc[i][c]);
+            }
+        }
+#pragma GCC unroll 3
+        for (int i = 0; i < NQ; i++) {
+            float sv[4];
+            _mm_storeu_ps(sv, reduce4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            if (h8 < hs)
+                for (int c = 0; c < 4; c++)
+                    for (int j = h8; j < hs; j++)
+                        sv[c] += qs[i][j] * kt[c][j];
+            float *a = att + (size_t)i * stride;
+            if (t + 4 <= n_ctx[i]) {
+                _mm_storeu_ps(a + t, _mm_div_ps(_mm_loadu_ps(sv), scale4));
+            } else {
+                for (int c = 0; c < 4 && t + c < n_ctx[i]; c++)
+                    a[t + c] = sv[c] / scale;
+            }
+        }
+    }
+    for (; t < t1; t++) {
+        const float *kr = rows_get(&it);
+        for (int i = 0; i < NQ; i++)
+            if (t < n_ctx[i])
+                att[(size_t)i * stride + t] = sl_cpu_avx2_dot(qs[i], kr, hs) / scale;
+    }
+}
+
+/* outs[i][j0 .. j0 + 8·NV) (=, or += when !first) Σ_{t in [t0, t1)} att_i[t] · v_t, continuing
+ * each lane's FMA chain in t order; NQ·NV <= 12 accumulators. */
+INLINE void multi_values(const int NQ, const int NV, float *const *outs, const float *att,
+                         size_t stride, const struct sl_cpu_pages *v, int t0, int t1, int j0,
+                         bool first)
+{
+    __m256 acc[3][4];
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; c++)
+            acc[i][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[i] + j0 + 8 * c);
+    struct row_iter it = rows_at(v, t0);
+    for (int t = t0; t < t1; t++) {
+        const float *vt = rows_get(&it) + j0;
+        __m256 vv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; c++)
+            vv[c] = _mm256_loadu_ps(vt + 8 * c);
+#pragma GCC unroll 3
+        for (int i = 0; i < NQ; i++) {
+            __m256 a = _mm256_set1_ps(att[(size_t)i * stride + t]);
+#pragma GCC unroll 4
+            for (int c = 0; c < NV; c++)
+                acc[i][c] = _mm256_fmadd_ps(a, vv[c], acc[i][c]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 4
+        for (int c = 0; c < NV; c++)
+            _mm256_storeu_ps(outs[i] + j0 + 8 * c, acc[i][c]);
+}
+
+/* The values of NQ queries over [0, n_min) together, then each query alone over the positions
+ * only it sees: every lane's chain is the same as sl_cpu_avx2_attention's. */
+INLINE void multi_values_all(const int NQ, const int NV, float *const *outs, const float *att,
+                             size_t stride, const struct sl_cpu_pages *v, const int *n_ctx,
+                             int n_min, int j0)
+{
+    multi_values(NQ, NV, outs, att, stride, v, 0, n_min, j0, true);
+    for (int i = 0; i < NQ; i++)
+        if (n_ctx[i] > n_min)
+            multi_values(1, NV, outs + i, att + (size_t)i * stride, stride, v, n_min, n_ctx[i], j0,
+                         false);
+}
+
+INLINE void attention_multi_t(const int NQ, float *const *outs, const float *const *qs,
+                              const int *n_ctx, const struct sl_cpu_pages *k,
+                              const struct sl_cpu_pages *v, int hs, float *att, size_t stride)
+{
+    int n_min = n_ctx[0], n_max = n_ctx[0];
+    for (int i = 1; i < NQ; i++) {
+        n_min = n_ctx[i] < n_min ? n_ctx[i] : n_min;
+        n_max = n_ctx[i] > n_max ? n_ctx[i] : n_max;
+    }
+    multi_scores(NQ, qs, n_ctx, k, 0, n_max, hs, att, stride);
+    for (int i = 0; i < NQ; i++)
+        sl_cpu_avx2_softmax(att + (size_t)i * stride, n_ctx[i]);
+    int h8 = hs & ~7, j0 = 0;
+    for (; j0 + 32 <= h8; j0 += 32)
+        multi_values_all(NQ, 4, outs, att, stride, v, n_ctx, n_min, j0);
+    switch ((h8 - j0) / 8) {
+    case 3: multi_values_all(NQ, 3, outs, att, stride, v, n_ctx, n_min, j0); break;
+    case 2: multi_values_all(NQ, 2, outs, att, stride, v, n_ctx, n_min, j0); break;
+    case 1: multi_values_all(NQ, 1, outs, att, stride, v, n_ctx, n_min, j0); break;
+    default: break;
+    }
+    if (h8 < hs)
+        for (int i = 0; i < NQ; i++) {
+            float *out = outs[i];
+            const float *a = att + (size_t)i * stride;
+            for (int j = h8; j < hs; j++)
+                out[j] = 0.0f;
+            struct row_iter vi = rows_begin(v);
+            for (int t = 0; t < n_ctx[i]; t++) {
+                const float *vt = rows_get(&vi);
+                __m128 av = _mm_set_ss(a[t]);
+                for (int j = h8; j < hs; j++)
+                    out[j] = _mm_cvtss_f32(_mm_fmadd_ss(av, _mm_set_ss(vt[j]), _mm_set_ss(out[j])));
+            }
+        }
+}
+
+TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float *const *qs,
+                                        const int *n_ctx, const struct sl_cpu_pages *k,
+                                        const struct sl_cpu_pages *v, int hs, float *att,
+                                        size_t att_stride)
+{
+    switch (nq) {
+    case 1: sl_cpu_avx2_attention(outs[0], qs[0], k, v, n_ctx[0], hs, att); break;
+    case 2: attention_multi_t(2, outs, qs, n_ctx, k, v, hs, att, att_stride); break;
+    default: attention_multi_t(3, outs, qs, n_ctx, k, v, hs, att, att_stride); break;
     }
 }
 

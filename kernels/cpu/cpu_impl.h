@@ -19,6 +19,10 @@ void sl_cpu_avx2_add(float *y, const float *x, int n);
 void sl_cpu_avx2_axpy(float *y, float a, const float *x, int n);
 void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cpu_pages *k,
                            const struct sl_cpu_pages *v, int n_ctx, int hs, float *att);
+void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float *const *qs,
+                                 const int *n_ctx, const struct sl_cpu_pages *k,
+                                 const struct sl_cpu_pages *v, int hs, float *att,
+                                 size_t att_stride);
 float sl_cpu_avx2_bench_read(const float *buf, size_t n);
 double sl_cpu_avx2_bench_fma(long iters);
 #else

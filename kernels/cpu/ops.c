@@ -457,6 +457,20 @@ void sl_cpu_attention(float *out, const float *q, const struct sl_cpu_pages *k,
     }
 }
 
+void sl_cpu_attention_multi(int nq, float *const *outs, const float *const *qs, const int *n_ctx,
+                            const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int hs,
+                            float *att, size_t att_stride)
+{
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_attention_multi(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
+        return;
+    }
+#endif
+    for (int i = 0; i < nq; i++)
+        sl_cpu_attention(outs[i], qs[i], k, v, n_ctx[i], hs, att + (size_t)i * att_stride);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Thread pool: one job at a time. The caller publishes the job and bumps a generation counter;
  * workers spin on the counter for a while (jobs come every few microseconds during a forward),

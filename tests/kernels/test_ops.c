@@ -130,6 +130,20 @@ Test(kernels, matmul_matches_reference_when_shapes_are_odd)
     }
 }
 
+/* A matrix of several MiB takes the kernel's far-prefetch path (the classifier's); prefetching
+ * must change neither a value nor read past the matrix. */
+Test(kernels, matmul_matches_reference_when_matrix_exceeds_the_caches)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int ti = 0; ti < LEN(dtypes); ti++) {
+            int ns_big[] = {3, 33};
+            for (int a = 0; a < LEN(ns_big); a++)
+                check_matmul(isa, dtypes[ti], ns_big[a], 8003, 288);
+        }
+    }
+}
+
 /* The batch-invariance contract: a row's outputs are the same bits whether it is computed alone,
  * in a batch of any size at any offset, and a typed matrix gives the bits of its dequantized fp32
  * twin. */
@@ -542,4 +556,45 @@ Test(kernels, pool_runs_every_part_once_when_jobs_come_fast_or_slow)
     struct count_job j = {{0}};
     sl_cpu_pool_run(NULL, count_task, &j);
     cr_assert_eq(j.hits[0], 1);
+}
+
+Test(kernels, attention_multi_equals_attention_when_queries_share_pages)
+{
+    FOR_EACH_ISA(isa)
+    {
+        int sizes[] = {2, 6, 8, 10, 48, 64, 72, 130};
+        int ctxs[][3] = {{1, 1, 1},   {3, 4, 5},    {4, 8, 12},  {17, 5, 40},
+                         {40, 40, 1}, {13, 14, 15}, {7, 40, 23}, {2, 1, 3}};
+        for (int a = 0; a < LEN(sizes); a++)
+            for (int b = 0; b < LEN(ctxs); b++)
+                for (int nq = 1; nq <= SL_CPU_ATTN_MAX_Q; nq++) {
+                    int hs = sizes[a], ps = 3, n_pages = 20, *n_ctx = ctxs[b];
+                    size_t row = 2 * (size_t)hs, page = (size_t)ps * row, stride = 41;
+                    float *kc = rand_vec(n_pages * page), *vc = rand_vec(n_pages * page);
+                    float *q = rand_vec(3 * (size_t)hs), *out = malloc(3 * (size_t)hs * 4);
+                    float *want = malloc((size_t)hs * 4), *att = malloc(3 * stride * 4);
+                    for (int j = 0; j < 3 * hs; j++)
+                        q[j] *= 3.0f;
+                    int32_t pages[20];
+                    for (int i = 0; i < n_pages; i++)
+                        pages[i] = (i * 7 + 3) % n_pages;
+                    struct sl_cpu_pages kp = {kc + hs, pages, page, row, ps};
+                    struct sl_cpu_pages vp = {vc + hs, pages, page, row, ps};
+                    float *const outs[3] = {out, out + hs, out + 2 * hs};
+                    const float *const qs[3] = {q, q + hs, q + 2 * hs};
+                    sl_cpu_attention_multi(nq, outs, qs, n_ctx, &kp, &vp, hs, att, stride);
+                    for (int i = 0; i < nq; i++) {
+                        sl_cpu_attention(want, qs[i], &kp, &vp, n_ctx[i], hs, att);
+                        cr_assert(memcmp(want, outs[i], (size_t)hs * 4) == 0,
+                                  "[%s] hs %d nq %d query %d (n_ctx %d) differs from alone",
+                                  sl_cpu_isa_name(isa), hs, nq, i, n_ctx[i]);
+                    }
+                    free(kc);
+                    free(vc);
+                    free(q);
+                    free(out);
+                    free(want);
+                    free(att);
+                }
+    }
 }

@@ -199,6 +199,33 @@ Test(worker, logits_match_when_prefill_is_chunked_or_decoded_one_by_one)
     sl_model_free(m);
 }
 
+/* A prefill chunk's rows attend in groups that share K and V reads, the grouped-query heads of a
+ * KV head together ("synthetic" has 8 query heads over 4 KV heads); each query must still get
+ * the bits it gets alone, so a whole-prompt prefill equals a one-token-at-a-time decode exactly. */
+Test(worker, logits_are_bitwise_equal_when_rows_attend_in_groups_or_alone)
+{
+    struct sl_model *m = wt_load("synthetic", NULL);
+    int V = sl_model_config(m)->vocab_size;
+    float *ref = reference_a(m);
+    float *logits = malloc((size_t)V * sizeof(float));
+    int32_t table[8] = {3, 1, 4, 0, 5, 2, 7, 6};
+    const int32_t *tables[1] = {table};
+    int32_t ctx[1];
+    struct sl_worker *w = new_worker(m, 2);
+    for (int i = 0; i < 20; i++) {
+        struct step s = {0};
+        step_add(&s, 0, seq_a[i], i);
+        ctx[0] = i + 1;
+        run_step(w, &s, 1, tables, ctx, logits);
+        cr_assert(memcmp(logits, ref + (size_t)i * V, (size_t)V * sizeof(float)) == 0,
+                  "position %d differs from the grouped prefill", i);
+    }
+    sl_worker_free(w);
+    free(logits);
+    free(ref);
+    sl_model_free(m);
+}
+
 Test(worker, logits_are_bitwise_equal_when_thread_count_changes)
 {
     struct sl_model *m = wt_load("synthetic:stories15M", NULL);
