@@ -63,13 +63,25 @@ INLINE float scalar_w(const enum sl_dtype t, const unsigned char *row, int j)
     return 0.0f;
 }
 
+/* Two floats through the unaligned 64-bit moves: p need only be float-aligned (a double* cast
+ * would promise 8-byte alignment, which callers do not give). */
+INLINE __m128 load2(const float *p)
+{
+    return _mm_castsi128_ps(_mm_loadl_epi64((const __m128i_u *)p));
+}
+
+INLINE void store2(float *p, __m128 v)
+{
+    _mm_storel_epi64((__m128i_u *)p, _mm_castps_si128(v));
+}
+
 /* The first n (1..4) floats at p as a vector; the other lanes are 0. */
 INLINE __m128 load_n(const int n, const float *p)
 {
     switch (n) {
     case 1: return _mm_load_ss(p);
-    case 2: return _mm_castpd_ps(_mm_load_sd((const double *)p));
-    case 3: return _mm_movelh_ps(_mm_castpd_ps(_mm_load_sd((const double *)p)), _mm_load_ss(p + 2));
+    case 2: return load2(p);
+    case 3: return _mm_movelh_ps(load2(p), _mm_load_ss(p + 2));
     default: return _mm_loadu_ps(p);
     }
 }
@@ -79,9 +91,9 @@ INLINE void store_n(const int n, float *p, __m128 v)
 {
     switch (n) {
     case 1: _mm_store_ss(p, v); break;
-    case 2: _mm_store_sd((double *)p, _mm_castps_pd(v)); break;
+    case 2: store2(p, v); break;
     case 3:
-        _mm_store_sd((double *)p, _mm_castps_pd(v));
+        store2(p, v);
         _mm_store_ss(p + 2, _mm_movehl_ps(v, v));
         break;
     default: _mm_storeu_ps(p, v); break;
