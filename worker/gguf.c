@@ -11,14 +11,9 @@
  */
 #include "worker_impl.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define GGUF_MAGIC "GGUF"
 #define GGUF_DEFAULT_ALIGN 32
@@ -721,42 +716,12 @@ int sl_model_gguf_parse(struct sl_model *m, const void *data, size_t len, const 
 
 int sl_model_load_gguf(struct sl_model *m, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "%s: cannot open: %s", path, strerror(e));
-        return e == ENOENT ? SL_ENOENT : SL_EIO;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return SL_EIO;
-    }
-    size_t len = (size_t)st.st_size;
-    if (len < 24) {
-        snprintf(err, errlen, "%s: truncated: %zu bytes, shorter than the 24-byte GGUF header",
-                 path, len);
-        close(fd);
-        return SL_EFORMAT;
-    }
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) {
-        snprintf(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
-        return SL_EIO;
-    }
-    m->map = map;
-    m->map_len = len; /* sl_model_free unmaps it, on failure too */
-    int rc = sl_model_gguf_parse(m, map, len, path, err, errlen);
+    int rc = sl_model_map_file(m, path, 24, err, errlen); /* 24: the GGUF header */
     if (rc != SL_OK)
         return rc;
-    /* "models/stories260K.gguf" is served as "stories260K". */
-    const char *b = strrchr(path, '/');
-    b = b ? b + 1 : path;
-    size_t n = strlen(b);
-    if (n > 5 && strcmp(b + n - 5, ".gguf") == 0)
-        n -= 5;
-    m->id = sl_xstrndup(b, n);
+    rc = sl_model_gguf_parse(m, m->map, m->map_len, path, err, errlen);
+    if (rc != SL_OK)
+        return rc;
+    m->id = sl_model_id_from_path(path, ".gguf"); /* served as "stories260K" */
     return SL_OK;
 }

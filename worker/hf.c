@@ -7,14 +7,10 @@
  */
 #include "worker_impl.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define MAX_HEADER (100u << 20) /* the safetensors spec's bound on the JSON header */
@@ -334,40 +330,6 @@ static char *join(const char *dir, const char *file)
     return p;
 }
 
-/* Reads a whole JSON/text file (bounded). */
-static int slurp(const char *path, char **out, size_t *len, char *err, size_t errlen)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        int e = errno;
-        return set_err(err, errlen, e == ENOENT ? SL_ENOENT : SL_EIO, "%s: cannot open: %s", path,
-                       strerror(e));
-    }
-    struct sl_str s;
-    sl_str_init(&s);
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), fp)) > 0) {
-        if (s.len + n > MAX_JSON_FILE) {
-            fclose(fp);
-            sl_str_dispose(&s);
-            return set_err(err, errlen, SL_EFORMAT, "%s: larger than %u bytes", path,
-                           MAX_JSON_FILE);
-        }
-        sl_str_append(&s, buf, n);
-    }
-    bool bad = ferror(fp);
-    fclose(fp);
-    if (bad) {
-        sl_str_dispose(&s);
-        return set_err(err, errlen, SL_EIO, "%s: read failed", path);
-    }
-    sl_str_append(&s, "", 0);
-    *out = s.p;
-    *len = s.len;
-    return SL_OK;
-}
-
 /* An integer config field in [lo, hi]; def < lo means required. */
 static bool cfg_int(const json_t *cfg, const char *key, long long lo, long long hi, long long def,
                     int *out, const char *path, char *err, size_t errlen)
@@ -495,29 +457,10 @@ out:
 
 static int load_safetensors(struct sl_model *m, const char *path, char *err, size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return set_err(err, errlen, e == ENOENT ? SL_ENOENT : SL_EIO, "%s: cannot open: %s", path,
-                       strerror(e));
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return set_err(err, errlen, SL_EIO, "%s: not a regular file", path);
-    }
-    size_t len = (size_t)st.st_size;
-    if (len < 8) {
-        close(fd);
-        return set_err(err, errlen, SL_EFORMAT, "%s: truncated: %zu bytes", path, len);
-    }
-    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED)
-        return set_err(err, errlen, SL_EIO, "%s: mmap failed: %s", path, strerror(errno));
-    m->map = map;
-    m->map_len = len; /* sl_model_free unmaps it, on failure too */
-    return sl_model_safetensors_parse(m, map, len, path, err, errlen);
+    int rc = sl_model_map_file(m, path, 8, err, errlen); /* 8: the header length */
+    if (rc != SL_OK)
+        return rc;
+    return sl_model_safetensors_parse(m, m->map, m->map_len, path, err, errlen);
 }
 
 int sl_model_load_hf(struct sl_model *m, const char *dir, char *err, size_t errlen)
@@ -531,7 +474,7 @@ int sl_model_load_hf(struct sl_model *m, const char *dir, char *err, size_t errl
     if (rc == SL_OK)
         rc = load_safetensors(m, st, err, errlen);
     if (rc == SL_OK)
-        rc = slurp(tj, &text, &tlen, err, errlen);
+        rc = sl_model_read_file(tj, MAX_JSON_FILE, &text, &tlen, err, errlen);
     if (rc == SL_OK) {
         char why[256];
         m->tok = sl_tok_hf_parse(text, tlen, bos, why, sizeof(why));

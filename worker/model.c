@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #define HEADER_BYTES 28 /* 7 little-endian int32 */
+/* A llama2.c tokenizer.bin of a 256k vocabulary is a few MiB; this only bounds nonsense. */
+#define MAX_TOKENIZER_BYTES ((size_t)256 << 20)
 
 uint64_t sl_model_body_floats(const struct sl_model_config *c)
 {
@@ -158,15 +160,20 @@ static int open_regular(const char *path, int *fd_out, size_t *size, char *err, 
     return SL_OK;
 }
 
-/* Reads a whole (small) file into memory. */
-static int read_file(const char *path, unsigned char **data, size_t *len, char *err, size_t errlen)
+int sl_model_read_file(const char *path, size_t max_len, char **data, size_t *len, char *err,
+                       size_t errlen)
 {
     int fd;
     size_t n;
     int rc = open_regular(path, &fd, &n, err, errlen);
     if (rc != SL_OK)
         return rc;
-    unsigned char *buf = sl_xmalloc(n ? n : 1);
+    if (n > max_len) {
+        set_err(err, errlen, "%s: larger than %zu bytes", path, max_len);
+        close(fd);
+        return SL_EFORMAT;
+    }
+    char *buf = sl_xmalloc(n + 1);
     size_t got = 0;
     while (got < n) {
         ssize_t r = read(fd, buf + got, n - got);
@@ -181,20 +188,55 @@ static int read_file(const char *path, unsigned char **data, size_t *len, char *
         got += (size_t)r;
     }
     close(fd);
+    buf[n] = '\0';
     *data = buf;
     *len = n;
     return SL_OK;
 }
 
+int sl_model_map_file(struct sl_model *m, const char *path, size_t min_len, char *err,
+                      size_t errlen)
+{
+    int fd;
+    size_t len;
+    int rc = open_regular(path, &fd, &len, err, errlen);
+    if (rc != SL_OK)
+        return rc;
+    if (len < min_len) {
+        set_err(err, errlen, "%s: truncated: %zu bytes, shorter than the %zu-byte header", path,
+                len, min_len);
+        close(fd);
+        return SL_EFORMAT;
+    }
+    void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) {
+        set_err(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
+        return SL_EIO;
+    }
+    m->map = map;
+    m->map_len = len;
+    return SL_OK;
+}
+
+char *sl_model_id_from_path(const char *path, const char *suffix)
+{
+    const char *b = base_name(path);
+    size_t n = strlen(b), k = strlen(suffix);
+    if (n > k && strcmp(b + n - k, suffix) == 0)
+        n -= k;
+    return sl_xstrndup(b, n);
+}
+
 static int load_tokenizer(struct sl_model *m, const char *path, char *err, size_t errlen)
 {
-    unsigned char *data;
+    char *data;
     size_t len;
-    int rc = read_file(path, &data, &len, err, errlen);
+    int rc = sl_model_read_file(path, MAX_TOKENIZER_BYTES, &data, &len, err, errlen);
     if (rc != SL_OK)
         return rc;
     char why[256];
-    m->tok = sl_tok_parse(data, len, m->cfg.vocab_size, why, sizeof(why));
+    m->tok = sl_tok_parse((const unsigned char *)data, len, m->cfg.vocab_size, why, sizeof(why));
     free(data);
     if (!m->tok) {
         set_err(err, errlen, "%s: bad tokenizer: %s", path, why);
@@ -205,23 +247,12 @@ static int load_tokenizer(struct sl_model *m, const char *path, char *err, size_
 
 static int load_checkpoint(struct sl_model *m, const char *path, char *err, size_t errlen)
 {
-    int fd;
-    size_t flen;
-    int rc = open_regular(path, &fd, &flen, err, errlen);
+    /* sl_model_free unmaps the file, on failure too. */
+    int rc = sl_model_map_file(m, path, HEADER_BYTES, err, errlen);
     if (rc != SL_OK)
         return rc;
-    if (flen < HEADER_BYTES) {
-        set_err(err, errlen, "%s: truncated: %zu bytes, shorter than the %d-byte header", path,
-                flen, HEADER_BYTES);
-        close(fd);
-        return SL_EFORMAT;
-    }
-    void *map = mmap(NULL, flen, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (map == MAP_FAILED) {
-        set_err(err, errlen, "%s: mmap failed: %s", path, strerror(errno));
-        return SL_EIO;
-    }
+    const void *map = m->map;
+    size_t flen = m->map_len;
     int32_t h[7];
     memcpy(h, map, sizeof(h)); /* little-endian hosts only, like llama2.c */
     struct sl_model_config *c = &m->cfg;
@@ -242,7 +273,6 @@ static int load_checkpoint(struct sl_model *m, const char *path, char *err, size
                 "%s: inconsistent header: dim %d hidden_dim %d n_layers %d n_heads %d "
                 "n_kv_heads %d vocab_size %d seq_len %d",
                 path, h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
-        munmap(map, flen);
         return SL_EFORMAT;
     }
     uint64_t want = HEADER_BYTES + floats * sizeof(float);
@@ -250,11 +280,8 @@ static int load_checkpoint(struct sl_model *m, const char *path, char *err, size
         set_err(err, errlen, "%s: %s: header implies %llu bytes, file has %zu", path,
                 (uint64_t)flen < want ? "truncated" : "trailing data", (unsigned long long)want,
                 flen);
-        munmap(map, flen);
         return SL_EFORMAT;
     }
-    m->map = map;
-    m->map_len = flen;
     use_llama2c_body(m, (const float *)((const char *)map + HEADER_BYTES));
     set_llama_stops(m);
     return SL_OK;
@@ -491,14 +518,8 @@ int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model 
         rc = load_checkpoint(m, spec, err, errlen);
         if (rc == SL_OK)
             rc = load_tokenizer(m, tokenizer_path, err, errlen);
-        if (rc == SL_OK) {
-            /* "models/stories260K.bin" is served as "stories260K". */
-            const char *b = base_name(spec);
-            size_t n = strlen(b);
-            if (n > 4 && strcmp(b + n - 4, ".bin") == 0)
-                n -= 4;
-            m->id = sl_xstrndup(b, n);
-        }
+        if (rc == SL_OK)
+            m->id = sl_model_id_from_path(spec, ".bin"); /* served as "stories260K" */
     }
     if (rc != SL_OK) {
         sl_model_free(m);

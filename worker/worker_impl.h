@@ -69,6 +69,16 @@ struct sl_model {
     int n_allocs, cap_allocs;
 };
 
+/* mmaps the regular file at path read-only into m->map (sl_model_free unmaps it, also after a
+ * later failure); files shorter than min_len are refused as truncated. */
+int sl_model_map_file(struct sl_model *m, const char *path, size_t min_len, char *err,
+                      size_t errlen);
+/* Reads a whole file of at most max_len bytes into a NUL-terminated buffer the caller frees. */
+int sl_model_read_file(const char *path, size_t max_len, char **data, size_t *len, char *err,
+                       size_t errlen);
+/* The served id of a model file: its base name without `suffix` ("a/b.gguf" → "b"). */
+char *sl_model_id_from_path(const char *path, const char *suffix);
+
 /* Hands buf to m (freed by sl_model_free) and returns it. */
 void *sl_model_own(struct sl_model *m, void *buf);
 
