@@ -161,12 +161,16 @@ static int check_batch(const struct sl_cpu_ctx *c, const struct sl_batch *b)
     return SL_OK;
 }
 
-/* Offset of (block, layer, slot) in a cache array, in floats. */
-static size_t kv_off(const struct sl_cpu_ctx *c, int32_t block, int layer, int slot)
+/* Offset of (block, layer, KV head, slot) in a cache array, in floats. A block holds, per layer,
+ * each KV head's rows together: (n_layers, n_kv_heads, block_size, head_size). Attention over one
+ * head then reads one contiguous run per block instead of a slice of every row. */
+static size_t kv_off(const struct sl_cpu_ctx *c, int32_t block, int layer, int head, int slot)
 {
-    return (((size_t)block * (size_t)c->cfg.n_layers + (size_t)layer) * (size_t)c->o.block_size +
-            (size_t)slot) *
-           (size_t)c->kv_dim;
+    size_t bs = (size_t)c->o.block_size, hs = (size_t)c->head_size;
+    return (((size_t)block * (size_t)c->cfg.n_layers + (size_t)layer) * (size_t)c->cfg.n_kv_heads +
+            (size_t)head) *
+               bs * hs +
+           (size_t)slot * hs;
 }
 
 /* Rows of one sequence attended together: their scores against a K row are taken while it is
@@ -184,10 +188,10 @@ static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, in
                    float *att)
 {
     int hs = c->head_size, dim = c->cfg.dim, kv_mul = c->cfg.n_heads / c->cfg.n_kv_heads;
-    size_t head_off = kv_off(c, 0, layer, 0) + (size_t)g * hs;
+    size_t head_off = kv_off(c, 0, layer, g, 0);
     size_t page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim;
     struct sl_cpu_pages kp = {c->key_cache + head_off, b->block_tables[b->seq[r0]], page_stride,
-                              (size_t)c->kv_dim, c->o.block_size};
+                              (size_t)hs, c->o.block_size};
     struct sl_cpu_pages vp = kp;
     vp.base = c->value_cache + head_off;
     float *outs[SL_CPU_ATTN_MAX_Q];
@@ -274,9 +278,12 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
             int32_t pos = b->pos[r];
             sl_cpu_rope_apply(c->k + (size_t)r * kv, cfg->n_kv_heads, hs, c->rope + (size_t)r * hs);
             int32_t block = b->block_tables[b->seq[r]][pos / bs];
-            size_t off = kv_off(c, block, l, pos % bs);
-            memcpy(c->key_cache + off, c->k + (size_t)r * kv, (size_t)kv * sizeof(float));
-            memcpy(c->value_cache + off, c->v + (size_t)r * kv, (size_t)kv * sizeof(float));
+            for (int g = 0; g < cfg->n_kv_heads; g++) {
+                size_t off = kv_off(c, block, l, g, pos % bs),
+                       src = (size_t)r * kv + (size_t)g * hs;
+                memcpy(c->key_cache + off, c->k + src, (size_t)hs * sizeof(float));
+                memcpy(c->value_cache + off, c->v + src, (size_t)hs * sizeof(float));
+            }
         }
         struct attn_job aj = {.c = c, .b = b, .layer = l, .n_groups = n_groups};
         int tasks = n_groups * cfg->n_kv_heads;
