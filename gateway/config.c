@@ -3,6 +3,8 @@
 
 #include <jansson.h>
 #include <limits.h>
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,43 @@ void sl_config_dispose(struct sl_config *c)
     free(c->tokenizer);
     free(c->log_level);
     memset(c, 0, sizeof *c);
+}
+
+/* A heap configuration and its reference count. */
+struct config_box {
+    atomic_int refs;
+    struct sl_config c;
+};
+
+static struct config_box *box_of(struct sl_config *c)
+{
+    return (struct config_box *)((char *)c - offsetof(struct config_box, c));
+}
+
+struct sl_config *sl_config_new(void)
+{
+    struct config_box *b = sl_xcalloc(1, sizeof *b);
+    atomic_init(&b->refs, 1);
+    sl_config_init(&b->c);
+    return &b->c;
+}
+
+struct sl_config *sl_config_ref(struct sl_config *c)
+{
+    if (c)
+        atomic_fetch_add_explicit(&box_of(c)->refs, 1, memory_order_relaxed);
+    return c;
+}
+
+void sl_config_unref(struct sl_config *c)
+{
+    if (!c)
+        return;
+    struct config_box *b = box_of(c);
+    if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1) {
+        sl_config_dispose(&b->c);
+        free(b);
+    }
 }
 
 static void replace(char **dst, const char *src)
@@ -235,9 +274,11 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
 const char *sl_config_usage(void)
 {
     return "usage: sluice [--config FILE] [--listen HOST:PORT] [--model PATH|synthetic[:SHAPE]]\n"
-           "              [--tokenizer PATH] [--help] [--version]\n"
+           "              [--tokenizer PATH] [--check-config FILE] [--help] [--version]\n"
            "\n"
-           "  --config FILE       JSON configuration (see conf/sluice.json); flags override it\n"
+           "  --config FILE       JSON configuration (see conf/sluice.json); flags override it;\n"
+           "                      SIGHUP reloads it\n"
+           "  --check-config FILE validate FILE (with the other flags) and exit: 0 when valid\n"
            "  --listen HOST:PORT  address to serve HTTP on (default 127.0.0.1:8080; port 0 picks "
            "one)\n"
            "  --model SPEC        synthetic[:tiny|stories15M|llama-1b][:f32|f16|bf16|q8_0], a "
@@ -277,10 +318,14 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
     *action = SL_CLI_SERVE;
     /* The file first, wherever --config stands, so flags always override it. */
     for (int i = 1; i < argc; i++) {
-        if (is_flag(argv[i], "--config")) {
-            const char *v = flag_value(argc, argv, &i, "--config", err, errlen);
+        bool check = is_flag(argv[i], "--check-config");
+        if (check || is_flag(argv[i], "--config")) {
+            const char *v =
+                flag_value(argc, argv, &i, check ? "--check-config" : "--config", err, errlen);
             if (!v)
                 return SL_EINVAL;
+            if (check)
+                *action = SL_CLI_CHECK;
             int st = sl_config_load_file(c, v, err, errlen);
             if (st != SL_OK)
                 return st;
@@ -295,8 +340,10 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
         } else if (strcmp(a, "--version") == 0) {
             *action = SL_CLI_VERSION;
             return SL_OK;
-        } else if (is_flag(a, "--config")) {
-            if (!flag_value(argc, argv, &i, "--config", err, errlen))
+        } else if (is_flag(a, "--config") || is_flag(a, "--check-config")) {
+            if (!flag_value(argc, argv, &i,
+                            a[2] == 'c' && a[3] == 'h' ? "--check-config" : "--config", err,
+                            errlen))
                 return SL_EINVAL;
         } else if (is_flag(a, "--listen")) {
             if (!(v = flag_value(argc, argv, &i, "--listen", err, errlen)))

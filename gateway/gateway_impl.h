@@ -105,7 +105,10 @@ struct sl_openai_completion {
     struct sl_req_params params; /* stop[] points into root; seed valid only when has_seed */
     bool has_seed;
     bool stream;
-    bool include_usage; /* stream_options.include_usage: a final chunk carries usage */
+    bool include_usage;       /* stream_options.include_usage: a final chunk carries usage */
+    const char *service_tier; /* OpenAI's service_tier ("auto", "default", "flex", "priority",
+                                 …) as sent, or NULL; the gateway maps it to a tier */
+    const char *user;         /* the end user's id as sent, or NULL */
 };
 
 /* Decodes and validates a completion request. `model_id` is the served model: a different

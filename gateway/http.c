@@ -366,6 +366,9 @@ enum conn_state {
 
 struct conn {
     struct io *io;
+    /* The configuration of the current request (a reference): the I/O thread's when the request
+     * started, kept to its end whatever a reload does meanwhile. */
+    struct sl_config *cfg;
     struct conn *prev, *next; /* io->conns, or io->dead once closed */
     struct bufferevent *bev;
     struct sl_http_parser req;
@@ -392,14 +395,17 @@ struct conn {
 
 struct io {
     struct sl_http_server *srv;
+    /* This thread's reference to the server's current configuration, adopted on reload_ev. */
+    struct sl_config *cfg;
     int idx;
     pthread_t thread;
     bool running;
     struct event_base *base;
     struct evconnlistener *listener;
-    struct event *wake_ev; /* activated by the outbox from the scheduler thread */
-    struct event *stop_ev; /* activated by sl_http_server_stop() */
-    struct event *reap_ev; /* frees closed connections outside their callbacks */
+    struct event *wake_ev;   /* activated by the outbox from the scheduler thread */
+    struct event *stop_ev;   /* activated by sl_http_server_stop() */
+    struct event *reap_ev;   /* frees closed connections outside their callbacks */
+    struct event *reload_ev; /* activated by sl_http_server_reload() */
     struct sl_outbox *outbox;
     struct conn *conns;
     struct conn *dead;
@@ -413,7 +419,10 @@ struct io {
 };
 
 struct sl_http_server {
-    const struct sl_config *cfg;
+    /* The current configuration (a reference), replaced by a reload under cfg_lock. The fields
+     * read only at start (listen, io_threads) are the same in every configuration. */
+    pthread_mutex_t cfg_lock;
+    struct sl_config *cfg;
     const struct sl_model *model;
     struct sl_sched *sched;
     int port;
@@ -600,7 +609,7 @@ static void serve_completion(struct conn *c)
     struct sl_openai_error err;
     const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
     if (sl_openai_completion_decode(&oc, body, c->req.body.len, sl_model_id(m),
-                                    srv->cfg->default_max_tokens, &err) != SL_OK) {
+                                    c->cfg->default_max_tokens, &err) != SL_OK) {
         send_error(c, &err, NULL);
         return;
     }
@@ -931,6 +940,13 @@ static void conn_on_write(struct bufferevent *bev, void *arg)
     }
     c->state = CONN_READING;
     c->sent_continue = false;
+    if (c->cfg != c->io->cfg) {
+        /* The previous request is over: the next one starts with the current configuration. */
+        sl_config_unref(c->cfg);
+        c->cfg = sl_config_ref(c->io->cfg);
+        c->req.max_header_bytes = c->cfg->max_header_bytes;
+        c->req.max_body_bytes = c->cfg->max_body_bytes;
+    }
     enum sl_http_parse st = sl_http_parser_next(&c->req);
     if (st == SL_HTTP_PARSE_MORE)
         conn_parse(c);
@@ -974,6 +990,7 @@ static void conn_close(struct conn *c)
 
 static void conn_free(struct conn *c)
 {
+    sl_config_unref(c->cfg);
     bufferevent_free(c->bev);
     sl_http_parser_dispose(&c->req);
     sl_str_dispose(&c->text);
@@ -1000,7 +1017,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 {
     (void)l, (void)sa, (void)salen;
     struct io *io = arg;
-    const struct sl_config *cfg = io->srv->cfg;
+    const struct sl_config *cfg = io->cfg;
     io->accept_error_logged = false;
     /* SSE chunks are small and latency is the point: no Nagle delay. */
     int one = 1;
@@ -1012,6 +1029,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     }
     struct conn *c = sl_xcalloc(1, sizeof *c);
     c->io = io;
+    c->cfg = sl_config_ref(io->cfg);
     c->bev = bev;
     c->state = CONN_READING;
     sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);
@@ -1046,6 +1064,20 @@ static void on_stop(evutil_socket_t fd, short what, void *arg)
     /* Events already delivered belong to connections that are gone. */
     on_wake(-1, 0, io);
     event_base_loopbreak(io->base);
+}
+
+/* Adopts the server's current configuration for the connections and requests that start from
+ * now on. */
+static void on_reload(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct io *io = arg;
+    struct sl_http_server *s = io->srv;
+    pthread_mutex_lock(&s->cfg_lock);
+    struct sl_config *next = sl_config_ref(s->cfg);
+    pthread_mutex_unlock(&s->cfg_lock);
+    sl_config_unref(io->cfg);
+    io->cfg = next;
 }
 
 static void *io_main(void *arg)
@@ -1099,6 +1131,7 @@ static int io_init(struct io *io, struct sl_http_server *s, int idx, int fd, cha
                    size_t errlen)
 {
     io->srv = s;
+    io->cfg = sl_config_ref(s->cfg);
     io->idx = idx;
     sl_str_init(&io->out);
     sl_str_init(&io->line);
@@ -1119,7 +1152,8 @@ static int io_init(struct io *io, struct sl_http_server *s, int idx, int fd, cha
     io->wake_ev = event_new(io->base, -1, 0, on_wake, io);
     io->stop_ev = event_new(io->base, -1, 0, on_stop, io);
     io->reap_ev = event_new(io->base, -1, 0, on_reap, io);
-    if (!io->wake_ev || !io->stop_ev || !io->reap_ev) {
+    io->reload_ev = event_new(io->base, -1, 0, on_reload, io);
+    if (!io->wake_ev || !io->stop_ev || !io->reap_ev || !io->reload_ev) {
         snprintf(err, errlen, "event_new failed");
         return SL_ENOMEM;
     }
@@ -1141,6 +1175,9 @@ static void io_dispose(struct io *io)
         event_free(io->stop_ev);
     if (io->reap_ev)
         event_free(io->reap_ev);
+    if (io->reload_ev)
+        event_free(io->reload_ev);
+    sl_config_unref(io->cfg);
     sl_outbox_free(io->outbox);
     if (io->base)
         event_base_free(io->base);
@@ -1149,9 +1186,8 @@ static void io_dispose(struct io *io)
     sl_str_dispose(&io->line);
 }
 
-int sl_http_server_new(const struct sl_config *cfg, const struct sl_model *model,
-                       struct sl_sched *sched, struct sl_http_server **out, char *err,
-                       size_t errlen)
+int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
+                       struct sl_http_server **out, char *err, size_t errlen)
 {
     if (cfg->io_threads < 1) {
         snprintf(err, errlen, "io_threads must be at least 1");
@@ -1168,7 +1204,8 @@ int sl_http_server_new(const struct sl_config *cfg, const struct sl_model *model
     }
 
     struct sl_http_server *s = sl_xcalloc(1, sizeof *s);
-    s->cfg = cfg;
+    pthread_mutex_init(&s->cfg_lock, NULL);
+    s->cfg = sl_config_ref(cfg);
     s->model = model;
     s->sched = sched;
     s->created = sl_clock_unix();
@@ -1247,5 +1284,54 @@ void sl_http_server_free(struct sl_http_server *s)
     for (int i = 0; i < s->n_io; i++)
         io_dispose(&s->io[i]);
     free(s->io);
+    sl_config_unref(s->cfg);
+    pthread_mutex_destroy(&s->cfg_lock);
     free(s);
+}
+
+/* Keys read only at start: a reload keeps the running value and says so. */
+static void keep_start_keys(struct sl_config *next, const struct sl_config *cur)
+{
+#define KEEP_STR(f)                                                                                \
+    if (!(next->f == cur->f || (next->f && cur->f && strcmp(next->f, cur->f) == 0))) {             \
+        sl_log(SL_LOG_WARN, "reload: \"" #f "\" changes only on restart; keeping \"%s\"",          \
+               cur->f ? cur->f : "null");                                                          \
+        free(next->f);                                                                             \
+        next->f = cur->f ? sl_xstrdup(cur->f) : NULL;                                              \
+    }
+#define KEEP_NUM(f)                                                                                \
+    if (next->f != cur->f) {                                                                       \
+        sl_log(SL_LOG_WARN, "reload: \"" #f "\" changes only on restart; keeping %g",              \
+               (double)cur->f);                                                                    \
+        next->f = cur->f;                                                                          \
+    }
+    KEEP_STR(listen_host)
+    KEEP_NUM(listen_port)
+    KEEP_STR(model)
+    KEEP_STR(tokenizer)
+    KEEP_NUM(io_threads)
+    KEEP_NUM(threads)
+    KEEP_NUM(max_seqs)
+    KEEP_NUM(max_batch_tokens)
+    KEEP_NUM(block_size)
+    KEEP_NUM(kv_cache_mib)
+    KEEP_NUM(kv_cache_fraction)
+#undef KEEP_STR
+#undef KEEP_NUM
+}
+
+int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
+                          size_t errlen)
+{
+    if (sl_config_validate(next, err, errlen) != SL_OK)
+        return SL_EINVAL;
+    pthread_mutex_lock(&s->cfg_lock);
+    struct sl_config *old = s->cfg;
+    keep_start_keys(next, old);
+    s->cfg = sl_config_ref(next);
+    pthread_mutex_unlock(&s->cfg_lock);
+    sl_config_unref(old);
+    for (int i = 0; i < s->n_io; i++)
+        event_active(s->io[i].reload_ev, EV_READ, 0);
+    return SL_OK;
 }

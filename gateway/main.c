@@ -67,28 +67,51 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char
     return (int)(want < cap ? want : cap);
 }
 
-int main(int argc, char **argv)
+/* SIGHUP: the configuration is read again from the same command line (the file, then the flags
+ * over it) and handed to the server; a configuration that fails to load keeps the old one. */
+static void reload(struct sl_http_server *http, int argc, char **argv)
 {
-    struct sl_config cfg;
     char err[1024] = "";
     enum sl_cli_action action;
-    sl_config_init(&cfg);
-    if (sl_config_from_args(&cfg, argc, argv, &action, err, sizeof err) != SL_OK) {
+    struct sl_config *next = sl_config_new();
+    int st = sl_config_from_args(next, argc, argv, &action, err, sizeof err);
+    if (st == SL_OK)
+        st = sl_http_server_reload(http, next, err, sizeof err);
+    if (st == SL_OK) {
+        sl_log_set_level(level_of(next->log_level));
+        sl_log(SL_LOG_INFO, "SIGHUP: configuration reloaded");
+    } else {
+        sl_log(SL_LOG_ERROR, "SIGHUP: configuration refused, the old one keeps serving: %s", err);
+    }
+    sl_config_unref(next);
+}
+
+int main(int argc, char **argv)
+{
+    char err[1024] = "";
+    enum sl_cli_action action;
+    struct sl_config *cfg = sl_config_new();
+    if (sl_config_from_args(cfg, argc, argv, &action, err, sizeof err) != SL_OK) {
         fprintf(stderr, "sluice: %s\n", err);
-        sl_config_dispose(&cfg);
+        sl_config_unref(cfg);
         return 2;
     }
     if (action == SL_CLI_HELP) {
         fputs(sl_config_usage(), stdout);
-        sl_config_dispose(&cfg);
+        sl_config_unref(cfg);
         return 0;
     }
     if (action == SL_CLI_VERSION) {
         printf("sluice %s\n", SL_VERSION);
-        sl_config_dispose(&cfg);
+        sl_config_unref(cfg);
         return 0;
     }
-    sl_log_set_level(level_of(cfg.log_level));
+    if (action == SL_CLI_CHECK) {
+        printf("sluice: configuration is valid\n");
+        sl_config_unref(cfg);
+        return 0;
+    }
+    sl_log_set_level(level_of(cfg->log_level));
     evthread_use_pthreads();
 
     /* Signals are taken by sigwait() here; every thread created later inherits the mask. */
@@ -96,6 +119,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGINT);
     sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -106,22 +130,22 @@ int main(int argc, char **argv)
     struct sl_http_server *http = NULL;
 
     uint64_t t0 = sl_clock_ns();
-    if (sl_model_load(cfg.model, cfg.tokenizer, &model, err, sizeof err) != SL_OK) {
+    if (sl_model_load(cfg->model, cfg->tokenizer, &model, err, sizeof err) != SL_OK) {
         fprintf(stderr, "sluice: model: %s\n", err);
         goto out;
     }
     const struct sl_model_config *mc = sl_model_config(model);
-    int n_blocks = kv_blocks(&cfg, model, err, sizeof err);
+    int n_blocks = kv_blocks(cfg, model, err, sizeof err);
     if (n_blocks < 0) {
         fprintf(stderr, "sluice: %s\n", err);
         goto out;
     }
     struct sl_backend_opts bo = {
         .n_kv_blocks = n_blocks,
-        .block_size = cfg.block_size,
-        .max_batch_tokens = cfg.max_batch_tokens,
-        .max_seqs = cfg.max_seqs,
-        .threads = cfg.threads,
+        .block_size = cfg->block_size,
+        .max_batch_tokens = cfg->max_batch_tokens,
+        .max_seqs = cfg->max_seqs,
+        .threads = cfg->threads,
     };
     int st = sl_worker_new(model, &sl_cpu_backend_ops, &bo, &worker);
     if (st != SL_OK) {
@@ -131,16 +155,16 @@ int main(int argc, char **argv)
     struct sl_sched_limits lim = {
         .vocab = mc->vocab_size,
         .max_ctx = mc->seq_len,
-        .max_seqs = cfg.max_seqs,
-        .max_batch_tokens = cfg.max_batch_tokens,
+        .max_seqs = cfg->max_seqs,
+        .max_batch_tokens = cfg->max_batch_tokens,
         .n_blocks = n_blocks,
-        .block_size = cfg.block_size,
+        .block_size = cfg->block_size,
     };
     if ((st = sl_sched_new(worker, &lim, &sched)) != SL_OK) {
         fprintf(stderr, "sluice: scheduler: %s\n", sl_status_str(st));
         goto out;
     }
-    if (sl_http_server_new(&cfg, model, sched, &http, err, sizeof err) != SL_OK) {
+    if (sl_http_server_new(cfg, model, sched, &http, err, sizeof err) != SL_OK) {
         fprintf(stderr, "sluice: %s\n", err);
         goto out;
     }
@@ -152,13 +176,14 @@ int main(int argc, char **argv)
            "model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, context %d; "
            "KV %d blocks of %d (%.1f MiB); loaded in %.0f ms",
            sl_model_id(model), mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
-           mc->seq_len, n_blocks, cfg.block_size, (double)sl_worker_kv_bytes(worker) / (1 << 20),
+           mc->seq_len, n_blocks, cfg->block_size, (double)sl_worker_kv_bytes(worker) / (1 << 20),
            (double)(sl_clock_ns() - t0) / 1e6);
-    sl_log(SL_LOG_INFO, "listening on http://%s%s%s:%d", strchr(cfg.listen_host, ':') ? "[" : "",
-           cfg.listen_host, strchr(cfg.listen_host, ':') ? "]" : "", sl_http_server_port(http));
+    sl_log(SL_LOG_INFO, "listening on http://%s%s%s:%d", strchr(cfg->listen_host, ':') ? "[" : "",
+           cfg->listen_host, strchr(cfg->listen_host, ':') ? "]" : "", sl_http_server_port(http));
 
     int sig = 0;
-    sigwait(&sigs, &sig);
+    while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP)
+        reload(http, argc, argv);
     sl_log(SL_LOG_INFO, "%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     rc = 0;
 
@@ -171,6 +196,6 @@ out:
     sl_http_server_free(http);
     sl_worker_free(worker);
     sl_model_free(model);
-    sl_config_dispose(&cfg);
+    sl_config_unref(cfg);
     return rc;
 }

@@ -221,6 +221,17 @@ static int decode_fields(struct sl_openai_completion *c, const char *model_id,
         c->include_usage = u && json_is_true(u);
     }
 
+    if ((v = member(root, "service_tier")) && !json_is_null(v)) {
+        if (!json_is_string(v))
+            return bad_type(err, "service_tier", "a string", v);
+        c->service_tier = json_string_value(v);
+    }
+    if ((v = member(root, "user")) && !json_is_null(v)) {
+        if (!json_is_string(v))
+            return bad_type(err, "user", "a string", v);
+        c->user = json_string_value(v);
+    }
+
     /* `n` is a known field whose silent omission would change the answer's shape. */
     if ((v = member(root, "n"))) {
         if (!json_is_integer(v))

@@ -36,16 +36,26 @@ struct sl_config {
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */
 void sl_config_init(struct sl_config *c);
 void sl_config_dispose(struct sl_config *c);
+
+/* A configuration on the heap, shared by reference: the server holds the current one and each
+ * request the one it started with, so a reload (SIGHUP) never changes a request in flight.
+ * sl_config_new gives the defaults and one reference; the last sl_config_unref frees it. Only
+ * configurations from sl_config_new may be passed to ref/unref. Thread-safe. */
+struct sl_config *sl_config_new(void);
+struct sl_config *sl_config_ref(struct sl_config *c);
+void sl_config_unref(struct sl_config *c);
 /* Overlays the JSON file at `path` onto c. Unknown keys, wrong types and out-of-range values are
  * errors; err then names the key (and "line L, column C" for JSON syntax errors). */
 int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen);
 /* Checks cross-field invariants after everything is loaded. */
 int sl_config_validate(const struct sl_config *c, char *err, size_t errlen);
 
-enum sl_cli_action { SL_CLI_SERVE, SL_CLI_HELP, SL_CLI_VERSION };
+enum sl_cli_action { SL_CLI_SERVE, SL_CLI_HELP, SL_CLI_VERSION, SL_CLI_CHECK };
 
 /* Parses the command line: `--config FILE` is applied first, then the other flags override it
  * (`--listen HOST:PORT`, `--model SPEC`, `--tokenizer PATH`, `--help`, `--version`).
+ * `--check-config FILE` loads FILE as --config does and sets SL_CLI_CHECK: the caller reports
+ * the result and exits without serving.
  * Returns SL_OK and sets *action, or SL_EINVAL with err naming the flag. */
 int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_action *action,
                         char *err, size_t errlen);
@@ -59,10 +69,16 @@ const char *sl_config_usage(void);
 struct sl_http_server;
 
 /* Binds the listener (host:port from cfg, SO_REUSEPORT) and prepares cfg->io_threads event loops.
- * The model, scheduler and cfg must outlive the server. On failure err says why. */
-int sl_http_server_new(const struct sl_config *cfg, const struct sl_model *model,
-                       struct sl_sched *sched, struct sl_http_server **out, char *err,
-                       size_t errlen);
+ * The server takes its own reference to cfg (from sl_config_new). The model and scheduler must
+ * outlive the server. On failure err says why. */
+int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
+                       struct sl_http_server **out, char *err, size_t errlen);
+/* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
+ * every request that starts from now on; requests in flight keep theirs. Keys that only take
+ * effect at start (listen, model, threads, KV and batch sizes, io_threads) keep their running
+ * values, each change logged as needing a restart. Callable from any thread. */
+int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
+                          size_t errlen);
 /* The port actually bound (useful when cfg->listen_port is 0). */
 int sl_http_server_port(const struct sl_http_server *s);
 /* Starts the I/O threads. */

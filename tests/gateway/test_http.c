@@ -393,7 +393,7 @@ Test(gateway, maps_statuses_to_http_when_errors_are_reported)
  */
 
 struct live {
-    struct sl_config cfg;
+    struct sl_config *cfg;
     struct sl_model *model;
     struct sl_http_server *srv;
 };
@@ -403,15 +403,15 @@ static void live_start(struct live *l, int io_threads)
     evthread_use_pthreads();
     /* As main does: a write to a peer that has gone must be an error, not a signal. */
     signal(SIGPIPE, SIG_IGN);
-    sl_config_init(&l->cfg);
-    l->cfg.listen_port = 0;
-    l->cfg.io_threads = io_threads;
-    l->cfg.max_header_bytes = MAX_HEAD;
-    l->cfg.max_body_bytes = MAX_BODY;
+    l->cfg = sl_config_new();
+    l->cfg->listen_port = 0;
+    l->cfg->io_threads = io_threads;
+    l->cfg->max_header_bytes = MAX_HEAD;
+    l->cfg->max_body_bytes = MAX_BODY;
     char err[256];
     cr_assert_eq(sl_model_load("synthetic:tiny", NULL, &l->model, err, sizeof err), SL_OK, "%s",
                  err);
-    cr_assert_eq(sl_http_server_new(&l->cfg, l->model, NULL, &l->srv, err, sizeof err), SL_OK, "%s",
+    cr_assert_eq(sl_http_server_new(l->cfg, l->model, NULL, &l->srv, err, sizeof err), SL_OK, "%s",
                  err);
     cr_assert_gt(sl_http_server_port(l->srv), 0);
     cr_assert_eq(sl_http_server_start(l->srv), SL_OK);
@@ -422,7 +422,7 @@ static void live_stop(struct live *l)
     sl_http_server_stop(l->srv);
     sl_http_server_free(l->srv);
     sl_model_free(l->model);
-    sl_config_dispose(&l->cfg);
+    sl_config_unref(l->cfg);
 }
 
 static int dial(const struct live *l)
