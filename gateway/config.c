@@ -1,5 +1,5 @@
 /* Configuration: built-in defaults, a JSON file, then command-line flags. */
-#include <sluice/gateway.h>
+#include "gateway_impl.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -26,6 +26,7 @@ void sl_config_init(struct sl_config *c)
     c->max_body_bytes = 1 << 20;
     c->max_header_bytes = 16 << 10;
     c->log_level = sl_xstrdup("info");
+    sl_tenancy_init(c);
 }
 
 void sl_config_dispose(struct sl_config *c)
@@ -34,6 +35,7 @@ void sl_config_dispose(struct sl_config *c)
     free(c->model);
     free(c->tokenizer);
     free(c->log_level);
+    sl_tenancy_dispose(c);
     memset(c, 0, sizeof *c);
 }
 
@@ -215,6 +217,9 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
     return SL_EINVAL;
 }
 
+/* In the order sl_tenancy_load takes them. */
+static const char *const tenancy_keys[4] = {"tiers", "tenants", "classify", "admin_key_sha256"};
+
 int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen)
 {
     json_error_t je;
@@ -234,10 +239,20 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
     const char *name;
     json_t *v;
     int st = SL_OK;
+    /* Tenants, tiers and classify refer to each other: applied together after the loop. */
+    json_t *tenancy[4] = {NULL, NULL, NULL, NULL};
     json_object_foreach(root, name, v)
     {
         /* Keys starting with "//" are comments, so the shipped example can document itself. */
         if (strncmp(name, "//", 2) == 0)
+            continue;
+        bool section = false;
+        for (int i = 0; i < 4; i++)
+            if (strcmp(name, tenancy_keys[i]) == 0) {
+                tenancy[i] = v;
+                section = true;
+            }
+        if (section)
             continue;
         const struct key *k = NULL;
         for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
@@ -251,6 +266,10 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
         if ((st = apply_key(c, k, v, err, errlen, path)) != SL_OK)
             break;
     }
+    char why[768];
+    if (st == SL_OK && (st = sl_tenancy_load(c, tenancy[0], tenancy[1], tenancy[2], tenancy[3], why,
+                                             sizeof why)) != SL_OK)
+        snprintf(err, errlen, "%s: %s", path, why);
     json_decref(root);
     return st;
 }
@@ -268,7 +287,39 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "\"log_level\" must be one of debug, info, warn, error");
         return SL_EINVAL;
     }
-    return SL_OK;
+    return sl_tenancy_validate(c, err, errlen);
+}
+
+json_t *sl_config_to_json(const struct sl_config *c)
+{
+    json_t *root = json_object();
+    const char *base = (const char *)c;
+    /* From the key table, so a key added there is reported here too. */
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const struct key *k = &keys[i];
+        json_t *v = NULL;
+        switch (k->type) {
+        case K_INT: v = json_integer(*(const int *)(base + k->off)); break;
+        case K_SIZE: v = json_integer((json_int_t) * (const size_t *)(base + k->off)); break;
+        case K_FRACTION: v = json_real(*(const double *)(base + k->off)); break;
+        case K_STR:
+        case K_STR_OR_NULL:
+        case K_LOG_LEVEL: {
+            const char *s = *(char *const *)(base + k->off);
+            v = s ? json_string(s) : json_null();
+            break;
+        }
+        case K_LISTEN: {
+            bool v6 = strchr(c->listen_host, ':') != NULL;
+            v = json_sprintf("%s%s%s:%d", v6 ? "[" : "", c->listen_host, v6 ? "]" : "",
+                             c->listen_port);
+            break;
+        }
+        }
+        json_object_set_new(root, k->name, v);
+    }
+    sl_tenancy_to_json(c, root);
+    return root;
 }
 
 const char *sl_config_usage(void)

@@ -148,4 +148,119 @@ void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
 void sl_openai_models_encode(struct sl_str *out, const char *model_id, int64_t created);
 void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t created);
 
+/* ---------------------------------------------------------------------------------------------
+ * Tenants, tiers and classification (tenant.c)
+ *
+ * Everything here is pure: functions read a configuration (shared, immutable once built) and the
+ * request's fields, and may run on any thread.
+ */
+
+#define SL_TIER_NAME_MAX 32   /* tier names: [A-Za-z0-9_.-], they travel in a header */
+#define SL_TENANT_NAME_MAX 64 /* tenant names: printable ASCII without '"' or '\' */
+#define SL_RULE_PATH_MAX 256
+#define SL_TIER_HEADER "x-sluice-tier" /* the request header a "header" rule reads */
+
+struct sl_tier {
+    char name[SL_TIER_NAME_MAX + 1];
+    int priority;    /* lower runs first (0..1000) */
+    int weight;      /* capacity share relative to the other tiers (1..1000) */
+    int ttft_slo_ms; /* p99 time-to-first-token objective */
+    int tpot_slo_ms; /* p99 time-per-output-token objective */
+};
+
+struct sl_tenant {
+    char name[SL_TENANT_NAME_MAX + 1];
+    unsigned char key_sha256[32]; /* SHA-256 of the API key; the key itself is never kept */
+    uint32_t tiers;               /* bit i set: may use tiers[i] */
+    int default_tier;             /* index into tiers; always allowed */
+};
+
+enum sl_rule_kind {
+    SL_RULE_HEADER,         /* the x-sluice-tier header names the tier (explicit) */
+    SL_RULE_SERVICE_TIER,   /* OpenAI's service_tier, through map (explicit) */
+    SL_RULE_MATCH,          /* path / stream / max_tokens_above conditions → tier (shape) */
+    SL_RULE_TENANT_DEFAULT, /* the tenant's default tier; ends the list */
+};
+
+/* service_tier value → tier; tier -1 means "no preference" (the next rule decides). */
+struct sl_service_tier_map {
+    char value[SL_TIER_NAME_MAX + 1];
+    int tier;
+};
+
+struct sl_tier_rule {
+    enum sl_rule_kind kind;
+    /* SERVICE_TIER */
+    struct sl_service_tier_map *map;
+    int n_map;
+    /* MATCH: every condition given must hold (absent ones match anything). */
+    char *path;                 /* exact request path, or NULL */
+    int stream;                 /* -1: any; 0 or 1: the request's "stream" */
+    long long max_tokens_above; /* -1: any; else max_tokens (after the default) must exceed it */
+    int tier;                   /* MATCH: the tier it yields */
+};
+
+/* What classification looks at. Strings need not be NUL-terminated. */
+struct sl_tier_request {
+    const char *header; /* x-sluice-tier value (spaces trimmed by the callee), or NULL */
+    size_t header_len;
+    const char *service_tier; /* NUL-terminated, or NULL */
+    const char *path;
+    size_t path_len;
+    bool stream;
+    int max_tokens; /* after default_max_tokens applied */
+};
+
+/* The tenant of requests when the configuration has none: every tier allowed, tiers[0] default. */
+extern const struct sl_tenant sl_tenant_anonymous;
+
+/* SHA-256 of data. */
+void sl_tenant_sha256(const void *data, size_t len, unsigned char out[32]);
+/* Parses 64 hex digits (either case) into out. False when s is anything else. */
+bool sl_tenant_hex_decode(const char *s, unsigned char out[32]);
+/* The key of an Authorization value "Bearer KEY" (scheme case-insensitive, spaces around the key
+ * trimmed). False when the value is absent, another scheme, or an empty key. */
+bool sl_tenant_bearer(const char *value, size_t len, const char **key, size_t *key_len);
+/* The tenant whose key is `key`: its SHA-256 is compared with every tenant's hash in constant
+ * time, without stopping at a match. NULL when none matches (or no key). With no tenants
+ * configured, the anonymous tenant whatever the key. The result points into cfg. */
+const struct sl_tenant *sl_tenant_lookup(const struct sl_config *cfg, const char *key, size_t len);
+/* True when cfg has an admin key and `key` is it (constant-time comparison of hashes). */
+bool sl_tenant_admin_check(const struct sl_config *cfg, const char *key, size_t len);
+/* A form of key safe to show its owner: "sk-ab****wxyz" (5 + 4 of its bytes) for printable keys
+ * of 20 bytes or more, "****" otherwise. */
+void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen);
+
+/* Index of the tier named name[0..len), or -1. */
+int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len);
+/* Puts a request of tenant t into a tier by cfg's classify rules, first match wins (see
+ * conf/sluice.json). An explicit request (header or service_tier) for an unknown tier is a 400
+ * naming the param, for a tier the tenant may not use a 403; a shape rule whose tier the tenant
+ * may not use is skipped; the tenant default ends the list. Returns SL_OK with *tier set, or
+ * SL_EINVAL with err filled. */
+int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
+                     const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err);
+
+/* Configuration sections, called by config.c. init gives the defaults: tiers "interactive" and
+ * "batch", no tenants, no admin key, and the rules [header, service_tier (priority →
+ * interactive, flex → batch), tenant_default]. */
+void sl_tenancy_init(struct sl_config *c);
+void sl_tenancy_dispose(struct sl_config *c);
+/* Applies the sections given (NULL = not in the file) in dependency order: tiers, then tenants
+ * and classify, which name tiers. When tiers are replaced, tenants kept from before are mapped to
+ * the new tiers by name and the rules, unless given, go back to the defaults. On error c is
+ * unchanged and err names the path of the bad value ("tenants[1].key_sha256: ..."); it never
+ * contains a key or a key hash. */
+int sl_tenancy_load(struct sl_config *c, json_t *tiers, json_t *tenants, json_t *classify,
+                    json_t *admin_key_sha256, char *err, size_t errlen);
+/* Cross-checks (every reference in range, defaults allowed); for configurations built in code. */
+int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen);
+/* Adds "tiers", "tenants", "classify" and "admin_key_sha256" to root as the file would spell
+ * them, every key hash replaced by "<redacted>". */
+void sl_tenancy_to_json(const struct sl_config *c, json_t *root);
+
+/* The effective configuration as JSON (every key conf/sluice.json documents), with key hashes
+ * redacted: what GET /admin/config answers. The caller owns the result. */
+json_t *sl_config_to_json(const struct sl_config *c);
+
 #endif

@@ -15,6 +15,12 @@
  * Configuration (conf/sluice.json documents every key)
  */
 
+#define SL_TIERS_MAX 32 /* tiers in one configuration (a tenant's allowed tiers are a bit mask) */
+
+struct sl_tier;      /* a latency promise: priority, weight, SLOs (layout in gateway_impl.h) */
+struct sl_tenant;    /* who pays: key hash, allowed tiers, default tier */
+struct sl_tier_rule; /* one rule of the ordered classification list */
+
 struct sl_config {
     char *listen_host;        /* "127.0.0.1" */
     int listen_port;          /* 8080; 0 picks a free port */
@@ -31,6 +37,19 @@ struct sl_config {
     size_t max_body_bytes;    /* larger request bodies get 413 */
     size_t max_header_bytes;  /* larger request heads get 431 */
     char *log_level;          /* "debug", "info", "warn", "error" */
+
+    /* Tenants, tiers and classification (gateway/tenant.c). Arrays owned by the config; tiers is
+     * never empty, classify may be (every request then gets its tenant's default). With no tenants
+     * every request is the anonymous tenant's, who may use every tier and defaults to tiers[0]. */
+    struct sl_tier *tiers;
+    int n_tiers;
+    struct sl_tenant *tenants;
+    int n_tenants;
+    struct sl_tier_rule *classify;
+    int n_classify;
+    bool has_admin_key; /* the /admin/ routes answer 403 without one */
+    unsigned char
+        admin_key_sha256[32]; /* SHA-256 of the admin key (the key itself is never kept) */
 };
 
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */

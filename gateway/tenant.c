@@ -1,0 +1,950 @@
+/* Tenants, tiers and classification: the configuration sections that describe them, API key
+ * lookup, and the rules that put a request into a tier.
+ *
+ * Keys are never kept, only their SHA-256: a leaked configuration or /admin/config answer gives
+ * nobody a key, and a lookup hashes the presented key and compares hashes. The comparison runs
+ * against every tenant with CRYPTO_memcmp and no early exit, so the time of a lookup says
+ * nothing about which hash (or how much of it) matched. Error messages and logs name tenants and
+ * tiers, never keys or their hashes.
+ */
+#include "gateway_impl.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define TENANTS_MAX 100000
+#define RULES_MAX 64
+#define MAP_MAX 32
+
+const struct sl_tenant sl_tenant_anonymous = {
+    .name = "anonymous",
+    .tiers = UINT32_MAX,
+    .default_tier = 0,
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Keys
+ */
+
+/* Fetched once: EVP_sha256() makes OpenSSL 3 look the implementation up on every call, which
+ * costs more than hashing a key (the 401 path is one hash). Never freed; it lives as long as
+ * the process. */
+static EVP_MD *sha256_md;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void sha256_fetch(void)
+{
+    sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+}
+
+void sl_tenant_sha256(const void *data, size_t len, unsigned char out[32])
+{
+    pthread_once(&sha256_once, sha256_fetch);
+    unsigned int n = 0;
+    /* Fails only without memory or a SHA-256 implementation: nothing to recover. */
+    if (EVP_Digest(data, len, out, &n, sha256_md ? sha256_md : EVP_sha256(), NULL) != 1 ||
+        n != 32) {
+        sl_log(SL_LOG_ERROR, "SHA-256 is unavailable in this OpenSSL");
+        abort();
+    }
+}
+
+static int hex_value(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+bool sl_tenant_hex_decode(const char *s, unsigned char out[32])
+{
+    if (!s || strlen(s) != 64)
+        return false;
+    for (int i = 0; i < 32; i++) {
+        int hi = hex_value(s[2 * i]), lo = hex_value(s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return false;
+        out[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return true;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+bool sl_tenant_bearer(const char *value, size_t len, const char **key, size_t *key_len)
+{
+    static const char scheme[] = "bearer";
+    const size_t sl = sizeof scheme - 1;
+    if (!value)
+        return false;
+    while (len && is_space(*value))
+        value++, len--;
+    while (len && is_space(value[len - 1]))
+        len--;
+    if (len <= sl || strncasecmp(value, scheme, sl) != 0 || !is_space(value[sl]))
+        return false;
+    value += sl, len -= sl;
+    while (len && is_space(*value))
+        value++, len--;
+    if (!len)
+        return false;
+    *key = value;
+    *key_len = len;
+    return true;
+}
+
+/* Compares h with every hash and returns the index of the one equal to it, or -1. The loop
+ * always runs to the end and picks the index with masks rather than a branch on the match. */
+static long ct_find(const unsigned char h[32], const unsigned char *hashes, size_t stride, size_t n)
+{
+    size_t idx = 0, found = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t eq = (size_t)(CRYPTO_memcmp(h, hashes + i * stride, 32) == 0);
+        size_t mask = (size_t)0 - eq;
+        idx |= mask & i;
+        found |= eq;
+    }
+    return found ? (long)idx : -1;
+}
+
+const struct sl_tenant *sl_tenant_lookup(const struct sl_config *cfg, const char *key, size_t len)
+{
+    if (cfg->n_tenants == 0)
+        return &sl_tenant_anonymous;
+    if (!key || !len)
+        return NULL;
+    unsigned char h[32];
+    sl_tenant_sha256(key, len, h);
+    long i = ct_find(h, cfg->tenants[0].key_sha256, sizeof cfg->tenants[0], (size_t)cfg->n_tenants);
+    return i < 0 ? NULL : &cfg->tenants[i];
+}
+
+bool sl_tenant_admin_check(const struct sl_config *cfg, const char *key, size_t len)
+{
+    if (!cfg->has_admin_key || !key || !len)
+        return false;
+    unsigned char h[32];
+    sl_tenant_sha256(key, len, h);
+    return CRYPTO_memcmp(h, cfg->admin_key_sha256, 32) == 0;
+}
+
+void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen)
+{
+    bool printable = len >= 20;
+    for (size_t i = 0; printable && i < len; i++)
+        printable = key[i] > ' ' && key[i] < 0x7f && key[i] != '"' && key[i] != '\\';
+    if (!printable)
+        snprintf(out, outlen, "****");
+    else
+        snprintf(out, outlen, "%.5s****%.4s", key, key + len - 4);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Classification
+ */
+
+int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len)
+{
+    for (int i = 0; i < cfg->n_tiers; i++)
+        if (strlen(cfg->tiers[i].name) == len && memcmp(cfg->tiers[i].name, name, len) == 0)
+            return i;
+    return -1;
+}
+
+static bool allowed(const struct sl_tenant *t, int tier)
+{
+    return tier >= 0 && tier < SL_TIERS_MAX && (t->tiers >> tier & 1u);
+}
+
+/* Client text quoted in a message: printable ASCII only, at most 40 bytes. */
+static void quote(char *out, size_t outlen, const char *s, size_t len)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 1 < outlen && i < 40; i++)
+        out[n++] = s[i] >= ' ' && s[i] < 0x7f ? s[i] : '?';
+    out[n] = '\0';
+}
+
+static void tier_list(const struct sl_config *cfg, const struct sl_tenant *t, char *out,
+                      size_t outlen)
+{
+    size_t n = 0;
+    out[0] = '\0';
+    for (int i = 0; i < cfg->n_tiers && n < outlen; i++)
+        if (!t || allowed(t, i))
+            n += (size_t)snprintf(out + n, outlen - n, "%s%s", n ? ", " : "", cfg->tiers[i].name);
+}
+
+/* An explicit request for `tier` through `param`: a tier the tenant may not use is refused
+ * rather than silently replaced, so the client learns it did not get what it asked for. */
+static int explicit_tier(const struct sl_config *cfg, const struct sl_tenant *t, int tier,
+                         const char *param, int *out, struct sl_openai_error *err)
+{
+    char list[256];
+    if (!allowed(t, tier)) {
+        tier_list(cfg, t, list, sizeof list);
+        sl_openai_error_set(err, 403, param, "tier_not_allowed",
+                            "Tenant '%s' may not use tier '%s' (requested by '%s'); its tiers "
+                            "are: %s.",
+                            t->name, cfg->tiers[tier].name, param, list);
+        return SL_EINVAL;
+    }
+    *out = tier;
+    return SL_OK;
+}
+
+static int unknown_tier(const struct sl_config *cfg, const char *param, const char *v, size_t len,
+                        struct sl_openai_error *err)
+{
+    char q[48], list[256];
+    quote(q, sizeof q, v, len);
+    tier_list(cfg, NULL, list, sizeof list);
+    sl_openai_error_set(err, 400, param, "invalid_tier",
+                        "Invalid '%s': unknown tier '%s'; this server's tiers are: %s.", param, q,
+                        list);
+    return SL_EINVAL;
+}
+
+int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
+                     const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err)
+{
+    for (int i = 0; i < cfg->n_classify; i++) {
+        const struct sl_tier_rule *r = &cfg->classify[i];
+        switch (r->kind) {
+        case SL_RULE_HEADER: {
+            const char *v = rq->header;
+            size_t n = rq->header_len;
+            while (n && is_space(*v))
+                v++, n--;
+            while (n && is_space(v[n - 1]))
+                n--;
+            if (!v || !n)
+                break;
+            int k = sl_tier_find(cfg, v, n);
+            if (k < 0)
+                return unknown_tier(cfg, SL_TIER_HEADER, v, n, err);
+            return explicit_tier(cfg, t, k, SL_TIER_HEADER, tier, err);
+        }
+        case SL_RULE_SERVICE_TIER: {
+            const char *v = rq->service_tier;
+            if (!v)
+                break;
+            int k = -1;
+            bool mapped = false;
+            for (int j = 0; j < r->n_map && !mapped; j++)
+                if (strcmp(r->map[j].value, v) == 0) {
+                    k = r->map[j].tier;
+                    mapped = true;
+                }
+            if (!mapped)
+                k = sl_tier_find(cfg, v, strlen(v));
+            /* Mapped to null, or OpenAI's own "auto" and "default" left unmapped: no
+             * preference, the next rule decides. */
+            if (k < 0 && (mapped || strcmp(v, "auto") == 0 || strcmp(v, "default") == 0))
+                break;
+            if (k < 0)
+                return unknown_tier(cfg, "service_tier", v, strlen(v), err);
+            return explicit_tier(cfg, t, k, "service_tier", tier, err);
+        }
+        case SL_RULE_MATCH:
+            if (r->path &&
+                !(strlen(r->path) == rq->path_len && memcmp(r->path, rq->path, rq->path_len) == 0))
+                break;
+            if (r->stream >= 0 && r->stream != (int)rq->stream)
+                break;
+            if (r->max_tokens_above >= 0 && rq->max_tokens <= r->max_tokens_above)
+                break;
+            /* A shape says what suits the request, not what the client asked for: a tier the
+             * tenant may not use just lets the next rule decide. */
+            if (!allowed(t, r->tier) || r->tier >= cfg->n_tiers)
+                break;
+            *tier = r->tier;
+            return SL_OK;
+        case SL_RULE_TENANT_DEFAULT: *tier = t->default_tier; return SL_OK;
+        }
+    }
+    *tier = t->default_tier;
+    return SL_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Configuration sections
+ */
+
+/* The sections being built by one load; swapped into the config only when all are valid. */
+struct tenancy {
+    struct sl_tier *tiers;
+    int n_tiers;
+    struct sl_tenant *tenants;
+    int n_tenants;
+    struct sl_tier_rule *classify;
+    int n_classify;
+    bool has_admin_key;
+    unsigned char admin_key_sha256[32];
+};
+
+static void rules_free(struct sl_tier_rule *r, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(r[i].map);
+        free(r[i].path);
+    }
+    free(r);
+}
+
+static void tenancy_dispose(struct tenancy *t)
+{
+    free(t->tiers);
+    free(t->tenants);
+    rules_free(t->classify, t->n_classify);
+    memset(t, 0, sizeof *t);
+}
+
+static void default_tiers(struct tenancy *t)
+{
+    static const struct sl_tier defs[] = {
+        {.name = "interactive",
+         .priority = 0,
+         .weight = 4,
+         .ttft_slo_ms = 1000,
+         .tpot_slo_ms = 100},
+        {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000, .tpot_slo_ms = 1000},
+    };
+    t->n_tiers = 2;
+    t->tiers = sl_xmalloc(sizeof defs);
+    memcpy(t->tiers, defs, sizeof defs);
+}
+
+static int find_in(const struct tenancy *t, const char *name)
+{
+    for (int i = 0; i < t->n_tiers; i++)
+        if (strcmp(t->tiers[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* [header, service_tier (priority → interactive, flex → batch, where those tiers exist),
+ * tenant_default]. */
+static void default_rules(struct tenancy *t)
+{
+    t->n_classify = 3;
+    t->classify = sl_xcalloc(3, sizeof *t->classify);
+    t->classify[0].kind = SL_RULE_HEADER;
+    struct sl_tier_rule *st = &t->classify[1];
+    st->kind = SL_RULE_SERVICE_TIER;
+    st->map = sl_xcalloc(2, sizeof *st->map);
+    static const char *const pairs[][2] = {{"priority", "interactive"}, {"flex", "batch"}};
+    for (int i = 0; i < 2; i++) {
+        int k = find_in(t, pairs[i][1]);
+        if (k < 0)
+            continue;
+        snprintf(st->map[st->n_map].value, sizeof st->map[0].value, "%s", pairs[i][0]);
+        st->map[st->n_map++].tier = k;
+    }
+    t->classify[2].kind = SL_RULE_TENANT_DEFAULT;
+}
+
+void sl_tenancy_init(struct sl_config *c)
+{
+    struct tenancy t = {0};
+    default_tiers(&t);
+    default_rules(&t);
+    c->tiers = t.tiers;
+    c->n_tiers = t.n_tiers;
+    c->tenants = NULL;
+    c->n_tenants = 0;
+    c->classify = t.classify;
+    c->n_classify = t.n_classify;
+    c->has_admin_key = false;
+    memset(c->admin_key_sha256, 0, sizeof c->admin_key_sha256);
+}
+
+void sl_tenancy_dispose(struct sl_config *c)
+{
+    free(c->tiers);
+    free(c->tenants);
+    rules_free(c->classify, c->n_classify);
+    c->tiers = NULL;
+    c->tenants = NULL;
+    c->classify = NULL;
+    c->n_tiers = c->n_tenants = c->n_classify = 0;
+}
+
+/* A configuration name shown in an error: printable ASCII, clipped. */
+static const char *shown(const char *s, char buf[48])
+{
+    quote(buf, 48, s, strlen(s));
+    return buf;
+}
+
+static bool is_comment(const char *key)
+{
+    return strncmp(key, "//", 2) == 0;
+}
+
+static bool valid_tier_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > SL_TIER_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.'))
+            return false;
+    }
+    return true;
+}
+
+static bool valid_tenant_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > SL_TENANT_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < ' ' || s[i] >= 0x7f || s[i] == '"' || s[i] == '\\')
+            return false;
+    return true;
+}
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        snprintf(err, errlen, __VA_ARGS__);                                                        \
+        return SL_EINVAL;                                                                          \
+    } while (0)
+
+static int int_field(json_t *obj, const char *tier, const char *key, long min, long max, int *out,
+                     char *err, size_t errlen)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        FAIL("tiers.%s.%s: missing (every tier gives priority, weight, ttft_slo_ms and "
+             "tpot_slo_ms)",
+             tier, key);
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
+        FAIL("tiers.%s.%s: must be an integer from %ld to %ld", tier, key, min, max);
+    *out = (int)json_integer_value(v);
+    return SL_OK;
+}
+
+static int load_tiers(struct tenancy *t, json_t *v, char *err, size_t errlen)
+{
+    char b[48];
+    if (!json_is_object(v) || json_object_size(v) == 0)
+        FAIL("tiers: must be a non-empty object of tiers keyed by name");
+    size_t n = 0;
+    const char *name;
+    json_t *tv;
+    json_object_foreach(v, name, tv)
+    {
+        if (!is_comment(name))
+            n++;
+    }
+    if (n == 0)
+        FAIL("tiers: must be a non-empty object of tiers keyed by name");
+    if (n > SL_TIERS_MAX)
+        FAIL("tiers: %zu tiers, at most %d", n, SL_TIERS_MAX);
+    t->tiers = sl_xcalloc(n, sizeof *t->tiers);
+    json_object_foreach(v, name, tv)
+    {
+        if (is_comment(name))
+            continue;
+        if (!valid_tier_name(name))
+            FAIL("tiers.%s: a tier name is 1 to %d of A-Z a-z 0-9 _ . -", shown(name, b),
+                 SL_TIER_NAME_MAX);
+        if (!json_is_object(tv))
+            FAIL("tiers.%s: must be an object", name);
+        struct sl_tier *tr = &t->tiers[t->n_tiers];
+        snprintf(tr->name, sizeof tr->name, "%s", name);
+        const char *k;
+        json_t *kv;
+        json_object_foreach(tv, k, kv)
+        {
+            if (!is_comment(k) && strcmp(k, "priority") != 0 && strcmp(k, "weight") != 0 &&
+                strcmp(k, "ttft_slo_ms") != 0 && strcmp(k, "tpot_slo_ms") != 0)
+                FAIL("tiers.%s.%s: unknown key", name, shown(k, b));
+        }
+        int st;
+        if ((st = int_field(tv, name, "priority", 0, 1000, &tr->priority, err, errlen)) ||
+            (st = int_field(tv, name, "weight", 1, 1000, &tr->weight, err, errlen)) ||
+            (st = int_field(tv, name, "ttft_slo_ms", 1, 3600000, &tr->ttft_slo_ms, err, errlen)) ||
+            (st = int_field(tv, name, "tpot_slo_ms", 1, 600000, &tr->tpot_slo_ms, err, errlen)))
+            return st;
+        t->n_tiers++;
+    }
+    return SL_OK;
+}
+
+/* A tier name at `path` (a JSON string) resolved against t's tiers. */
+static int tier_ref(const struct tenancy *t, json_t *v, const char *path, int *out, char *err,
+                    size_t errlen)
+{
+    char b[48];
+    if (!json_is_string(v))
+        FAIL("%s: must be a tier name (a string)", path);
+    int k = find_in(t, json_string_value(v));
+    if (k < 0) {
+        char list[256];
+        size_t n = 0;
+        list[0] = '\0';
+        for (int i = 0; i < t->n_tiers && n < sizeof list; i++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
+                                  t->tiers[i].name);
+        FAIL("%s: unknown tier \"%s\" (the tiers are: %s)", path, shown(json_string_value(v), b),
+             list);
+    }
+    *out = k;
+    return SL_OK;
+}
+
+static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t errlen)
+{
+    char b[48], path[64];
+    struct sl_tenant *tn = &t->tenants[i];
+    if (!json_is_object(v))
+        FAIL("tenants[%d]: must be an object with name, key_sha256, tiers and default_tier", i);
+    const char *k;
+    json_t *kv;
+    json_object_foreach(v, k, kv)
+    {
+        if (!is_comment(k) && strcmp(k, "name") != 0 && strcmp(k, "key_sha256") != 0 &&
+            strcmp(k, "tiers") != 0 && strcmp(k, "default_tier") != 0)
+            FAIL("tenants[%d].%s: unknown key", i, shown(k, b));
+    }
+    json_t *name = json_object_get(v, "name");
+    if (!name)
+        FAIL("tenants[%d].name: missing", i);
+    if (!json_is_string(name) || !valid_tenant_name(json_string_value(name)))
+        FAIL("tenants[%d].name: must be 1 to %d printable ASCII characters without '\"' or '\\'", i,
+             SL_TENANT_NAME_MAX);
+    snprintf(tn->name, sizeof tn->name, "%s", json_string_value(name));
+    json_t *key = json_object_get(v, "key_sha256");
+    if (!key)
+        FAIL("tenants[%d].key_sha256: missing (the SHA-256 of the tenant's API key, e.g. from "
+             "`printf %%s KEY | sha256sum`)",
+             i);
+    /* The value is never echoed: even a malformed hash may be a pasted key. */
+    if (!json_is_string(key) || !sl_tenant_hex_decode(json_string_value(key), tn->key_sha256))
+        FAIL("tenants[%d].key_sha256: must be 64 hex digits (the SHA-256 of the key, not the "
+             "key)",
+             i);
+    json_t *tiers = json_object_get(v, "tiers");
+    if (!tiers)
+        FAIL("tenants[%d].tiers: missing", i);
+    if (!json_is_array(tiers) || json_array_size(tiers) == 0)
+        FAIL("tenants[%d].tiers: must be a non-empty array of tier names", i);
+    size_t j;
+    json_t *tv;
+    json_array_foreach(tiers, j, tv)
+    {
+        int k2;
+        snprintf(path, sizeof path, "tenants[%d].tiers[%zu]", i, j);
+        int st = tier_ref(t, tv, path, &k2, err, errlen);
+        if (st)
+            return st;
+        if (tn->tiers >> k2 & 1u)
+            FAIL("%s: \"%s\" is listed twice", path, t->tiers[k2].name);
+        tn->tiers |= 1u << k2;
+    }
+    json_t *def = json_object_get(v, "default_tier");
+    if (!def)
+        FAIL("tenants[%d].default_tier: missing", i);
+    snprintf(path, sizeof path, "tenants[%d].default_tier", i);
+    int st = tier_ref(t, def, path, &tn->default_tier, err, errlen);
+    if (st)
+        return st;
+    if (!(tn->tiers >> tn->default_tier & 1u))
+        FAIL("tenants[%d].default_tier: \"%s\" is not in tenants[%d].tiers", i,
+             t->tiers[tn->default_tier].name, i);
+    for (int o = 0; o < i; o++) {
+        if (strcmp(t->tenants[o].name, tn->name) == 0)
+            FAIL("tenants[%d].name: \"%s\" is also tenants[%d].name", i, tn->name, o);
+        if (CRYPTO_memcmp(t->tenants[o].key_sha256, tn->key_sha256, 32) == 0)
+            FAIL("tenants[%d].key_sha256: the same key as tenants[%d] (\"%s\")", i, o,
+                 t->tenants[o].name);
+    }
+    return SL_OK;
+}
+
+static int load_tenants(struct tenancy *t, json_t *v, char *err, size_t errlen)
+{
+    if (!json_is_array(v))
+        FAIL("tenants: must be an array of tenants");
+    if (json_array_size(v) > TENANTS_MAX)
+        FAIL("tenants: %zu tenants, at most %d", json_array_size(v), TENANTS_MAX);
+    t->n_tenants = (int)json_array_size(v);
+    t->tenants = t->n_tenants ? sl_xcalloc((size_t)t->n_tenants, sizeof *t->tenants) : NULL;
+    for (int i = 0; i < t->n_tenants; i++) {
+        int st = load_tenant(t, i, json_array_get(v, (size_t)i), err, errlen);
+        if (st)
+            return st;
+    }
+    return SL_OK;
+}
+
+/* The only key of a one-key rule, or NULL when there are others (comments aside). */
+static const char *other_key(json_t *rule, const char *mine)
+{
+    const char *k;
+    json_t *v;
+    json_object_foreach(rule, k, v)
+    {
+        if (!is_comment(k) && strcmp(k, mine) != 0)
+            return k;
+    }
+    return NULL;
+}
+
+static int load_rule(struct tenancy *t, int i, json_t *v, int *seen_header, int *seen_st, char *err,
+                     size_t errlen)
+{
+    char b[48], path[96];
+    struct sl_tier_rule *r = &t->classify[i];
+    r->stream = -1;
+    r->max_tokens_above = -1;
+    r->tier = -1;
+    if (!json_is_object(v))
+        FAIL("classify[%d]: must be an object (a rule)", i);
+    const char *other;
+    json_t *x;
+    if ((x = json_object_get(v, "header"))) {
+        if ((other = other_key(v, "header")))
+            FAIL("classify[%d].%s: a \"header\" rule takes no other key", i, shown(other, b));
+        if (!json_is_string(x) || strcasecmp(json_string_value(x), SL_TIER_HEADER) != 0)
+            FAIL("classify[%d].header: must be \"" SL_TIER_HEADER "\" (the one tier header)", i);
+        if (*seen_header >= 0)
+            FAIL("classify[%d]: a second \"header\" rule (after classify[%d]) never matches", i,
+                 *seen_header);
+        *seen_header = i;
+        r->kind = SL_RULE_HEADER;
+        return SL_OK;
+    }
+    if ((x = json_object_get(v, "service_tier"))) {
+        if ((other = other_key(v, "service_tier")))
+            FAIL("classify[%d].%s: a \"service_tier\" rule takes no other key", i, shown(other, b));
+        if (!json_is_object(x))
+            FAIL("classify[%d].service_tier: must be an object mapping service_tier values to "
+                 "tier names (or null for no preference)",
+                 i);
+        if (json_object_size(x) > MAP_MAX)
+            FAIL("classify[%d].service_tier: at most %d values", i, MAP_MAX);
+        if (*seen_st >= 0)
+            FAIL("classify[%d]: a second \"service_tier\" rule (after classify[%d]) never "
+                 "matches",
+                 i, *seen_st);
+        *seen_st = i;
+        r->kind = SL_RULE_SERVICE_TIER;
+        r->map = json_object_size(x) ? sl_xcalloc(json_object_size(x), sizeof *r->map) : NULL;
+        const char *k;
+        json_t *mv;
+        json_object_foreach(x, k, mv)
+        {
+            if (is_comment(k))
+                continue;
+            if (!k[0] || strlen(k) > SL_TIER_NAME_MAX)
+                FAIL("classify[%d].service_tier: a value must be 1 to %d characters", i,
+                     SL_TIER_NAME_MAX);
+            struct sl_service_tier_map *m = &r->map[r->n_map];
+            snprintf(m->value, sizeof m->value, "%s", k);
+            m->tier = -1;
+            snprintf(path, sizeof path, "classify[%d].service_tier.%s", i, shown(k, b));
+            if (!json_is_null(mv)) {
+                int st = tier_ref(t, mv, path, &m->tier, err, errlen);
+                if (st)
+                    return st;
+            }
+            r->n_map++;
+        }
+        return SL_OK;
+    }
+    if ((x = json_object_get(v, "tenant_default"))) {
+        if ((other = other_key(v, "tenant_default")))
+            FAIL("classify[%d].%s: a \"tenant_default\" rule takes no other key", i,
+                 shown(other, b));
+        if (!json_is_true(x))
+            FAIL("classify[%d].tenant_default: must be true", i);
+        r->kind = SL_RULE_TENANT_DEFAULT;
+        return SL_OK;
+    }
+    r->kind = SL_RULE_MATCH;
+    const char *k;
+    json_object_foreach(v, k, x)
+    {
+        if (is_comment(k))
+            continue;
+        if (strcmp(k, "tier") == 0) {
+            snprintf(path, sizeof path, "classify[%d].tier", i);
+            int st = tier_ref(t, x, path, &r->tier, err, errlen);
+            if (st)
+                return st;
+        } else if (strcmp(k, "path") == 0) {
+            if (!json_is_string(x) || json_string_value(x)[0] != '/' ||
+                json_string_length(x) > SL_RULE_PATH_MAX)
+                FAIL("classify[%d].path: must be a path starting with '/', at most %d bytes", i,
+                     SL_RULE_PATH_MAX);
+            r->path = sl_xstrdup(json_string_value(x));
+        } else if (strcmp(k, "stream") == 0) {
+            if (!json_is_boolean(x))
+                FAIL("classify[%d].stream: must be true or false", i);
+            r->stream = json_is_true(x);
+        } else if (strcmp(k, "max_tokens_above") == 0) {
+            if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+                json_integer_value(x) > (1 << 30))
+                FAIL("classify[%d].max_tokens_above: must be an integer from 0 to %d", i, 1 << 30);
+            r->max_tokens_above = json_integer_value(x);
+        } else {
+            FAIL("classify[%d].%s: unknown key (a rule is {\"header\"}, {\"service_tier\"}, "
+                 "{\"tenant_default\"}, or \"tier\" with conditions \"path\", \"stream\", "
+                 "\"max_tokens_above\")",
+                 i, shown(k, b));
+        }
+    }
+    if (r->tier < 0)
+        FAIL("classify[%d].tier: missing (a rule with conditions \"path\", \"stream\" or "
+             "\"max_tokens_above\" names the tier they give)",
+             i);
+    return SL_OK;
+}
+
+static int load_rules(struct tenancy *t, json_t *v, char *err, size_t errlen)
+{
+    if (!json_is_array(v))
+        FAIL("classify: must be an array of rules, tried in order");
+    if (json_array_size(v) > RULES_MAX)
+        FAIL("classify: %zu rules, at most %d", json_array_size(v), RULES_MAX);
+    size_t n = json_array_size(v);
+    t->classify = n ? sl_xcalloc(n, sizeof *t->classify) : NULL;
+    int seen_header = -1, seen_st = -1, end = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (end >= 0)
+            FAIL("classify[%zu]: never reached, \"tenant_default\" at classify[%d] ends the list",
+                 i, end);
+        /* Counted before parsing so a failure frees what this rule allocated. */
+        t->n_classify = (int)i + 1;
+        int st = load_rule(t, (int)i, json_array_get(v, i), &seen_header, &seen_st, err, errlen);
+        if (st)
+            return st;
+        if (t->classify[i].kind == SL_RULE_TENANT_DEFAULT)
+            end = (int)i;
+    }
+    return SL_OK;
+}
+
+/* Tenants kept across a change of tiers: the same names, new indexes. */
+static int remap_tenants(struct tenancy *t, const struct sl_config *old, char *err, size_t errlen)
+{
+    t->n_tenants = old->n_tenants;
+    t->tenants = t->n_tenants ? sl_xmalloc(sizeof *t->tenants * (size_t)t->n_tenants) : NULL;
+    for (int i = 0; i < old->n_tenants; i++) {
+        struct sl_tenant *tn = &t->tenants[i];
+        *tn = old->tenants[i];
+        tn->tiers = 0;
+        for (int k = 0; k < old->n_tiers; k++) {
+            if (!(old->tenants[i].tiers >> k & 1u))
+                continue;
+            int nk = find_in(t, old->tiers[k].name);
+            if (nk < 0)
+                FAIL("tenants[%d].tiers: tier \"%s\" is not among the new \"tiers\"", i,
+                     old->tiers[k].name);
+            tn->tiers |= 1u << nk;
+        }
+        tn->default_tier = find_in(t, old->tiers[old->tenants[i].default_tier].name);
+    }
+    return SL_OK;
+}
+
+static struct sl_tier_rule *rules_copy(const struct sl_tier_rule *r, int n)
+{
+    if (!n)
+        return NULL;
+    struct sl_tier_rule *c = sl_xmalloc(sizeof *c * (size_t)n);
+    memcpy(c, r, sizeof *c * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        if (r[i].path)
+            c[i].path = sl_xstrdup(r[i].path);
+        if (r[i].n_map) {
+            c[i].map = sl_xmalloc(sizeof *c[i].map * (size_t)r[i].n_map);
+            memcpy(c[i].map, r[i].map, sizeof *c[i].map * (size_t)r[i].n_map);
+        } else {
+            c[i].map = NULL;
+        }
+    }
+    return c;
+}
+
+static int build(struct tenancy *t, const struct sl_config *c, json_t *tiers, json_t *tenants,
+                 json_t *classify, json_t *admin, char *err, size_t errlen)
+{
+    int st;
+    if (tiers) {
+        if ((st = load_tiers(t, tiers, err, errlen)))
+            return st;
+    } else {
+        t->n_tiers = c->n_tiers;
+        t->tiers = sl_xmalloc(sizeof *t->tiers * (size_t)c->n_tiers);
+        memcpy(t->tiers, c->tiers, sizeof *t->tiers * (size_t)c->n_tiers);
+    }
+    if (tenants)
+        st = load_tenants(t, tenants, err, errlen);
+    else if (tiers)
+        st = remap_tenants(t, c, err, errlen);
+    else {
+        t->n_tenants = c->n_tenants;
+        t->tenants = c->n_tenants ? sl_xmalloc(sizeof *t->tenants * (size_t)c->n_tenants) : NULL;
+        if (c->n_tenants)
+            memcpy(t->tenants, c->tenants, sizeof *t->tenants * (size_t)c->n_tenants);
+        st = SL_OK;
+    }
+    if (st)
+        return st;
+    if (classify)
+        st = load_rules(t, classify, err, errlen);
+    else if (tiers)
+        default_rules(t);
+    else {
+        t->classify = rules_copy(c->classify, c->n_classify);
+        t->n_classify = c->n_classify;
+    }
+    if (st)
+        return st;
+    t->has_admin_key = c->has_admin_key;
+    memcpy(t->admin_key_sha256, c->admin_key_sha256, 32);
+    if (admin) {
+        if (json_is_null(admin)) {
+            t->has_admin_key = false;
+            memset(t->admin_key_sha256, 0, 32);
+        } else if (!json_is_string(admin) ||
+                   !sl_tenant_hex_decode(json_string_value(admin), t->admin_key_sha256)) {
+            FAIL("admin_key_sha256: must be 64 hex digits (the SHA-256 of the admin key, not the "
+                 "key) or null");
+        } else {
+            t->has_admin_key = true;
+        }
+    }
+    if (t->has_admin_key) {
+        long k = ct_find(t->admin_key_sha256, t->n_tenants ? t->tenants[0].key_sha256 : NULL,
+                         sizeof t->tenants[0], (size_t)t->n_tenants);
+        if (k >= 0)
+            FAIL("admin_key_sha256: the same key as tenants[%ld] (\"%s\"); the admin key must be "
+                 "a key of its own",
+                 k, t->tenants[k].name);
+    }
+    return SL_OK;
+}
+
+int sl_tenancy_load(struct sl_config *c, json_t *tiers, json_t *tenants, json_t *classify,
+                    json_t *admin_key_sha256, char *err, size_t errlen)
+{
+    if (!tiers && !tenants && !classify && !admin_key_sha256)
+        return SL_OK;
+    struct tenancy t = {0};
+    int st = build(&t, c, tiers, tenants, classify, admin_key_sha256, err, errlen);
+    if (st) {
+        tenancy_dispose(&t);
+        return st;
+    }
+    sl_tenancy_dispose(c);
+    c->tiers = t.tiers;
+    c->n_tiers = t.n_tiers;
+    c->tenants = t.tenants;
+    c->n_tenants = t.n_tenants;
+    c->classify = t.classify;
+    c->n_classify = t.n_classify;
+    c->has_admin_key = t.has_admin_key;
+    memcpy(c->admin_key_sha256, t.admin_key_sha256, 32);
+    return SL_OK;
+}
+
+int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen)
+{
+    if (c->n_tiers < 1 || c->n_tiers > SL_TIERS_MAX || !c->tiers)
+        FAIL("tiers: between 1 and %d tiers are needed", SL_TIERS_MAX);
+    uint32_t all = c->n_tiers == 32 ? UINT32_MAX : (1u << c->n_tiers) - 1;
+    for (int i = 0; i < c->n_tenants; i++) {
+        const struct sl_tenant *t = &c->tenants[i];
+        if (!t->tiers || (t->tiers & ~all))
+            FAIL("tenants[%d].tiers: every tier must be one of \"tiers\"", i);
+        if (t->default_tier < 0 || t->default_tier >= c->n_tiers ||
+            !(t->tiers >> t->default_tier & 1u))
+            FAIL("tenants[%d].default_tier: must be one of tenants[%d].tiers", i, i);
+    }
+    for (int i = 0; i < c->n_classify; i++) {
+        const struct sl_tier_rule *r = &c->classify[i];
+        if (r->kind == SL_RULE_MATCH && (r->tier < 0 || r->tier >= c->n_tiers))
+            FAIL("classify[%d].tier: must be one of \"tiers\"", i);
+        for (int j = 0; j < r->n_map; j++)
+            if (r->map[j].tier < -1 || r->map[j].tier >= c->n_tiers)
+                FAIL("classify[%d].service_tier.%s: must be one of \"tiers\"", i, r->map[j].value);
+    }
+    return SL_OK;
+}
+
+void sl_tenancy_to_json(const struct sl_config *c, json_t *root)
+{
+    json_t *tiers = json_object();
+    for (int i = 0; i < c->n_tiers; i++) {
+        const struct sl_tier *t = &c->tiers[i];
+        json_object_set_new(tiers, t->name,
+                            json_pack("{s:i, s:i, s:i, s:i}", "priority", t->priority, "weight",
+                                      t->weight, "ttft_slo_ms", t->ttft_slo_ms, "tpot_slo_ms",
+                                      t->tpot_slo_ms));
+    }
+    json_object_set_new(root, "tiers", tiers);
+
+    json_t *tenants = json_array();
+    for (int i = 0; i < c->n_tenants; i++) {
+        const struct sl_tenant *t = &c->tenants[i];
+        json_t *allowed_tiers = json_array();
+        for (int k = 0; k < c->n_tiers; k++)
+            if (t->tiers >> k & 1u)
+                json_array_append_new(allowed_tiers, json_string(c->tiers[k].name));
+        json_array_append_new(tenants, json_pack("{s:s, s:s, s:o, s:s}", "name", t->name,
+                                                 "key_sha256", "<redacted>", "tiers", allowed_tiers,
+                                                 "default_tier", c->tiers[t->default_tier].name));
+    }
+    json_object_set_new(root, "tenants", tenants);
+
+    json_t *rules = json_array();
+    for (int i = 0; i < c->n_classify; i++) {
+        const struct sl_tier_rule *r = &c->classify[i];
+        json_t *o = json_object();
+        switch (r->kind) {
+        case SL_RULE_HEADER: json_object_set_new(o, "header", json_string(SL_TIER_HEADER)); break;
+        case SL_RULE_SERVICE_TIER: {
+            json_t *m = json_object();
+            for (int j = 0; j < r->n_map; j++)
+                json_object_set_new(
+                    m, r->map[j].value,
+                    r->map[j].tier < 0 ? json_null() : json_string(c->tiers[r->map[j].tier].name));
+            json_object_set_new(o, "service_tier", m);
+            break;
+        }
+        case SL_RULE_MATCH:
+            if (r->path)
+                json_object_set_new(o, "path", json_string(r->path));
+            if (r->stream >= 0)
+                json_object_set_new(o, "stream", json_boolean(r->stream));
+            if (r->max_tokens_above >= 0)
+                json_object_set_new(o, "max_tokens_above", json_integer(r->max_tokens_above));
+            json_object_set_new(o, "tier", json_string(c->tiers[r->tier].name));
+            break;
+        case SL_RULE_TENANT_DEFAULT: json_object_set_new(o, "tenant_default", json_true()); break;
+        }
+        json_array_append_new(rules, o);
+    }
+    json_object_set_new(root, "classify", rules);
+    json_object_set_new(root, "admin_key_sha256",
+                        c->has_admin_key ? json_string("<redacted>") : json_null());
+}
