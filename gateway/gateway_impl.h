@@ -47,6 +47,8 @@ struct sl_http_parser {
     struct sl_http_span content_type;
     struct sl_http_span connection;
     struct sl_http_span expect;
+    struct sl_http_span authorization; /* "Bearer KEY" */
+    struct sl_http_span tier;          /* x-sluice-tier: a tier name */
     struct sl_http_span body;
     bool headers_complete;
     bool keep_alive;      /* the connection may serve another request after this one */

@@ -65,7 +65,7 @@ int sl_http_status_code(int status)
 const char *sl_http_error_type(int http_code)
 {
     switch (http_code) {
-    case 401: return "authentication_error";
+    case 401: return "invalid_request_error"; /* OpenAI's type for invalid_api_key */
     case 403: return "permission_error";
     case 429: return "rate_limit_error";
     default: break;
@@ -161,6 +161,10 @@ static int on_header_value_complete(llhttp_t *ll)
         dst = &p->content_type;
     else if (n == 6 && strncasecmp(f, "expect", n) == 0)
         dst = &p->expect;
+    else if (n == 13 && strncasecmp(f, "authorization", n) == 0)
+        dst = &p->authorization;
+    else if (n == sizeof SL_TIER_HEADER - 1 && strncasecmp(f, SL_TIER_HEADER, n) == 0)
+        dst = &p->tier;
     if (dst)
         *dst = p->value;
     p->field = p->value = (struct sl_http_span){0, 0};
@@ -231,6 +235,7 @@ static void parser_clear(struct sl_http_parser *p)
     p->http_major = p->http_minor = 0;
     p->url = p->content_type = p->connection = p->expect = p->body = (struct sl_http_span){0, 0};
     p->field = p->value = (struct sl_http_span){0, 0};
+    p->authorization = p->tier = (struct sl_http_span){0, 0};
     p->headers_complete = p->keep_alive = p->expect_continue = p->body_started = false;
     p->head_end = p->trailer_bytes = 0;
     p->error_code = 0;
@@ -391,6 +396,10 @@ struct conn {
     int status;                      /* HTTP status sent */
     int n_gen;                       /* tokens received so far */
     bool logged;
+    /* Who sent the current request and its tier (an index into cfg->tiers, -1 until
+     * classified); both point into cfg. NULL: not authenticated (yet). */
+    const struct sl_tenant *tenant;
+    int tier;
 };
 
 struct io {
@@ -493,6 +502,8 @@ static void send_head(struct conn *c, int code, const char *ctype, long long con
         evbuffer_add_printf(out, "Content-Length: %lld\r\n", content_length);
     else if (c->chunked)
         evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
+    if (c->tier >= 0)
+        evbuffer_add_printf(out, "X-Sluice-Tier: %s\r\n", c->cfg->tiers[c->tier].name);
     evbuffer_add_printf(out, "Connection: %s\r\n%s\r\n", c->keep_alive ? "keep-alive" : "close",
                         extra ? extra : "");
 }
@@ -524,7 +535,13 @@ static void log_access(struct conn *c, const char *finish, int n_completion)
     if (c->req.state == SL_HTTP_PARSE_DONE)
         sl_str_append_json(l, sl_http_span_ptr(&c->req, path), path.len > 200 ? 200 : path.len);
     sl_str_appendf(l, "\",\"status\":%d", c->status);
+    /* Names are checked at load to need no escaping; keys never get this far. */
+    if (c->tenant)
+        sl_str_appendf(l, ",\"tenant\":\"%s\"", c->tenant->name);
+    if (c->tier >= 0)
+        sl_str_appendf(l, ",\"tier\":\"%s\"", c->cfg->tiers[c->tier].name);
     if (c->creq || finish) {
+        sl_str_appendf(l, ",\"admission\":\"admitted\""); /* until admission control exists */
         sl_str_appendf(l, ",\"id\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d",
                        c->ident.id, c->n_prompt, n_completion);
         sl_str_appendf(l, ",\"finish\":\"%s\"", finish ? finish : "none");
@@ -600,6 +617,118 @@ static void drop_request(struct conn *c, bool cancel)
     sl_str_clear(&c->text);
 }
 
+/* ---- tenants, tiers and the admin API ---- */
+
+/* The key of the request's "Authorization: Bearer KEY", if it has one. */
+static bool request_key(struct conn *c, const char **key, size_t *len)
+{
+    struct sl_http_parser *p = &c->req;
+    return p->authorization.len &&
+           sl_tenant_bearer(sl_http_span_ptr(p, p->authorization), p->authorization.len, key, len);
+}
+
+/* OpenAI's answer to a missing or wrong key; the key itself is never echoed. */
+static void unauthorized(struct conn *c, bool has_key, const char *key, size_t len)
+{
+    struct sl_openai_error err;
+    char shown[16];
+    if (has_key) {
+        sl_tenant_key_redact(key, len, shown, sizeof shown);
+        sl_openai_error_set(&err, 401, NULL, "invalid_api_key", "Incorrect API key provided: %s.",
+                            shown);
+    } else {
+        sl_openai_error_set(&err, 401, NULL, "invalid_api_key",
+                            "You didn't provide an API key. Send it in an Authorization header "
+                            "using Bearer auth (Authorization: Bearer YOUR_KEY).");
+    }
+    send_error(c, &err, "WWW-Authenticate: Bearer\r\n");
+}
+
+/* Sets c->tenant from the API key, or answers 401. Runs before the body is decoded, so a request
+ * without a valid key costs one hash and no JSON. */
+static bool authenticate(struct conn *c)
+{
+    const char *key = NULL;
+    size_t len = 0;
+    bool has_key = request_key(c, &key, &len);
+    c->tenant = sl_tenant_lookup(c->cfg, has_key ? key : NULL, len);
+    if (c->tenant)
+        return true;
+    unauthorized(c, has_key, key, len);
+    return false;
+}
+
+/* Puts the completion into a tier; the tier goes with it to the scheduler. */
+static int classify(struct conn *c, struct sl_openai_completion *oc, struct sl_openai_error *err)
+{
+    struct sl_http_parser *p = &c->req;
+    struct sl_http_span path = sl_http_parser_path(p);
+    struct sl_tier_request rq = {
+        .header = p->tier.len ? sl_http_span_ptr(p, p->tier) : NULL,
+        .header_len = p->tier.len,
+        .service_tier = oc->service_tier,
+        .path = sl_http_span_ptr(p, path),
+        .path_len = path.len,
+        .stream = oc->stream,
+        .max_tokens = oc->params.max_tokens,
+    };
+    int tier;
+    int st = sl_tier_classify(c->cfg, c->tenant, &rq, &tier, err);
+    if (st != SL_OK)
+        return st;
+    const struct sl_tier *t = &c->cfg->tiers[tier];
+    c->tier = tier;
+    oc->params.tier = tier;
+    oc->params.priority = t->priority;
+    oc->params.weight = t->weight;
+    oc->params.ttft_slo_ms = t->ttft_slo_ms;
+    oc->params.tpot_slo_ms = t->tpot_slo_ms;
+    return SL_OK;
+}
+
+static void not_allowed(struct conn *c, const char *allow);
+
+/* /admin/...: the admin key only (tenant keys do not open it). */
+static void serve_admin(struct conn *c, struct sl_http_span path)
+{
+    struct sl_openai_error err;
+    const char *key = NULL;
+    size_t len = 0;
+    bool has_key = request_key(c, &key, &len);
+    if (!c->cfg->has_admin_key) {
+        sl_openai_error_set(&err, 403, NULL, "admin_disabled",
+                            "The admin API is disabled: the configuration has no "
+                            "admin_key_sha256.");
+        send_error(c, &err, NULL);
+        return;
+    }
+    if (!sl_tenant_admin_check(c->cfg, has_key ? key : NULL, len)) {
+        unauthorized(c, has_key, key, len);
+        return;
+    }
+    static const char config[] = "/admin/config";
+    if (!(path.len == sizeof config - 1 &&
+          memcmp(sl_http_span_ptr(&c->req, path), config, path.len) == 0)) {
+        int n = path.len > 200 ? 200 : (int)path.len;
+        sl_openai_error_set(&err, 404, NULL, "unknown_url", "Invalid URL (%s %.*s).",
+                            llhttp_method_name(c->req.method), n, sl_http_span_ptr(&c->req, path));
+        send_error(c, &err, NULL);
+        return;
+    }
+    if (c->req.method != HTTP_GET) {
+        not_allowed(c, "GET");
+        return;
+    }
+    /* The configuration this request started with: the current one. */
+    json_t *j = sl_config_to_json(c->cfg);
+    char *s = json_dumps(j, JSON_INDENT(2));
+    json_decref(j);
+    if (!s) /* jansson failed to allocate: the style's answer to that is to stop */
+        abort();
+    send_body(c, 200, "application/json", NULL, s, strlen(s));
+    free(s);
+}
+
 static void serve_completion(struct conn *c)
 {
     struct io *io = c->io;
@@ -610,6 +739,11 @@ static void serve_completion(struct conn *c)
     const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
     if (sl_openai_completion_decode(&oc, body, c->req.body.len, sl_model_id(m),
                                     c->cfg->default_max_tokens, &err) != SL_OK) {
+        send_error(c, &err, NULL);
+        return;
+    }
+    if (classify(c, &oc, &err) != SL_OK) {
+        sl_openai_completion_dispose(&oc);
         send_error(c, &err, NULL);
         return;
     }
@@ -810,6 +944,12 @@ static void route(struct conn *c)
     const char *id = sl_model_id(srv->model);
 
     sl_str_clear(b);
+    if (path.len >= 7 && memcmp(sl_http_span_ptr(p, path), "/admin/", 7) == 0) {
+        serve_admin(c, path);
+        return;
+    }
+    if (!path_is(p, path, "/healthz") && !authenticate(c))
+        return;
     if (path_is(p, path, "/v1/completions")) {
         if (p->method != HTTP_POST) {
             not_allowed(c, "POST");
@@ -874,6 +1014,14 @@ static void conn_after_parse(struct conn *c, enum sl_http_parse st)
     }
     c->t_start_ns = sl_clock_ns();
     c->logged = false;
+    c->tenant = NULL;
+    c->tier = -1;
+    if (c->cfg != c->io->cfg) {
+        /* Reloaded since this connection's last request: keys, tiers and limits apply from this
+         * request on, so a revoked key does not live on in a kept-alive connection. */
+        sl_config_unref(c->cfg);
+        c->cfg = sl_config_ref(c->io->cfg);
+    }
     if (st == SL_HTTP_PARSE_ERROR) {
         struct sl_openai_error err;
         c->keep_alive = false;
@@ -1032,6 +1180,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     c->cfg = sl_config_ref(io->cfg);
     c->bev = bev;
     c->state = CONN_READING;
+    c->tier = -1;
     sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);
     sl_str_init(&c->text);
     list_push(&io->conns, c);

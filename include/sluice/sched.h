@@ -41,6 +41,14 @@ struct sl_req_params {
     uint64_t seed;     /* sampling seed */
     int n_stop;        /* stop strings, at most SL_REQ_MAX_STOPS */
     const char *stop[SL_REQ_MAX_STOPS];
+    /* The tier the gateway classified the request into, copied from the configuration it
+     * started with, so a reload cannot change them under a queued request. The scheduler does
+     * not use them yet (tier-aware queues come with admission control). Zero when not set. */
+    int tier;        /* index into the gateway configuration's tiers */
+    int priority;    /* lower runs first */
+    int weight;      /* capacity share relative to the other tiers */
+    int ttft_slo_ms; /* p99 time-to-first-token objective */
+    int tpot_slo_ms; /* p99 time-per-output-token objective */
 };
 
 struct sl_req;

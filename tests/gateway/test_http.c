@@ -382,7 +382,7 @@ Test(gateway, maps_statuses_to_http_when_errors_are_reported)
     cr_assert_str_eq(sl_http_error_type(400), "invalid_request_error");
     cr_assert_str_eq(sl_http_error_type(404), "invalid_request_error");
     cr_assert_str_eq(sl_http_error_type(413), "invalid_request_error");
-    cr_assert_str_eq(sl_http_error_type(401), "authentication_error");
+    cr_assert_str_eq(sl_http_error_type(401), "invalid_request_error");
     cr_assert_str_eq(sl_http_error_type(429), "rate_limit_error");
     cr_assert_str_eq(sl_http_error_type(500), "server_error");
     cr_assert_str_eq(sl_http_error_type(503), "server_error");

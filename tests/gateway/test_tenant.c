@@ -185,6 +185,34 @@ Test(gateway, redacted_key_shows_at_most_ends_when_shown_to_client)
     cr_assert_str_eq(out, "****");
 }
 
+Test(gateway, parser_records_key_and_tier_headers_when_present_and_forgets_them_after)
+{
+    const char first[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nauthorization:  Bearer sk-1 "
+                         "\r\nX-SLUICE-TIER: batch\r\nContent-Length: 2\r\n\r\n{}";
+    const char second[] = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    /* Whole, then one byte at a time (every split of the head). */
+    for (int bytewise = 0; bytewise < 2; bytewise++) {
+        struct sl_http_parser p;
+        sl_http_parser_init(&p, 16384, 1 << 20);
+        enum sl_http_parse st = SL_HTTP_PARSE_MORE;
+        if (bytewise)
+            for (size_t i = 0; i < sizeof first - 1; i++)
+                st = sl_http_parser_feed(&p, first + i, 1);
+        else
+            st = sl_http_parser_feed(&p, first, sizeof first - 1);
+        cr_assert_eq(st, SL_HTTP_PARSE_DONE);
+        cr_assert(sl_http_span_eq(&p, p.authorization, "Bearer sk-1"));
+        cr_assert(sl_http_span_eq(&p, p.tier, "batch"));
+        sl_http_parser_feed(&p, second, sizeof second - 1);
+        /* A kept-alive connection's next request must not inherit the previous one's key. */
+        cr_assert_eq(sl_http_parser_next(&p), SL_HTTP_PARSE_DONE);
+        cr_assert(sl_http_span_eq(&p, sl_http_parser_path(&p), "/v1/models"));
+        cr_assert_eq(p.authorization.len, 0);
+        cr_assert_eq(p.tier.len, 0);
+        sl_http_parser_dispose(&p);
+    }
+}
+
 /* ---- configuration ---- */
 
 Test(gateway, tenancy_sections_load_when_valid)

@@ -43,6 +43,40 @@ void server_wait_log(struct server *s, const char *needle)
         cr_assert(read_log(s, 120000), "server log ended before \"%s\":\n%s", needle, s->log);
 }
 
+void server_log_clear(struct server *s)
+{
+    /* Bounded: a server that never stops logging must not keep this loop going. */
+    for (int i = 0; i < 1024; i++) {
+        s->log_len = 0;
+        s->log[0] = '\0';
+        if (!read_log(s, 0))
+            break;
+    }
+    s->log_len = 0;
+    s->log[0] = '\0';
+}
+
+int server_wait_log_any(struct server *s, const char *const *needles)
+{
+    size_t keep = 0;
+    for (int i = 0; needles[i]; i++)
+        if (strlen(needles[i]) > keep)
+            keep = strlen(needles[i]);
+    for (;;) {
+        for (int i = 0; needles[i]; i++)
+            if (strstr(s->log, needles[i]))
+                return i;
+        if (s->log_len > sizeof s->log / 2) {
+            /* Keep a tail as long as the longest needle: one cut by the last read survives. */
+            size_t k = keep < s->log_len ? keep : s->log_len;
+            memmove(s->log, s->log + s->log_len - k, k);
+            s->log_len = k;
+            s->log[k] = '\0';
+        }
+        cr_assert(read_log(s, 120000), "server log ended before \"%s\":\n%s", needles[0], s->log);
+    }
+}
+
 void server_start(struct server *s, const char *const *args)
 {
     memset(s, 0, sizeof *s);
@@ -144,6 +178,90 @@ void client_request(int fd, const char *method, const char *path, const char *bo
     client_send(fd, head, (size_t)n);
     if (body)
         client_send(fd, body, strlen(body));
+}
+
+void client_request_h(int fd, const char *method, const char *path, const char *headers,
+                      const char *body, bool keep_alive)
+{
+    char head[8192];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: sluice-test\r\n%s%s", method,
+                     path, keep_alive ? "" : "Connection: close\r\n", headers ? headers : "");
+    if (body)
+        n += snprintf(head + n, sizeof head - (size_t)n,
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n", strlen(body));
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    cr_assert_lt((size_t)n, sizeof head, "request head too long for the harness");
+    client_send(fd, head, (size_t)n);
+    if (body)
+        client_send(fd, body, strlen(body));
+}
+
+static bool send_all(int fd, const char *p, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n <= 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+int client_try_request(int port, const char *method, const char *path, const char *headers,
+                       const char *body, char *out, size_t max)
+{
+    if (out && max)
+        out[0] = '\0';
+    char head[8192];
+    int n =
+        snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
+                 method, path, headers ? headers : "");
+    if (body && n > 0 && (size_t)n < sizeof head)
+        n += snprintf(head + n, sizeof head - (size_t)n,
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n", strlen(body));
+    if (n > 0 && (size_t)n < sizeof head)
+        n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    if (n <= 0 || (size_t)n >= sizeof head)
+        return -1;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {.tv_sec = 120};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 || !send_all(fd, head, (size_t)n) ||
+        (body && !send_all(fd, body, strlen(body)))) {
+        close(fd);
+        return -1;
+    }
+    /* The server closes after a "Connection: close" response: read to the end. */
+    char first[16];
+    size_t got = 0, total = 0;
+    bool failed = false;
+    for (;;) {
+        char buf[4096];
+        ssize_t r = recv(fd, buf, sizeof buf, 0);
+        if (r <= 0) {
+            failed = r < 0;
+            break;
+        }
+        for (ssize_t i = 0; i < r && got < sizeof first - 1; i++)
+            first[got++] = buf[i];
+        if (out && total + 1 < max) {
+            size_t take = (size_t)r < max - 1 - total ? (size_t)r : max - 1 - total;
+            memcpy(out + total, buf, take);
+            total += take;
+            out[total] = '\0';
+        }
+    }
+    close(fd);
+    first[got] = '\0';
+    if (failed || got < 12 || strncmp(first, "HTTP/1.", 7) != 0)
+        return -1;
+    return atoi(first + 9);
 }
 
 static bool fill(int fd)
@@ -313,4 +431,15 @@ bool client_read_until(int fd, const char *needle, char *buf, size_t max)
         buf[len] = '\0';
     }
     return true;
+}
+
+size_t client_read_some(int fd, char *buf, size_t max)
+{
+    if (rb.fd != fd || rb.start == rb.end)
+        if (!fill(fd))
+            return 0;
+    size_t take = rb.end - rb.start < max ? rb.end - rb.start : max;
+    memcpy(buf, rb.data + rb.start, take);
+    rb.start += take;
+    return take;
 }

@@ -22,6 +22,14 @@ void server_start(struct server *s, const char *const *args);
 void server_stop(struct server *s);
 /* Reads the server's log until a line contains `needle` (or the server exits, failing). */
 void server_wait_log(struct server *s, const char *needle);
+/* Forgets the captured log, after taking in what the server has already written, so that the
+ * next wait matches only lines printed after this call. */
+void server_log_clear(struct server *s);
+/* Reads the server's log until it contains one of `needles` (NULL-terminated) and returns the
+ * index of the one found (or fails when the server exits). Unlike server_wait_log it drops the
+ * oldest captured output as the capture fills, so a busy server (one access line per request)
+ * cannot push the line out of reach; s->log then holds only the newest part. */
+int server_wait_log_any(struct server *s, const char *const *needles);
 
 struct response {
     int status;
@@ -36,6 +44,17 @@ void client_send(int fd, const char *data, size_t len);
 /* Sends one request (Content-Length set when body != NULL). */
 void client_request(int fd, const char *method, const char *path, const char *body,
                     bool keep_alive);
+/* As client_request, with extra header lines: `headers` is "Name: value\r\n" repeated, or
+ * NULL. */
+void client_request_h(int fd, const char *method, const char *path, const char *headers,
+                      const char *body, bool keep_alive);
+/* One request on a new connection with "Connection: close", read to its end. Returns the HTTP
+ * status, or -1 when connecting, sending or reading failed. When out != NULL the raw response
+ * (head and body, NUL-terminated, cut at max - 1 bytes) is copied there. Makes no criterion
+ * assertion and touches no shared state, so any thread may call it (criterion's assertions
+ * belong to the test's own thread). */
+int client_try_request(int port, const char *method, const char *path, const char *headers,
+                       const char *body, char *out, size_t max);
 /* Reads one full response (Content-Length, chunked, or until close). Returns false on EOF before
  * a status line. */
 bool client_read_response(int fd, struct response *r);
@@ -43,6 +62,9 @@ void response_dispose(struct response *r);
 /* The value of header `name` (lower case) or NULL; points into a static buffer. */
 const char *response_header(const struct response *r, const char *name);
 
+/* Reads what is buffered for fd, or else what one recv() gives, at most max bytes (no NUL
+ * added). Returns the count, 0 at EOF or on error. */
+size_t client_read_some(int fd, char *buf, size_t max);
 /* Reads from fd until `needle` has appeared in what was read (bounded by max bytes). */
 bool client_read_until(int fd, const char *needle, char *buf, size_t max);
 
