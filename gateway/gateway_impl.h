@@ -131,6 +131,7 @@ struct sl_openai_ident {
     char id[48]; /* "cmpl-…" */
     int64_t created;
     const char *model;
+    bool include_usage; /* stream_options.include_usage: every chunk has "usage": null */
 };
 
 /* Encoders append one JSON document (no trailing newline) to out. Text must be valid UTF-8. */

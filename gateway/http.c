@@ -657,6 +657,7 @@ static void serve_completion(struct conn *c)
              (unsigned)io->idx & 0xff, (unsigned long long)io->n_req);
     c->ident.created = io_now(io);
     c->ident.model = sl_model_id(m);
+    c->ident.include_usage = c->include_usage;
     c->t_first_ns = 0;
     c->n_gen = 0;
     sl_str_clear(&c->text);

@@ -382,7 +382,12 @@ void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id
     put_head(out, id);
     put_lit(out, ",\"choices\":[");
     put_choice(out, text, len, finish);
-    put_lit(out, "]}");
+    put_lit(out, "]");
+    /* OpenAI: with include_usage "all other chunks will also include a usage field, but with a
+     * null value". */
+    if (id->include_usage)
+        put_lit(out, ",\"usage\":null");
+    put_lit(out, "}");
 }
 
 void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id,
