@@ -34,6 +34,7 @@ void sl_config_dispose(struct sl_config *c)
     free(c->listen_host);
     free(c->model);
     free(c->tokenizer);
+    free(c->chat_template);
     free(c->log_level);
     sl_tenancy_dispose(c);
     memset(c, 0, sizeof *c);
@@ -137,6 +138,7 @@ static const struct key keys[] = {
     {"listen", K_LISTEN, 0, 0, 0},
     {"model", K_STR, OFF(model), 0, 0},
     {"tokenizer", K_STR_OR_NULL, OFF(tokenizer), 0, 0},
+    {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
     {"io_threads", K_INT, OFF(io_threads), 1, 64},
     {"threads", K_INT, OFF(threads), 0, 1024},
     {"max_seqs", K_INT, OFF(max_seqs), 1, 4096},
@@ -281,6 +283,13 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
                  "\"max_batch_tokens\" (%d) must be at least \"max_seqs\" (%d) so every running "
                  "sequence can decode in one step",
                  c->max_batch_tokens, c->max_seqs);
+        return SL_EINVAL;
+    }
+    if (c->chat_template && sl_chat_template_from_name(c->chat_template) < 0) {
+        snprintf(err, errlen,
+                 "\"chat_template\" must be null (the model's own) or one of plain, chatml, "
+                 "llama2, llama3, mistral, zephyr, gemma, phi3, not \"%.40s\"",
+                 c->chat_template);
         return SL_EINVAL;
     }
     if (check_log_level(c->log_level) < 0) {

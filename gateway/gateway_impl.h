@@ -92,14 +92,31 @@ struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p);
 struct sl_openai_error {
     int http;
     const char *code; /* static, or NULL for JSON null */
-    char param[32];   /* "" for JSON null */
+    char param[64];   /* "" for JSON null; long enough for "messages[N].content[M].type" */
     char message[512];
 };
 
 void sl_openai_error_set(struct sl_openai_error *e, int http, const char *param, const char *code,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
-/* A decoded POST /v1/completions body. Strings point into `root`, which owns them. */
+/* Who wrote a chat message. OpenAI's "developer" is read as system (it replaces system for newer
+ * models); "tool" and "function" messages are refused at decode. */
+enum sl_chat_role {
+    SL_CHAT_ROLE_SYSTEM,
+    SL_CHAT_ROLE_USER,
+    SL_CHAT_ROLE_ASSISTANT,
+};
+
+/* One decoded chat message. */
+struct sl_chat_msg {
+    enum sl_chat_role role;
+    const char *content; /* UTF-8; into the request's root, or owned when joined from parts */
+    size_t len;
+    bool owned; /* content was joined from text parts: freed with the request */
+};
+
+/* A decoded POST /v1/completions or /v1/chat/completions body. Strings point into `root`, which
+ * owns them. */
 struct sl_openai_completion {
     json_t *root;
     const char *prompt;
@@ -111,6 +128,9 @@ struct sl_openai_completion {
     const char *service_tier; /* OpenAI's service_tier ("auto", "default", "flex", "priority",
                                  …) as sent, or NULL; the gateway maps it to a tier */
     const char *user;         /* the end user's id as sent, or NULL */
+    /* Chat only (prompt is then NULL): the messages in order, at least one. */
+    struct sl_chat_msg *messages;
+    int n_messages;
 };
 
 /* Decodes and validates a completion request. `model_id` is the served model: a different
@@ -119,6 +139,16 @@ int sl_openai_completion_decode(struct sl_openai_completion *c, const char *body
                                 const char *model_id, int default_max_tokens,
                                 struct sl_openai_error *err);
 void sl_openai_completion_dispose(struct sl_openai_completion *c);
+/* Decodes and validates a chat completion request into c (messages instead of prompt), with the
+ * same fields and errors as a completion plus max_completion_tokens (which wins over max_tokens
+ * when both are given). Messages: role system, developer, user or assistant; content a string or
+ * an array of {"type": "text", "text"} parts (joined with "\n"); assistant content may be null.
+ * Refused with a 400 naming the param: tool and function messages, tool calls, non-text content
+ * parts, non-empty `tools`, a response_format other than text. Dispose with
+ * sl_openai_completion_dispose. */
+int sl_openai_chat_decode(struct sl_openai_completion *c, const char *body, size_t len,
+                          const char *model_id, int default_max_tokens,
+                          struct sl_openai_error *err);
 
 /* Tokenizes the prompt with BOS into ids (capacity seq_len) and checks that the prompt plus
  * max_tokens fits the context. Returns SL_OK with *n_ids set, or fills err. */
@@ -128,20 +158,33 @@ int sl_openai_prompt_encode(const struct sl_tok *tok, int seq_len, const char *p
 int sl_openai_check_context(int seq_len, long long n_prompt, bool at_least, long long max_tokens,
                             struct sl_openai_error *err);
 
-/* What every object of one completion repeats. */
-struct sl_openai_ident {
-    char id[48]; /* "cmpl-…" */
-    int64_t created;
-    const char *model;
+/* Which API a response belongs to: the encoders below write its objects. */
+enum sl_openai_api {
+    SL_OPENAI_API_COMPLETIONS, /* "text_completion" objects and chunks */
+    SL_OPENAI_API_CHAT,        /* "chat.completion" and "chat.completion.chunk" */
 };
 
-/* Encoders append one JSON document (no trailing newline) to out. Text must be valid UTF-8. */
+/* What every object of one completion repeats. */
+struct sl_openai_ident {
+    char id[48]; /* "cmpl-…", or "chatcmpl-…" */
+    int64_t created;
+    const char *model;
+    enum sl_openai_api api;
+    bool include_usage; /* stream_options.include_usage: every chunk has "usage": null */
+};
+
+/* Encoders append one JSON document (no trailing newline) to out. Text must be valid UTF-8.
+ * Each writes the shape of id->api: completion and chunk are a text_completion with
+ * choices[0].text, or a chat.completion with choices[0].message / a chat.completion.chunk with
+ * choices[0].delta ({"content"} while the stream goes on, {} with the finish_reason). */
 void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
                                  int prompt_tokens, int completion_tokens);
 /* A streaming chunk; finish SL_FINISH_NONE gives "finish_reason": null. */
 void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
                             size_t len, enum sl_finish finish);
+/* The first chunk of a chat stream: delta {"role": "assistant", "content": ""}. */
+void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_ident *id);
 /* The stream_options.include_usage chunk: "choices": [] and the usage. */
 void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                   int prompt_tokens, int completion_tokens);
@@ -264,5 +307,63 @@ void sl_tenancy_to_json(const struct sl_config *c, json_t *root);
 /* The effective configuration as JSON (every key conf/sluice.json documents), with key hashes
  * redacted: what GET /admin/config answers. The caller owns the result. */
 json_t *sl_config_to_json(const struct sl_config *c);
+
+/* ---------------------------------------------------------------------------------------------
+ * Chat templates (gateway/chat.c)
+ *
+ * Models ship their chat template as Jinja. Like llama.cpp (llm_chat_detect_template) sluice has
+ * no Jinja engine: it recognises the well-known templates by distinctive markers and renders
+ * them in C. A marker is encoded as one special token where the vocabulary has it as one
+ * (sl_tok_special_id), else as the text it is.
+ */
+
+enum sl_chat_template {
+    /* The default, for models without a (recognised) template, which here are base models:
+     * "system: …", "user: …", "assistant: …" lines (developer reads as system), then
+     * "assistant:" for the model to continue. No special tokens. */
+    SL_CHAT_TEMPLATE_PLAIN,
+    SL_CHAT_TEMPLATE_CHATML,  /* <|im_start|>role\ncontent<|im_end|>\n */
+    SL_CHAT_TEMPLATE_LLAMA2,  /* [INST] <<SYS>>…<</SYS>>\n\nuser [/INST] reply </s><s>… */
+    SL_CHAT_TEMPLATE_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    SL_CHAT_TEMPLATE_MISTRAL, /* [INST] user [/INST]assistant</s>; system joins the next user */
+    SL_CHAT_TEMPLATE_ZEPHYR,  /* <|role|>\ncontent</s>\n */
+    SL_CHAT_TEMPLATE_GEMMA,   /* <start_of_turn>user|model\ncontent<end_of_turn>\n */
+    SL_CHAT_TEMPLATE_PHI3,    /* <|role|>\ncontent<|end|>\n */
+    SL_CHAT_TEMPLATE_COUNT,
+};
+
+/* "plain", "chatml", "llama2", "llama3", "mistral", "zephyr", "gemma", "phi3". */
+const char *sl_chat_template_name(enum sl_chat_template t);
+/* The builtin called `name`, or -1. */
+int sl_chat_template_from_name(const char *name);
+/* The builtin a model's Jinja template is, recognised by its markers; -1 when jinja is NULL or
+ * not recognised. */
+int sl_chat_template_detect(const char *jinja);
+/* The template chat requests to this model use when the configuration names none: its own when
+ * recognised, else plain. Logs the choice once, as a warning when the model has a template that
+ * is not recognised. Call at start-up. */
+enum sl_chat_template sl_chat_template_of_model(const struct sl_model *m);
+
+/* A rendered prompt: text, and the same bytes as runs of text and of special markers. */
+struct sl_chat_seg {
+    size_t off, len; /* into text */
+    bool special;
+};
+struct sl_chat_prompt {
+    struct sl_str text;
+    struct sl_chat_seg *segs; /* (n_segs) in order, covering text exactly */
+    int n_segs, cap_segs;
+};
+void sl_chat_prompt_init(struct sl_chat_prompt *p);
+void sl_chat_prompt_dispose(struct sl_chat_prompt *p);
+/* Renders the messages with template t, ending with the assistant's generation prompt, into p
+ * (cleared first). */
+void sl_chat_render(struct sl_chat_prompt *p, enum sl_chat_template t,
+                    const struct sl_chat_msg *msgs, int n_msgs);
+/* Tokenizes p like sl_openai_prompt_encode does a prompt: BOS, then each run of text encoded on
+ * its own and each special marker as its special token (as text when the vocabulary has none),
+ * into ids (capacity seq_len), with the context check for max_tokens. */
+int sl_chat_prompt_encode(const struct sl_tok *tok, int seq_len, const struct sl_chat_prompt *p,
+                          int max_tokens, int32_t *ids, int *n_ids, struct sl_openai_error *err);
 
 #endif

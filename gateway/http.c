@@ -440,6 +440,7 @@ struct sl_http_server {
     uint32_t nonce; /* makes completion ids unique across restarts */
     int64_t created;
     bool started;
+    enum sl_chat_template chat_template; /* the model's, when the config names none */
 };
 
 static void conn_close(struct conn *c);
@@ -729,6 +730,39 @@ static void serve_admin(struct conn *c, struct sl_http_span path)
     free(s);
 }
 
+/* /v1/completions or /v1/chat/completions, as route() set c->ident.api. */
+static int decode_request(struct conn *c, struct sl_openai_completion *oc, const char *body,
+                          struct sl_openai_error *err)
+{
+    const struct sl_model *m = c->io->srv->model;
+    if (c->ident.api == SL_OPENAI_API_CHAT)
+        return sl_openai_chat_decode(oc, body, c->req.body.len, sl_model_id(m),
+                                     c->cfg->default_max_tokens, err);
+    return sl_openai_completion_decode(oc, body, c->req.body.len, sl_model_id(m),
+                                       c->cfg->default_max_tokens, err);
+}
+
+/* The prompt's token ids into io->ids: the prompt as it is, or the messages rendered with the
+ * configured chat template (the model's own when the configuration names none). */
+static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, int *n_prompt,
+                         struct sl_openai_error *err)
+{
+    const struct sl_model *m = c->io->srv->model;
+    int seq_len = sl_model_config(m)->seq_len;
+    if (c->ident.api != SL_OPENAI_API_CHAT)
+        return sl_openai_prompt_encode(sl_model_tok(m), seq_len, oc->prompt, oc->prompt_len,
+                                       oc->params.max_tokens, c->io->ids, n_prompt, err);
+    int t = c->cfg->chat_template ? sl_chat_template_from_name(c->cfg->chat_template) : -1;
+    struct sl_chat_prompt p;
+    sl_chat_prompt_init(&p);
+    sl_chat_render(&p, t >= 0 ? (enum sl_chat_template)t : c->io->srv->chat_template, oc->messages,
+                   oc->n_messages);
+    int st = sl_chat_prompt_encode(sl_model_tok(m), seq_len, &p, oc->params.max_tokens, c->io->ids,
+                                   n_prompt, err);
+    sl_chat_prompt_dispose(&p);
+    return st;
+}
+
 static void serve_completion(struct conn *c)
 {
     struct io *io = c->io;
@@ -737,8 +771,7 @@ static void serve_completion(struct conn *c)
     struct sl_openai_completion oc;
     struct sl_openai_error err;
     const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
-    if (sl_openai_completion_decode(&oc, body, c->req.body.len, sl_model_id(m),
-                                    c->cfg->default_max_tokens, &err) != SL_OK) {
+    if (decode_request(c, &oc, body, &err) != SL_OK) {
         send_error(c, &err, NULL);
         return;
     }
@@ -748,9 +781,7 @@ static void serve_completion(struct conn *c)
         return;
     }
     int n_prompt = 0;
-    if (sl_openai_prompt_encode(sl_model_tok(m), sl_model_config(m)->seq_len, oc.prompt,
-                                oc.prompt_len, oc.params.max_tokens, io->ids, &n_prompt,
-                                &err) != SL_OK) {
+    if (encode_prompt(c, &oc, &n_prompt, &err) != SL_OK) {
         sl_openai_completion_dispose(&oc);
         send_error(c, &err, NULL);
         return;
@@ -787,14 +818,26 @@ static void serve_completion(struct conn *c)
     c->chunked = c->req.http_major == 1 && c->req.http_minor >= 1;
     if (c->stream && !c->chunked)
         c->keep_alive = false;
-    snprintf(c->ident.id, sizeof c->ident.id, "cmpl-%08x%02x%014llx", srv->nonce,
+    snprintf(c->ident.id, sizeof c->ident.id, "%s-%08x%02x%014llx",
+             c->ident.api == SL_OPENAI_API_CHAT ? "chatcmpl" : "cmpl", srv->nonce,
              (unsigned)io->idx & 0xff, (unsigned long long)io->n_req);
     c->ident.created = io_now(io);
     c->ident.model = sl_model_id(m);
+    c->ident.include_usage = c->include_usage;
     c->t_first_ns = 0;
     c->n_gen = 0;
     sl_str_clear(&c->text);
     c->state = CONN_WAITING;
+}
+
+/* A chat stream opens with the assistant's role, before any text or the finish. */
+static void stream_role(struct conn *c)
+{
+    struct sl_str *b = &c->io->out;
+    sl_str_clear(b);
+    sl_openai_chunk_role_encode(b, &c->ident);
+    send_sse(c, b->p, b->len);
+    sl_str_clear(b); /* callers encode into the same scratch next */
 }
 
 static void stream_head(struct conn *c)
@@ -803,6 +846,8 @@ static void stream_head(struct conn *c)
         return;
     c->head_sent = true;
     send_head(c, 200, "text/event-stream", -1, "Cache-Control: no-cache\r\n");
+    if (c->ident.api == SL_OPENAI_API_CHAT)
+        stream_role(c);
 }
 
 /* The engine's answer when a request ends without finishing normally. */
@@ -950,6 +995,16 @@ static void route(struct conn *c)
     }
     if (!path_is(p, path, "/healthz") && !authenticate(c))
         return;
+    c->ident.api = SL_OPENAI_API_COMPLETIONS;
+    if (path_is(p, path, "/v1/chat/completions")) {
+        if (p->method != HTTP_POST) {
+            not_allowed(c, "POST");
+            return;
+        }
+        c->ident.api = SL_OPENAI_API_CHAT;
+        serve_completion(c);
+        return;
+    }
     if (path_is(p, path, "/v1/completions")) {
         if (p->method != HTTP_POST) {
             not_allowed(c, "POST");
@@ -1358,6 +1413,7 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
     s->model = model;
     s->sched = sched;
     s->created = sl_clock_unix();
+    s->chat_template = sl_chat_template_of_model(model);
     if (getrandom(&s->nonce, sizeof s->nonce, GRND_NONBLOCK) != (ssize_t)sizeof s->nonce)
         s->nonce = (uint32_t)sl_clock_ns();
     s->io = sl_xcalloc((size_t)cfg->io_threads, sizeof *s->io);

@@ -1,4 +1,5 @@
-/* The OpenAI API: decoding /v1/completions requests (jansson) and encoding responses.
+/* The OpenAI API: decoding /v1/completions and /v1/chat/completions requests (jansson) and
+ * encoding their responses.
  *
  * Decoding goes through jansson because a request is parsed once and its error messages need
  * line and column. Encoding is written by hand into an sl_str: a stream emits one chunk per step
@@ -9,6 +10,7 @@
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void sl_openai_error_set(struct sl_openai_error *e, int http, const char *param, const char *code,
@@ -122,25 +124,27 @@ static int decode_stop(struct sl_openai_completion *c, struct sl_openai_error *e
     return SL_OK;
 }
 
-static int decode_fields(struct sl_openai_completion *c, const char *model_id,
-                         int default_max_tokens, struct sl_openai_error *err)
+static int decode_model(struct sl_openai_completion *c, const char *model_id,
+                        struct sl_openai_error *err)
 {
-    json_t *root = c->root;
-    json_t *v;
-
-    if ((v = member(root, "model"))) {
-        if (!json_is_string(v))
-            return bad_type(err, "model", "a string", v);
-        if (strcmp(json_string_value(v), model_id) != 0) {
-            sl_openai_error_set(err, 404, "model", "model_not_found",
-                                "The model '%.200s' does not exist or you do not have access to "
-                                "it. This server serves '%.100s'.",
-                                json_string_value(v), model_id);
-            return SL_ENOENT;
-        }
+    json_t *v = member(c->root, "model");
+    if (!v)
+        return SL_OK;
+    if (!json_is_string(v))
+        return bad_type(err, "model", "a string", v);
+    if (strcmp(json_string_value(v), model_id) != 0) {
+        sl_openai_error_set(err, 404, "model", "model_not_found",
+                            "The model '%.200s' does not exist or you do not have access to "
+                            "it. This server serves '%.100s'.",
+                            json_string_value(v), model_id);
+        return SL_ENOENT;
     }
+    return SL_OK;
+}
 
-    v = member(root, "prompt");
+static int decode_prompt(struct sl_openai_completion *c, struct sl_openai_error *err)
+{
+    json_t *v = member(c->root, "prompt");
     if (!v) {
         sl_openai_error_set(err, 400, "prompt", "missing_required_parameter",
                             "Missing required parameter: 'prompt'.");
@@ -156,26 +160,47 @@ static int decode_fields(struct sl_openai_completion *c, const char *model_id,
         return bad_type(err, "prompt", "a string", v);
     c->prompt = json_string_value(v);
     c->prompt_len = json_string_length(v);
+    return SL_OK;
+}
+
+/* max_tokens or max_completion_tokens: an integer >= 1. Absent leaves *out. */
+static int decode_max_tokens(json_t *root, const char *key, int *out, struct sl_openai_error *err)
+{
+    json_t *v = member(root, key);
+    if (!v)
+        return SL_OK;
+    if (!json_is_integer(v))
+        return bad_type(err, key, "an integer", v);
+    json_int_t n = json_integer_value(v);
+    if (n < 1) {
+        sl_openai_error_set(err, 400, key, "integer_below_min_value",
+                            "Invalid '%s': integer below minimum value. Expected a value >= 1, "
+                            "but got %lld instead.",
+                            key, (long long)n);
+        return SL_EINVAL;
+    }
+    /* Larger values fail the context check later; clamping keeps the arithmetic in int. */
+    *out = n > INT_MAX ? INT_MAX : (int)n;
+    return SL_OK;
+}
+
+/* The fields completions and chat share, after model and prompt/messages. */
+static int decode_options(struct sl_openai_completion *c, int default_max_tokens, bool chat,
+                          struct sl_openai_error *err)
+{
+    json_t *root = c->root;
+    json_t *v;
+    int st;
 
     c->params.max_tokens = default_max_tokens;
-    if ((v = member(root, "max_tokens"))) {
-        if (!json_is_integer(v))
-            return bad_type(err, "max_tokens", "an integer", v);
-        json_int_t n = json_integer_value(v);
-        if (n < 1) {
-            sl_openai_error_set(err, 400, "max_tokens", "integer_below_min_value",
-                                "Invalid 'max_tokens': integer below minimum value. Expected a "
-                                "value >= 1, but got %lld instead.",
-                                (long long)n);
-            return SL_EINVAL;
-        }
-        /* Larger values fail the context check later; clamping keeps the arithmetic in int. */
-        c->params.max_tokens = n > INT_MAX ? INT_MAX : (int)n;
-    }
+    if ((st = decode_max_tokens(root, "max_tokens", &c->params.max_tokens, err)))
+        return st;
+    /* Chat's newer name wins over the deprecated one when both are sent (as in vLLM). */
+    if (chat && (st = decode_max_tokens(root, "max_completion_tokens", &c->params.max_tokens, err)))
+        return st;
 
     c->params.temperature = 1.0f;
     c->params.top_p = 1.0f;
-    int st;
     if ((st = decode_number(root, "temperature", 0.0, false, 2.0, &c->params.temperature, err)))
         return st;
     if ((st = decode_number(root, "top_p", 0.0, true, 1.0, &c->params.top_p, err)))
@@ -245,9 +270,222 @@ static int decode_fields(struct sl_openai_completion *c, const char *model_id,
     return SL_OK;
 }
 
-int sl_openai_completion_decode(struct sl_openai_completion *c, const char *body, size_t len,
-                                const char *model_id, int default_max_tokens,
-                                struct sl_openai_error *err)
+static int decode_fields(struct sl_openai_completion *c, const char *model_id,
+                         int default_max_tokens, struct sl_openai_error *err)
+{
+    int st;
+    if ((st = decode_model(c, model_id, err)) || (st = decode_prompt(c, err)))
+        return st;
+    return decode_options(c, default_max_tokens, false, err);
+}
+
+/* ---- chat messages ---- */
+
+static int unsupported(struct sl_openai_error *err, const char *param, const char *why)
+{
+    sl_openai_error_set(err, 400, param, "unsupported_value", "%s", why);
+    return SL_EINVAL;
+}
+
+static int missing(struct sl_openai_error *err, const char *param)
+{
+    sl_openai_error_set(err, 400, param, "missing_required_parameter",
+                        "Missing required parameter: '%s'.", param);
+    return SL_EINVAL;
+}
+
+/* One content part: {"type": "text", "text": "…"}; anything else names the param. */
+static int decode_part(json_t *part, size_t i, size_t j, struct sl_openai_error *err)
+{
+    char param[64];
+    snprintf(param, sizeof param, "messages[%u].content[%u]", (unsigned)i, (unsigned)j);
+    if (!json_is_object(part))
+        return bad_type(err, param, "an object", part);
+    snprintf(param, sizeof param, "messages[%u].content[%u].type", (unsigned)i, (unsigned)j);
+    json_t *type = member(part, "type");
+    if (!type)
+        return missing(err, param);
+    if (!json_is_string(type))
+        return bad_type(err, param, "a string", type);
+    if (strcmp(json_string_value(type), "text") != 0) {
+        sl_openai_error_set(err, 400, param, "unsupported_value",
+                            "Content parts of type '%.40s' are not supported: this server reads "
+                            "text only (type 'text').",
+                            json_string_value(type));
+        return SL_EINVAL;
+    }
+    snprintf(param, sizeof param, "messages[%u].content[%u].text", (unsigned)i, (unsigned)j);
+    json_t *t = member(part, "text");
+    if (!t)
+        return missing(err, param);
+    if (!json_is_string(t))
+        return bad_type(err, param, "a string", t);
+    return SL_OK;
+}
+
+/* content as an array of parts: text parts only, joined with "\n" (as vLLM does). */
+static int decode_parts(struct sl_chat_msg *m, json_t *parts, size_t i, struct sl_openai_error *err)
+{
+    size_t j;
+    json_t *part;
+    json_array_foreach(parts, j, part)
+    {
+        int st = decode_part(part, i, j, err);
+        if (st != SL_OK)
+            return st;
+    }
+    struct sl_str joined;
+    sl_str_init(&joined);
+    sl_str_append(&joined, "", 0); /* allocated and NUL-terminated even when empty */
+    json_array_foreach(parts, j, part)
+    {
+        json_t *t = json_object_get(part, "text");
+        if (j > 0)
+            sl_str_append(&joined, "\n", 1);
+        sl_str_append(&joined, json_string_value(t), json_string_length(t));
+    }
+    m->content = joined.p;
+    m->len = joined.len;
+    m->owned = true;
+    return SL_OK;
+}
+
+static int decode_message(struct sl_chat_msg *m, json_t *v, size_t i, struct sl_openai_error *err)
+{
+    char param[64];
+    snprintf(param, sizeof param, "messages[%u]", (unsigned)i);
+    if (!json_is_object(v))
+        return bad_type(err, param, "an object", v);
+
+    snprintf(param, sizeof param, "messages[%u].role", (unsigned)i);
+    json_t *r = member(v, "role");
+    if (!r)
+        return missing(err, param);
+    if (!json_is_string(r))
+        return bad_type(err, param, "a string", r);
+    const char *role = json_string_value(r);
+    if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0) {
+        m->role = SL_CHAT_ROLE_SYSTEM;
+    } else if (strcmp(role, "user") == 0) {
+        m->role = SL_CHAT_ROLE_USER;
+    } else if (strcmp(role, "assistant") == 0) {
+        m->role = SL_CHAT_ROLE_ASSISTANT;
+    } else if (strcmp(role, "tool") == 0 || strcmp(role, "function") == 0) {
+        sl_openai_error_set(err, 400, param, "unsupported_value",
+                            "Messages with role '%s' are not supported: this server does not "
+                            "call tools or functions.",
+                            role);
+        return SL_EINVAL;
+    } else {
+        sl_openai_error_set(err, 400, param, "invalid_value",
+                            "Invalid value: '%.40s'. Supported values are: 'system', "
+                            "'developer', 'user' and 'assistant'.",
+                            role);
+        return SL_EINVAL;
+    }
+
+    json_t *calls = member(v, "tool_calls");
+    if (calls && !(json_is_array(calls) && json_array_size(calls) == 0)) {
+        snprintf(param, sizeof param, "messages[%u].tool_calls", (unsigned)i);
+        return unsupported(err, param,
+                           "Tool calls are not supported: this server does not call "
+                           "tools.");
+    }
+    if (member(v, "function_call")) {
+        snprintf(param, sizeof param, "messages[%u].function_call", (unsigned)i);
+        return unsupported(err, param,
+                           "Function calls are not supported: this server does not "
+                           "call functions.");
+    }
+
+    snprintf(param, sizeof param, "messages[%u].content", (unsigned)i);
+    json_t *ct = member(v, "content");
+    if (!ct) {
+        /* An assistant turn may be empty (OpenAI allows null content there). */
+        if (m->role != SL_CHAT_ROLE_ASSISTANT)
+            return missing(err, param);
+        m->content = "";
+        m->len = 0;
+        return SL_OK;
+    }
+    if (json_is_string(ct)) {
+        m->content = json_string_value(ct);
+        m->len = json_string_length(ct);
+        return SL_OK;
+    }
+    if (json_is_array(ct))
+        return decode_parts(m, ct, i, err);
+    return bad_type(err, param, "a string or an array of content parts", ct);
+}
+
+static int decode_messages(struct sl_openai_completion *c, struct sl_openai_error *err)
+{
+    json_t *v = member(c->root, "messages");
+    if (!v)
+        return missing(err, "messages");
+    if (!json_is_array(v))
+        return bad_type(err, "messages", "an array", v);
+    size_t n = json_array_size(v);
+    if (n == 0) {
+        sl_openai_error_set(err, 400, "messages", "empty_array",
+                            "Invalid 'messages': empty array. Expected an array with minimum "
+                            "length 1, but got an empty array instead.");
+        return SL_EINVAL;
+    }
+    /* n is bounded by the body size, which the HTTP layer has bounded. */
+    c->messages = sl_xcalloc(n, sizeof *c->messages);
+    for (size_t i = 0; i < n; i++) {
+        int st = decode_message(&c->messages[i], json_array_get(v, i), i, err);
+        c->n_messages = (int)i + 1; /* so dispose frees what this one owns, even on failure */
+        if (st != SL_OK)
+            return st;
+    }
+    return SL_OK;
+}
+
+/* Chat fields that would change the answer's meaning if they were silently ignored. */
+static int decode_chat_refusals(struct sl_openai_completion *c, struct sl_openai_error *err)
+{
+    json_t *v;
+    if ((v = member(c->root, "tools")) && !(json_is_array(v) && json_array_size(v) == 0))
+        return unsupported(err, "tools",
+                           "Tools are not supported: this server does not call "
+                           "tools.");
+    if ((v = member(c->root, "functions")) && !(json_is_array(v) && json_array_size(v) == 0))
+        return unsupported(err, "functions",
+                           "Functions are not supported: this server does not "
+                           "call functions.");
+    if ((v = member(c->root, "response_format"))) {
+        if (!json_is_object(v))
+            return bad_type(err, "response_format", "an object", v);
+        json_t *t = member(v, "type");
+        if (!t || !json_is_string(t))
+            return t ? bad_type(err, "response_format.type", "a string", t)
+                     : missing(err, "response_format.type");
+        if (strcmp(json_string_value(t), "text") != 0)
+            return unsupported(err, "response_format.type",
+                               "Only response_format type 'text' is supported: this server does "
+                               "not constrain output to JSON.");
+    }
+    return SL_OK;
+}
+
+static int decode_chat_fields(struct sl_openai_completion *c, const char *model_id,
+                              int default_max_tokens, struct sl_openai_error *err)
+{
+    int st;
+    if ((st = decode_model(c, model_id, err)) || (st = decode_messages(c, err)) ||
+        (st = decode_chat_refusals(c, err)))
+        return st;
+    return decode_options(c, default_max_tokens, true, err);
+}
+
+/* Parses the body as a JSON object into c->root, then decodes its fields with `fields`. */
+static int decode_body(struct sl_openai_completion *c, const char *body, size_t len,
+                       const char *model_id, int default_max_tokens,
+                       int (*fields)(struct sl_openai_completion *, const char *, int,
+                                     struct sl_openai_error *),
+                       struct sl_openai_error *err)
 {
     memset(c, 0, sizeof *c);
     json_error_t je;
@@ -266,14 +504,31 @@ int sl_openai_completion_decode(struct sl_openai_completion *c, const char *body
         sl_openai_completion_dispose(c);
         return SL_EINVAL;
     }
-    int st = decode_fields(c, model_id, default_max_tokens, err);
+    int st = fields(c, model_id, default_max_tokens, err);
     if (st != SL_OK)
         sl_openai_completion_dispose(c);
     return st;
 }
 
+int sl_openai_completion_decode(struct sl_openai_completion *c, const char *body, size_t len,
+                                const char *model_id, int default_max_tokens,
+                                struct sl_openai_error *err)
+{
+    return decode_body(c, body, len, model_id, default_max_tokens, decode_fields, err);
+}
+
+int sl_openai_chat_decode(struct sl_openai_completion *c, const char *body, size_t len,
+                          const char *model_id, int default_max_tokens, struct sl_openai_error *err)
+{
+    return decode_body(c, body, len, model_id, default_max_tokens, decode_chat_fields, err);
+}
+
 void sl_openai_completion_dispose(struct sl_openai_completion *c)
 {
+    for (int i = 0; i < c->n_messages; i++)
+        if (c->messages[i].owned)
+            free((char *)c->messages[i].content);
+    free(c->messages);
     json_decref(c->root);
     memset(c, 0, sizeof *c);
 }
@@ -335,25 +590,37 @@ static void put_cstr(struct sl_str *out, const char *s)
     put_str(out, s, strlen(s));
 }
 
-static void put_head(struct sl_str *out, const struct sl_openai_ident *id)
+/* id, object, created, model; chunk selects the stream's object name. */
+static void put_head(struct sl_str *out, const struct sl_openai_ident *id, bool chunk)
 {
+    const char *object = id->api != SL_OPENAI_API_CHAT ? "text_completion"
+                         : chunk                       ? "chat.completion.chunk"
+                                                       : "chat.completion";
     put_lit(out, "{\"id\":");
     put_cstr(out, id->id);
-    sl_str_appendf(
-        out, ",\"object\":\"text_completion\",\"created\":%lld,\"model\":", (long long)id->created);
+    sl_str_appendf(out, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object,
+                   (long long)id->created);
     put_cstr(out, id->model);
+    if (id->api == SL_OPENAI_API_CHAT)
+        put_lit(out, ",\"system_fingerprint\":null");
+}
+
+static void put_finish(struct sl_str *out, enum sl_finish finish)
+{
+    put_lit(out, ",\"finish_reason\":");
+    const char *f = sl_finish_str(finish);
+    if (f)
+        put_cstr(out, f);
+    else
+        put_lit(out, "null");
 }
 
 static void put_choice(struct sl_str *out, const char *text, size_t len, enum sl_finish finish)
 {
     put_lit(out, "{\"text\":");
     put_str(out, text, len);
-    put_lit(out, ",\"index\":0,\"logprobs\":null,\"finish_reason\":");
-    const char *f = sl_finish_str(finish);
-    if (f)
-        put_cstr(out, f);
-    else
-        put_lit(out, "null");
+    put_lit(out, ",\"index\":0,\"logprobs\":null");
+    put_finish(out, finish);
     put_lit(out, "}");
 }
 
@@ -364,13 +631,30 @@ static void put_usage(struct sl_str *out, int prompt_tokens, int completion_toke
                    prompt_tokens, completion_tokens, prompt_tokens + completion_tokens);
 }
 
+/* OpenAI: with include_usage "all other chunks will also include a usage field, but with a null
+ * value". */
+static void put_chunk_tail(struct sl_str *out, const struct sl_openai_ident *id)
+{
+    if (id->include_usage)
+        put_lit(out, ",\"usage\":null");
+    put_lit(out, "}");
+}
+
 void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
                                  int prompt_tokens, int completion_tokens)
 {
-    put_head(out, id);
+    put_head(out, id, false);
     put_lit(out, ",\"choices\":[");
-    put_choice(out, text, len, finish);
+    if (id->api == SL_OPENAI_API_CHAT) {
+        put_lit(out, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+        put_str(out, text, len);
+        put_lit(out, ",\"refusal\":null},\"logprobs\":null");
+        put_finish(out, finish);
+        put_lit(out, "}");
+    } else {
+        put_choice(out, text, len, finish);
+    }
     put_lit(out, "],");
     put_usage(out, prompt_tokens, completion_tokens);
     put_lit(out, "}");
@@ -379,16 +663,37 @@ void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_iden
 void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
                             size_t len, enum sl_finish finish)
 {
-    put_head(out, id);
+    put_head(out, id, true);
     put_lit(out, ",\"choices\":[");
-    put_choice(out, text, len, finish);
-    put_lit(out, "]}");
+    if (id->api == SL_OPENAI_API_CHAT) {
+        /* OpenAI's last chunk has an empty delta and the finish_reason. */
+        put_lit(out, "{\"index\":0,\"delta\":{");
+        if (len > 0 || finish == SL_FINISH_NONE) {
+            put_lit(out, "\"content\":");
+            put_str(out, text, len);
+        }
+        put_lit(out, "},\"logprobs\":null");
+        put_finish(out, finish);
+        put_lit(out, "}");
+    } else {
+        put_choice(out, text, len, finish);
+    }
+    put_lit(out, "]");
+    put_chunk_tail(out, id);
+}
+
+void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_ident *id)
+{
+    put_head(out, id, true);
+    put_lit(out, ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                 "\"logprobs\":null,\"finish_reason\":null}]");
+    put_chunk_tail(out, id);
 }
 
 void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                   int prompt_tokens, int completion_tokens)
 {
-    put_head(out, id);
+    put_head(out, id, true);
     put_lit(out, ",\"choices\":[],");
     put_usage(out, prompt_tokens, completion_tokens);
     put_lit(out, "}");

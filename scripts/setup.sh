@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Installs whatever sluice needs that is missing (Debian 12 packages only), then configures and
-# builds into build/. Does nothing but a no-op build when everything is already there.
+# builds into build/, and installs the SDK test's pinned npm packages (tests/sdk). Does nothing
+# but a no-op build when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(gcc libc6-dev pkg-config meson ninja-build libevent-dev libjansson-dev libssl-dev
       libcriterion-dev node-llhttp clang-format git)
+# The SDK test (tests/sdk) runs the official OpenAI client under Node: Debian's nodejs and npm,
+# unless a node or npm is already installed some other way (NodeSource, nvm).
+if ! command -v node >/dev/null 2>&1; then pkgs+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
@@ -25,3 +30,12 @@ if [ ! -f build/build.ninja ]; then
   meson setup build
 fi
 ninja -C build
+
+# The pinned openai package for the SDK test (tests/sdk/package-lock.json); npm ci runs again
+# only when the lock file has changed since the last install.
+stamp=tests/sdk/node_modules/.sluice-lock
+if ! cmp -s tests/sdk/package-lock.json "$stamp"; then
+  echo "setup: npm ci in tests/sdk"
+  (cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  cp tests/sdk/package-lock.json "$stamp"
+fi

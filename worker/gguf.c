@@ -665,6 +665,19 @@ static bool load_vocab(struct gguf *g, struct sl_model *m, int *vocab)
     return true;
 }
 
+/* tokenizer.chat_template: the Jinja source, kept for the gateway (which recognises it). */
+static bool load_chat_template(struct gguf *g, struct sl_model *m)
+{
+    const char *s;
+    uint64_t n;
+    int got = get_str(g, "tokenizer.chat_template", &s, &n);
+    if (got < 0)
+        return false;
+    if (got == 1 && n > 0)
+        m->chat_template = sl_xstrndup(s, (size_t)n);
+    return true;
+}
+
 static bool load_weights(struct gguf *g, struct sl_model *m)
 {
     const struct sl_model_config *c = &m->cfg;
@@ -707,7 +720,7 @@ int sl_model_gguf_parse(struct sl_model *m, const void *data, size_t len, const 
     struct gguf g = {.file = name, .r = {data, len, 0}, .err = err, .errlen = errlen};
     int vocab = 0;
     bool ok = parse_header(&g) && parse_tensors(&g) && load_vocab(&g, m, &vocab) &&
-              load_config(&g, &m->cfg, vocab) && load_weights(&g, m);
+              load_chat_template(&g, m) && load_config(&g, &m->cfg, vocab) && load_weights(&g, m);
     free(g.kvs);
     free(g.ts);
     free(g.order);

@@ -455,6 +455,60 @@ out:
     return rc;
 }
 
+/* tokenizer_config.json, when the folder has one: its chat_template, either a string or a list
+ * of {"name", "template"} (transformers then uses the one named "default"). Nothing else of it
+ * is read. A file that is there but malformed is an error rather than a silent loss of the
+ * template. */
+static int load_tokenizer_config(struct sl_model *m, const char *path, char *err, size_t errlen)
+{
+    if (access(path, F_OK) != 0)
+        return SL_OK;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = sl_model_read_file(path, MAX_JSON_FILE, &text, &len, err, errlen);
+    if (rc != SL_OK)
+        return rc;
+    json_error_t je;
+    /* INT_AS_REAL: transformers writes model_max_length as 1e30 spelled as an integer, which
+     * would overflow jansson's integers. */
+    json_t *root = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &je);
+    free(text);
+    if (!root)
+        return set_err(err, errlen, SL_EFORMAT, "%s: line %d, column %d: %s", path, je.line,
+                       je.column, je.text);
+    rc = SL_EFORMAT;
+    const json_t *t = json_object_get(root, "chat_template");
+    if (!json_is_object(root)) {
+        set_err(err, errlen, 0, "%s: the top level is not a JSON object", path);
+        goto out;
+    }
+    if (json_is_array(t)) {
+        size_t i;
+        const json_t *e, *found = NULL;
+        json_array_foreach(t, i, e)
+        {
+            const char *name = json_string_value(json_object_get(e, "name"));
+            if (!name || !json_is_string(json_object_get(e, "template"))) {
+                set_err(err, errlen, 0, "%s: chat_template[%zu] is not a {name, template} object",
+                        path, i);
+                goto out;
+            }
+            if (strcmp(name, "default") == 0)
+                found = json_object_get(e, "template");
+        }
+        t = found; /* a list without "default" gives no template */
+    } else if (t && !json_is_null(t) && !json_is_string(t)) {
+        set_err(err, errlen, 0, "%s: chat_template is neither a string nor a list", path);
+        goto out;
+    }
+    if (json_is_string(t) && json_string_length(t) > 0)
+        m->chat_template = sl_xstrndup(json_string_value(t), json_string_length(t));
+    rc = SL_OK;
+out:
+    json_decref(root);
+    return rc;
+}
+
 static int load_safetensors(struct sl_model *m, const char *path, char *err, size_t errlen)
 {
     int rc = sl_model_map_file(m, path, 8, err, errlen); /* 8: the header length */
@@ -467,6 +521,7 @@ int sl_model_load_hf(struct sl_model *m, const char *dir, char *err, size_t errl
 {
     char *cfg = join(dir, "config.json"), *st = join(dir, "model.safetensors");
     char *tj = join(dir, "tokenizer.json"), *gen = join(dir, "generation_config.json");
+    char *tc = join(dir, "tokenizer_config.json");
     char *text = NULL;
     size_t tlen = 0;
     int bos = 1;
@@ -485,6 +540,8 @@ int sl_model_load_hf(struct sl_model *m, const char *dir, char *err, size_t errl
                          "%s: %d token ids, more than the model's vocab_size %d", tj,
                          sl_tok_vocab_size(m->tok), m->cfg.vocab_size);
     }
+    if (rc == SL_OK)
+        rc = load_tokenizer_config(m, tc, err, errlen);
     if (rc == SL_OK) {
         /* generation_config.json is optional; its eos_token_id adds to config.json's. */
         json_t *g = json_load_file(gen, 0, NULL);
@@ -505,5 +562,6 @@ int sl_model_load_hf(struct sl_model *m, const char *dir, char *err, size_t errl
     free(st);
     free(tj);
     free(gen);
+    free(tc);
     return rc;
 }

@@ -540,6 +540,7 @@ void sl_model_free(struct sl_model *m)
     free(m->allocs);
     sl_tok_free(m->tok);
     free(m->id);
+    free(m->chat_template);
     free(m);
 }
 
@@ -556,6 +557,11 @@ const char *sl_model_id(const struct sl_model *m)
 const struct sl_tok *sl_model_tok(const struct sl_model *m)
 {
     return m->tok;
+}
+
+const char *sl_model_chat_template(const struct sl_model *m)
+{
+    return m->chat_template;
 }
 
 bool sl_model_is_stop_token(const struct sl_model *m, int32_t token)

@@ -826,3 +826,17 @@ const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size
     *len = n;
     return p;
 }
+
+int32_t sl_tok_special_id(const struct sl_tok *t, const char *s, size_t len)
+{
+    if (len == 0)
+        return -1;
+    /* HF added tokens are matched whole by encode already; a template marker is one of them. */
+    for (int k = 0; k < t->n_added; k++)
+        if (t->added[k].len == len && memcmp(t->added[k].s, s, len) == 0)
+            return t->added[k].id;
+    if (!t->special)
+        return -1;
+    int32_t id = sl_tok_lookup(t, s, len);
+    return id >= 0 && t->special[id] ? id : -1;
+}

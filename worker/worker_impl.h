@@ -60,6 +60,7 @@ struct sl_model {
     struct sl_model_weights w;
     char *id;
     struct sl_tok *tok;
+    char *chat_template; /* Jinja chat template from the model's files, or NULL */
     int32_t stop_tokens[SL_MODEL_MAX_STOP]; /* sampling one of these ends a sequence */
     int n_stop_tokens;
     void *map;      /* mmap'd file, or NULL */

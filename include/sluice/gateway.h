@@ -26,6 +26,7 @@ struct sl_config {
     int listen_port;          /* 8080; 0 picks a free port */
     char *model;              /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
     char *tokenizer;          /* llama2.c tokenizer.bin path, or NULL */
+    char *chat_template;      /* a builtin chat template's name, or NULL: the model's own */
     int io_threads;           /* event loops (default 1) */
     int threads;              /* CPU kernel threads (0 = all cores) */
     int max_seqs;             /* most running sequences in a step */

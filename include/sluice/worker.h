@@ -49,7 +49,8 @@ struct sl_model;
  *                          they are (Q8_0 is not expanded), vocabulary from its metadata
  *   a folder               Hugging Face LlamaForCausalLM: config.json, model.safetensors
  *                          (F32/F16/BF16, tied embeddings through the metadata alias) and
- *                          tokenizer.json (HF BPE with rank-ordered merges)
+ *                          tokenizer.json (HF BPE with rank-ordered merges); an optional
+ *                          tokenizer_config.json gives the chat template
  * On failure returns a negative status and writes a one-line reason naming the file and what is
  * wrong into err (NUL-terminated, at most errlen bytes); *out is untouched. A truncated or
  * inconsistent file is an error, never a crash. */
@@ -62,6 +63,12 @@ const struct sl_model_config *sl_model_config(const struct sl_model *m);
  * or ".gguf" ("stories260K"), or the folder's base name. */
 const char *sl_model_id(const struct sl_model *m);
 const struct sl_tok *sl_model_tok(const struct sl_model *m);
+/* The model's chat template as its files give it (Jinja source, NUL-terminated), or NULL when
+ * they give none: GGUF metadata tokenizer.chat_template; in a Hugging Face folder,
+ * tokenizer_config.json's chat_template (a string, or the entry named "default" of a list of
+ * {name, template}). llama2.c checkpoints and synthetic models have none. Valid as long as the
+ * model; the gateway decides how to render it. */
+const char *sl_model_chat_template(const struct sl_model *m);
 /* True when sampling `token` ends generation: llama2.c and synthetic models stop on BOS (1) and
  * EOS (2); GGUF on its EOS, BOS and end-of-turn ids; HF folders on config's eos_token_id(s). */
 bool sl_model_is_stop_token(const struct sl_model *m, int32_t token);
@@ -91,6 +98,11 @@ int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos
  * necessarily valid UTF-8 on their own. Returns a pointer into the tokenizer (valid as long as
  * the model) and sets *len; an out-of-range id gives "". */
 const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size_t *len);
+/* The id of the special token whose text is exactly s[0..len): a control token of a GGUF
+ * vocabulary (token_type 3, e.g. "<s>") or an added token of tokenizer.json (e.g.
+ * "<|im_start|>"); -1 when the vocabulary has no such special token (ordinary pieces do not
+ * count). Chat templates encode their markers with it. Thread-safe. */
+int32_t sl_tok_special_id(const struct sl_tok *t, const char *s, size_t len);
 
 /* Incremental detokenizer of one sequence: token ids in, valid UTF-8 text deltas out.
  * It holds back bytes that are an incomplete UTF-8 character or that could still be the start of

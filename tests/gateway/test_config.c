@@ -174,3 +174,24 @@ Test(gateway, kv_cache_fraction_is_checked_when_given)
     cr_assert_eq(load(&c, "{\"kv_cache_fraction\":\"half\"}", err, sizeof err), SL_EINVAL);
     sl_config_dispose(&c);
 }
+
+Test(gateway, chat_template_is_a_builtin_name_or_null_when_configured)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_null(c.chat_template, "the model's own by default");
+    cr_assert_eq(load(&c, "{\"chat_template\":\"chatml\"}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_str_eq(c.chat_template, "chatml");
+    cr_assert_eq(load(&c, "{\"chat_template\":null}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert_null(c.chat_template);
+    /* An unknown name is refused at validation, naming the key and the builtins. */
+    cr_assert_eq(load(&c, "{\"chat_template\":\"{{ messages }}\"}", err, sizeof err), SL_OK);
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"chat_template\""), "%s", err);
+    cr_assert(strstr(err, "llama3"), "%s", err);
+    cr_assert_eq(load(&c, "{\"chat_template\":3}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"chat_template\""), "%s", err);
+    sl_config_dispose(&c);
+}

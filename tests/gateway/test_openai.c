@@ -303,7 +303,8 @@ Test(gateway, rejects_the_prompt_when_it_is_not_utf8)
 
 /* ---- encoders ---- */
 
-static const struct sl_openai_ident ident = {"cmpl-0123", 1700000000, MODEL};
+static const struct sl_openai_ident ident = {
+    .id = "cmpl-0123", .created = 1700000000, .model = MODEL};
 
 /* Quotes, backslashes, newlines, every control byte, multi-byte UTF-8 and a 4-byte emoji. */
 static const char tricky[] = "say \"hi\"\\ \n\r\t\x01\x1f\x7f caf\xc3\xa9 \xe2\x82\xac "
@@ -350,6 +351,26 @@ Test(gateway, encodes_a_chunk_with_null_finish_when_the_stream_goes_on)
                  0);
     cr_assert(json_is_null(json_object_get(ch, "finish_reason")));
     cr_assert_null(json_object_get(j, "usage"));
+    json_decref(j);
+    sl_str_dispose(&s);
+}
+
+Test(gateway, encodes_null_usage_in_every_chunk_when_include_usage_is_set)
+{
+    struct sl_openai_ident id = ident;
+    id.include_usage = true;
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_chunk_encode(&s, &id, "x", 1, SL_FINISH_NONE);
+    json_t *j = parse(&s);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert(u && json_is_null(u), "usage: null, as OpenAI sends it: %s", s.p);
+    json_decref(j);
+    sl_str_clear(&s);
+    sl_openai_chunk_encode(&s, &id, "", 0, SL_FINISH_LENGTH);
+    j = parse(&s);
+    u = json_object_get(j, "usage");
+    cr_assert(u && json_is_null(u), "the finishing chunk too: %s", s.p);
     json_decref(j);
     sl_str_dispose(&s);
 }

@@ -146,6 +146,9 @@ struct spec {
     bool extra_keys;      /* unknown keys of every value type */
     int embedding_length; /* 0: SD */
     uint32_t eps_type;    /* 0: F32 */
+
+    const char *chat_template;     /* tokenizer.chat_template, or NULL: not written */
+    bool chat_template_not_string; /* tokenizer.chat_template written as a u32 */
 };
 
 struct built {
@@ -290,6 +293,10 @@ static void build(struct built *b, const struct spec *sp)
     kv_u32(g, "tokenizer.ggml.bos_token_id", 1);
     kv_u32(g, "tokenizer.ggml.eos_token_id", 2);
     kv_u32(g, "tokenizer.ggml.unknown_token_id", 0);
+    if (sp->chat_template)
+        kv_str(g, "tokenizer.chat_template", sp->chat_template);
+    if (sp->chat_template_not_string)
+        kv_u32(g, "tokenizer.chat_template", 7);
 
     add_t(b, sp, "token_embd.weight", GT_Q8_0, SD, SV, &s);
     if (sp->dup)
@@ -488,6 +495,63 @@ Test(worker, gguf_keeps_f16_bf16_q8_0_in_the_mapping_when_loaded)
     cr_assert(sl_model_is_stop_token(m, 2));
     cr_assert(sl_model_is_stop_token(m, 1));
     cr_assert(!sl_model_is_stop_token(m, 0));
+    sl_model_free(m);
+    unlink(path);
+    free(path);
+    built_dispose(&b);
+}
+
+Test(worker, gguf_reads_the_chat_template_when_metadata_has_one)
+{
+    static const char tmpl[] =
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+        "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    struct built b;
+    build(&b, &(struct spec){.chat_template = tmpl});
+    char *path = write_gguf(b.p, b.len);
+    struct sl_model *m = wt_load(path, NULL);
+    cr_assert_not_null(sl_model_chat_template(m));
+    cr_assert_str_eq(sl_model_chat_template(m), tmpl);
+    sl_model_free(m);
+    unlink(path);
+    free(path);
+    built_dispose(&b);
+
+    /* Without the key there is no template. */
+    build(&b, &(struct spec){0});
+    path = write_gguf(b.p, b.len);
+    m = wt_load(path, NULL);
+    cr_assert_null(sl_model_chat_template(m));
+    sl_model_free(m);
+    unlink(path);
+    free(path);
+    built_dispose(&b);
+}
+
+Test(worker, gguf_rejects_the_file_when_chat_template_is_not_a_string)
+{
+    struct built b;
+    build(&b, &(struct spec){.chat_template_not_string = true});
+    expect_bad_msg(b.p, b.len, "u32 chat_template", "tokenizer.chat_template is not a string");
+    built_dispose(&b);
+}
+
+Test(worker, gguf_finds_control_tokens_as_special_when_asked_by_text)
+{
+    struct built b;
+    build(&b, &(struct spec){0});
+    char *path = write_gguf(b.p, b.len);
+    struct sl_model *m = wt_load(path, NULL);
+    const struct sl_tok *t = sl_model_tok(m);
+    cr_assert_eq(sl_tok_special_id(t, "<s>", 3), 1);
+    cr_assert_eq(sl_tok_special_id(t, "</s>", 4), 2);
+    /* Ordinary pieces, unknown text and prefixes of a special token are not special. */
+    cr_assert_eq(sl_tok_special_id(t, "ab", 2), -1);
+    cr_assert_eq(sl_tok_special_id(t, "<unk>", 5), -1, "<unk> has type 2 (unknown), not control");
+    cr_assert_eq(sl_tok_special_id(t, "<s", 2), -1);
+    cr_assert_eq(sl_tok_special_id(t, "<|im_start|>", 12), -1);
+    cr_assert_eq(sl_tok_special_id(t, "", 0), -1);
     sl_model_free(m);
     unlink(path);
     free(path);

@@ -45,7 +45,7 @@ static void link_file(const char *dir, const char *name, const char *target)
 static void rm_dir(char *dir)
 {
     static const char *const names[] = {"config.json", "model.safetensors", "tokenizer.json",
-                                        "generation_config.json"};
+                                        "generation_config.json", "tokenizer_config.json"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         char *p = wt_path(dir, names[i]);
         unlink(p);
@@ -593,4 +593,91 @@ Test(worker, hf_keeps_f16_bf16_and_permutes_qk_when_folder_is_synthetic)
     sl_model_free(m);
     free(img);
     rm_dir(d);
+}
+
+/* Loads the synthetic folder with the given tokenizer_config.json (NULL: none) and returns its
+ * chat template (copied; NULL when none). */
+static char *x_chat_template(const char *tokenizer_config)
+{
+    char *d = tmp_dir();
+    size_t len, body_at;
+    unsigned char *img = x_folder(d, &len, &body_at);
+    if (tokenizer_config)
+        put_text(d, "tokenizer_config.json", tokenizer_config);
+    struct sl_model *m = wt_load(d, NULL);
+    const char *t = sl_model_chat_template(m);
+    char *copy = t ? strdup(t) : NULL;
+    sl_model_free(m);
+    free(img);
+    rm_dir(d);
+    return copy;
+}
+
+Test(worker, hf_reads_the_chat_template_when_tokenizer_config_has_one)
+{
+    cr_assert_null(x_chat_template(NULL), "no tokenizer_config.json, no template");
+    cr_assert_null(x_chat_template("{\"bos_token\": \"<s>\"}"));
+    cr_assert_null(x_chat_template("{\"chat_template\": null}"));
+    char *t = x_chat_template("{\"model_max_length\": 1000000000000000019884624838656, "
+                              "\"chat_template\": \"{{ bos_token }}<|user|>\\n\"}");
+    cr_assert_not_null(t, "an integer too large for int64 elsewhere in the file is fine");
+    cr_assert_str_eq(t, "{{ bos_token }}<|user|>\n");
+    free(t);
+    /* transformers' list form: the entry named "default". */
+    t = x_chat_template("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, "
+                        "{\"name\": \"default\", \"template\": \"D\"}]}");
+    cr_assert_not_null(t);
+    cr_assert_str_eq(t, "D");
+    free(t);
+    cr_assert_null(x_chat_template("{\"chat_template\": [{\"name\": \"rag\", \"template\": "
+                                   "\"R\"}]}"));
+}
+
+Test(worker, hf_rejects_folder_when_tokenizer_config_is_malformed)
+{
+    static const struct {
+        const char *json, *needle;
+    } cases[] = {
+        {"{\"chat_template\": ", "tokenizer_config.json: line 1"},
+        {"[1]", "tokenizer_config.json: the top level is not a JSON object"},
+        {"{\"chat_template\": 5}", "chat_template is neither a string nor a list"},
+        {"{\"chat_template\": [\"x\"]}", "chat_template[0] is not a {name, template} object"},
+        {"{\"chat_template\": [{\"name\": \"default\"}]}", "chat_template[0]"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *d = tmp_dir();
+        size_t len, body_at;
+        unsigned char *img = x_folder(d, &len, &body_at);
+        put_text(d, "tokenizer_config.json", cases[i].json);
+        expect_reject_dir(d, cases[i].needle);
+        free(img);
+        rm_dir(d);
+    }
+}
+
+Test(worker, hf_finds_added_tokens_as_special_when_asked_by_text)
+{
+    char *d = tmp_dir();
+    size_t len, body_at;
+    unsigned char *img = x_folder(d, &len, &body_at);
+    struct sl_model *m = wt_load(d, NULL);
+    const struct sl_tok *t = sl_model_tok(m);
+    cr_assert_eq(sl_tok_special_id(t, "<s>", 3), 1);
+    cr_assert_eq(sl_tok_special_id(t, "</s>", 4), 2);
+    cr_assert_eq(sl_tok_special_id(t, "ab", 2), -1, "an ordinary piece is not special");
+    cr_assert_eq(sl_tok_special_id(t, "</s", 3), -1);
+    sl_model_free(m);
+    free(img);
+    rm_dir(d);
+}
+
+Test(worker, hf_has_no_chat_template_when_model_is_tinystories656k)
+{
+    WT_REQUIRE_MODELS(dir);
+    char *hp = wt_path(dir, HF_DIR);
+    struct sl_model *h = wt_load(hp, NULL);
+    cr_assert_null(sl_model_chat_template(h), "a base model's tokenizer_config.json has none");
+    cr_assert_eq(sl_tok_special_id(sl_model_tok(h), "<|end_story|>", 13), 2);
+    sl_model_free(h);
+    free(hp);
 }
