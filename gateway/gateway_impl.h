@@ -366,4 +366,87 @@ void sl_chat_render(struct sl_chat_prompt *p, enum sl_chat_template t,
 int sl_chat_prompt_encode(const struct sl_tok *tok, int seq_len, const struct sl_chat_prompt *p,
                           int max_tokens, int32_t *ids, int *n_ids, struct sl_openai_error *err);
 
+/* ---------------------------------------------------------------------------------------------
+ * Metrics (metrics.c): counters and histograms that GET /metrics exposes in Prometheus text
+ * format 0.0.4, with the scheduler's gauges.
+ *
+ * Recording is lock-free and cheap: every cell is a relaxed atomic counter, and there is one
+ * shard of cells per I/O thread, so a thread recording into its own shard never shares a cache
+ * line with another. Any thread may record into any shard (totals stay exact); a scrape sums the
+ * shards. Durations are kept as integer nanoseconds, so bucket edges are exact and inclusive
+ * (an observation equal to a bound counts in that bucket, as Prometheus' `le` says).
+ *
+ * Labels come from names given as strings (tiers and tenants come from configuration), interned
+ * on first use into fixed tables: SL_METRICS_MAX_TIERS tier names, SL_METRICS_MAX_TENANTS tenant
+ * names and SL_METRICS_MAX_ROUTES route names, for the life of the process (a reload that renames
+ * a tier keeps the old series). A name past its table's cap, longer than SL_METRICS_MAX_NAME
+ * bytes, empty or NULL is counted under SL_METRICS_OTHER ("other"), as is the name "other"
+ * itself, so no series is ever exposed twice. Only a name not seen before takes a mutex.
+ */
+
+#define SL_METRICS_MAX_TIERS 16
+#define SL_METRICS_MAX_TENANTS 128
+#define SL_METRICS_MAX_ROUTES 16
+#define SL_METRICS_MAX_NAME 128
+#define SL_METRICS_OTHER "other"
+
+/* How an inference request ended: the `outcome` label of sluice:requests_total. */
+enum sl_metrics_outcome {
+    SL_METRICS_OUTCOME_STOP,      /* finished: stop token or stop string */
+    SL_METRICS_OUTCOME_LENGTH,    /* finished: max_tokens or the context */
+    SL_METRICS_OUTCOME_CANCELLED, /* the client left, or the server shut down */
+    SL_METRICS_OUTCOME_ERROR,     /* a 5xx, or the engine failed mid-stream */
+    SL_METRICS_OUTCOME_INVALID,   /* a 4xx other than 429: the request cannot be served as sent */
+    SL_METRICS_OUTCOME_REJECTED,  /* 429 or 503 before the engine ran it: over capacity */
+    SL_METRICS_N_OUTCOMES,
+};
+
+/* The label value ("stop", …, "rejected"). */
+const char *sl_metrics_outcome_str(enum sl_metrics_outcome o);
+/* The outcome of a request that ended with `finish` (sl_finish_str(), or NULL when the engine
+ * never finished it) and HTTP status `http_status`. */
+enum sl_metrics_outcome sl_metrics_outcome_of(const char *finish, int http_status);
+
+struct sl_metrics;
+
+/* n_shards >= 1 (one per I/O thread). Allocation failure aborts. */
+struct sl_metrics *sl_metrics_new(int n_shards);
+void sl_metrics_free(struct sl_metrics *m);
+
+/* Recording: any thread, `shard` is the caller's I/O thread index (taken modulo the number of
+ * shards). Durations in seconds; negative or NaN durations count as 0. */
+
+/* Time to first token of one request of `tier`. */
+void sl_metrics_observe_ttft(struct sl_metrics *m, int shard, const char *tier, double seconds);
+/* Inter-token latency: `gap_seconds` passed since the previous text of the request and the new
+ * text carries n_tokens >= 1 tokens, so each of them is observed at gap / n_tokens (the sum grows
+ * by the whole gap, the count by n_tokens). */
+void sl_metrics_observe_itl(struct sl_metrics *m, int shard, const char *tier, double gap_seconds,
+                            int n_tokens);
+
+/* One inference request at its end, counted once. */
+struct sl_metrics_request {
+    const char *tier;
+    const char *tenant;
+    enum sl_metrics_outcome outcome;
+    bool engine;           /* it was handed to the engine: the fields below count */
+    int prompt_tokens;     /* added to sluice:prompt_tokens_total */
+    int completion_tokens; /* added to sluice:generation_tokens_total */
+    double ttft_seconds;   /* < 0 when no token came back (only used for TPOT here) */
+    double e2e_seconds;    /* observed when the outcome is STOP or LENGTH */
+    double queue_seconds;  /* < 0 when it never ran */
+};
+
+/* Counts r in sluice:requests_total and, when r->engine, its tokens; observes its queue time;
+ * for STOP and LENGTH observes e2e and, with more than one completion token and a TTFT, the time
+ * per output token (e2e - ttft) / (completion_tokens - 1). */
+void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_metrics_request *r);
+/* Any HTTP request at its end (every request once, whatever its route): sluice:http_requests_total
+ * by route (a name from a fixed set chosen by the caller, never a client's path) and status. */
+void sl_metrics_http_done(struct sl_metrics *m, int shard, const char *route, int code);
+
+/* Appends the whole exposition: every family with # HELP and # TYPE, then the scheduler's gauges
+ * from st (omitted when st is NULL). Any thread; concurrent recording may or may not be seen. */
+void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out);
+
 #endif

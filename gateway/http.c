@@ -400,6 +400,11 @@ struct conn {
      * classified); both point into cfg. NULL: not authenticated (yet). */
     const struct sl_tenant *tenant;
     int tier;
+
+    /* For /metrics: an inference request (counted in sluice:requests_total at its end) and when
+     * its latest text arrived. */
+    bool inference;
+    uint64_t t_text_ns;
 };
 
 struct io {
@@ -416,6 +421,7 @@ struct io {
     struct event *reap_ev;   /* frees closed connections outside their callbacks */
     struct event *reload_ev; /* activated by sl_http_server_reload() */
     struct sl_outbox *outbox;
+    uint64_t wake_ns; /* when on_wake began: the time of every event of that batch */
     struct conn *conns;
     struct conn *dead;
     int32_t *ids;       /* (seq_len) prompt token scratch */
@@ -434,6 +440,7 @@ struct sl_http_server {
     struct sl_config *cfg;
     const struct sl_model *model;
     struct sl_sched *sched;
+    struct sl_metrics *metrics; /* one shard per I/O thread */
     int port;
     int n_io;
     struct io *io;
@@ -520,6 +527,89 @@ static void conn_done(struct conn *c)
                             BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
 }
 
+/* ---- metrics ---- */
+
+static bool path_is(const struct sl_http_parser *p, struct sl_http_span path, const char *lit);
+
+/* The tier and tenant the current request is accounted to: "none" for a request refused before
+ * authentication or classification decided them. */
+static void request_labels(const struct conn *c, const char **tier, const char **tenant)
+{
+    *tier = c->tier >= 0 ? c->cfg->tiers[c->tier].name : "none";
+    *tenant = c->tenant ? c->tenant->name : "none";
+}
+
+/* The route label of the current request: a fixed set, so that no client can create series. */
+static const char *metrics_route(const struct conn *c)
+{
+    static const char *const routes[] = {
+        "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz",
+        "/metrics",        "/admin/config"};
+    static const char models[] = "/v1/models/";
+    const struct sl_http_parser *p = &c->req;
+    if (p->state != SL_HTTP_PARSE_DONE)
+        return SL_METRICS_OTHER;
+    struct sl_http_span path = sl_http_parser_path(p);
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (path_is(p, path, routes[i]))
+            return routes[i];
+    if (path.len > sizeof models - 1 &&
+        memcmp(sl_http_span_ptr(p, path), models, sizeof models - 1) == 0)
+        return "/v1/models/{id}";
+    return SL_METRICS_OTHER;
+}
+
+/* Time to first token at a request's first text, inter-token latency at each later one. Every
+ * event of one wake-up carries its time (io->wake_ns: one clock read per batch), which also
+ * stamps t_first_ns so that the access log and the metrics agree. */
+static void metrics_on_text(struct conn *c, const struct sl_out_event *e)
+{
+    struct sl_metrics *m = c->io->srv->metrics;
+    uint64_t now = c->io->wake_ns;
+    const char *tier, *tenant;
+    request_labels(c, &tier, &tenant);
+    if (!c->t_first_ns) {
+        c->t_first_ns = now;
+        sl_metrics_observe_ttft(m, c->io->idx, tier, (double)(now - c->t_start_ns) / 1e9);
+    } else if (e->n_tokens > 0) {
+        sl_metrics_observe_itl(m, c->io->idx, tier, (double)(now - c->t_text_ns) / 1e9,
+                               e->n_tokens);
+    }
+    c->t_text_ns = now;
+}
+
+/* Every request once, at its end (from log_access): by route and status, and an inference
+ * request also by tier, tenant and outcome, with its tokens and latencies. */
+static void metrics_request_end(struct conn *c, const char *finish, int n_completion, uint64_t now)
+{
+    struct sl_metrics *m = c->io->srv->metrics;
+    sl_metrics_http_done(m, c->io->idx, metrics_route(c), c->status);
+    if (!c->inference)
+        return;
+    c->inference = false;
+    struct sl_metrics_request r = {
+        .outcome = sl_metrics_outcome_of(finish, c->status),
+        .engine = c->creq != NULL,
+        .prompt_tokens = c->n_prompt,
+        .completion_tokens = n_completion,
+        .ttft_seconds = -1,
+        .e2e_seconds = (double)(now - c->t_start_ns) / 1e9,
+        .queue_seconds = -1,
+    };
+    request_labels(c, &r.tier, &r.tenant);
+    uint64_t q;
+    if (c->creq && sl_req_queue_ns(c->creq, &q))
+        r.queue_seconds = (double)q / 1e9;
+    if (c->t_first_ns) {
+        r.ttft_seconds = (double)(c->t_first_ns - c->t_start_ns) / 1e9;
+    } else if (r.engine && n_completion > 0) {
+        /* Its only token ended it (an end-of-sequence token has no text): it came at the end. */
+        r.ttft_seconds = r.e2e_seconds;
+        sl_metrics_observe_ttft(m, c->io->idx, r.tier, r.ttft_seconds);
+    }
+    sl_metrics_request_done(m, c->io->idx, &r);
+}
+
 /* One JSON line per request, written where its outcome is decided: its response is complete,
  * or its client left. finish is NULL for requests that generated nothing. */
 static void log_access(struct conn *c, const char *finish, int n_completion)
@@ -528,6 +618,7 @@ static void log_access(struct conn *c, const char *finish, int n_completion)
         return;
     c->logged = true;
     uint64_t now = sl_clock_ns();
+    metrics_request_end(c, finish, n_completion, now);
     struct sl_str *l = &c->io->line;
     sl_str_clear(l);
     sl_str_appendf(l, "access {\"io\":%d,\"method\":\"%s\",\"path\":\"", c->io->idx,
@@ -765,6 +856,7 @@ static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, 
 
 static void serve_completion(struct conn *c)
 {
+    c->inference = true;
     struct io *io = c->io;
     struct sl_http_server *srv = io->srv;
     const struct sl_model *m = srv->model;
@@ -914,6 +1006,7 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
 
 static void on_text(struct conn *c, const struct sl_out_event *e)
 {
+    metrics_on_text(c, e);
     if (!c->t_first_ns)
         c->t_first_ns = sl_clock_ns();
     c->n_gen += e->n_tokens;
@@ -939,6 +1032,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     struct io *io = arg;
+    io->wake_ns = sl_clock_ns();
     struct sl_out_event *e = sl_outbox_take(io->outbox);
     while (e) {
         struct sl_out_event *next = e->next;
@@ -978,6 +1072,18 @@ static void not_allowed(struct conn *c, const char *allow)
     send_error(c, &err, extra);
 }
 
+static void serve_metrics(struct conn *c)
+{
+    struct sl_http_server *srv = c->io->srv;
+    struct sl_sched_stats st;
+    if (srv->sched)
+        sl_sched_stats(srv->sched, &st);
+    struct sl_str *b = &c->io->out;
+    sl_str_clear(b);
+    sl_metrics_render(srv->metrics, srv->sched ? &st : NULL, b);
+    send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
+}
+
 static void route(struct conn *c)
 {
     struct sl_http_parser *p = &c->req;
@@ -993,7 +1099,10 @@ static void route(struct conn *c)
         serve_admin(c, path);
         return;
     }
-    if (!path_is(p, path, "/healthz") && !authenticate(c))
+    /* Probes and the scrape need no key, as in vLLM: only the API and /admin are guarded. */
+    bool open =
+        path_is(p, path, "/healthz") || path_is(p, path, "/readyz") || path_is(p, path, "/metrics");
+    if (!open && !authenticate(c))
         return;
     c->ident.api = SL_OPENAI_API_COMPLETIONS;
     if (path_is(p, path, "/v1/chat/completions")) {
@@ -1040,6 +1149,14 @@ static void route(struct conn *c)
         send_error(c, &err, NULL);
         return;
     }
+    if (path_is(p, path, "/metrics")) {
+        if (p->method != HTTP_GET) {
+            not_allowed(c, "GET");
+            return;
+        }
+        serve_metrics(c);
+        return;
+    }
     if (path_is(p, path, "/healthz")) {
         if (p->method != HTTP_GET) {
             not_allowed(c, "GET");
@@ -1077,6 +1194,7 @@ static void conn_after_parse(struct conn *c, enum sl_http_parse st)
         sl_config_unref(c->cfg);
         c->cfg = sl_config_ref(c->io->cfg);
     }
+    c->inference = false;
     if (st == SL_HTTP_PARSE_ERROR) {
         struct sl_openai_error err;
         c->keep_alive = false;
@@ -1417,6 +1535,7 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
     if (getrandom(&s->nonce, sizeof s->nonce, GRND_NONBLOCK) != (ssize_t)sizeof s->nonce)
         s->nonce = (uint32_t)sl_clock_ns();
     s->io = sl_xcalloc((size_t)cfg->io_threads, sizeof *s->io);
+    s->metrics = sl_metrics_new(cfg->io_threads);
 
     /* The first socket picks the port (maybe 0 → any); the others join it via SO_REUSEPORT. */
     const struct addrinfo *ai = ais;
@@ -1489,6 +1608,7 @@ void sl_http_server_free(struct sl_http_server *s)
     for (int i = 0; i < s->n_io; i++)
         io_dispose(&s->io[i]);
     free(s->io);
+    sl_metrics_free(s->metrics);
     sl_config_unref(s->cfg);
     pthread_mutex_destroy(&s->cfg_lock);
     free(s);

@@ -200,7 +200,6 @@ static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token)
 
 int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
 {
-    (void)now_ns;
     /* A cancellation that raced with the step is honoured before spending compute on it. */
     for (int i = c->n_running - 1; i >= 0; i--)
         if (sl_req_cancelled(c->running[i]->req))
@@ -233,6 +232,15 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
     }
     if (n_rows == 0)
         return 0;
+    c->steps++;
+    c->last_step_rows = n_rows;
+    c->last_step_seqs = n_seqs;
+    /* Queue time ends when a request first takes part in a step (a recomputed one keeps it). */
+    for (int i = 0; i < n_seqs; i++) {
+        struct sl_req *r = c->b_seqs[i]->req;
+        if (atomic_load_explicit(&r->first_step_ns, memory_order_relaxed) == SL_REQ_NOT_YET)
+            atomic_store_explicit(&r->first_step_ns, now_ns, memory_order_relaxed);
+    }
 
     struct sl_batch b = {
         .n_tokens = n_rows,
@@ -275,4 +283,32 @@ int sl_sched_core_running(const struct sl_sched_core *c)
 int sl_sched_core_free_blocks(const struct sl_sched_core *c)
 {
     return c->n_free;
+}
+
+void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    long tokens = 0;
+    for (int i = 0; i < c->n_waiting; i++) {
+        const struct sl_seq *s = c->waiting[i];
+        tokens += s->req->n_prompt > s->n_computed ? s->req->n_prompt - s->n_computed : 0;
+    }
+    for (int i = 0; i < c->n_running; i++) {
+        const struct sl_seq *s = c->running[i];
+        tokens += s->req->n_prompt > s->n_computed ? s->req->n_prompt - s->n_computed : 0;
+    }
+    /* One tier until the tier scheduler arrives; the totals are its figures. */
+    out->n_tiers = 1;
+    out->tiers[0] = (struct sl_sched_tier_stats){.name = "default",
+                                                 .running = c->n_running,
+                                                 .queued_requests = c->n_waiting,
+                                                 .queued_prompt_tokens = tokens};
+    out->running = c->n_running;
+    out->queued_requests = c->n_waiting;
+    out->queued_prompt_tokens = tokens;
+    out->kv_blocks_used = c->lim.n_blocks - c->n_free;
+    out->kv_blocks_total = c->lim.n_blocks;
+    out->last_step_rows = c->last_step_rows;
+    out->last_step_seqs = c->last_step_seqs;
+    out->steps = c->steps;
 }

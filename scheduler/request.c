@@ -21,6 +21,8 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
     struct sl_req *r = sl_xcalloc(1, sizeof *r);
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancelled, false);
+    atomic_init(&r->submit_ns, SL_REQ_NOT_YET);
+    atomic_init(&r->first_step_ns, SL_REQ_NOT_YET);
     r->n_prompt = n_prompt;
     r->prompt = sl_xmalloc(sizeof(int32_t) * (size_t)(n_prompt > 0 ? n_prompt : 1));
     if (n_prompt > 0)
@@ -74,4 +76,15 @@ const struct sl_req_params *sl_req_params(const struct sl_req *r)
 bool sl_req_cancelled(const struct sl_req *r)
 {
     return atomic_load_explicit(&r->cancelled, memory_order_acquire);
+}
+
+bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns)
+{
+    uint64_t sub = atomic_load_explicit(&r->submit_ns, memory_order_relaxed);
+    uint64_t first = atomic_load_explicit(&r->first_step_ns, memory_order_relaxed);
+    if (sub == SL_REQ_NOT_YET || first == SL_REQ_NOT_YET)
+        return false;
+    /* The core is given `now` by its owner; a step stamped before the submit waited nothing. */
+    *ns = first > sub ? first - sub : 0;
+    return true;
 }

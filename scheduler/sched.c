@@ -6,6 +6,8 @@
  */
 #include "sched_impl.h"
 
+#include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +19,14 @@ struct msg {
     struct sl_req *req; /* a reference owned by the message */
     struct sl_outbox *box;
 };
+
+/* What the scheduler thread publishes after each step (see sl_sched_stats). */
+struct pub_stats {
+    struct sl_sched_stats st;
+    uint64_t busy_at_ns; /* the time st.busy_ratio is up to */
+};
+
+#define PUB_WORDS ((sizeof(struct pub_stats) + sizeof(uint64_t) - 1) / sizeof(uint64_t))
 
 struct sl_sched {
     struct sl_worker *worker;
@@ -34,8 +44,19 @@ struct sl_sched {
     struct sl_outbox **woken; /* (n_woken) outboxes to wake at the end of the step */
     int n_woken, cap_woken;
 
+    /* Scheduler thread only: time, for the statistics. */
+    uint64_t step_busy_ns;  /* in forward() during the current step */
+    uint64_t busy_total_ns; /* in forward() since start */
+    uint64_t last_step_ns;  /* the latest step that ran the worker */
+    double busy_ratio;      /* up to busy_at_ns */
+    uint64_t busy_at_ns;
+
     atomic_int pub_running; /* published once per step */
     atomic_int pub_queued;
+    /* A seqlock: pub_seq is odd while the scheduler thread rewrites pub_words. The words are
+     * atomics so that a reader racing with the writer is defined behaviour; it then retries. */
+    atomic_uint pub_seq;
+    _Atomic uint64_t pub_words[PUB_WORDS];
 };
 
 static void touch_outbox(struct sl_sched *s, struct sl_outbox *box)
@@ -117,14 +138,53 @@ static void flush_step(struct sl_sched *s)
     s->n_woken = 0;
 }
 
+/* The worker as the core sees it: timed here, since the core has no clock. */
 static int worker_forward(void *ctx, const struct sl_batch *b, float *logits)
 {
-    return sl_worker_forward(ctx, b, logits);
+    struct sl_sched *s = ctx;
+    uint64_t t0 = sl_clock_ns();
+    int st = sl_worker_forward(s->worker, b, logits);
+    s->step_busy_ns += sl_clock_ns() - t0;
+    return st;
 }
 
 static bool worker_is_stop(void *ctx, int32_t token)
 {
-    return sl_model_is_stop_token(sl_worker_model(ctx), token);
+    struct sl_sched *s = ctx;
+    return sl_model_is_stop_token(sl_worker_model(s->worker), token);
+}
+
+double sl_sched_busy_update(double ratio, uint64_t dt_ns, uint64_t busy_ns)
+{
+    if (dt_ns == 0)
+        return ratio;
+    if (busy_ns > dt_ns)
+        busy_ns = dt_ns;
+    double keep = exp(-(double)dt_ns / (SL_SCHED_BUSY_WINDOW_S * 1e9));
+    return ratio * keep + (double)busy_ns / (double)dt_ns * (1.0 - keep);
+}
+
+/* Publishes the state after a step. Called before the step's events are posted, so that a
+ * client holding its answer never reads statistics older than the step that produced it. */
+static void publish(struct sl_sched *s)
+{
+    struct pub_stats p;
+    memset(&p, 0, sizeof p);
+    sl_sched_core_stats(s->core, &p.st);
+    p.st.last_step_seconds = (double)s->last_step_ns / 1e9;
+    p.st.busy_seconds = (double)s->busy_total_ns / 1e9;
+    p.st.busy_ratio = s->busy_ratio;
+    p.busy_at_ns = s->busy_at_ns;
+    uint64_t w[PUB_WORDS] = {0};
+    memcpy(w, &p, sizeof p);
+    unsigned q = atomic_load_explicit(&s->pub_seq, memory_order_relaxed);
+    atomic_store_explicit(&s->pub_seq, q + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    for (size_t i = 0; i < PUB_WORDS; i++)
+        atomic_store_explicit(&s->pub_words[i], w[i], memory_order_relaxed);
+    atomic_store_explicit(&s->pub_seq, q + 2, memory_order_release);
+    atomic_store_explicit(&s->pub_running, p.st.running, memory_order_relaxed);
+    atomic_store_explicit(&s->pub_queued, p.st.queued_requests, memory_order_relaxed);
 }
 
 static void handle(struct sl_sched *s, struct msg *m)
@@ -170,15 +230,20 @@ static void *sched_main(void *arg)
             flush_step(s);
             return NULL;
         }
-        int st = sl_sched_core_step(s->core, sl_clock_ns());
+        uint64_t t0 = sl_clock_ns();
+        s->step_busy_ns = 0;
+        int st = sl_sched_core_step(s->core, t0);
+        uint64_t t1 = sl_clock_ns();
         if (st < 0)
             sl_log(SL_LOG_ERROR, "scheduler: step failed: %s", sl_status_str(st));
+        if (st != 0)
+            s->last_step_ns = t1 - t0;
+        s->busy_total_ns += s->step_busy_ns;
+        /* The interval since the last update includes any time asleep on the inbox. */
+        s->busy_ratio = sl_sched_busy_update(s->busy_ratio, t1 - s->busy_at_ns, s->step_busy_ns);
+        s->busy_at_ns = t1;
+        publish(s);
         flush_step(s);
-        atomic_store_explicit(&s->pub_running, sl_sched_core_running(s->core),
-                              memory_order_relaxed);
-        atomic_store_explicit(&s->pub_queued,
-                              sl_sched_core_pending(s->core) - sl_sched_core_running(s->core),
-                              memory_order_relaxed);
         pthread_mutex_lock(&s->lock);
     }
 }
@@ -188,13 +253,15 @@ int sl_sched_new(struct sl_worker *w, const struct sl_sched_limits *lim, struct 
     struct sl_sched *s = sl_xcalloc(1, sizeof *s);
     s->worker = w;
     struct sl_sched_worker wi = {
-        .ctx = w, .forward = worker_forward, .is_stop_token = worker_is_stop};
+        .ctx = s, .forward = worker_forward, .is_stop_token = worker_is_stop};
     struct sl_sched_sink sink = {.ctx = s, .token = sink_token, .done = sink_done};
     s->core = sl_sched_core_new(lim, &wi, &sink);
     if (!s->core) {
         free(s);
         return SL_EINVAL;
     }
+    s->busy_at_ns = sl_clock_ns();
+    publish(s); /* the limits (KV blocks) are visible before the first step */
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
@@ -251,6 +318,7 @@ int sl_sched_submit(struct sl_sched *s, struct sl_req *r, struct sl_outbox *box)
 {
     if (!box || r->n_prompt < 1)
         return SL_EINVAL;
+    atomic_store_explicit(&r->submit_ns, sl_clock_ns(), memory_order_relaxed);
     post(s, MSG_SUBMIT, r, box);
     return SL_OK;
 }
@@ -269,4 +337,28 @@ int sl_sched_running(const struct sl_sched *s)
 int sl_sched_queued(const struct sl_sched *s)
 {
     return atomic_load_explicit(&s->pub_queued, memory_order_relaxed);
+}
+
+void sl_sched_stats(const struct sl_sched *s, struct sl_sched_stats *out)
+{
+    uint64_t w[PUB_WORDS];
+    for (;;) {
+        unsigned q = atomic_load_explicit(&s->pub_seq, memory_order_acquire);
+        if (q & 1) {
+            sched_yield(); /* the scheduler thread is mid-publish */
+            continue;
+        }
+        for (size_t i = 0; i < PUB_WORDS; i++)
+            w[i] = atomic_load_explicit(&s->pub_words[i], memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&s->pub_seq, memory_order_relaxed) == q)
+            break;
+    }
+    struct pub_stats p;
+    memcpy(&p, w, sizeof p);
+    *out = p.st;
+    /* Time since the last step counts as idle (at most one step's worth is really busy). */
+    uint64_t now = sl_clock_ns();
+    if (now > p.busy_at_ns)
+        out->busy_ratio = sl_sched_busy_update(p.st.busy_ratio, now - p.busy_at_ns, 0);
 }

@@ -17,6 +17,10 @@ struct sl_req {
     struct sl_req_params params; /* stop strings point into stop_copy */
     char *stop_copy[SL_REQ_MAX_STOPS];
     void *user; /* the outbox owner's thread only */
+    /* Queue time (sl_req_queue_ns): stamped by sl_sched_submit's caller and by the core at the
+     * start of the first step that runs the request; SL_REQ_NOT_YET until then. */
+    _Atomic uint64_t submit_ns;
+    _Atomic uint64_t first_step_ns;
 
     /* Scheduler thread only. */
     struct sl_seq *seq;     /* the core's state while it holds the request */
@@ -26,6 +30,8 @@ struct sl_req {
     int pending_tokens;     /* tokens behind `pending` */
     bool dirty;             /* on the adapter's list of requests with pending text */
 };
+
+#define SL_REQ_NOT_YET UINT64_MAX
 
 /* A sequence as the core tracks it. */
 enum sl_seq_state { SL_SEQ_WAITING, SL_SEQ_RUNNING };
@@ -67,7 +73,17 @@ struct sl_sched_core {
     struct sl_seq **b_logit_seqs; /* (max_seqs) which sequence each logits row samples for */
     float *logits;                /* (max_seqs, vocab) */
     void *sample_scratch;         /* sl_sample_scratch_size(vocab) */
+
+    /* For sl_sched_core_stats. */
+    int last_step_rows, last_step_seqs;
+    uint64_t steps;
 };
+
+/* The busy ratio's moving average (see sl_sched_stats): ratio after an interval of dt_ns of which
+ * busy_ns were spent in forward(), given the ratio before it. Continuous-time exponential
+ * smoothing with time constant SL_SCHED_BUSY_WINDOW_S, so it does not depend on how the time was
+ * cut into steps; an idle interval is one with busy_ns = 0. */
+double sl_sched_busy_update(double ratio, uint64_t dt_ns, uint64_t busy_ns);
 
 /* Outbox producer side, used by the scheduler thread (sched.c). */
 void sl_outbox_push(struct sl_outbox *o, struct sl_out_event *e);

@@ -68,6 +68,10 @@ int sl_req_n_prompt(const struct sl_req *r);
 const struct sl_req_params *sl_req_params(const struct sl_req *r);
 /* True once sl_sched_cancel() has been called on it. Any thread. */
 bool sl_req_cancelled(const struct sl_req *r);
+/* r's queue time: nanoseconds (sl_clock_ns) from sl_sched_submit() to the start of the first step
+ * that ran part of it. Returns false, leaving *ns alone, while no step has run it (and for good
+ * when it was refused or cancelled before it ran). Any thread; once true it stays true. */
+bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns);
 
 /* ---------------------------------------------------------------------------------------------
  * The core
@@ -127,6 +131,48 @@ int sl_sched_core_running(const struct sl_sched_core *c);
 int sl_sched_core_free_blocks(const struct sl_sched_core *c);
 
 /* ---------------------------------------------------------------------------------------------
+ * Statistics: what the scheduler publishes for admission, health and /metrics
+ */
+
+/* Most tiers a scheduler reports. */
+#define SL_SCHED_MAX_TIERS 8
+
+struct sl_sched_tier_stats {
+    const char *name;          /* static, valid for the scheduler's life ("default" for now) */
+    int running;               /* sequences holding KV blocks */
+    int queued_requests;       /* requests waiting for a slot and their KV blocks */
+    long queued_prompt_tokens; /* prompt tokens not yet prefilled, over waiting and running
+                                  sequences: the prefill work ahead of a new arrival */
+};
+
+struct sl_sched_stats {
+    /* Per tier. Until tiers reach the scheduler there is one, "default", holding everything. */
+    int n_tiers;
+    struct sl_sched_tier_stats tiers[SL_SCHED_MAX_TIERS];
+    /* Sums over the tiers. */
+    int running;
+    int queued_requests;
+    long queued_prompt_tokens;
+    int kv_blocks_used; /* blocks owned by sequences (reserved for their whole length) */
+    int kv_blocks_total;
+    /* The latest step that ran the worker (0 before the first). */
+    int last_step_rows; /* tokens in the batch: one per decode, plus prompt chunks */
+    int last_step_seqs; /* sequences in the batch */
+    uint64_t steps;     /* steps that ran the worker since start */
+    /* Time, measured by the scheduler thread (the core leaves these 0). */
+    double last_step_seconds; /* the whole step: building the batch, forward, sampling */
+    double busy_seconds;      /* total time inside the worker's forward() since start */
+    double busy_ratio;        /* time in forward() / wall time, averaged exponentially with a
+                                 time constant of SL_SCHED_BUSY_WINDOW_S seconds; decays
+                                 towards 0 while idle */
+};
+
+#define SL_SCHED_BUSY_WINDOW_S 10.0
+
+/* Fills out with what the core knows now (every field but the times). Owner thread only. */
+void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *out);
+
+/* ---------------------------------------------------------------------------------------------
  * Outboxes: the way back to an I/O thread
  */
 
@@ -179,5 +225,11 @@ void sl_sched_cancel(struct sl_sched *s, struct sl_req *r);
 /* Published once per step for readers on other threads (admission, health). */
 int sl_sched_running(const struct sl_sched *s);
 int sl_sched_queued(const struct sl_sched *s);
+/* A consistent snapshot of the statistics the scheduler thread published at the end of its latest
+ * step (before that step's events reach the outboxes, so a client that has its answer sees the
+ * state after the step that finished it), with busy_ratio decayed to now. Any thread; never
+ * blocks the scheduler (a seqlock over relaxed atomics; the reader retries while a step is being
+ * published). */
+void sl_sched_stats(const struct sl_sched *s, struct sl_sched_stats *out);
 
 #endif

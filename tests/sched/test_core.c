@@ -9,6 +9,7 @@
 
 #include "sched_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 #define VOCAB 64
@@ -401,4 +402,125 @@ Test(sched, free_reports_cancelled_when_requests_are_still_held)
         cr_assert_eq(e.rec.done_calls[i], 1);
     }
     env_dispose(&e);
+}
+
+Test(sched, stats_count_waiting_running_and_blocks_when_the_pool_is_small)
+{
+    struct env e;
+    /* 8 blocks of 4: each request reserves 6 (24 positions), so only one runs at a time. */
+    env_init(&e, 4, 64, 8, 4);
+    sl_sched_core_submit(e.core, add_req(&e, 0, 10, 14), 0);
+    sl_sched_core_submit(e.core, add_req(&e, 1, 12, 12), 0);
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.n_tiers, 1);
+    cr_assert_str_eq(st.tiers[0].name, "default");
+    cr_assert_eq(st.running, 0);
+    cr_assert_eq(st.queued_requests, 2);
+    cr_assert_eq(st.queued_prompt_tokens, 22);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    cr_assert_eq(st.kv_blocks_total, 8);
+    cr_assert_eq(st.steps, 0);
+
+    cr_assert_eq(sl_sched_core_step(e.core, 0), 10);
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.running, 1);
+    cr_assert_eq(st.queued_requests, 1);
+    cr_assert_eq(st.queued_prompt_tokens, 12, "the first prompt is prefilled, the second waits");
+    cr_assert_eq(st.tiers[0].running, st.running);
+    cr_assert_eq(st.tiers[0].queued_requests, st.queued_requests);
+    cr_assert_eq(st.tiers[0].queued_prompt_tokens, st.queued_prompt_tokens);
+    cr_assert_eq(st.kv_blocks_used, 6);
+    cr_assert_eq(st.last_step_rows, 10);
+    cr_assert_eq(st.last_step_seqs, 1);
+    cr_assert_eq(st.steps, 1);
+    cr_assert_eq(st.last_step_seconds, 0.0, "the core measures no time");
+
+    cr_assert_eq(sl_sched_core_step(e.core, 1), 1);
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.last_step_rows, 1, "a lone decode");
+    cr_assert_eq(st.steps, 2);
+
+    int steps = 2 + run_until_idle(&e, 200);
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.running, 0);
+    cr_assert_eq(st.queued_requests, 0);
+    cr_assert_eq(st.queued_prompt_tokens, 0);
+    cr_assert_eq(st.kv_blocks_used, 0, "every block came back");
+    cr_assert_eq(st.kv_blocks_total, 8);
+    /* 14 + 12 tokens, one per step, one sequence at a time. */
+    cr_assert_eq(st.steps, (uint64_t)steps);
+    cr_assert_eq(st.steps, 26);
+    env_dispose(&e);
+}
+
+Test(sched, stats_count_unprefilled_prompt_tokens_when_a_prompt_is_chunked)
+{
+    struct env e;
+    env_init(&e, 4, 8, 64, 4);
+    sl_sched_core_submit(e.core, add_req(&e, 0, 40, 4), 0);
+    struct sl_sched_stats st;
+    cr_assert_eq(sl_sched_core_step(e.core, 0), 8);
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.running, 1);
+    cr_assert_eq(st.queued_requests, 0);
+    cr_assert_eq(st.queued_prompt_tokens, 32, "a running prompt's rest is still prefill ahead");
+    cr_assert_eq(st.last_step_rows, 8);
+    cr_assert_eq(st.kv_blocks_used, 11, "44 positions in blocks of 4");
+    env_dispose(&e);
+}
+
+Test(sched, queue_time_ends_at_the_first_step_that_runs_the_request_when_it_waited)
+{
+    struct env e;
+    env_init(&e, 4, 64, 8, 4);
+    struct sl_req *a = add_req(&e, 0, 10, 14), *b = add_req(&e, 1, 12, 12),
+                  *c = add_req(&e, 2, 4, 4);
+    /* What the adapter stamps at sl_sched_submit. */
+    atomic_store(&a->submit_ns, 50);
+    atomic_store(&b->submit_ns, 60);
+    atomic_store(&c->submit_ns, 70);
+    sl_sched_core_submit(e.core, a, 50);
+    sl_sched_core_submit(e.core, b, 60);
+    sl_sched_core_submit(e.core, c, 70);
+    uint64_t ns = 12345;
+    cr_assert(!sl_req_queue_ns(a, &ns), "not run yet");
+    cr_assert_eq(ns, 12345);
+    sl_sched_core_step(e.core, 100);
+    cr_assert(sl_req_queue_ns(a, &ns));
+    cr_assert_eq(ns, 50);
+    cr_assert(!sl_req_queue_ns(b, &ns), "b waits for a's blocks");
+    sl_sched_core_cancel(e.core, c);
+    /* a makes one token per step: its 14th, at the step of now = 113, frees its blocks, so b
+     * first runs at 114. */
+    for (uint64_t now = 101; sl_sched_core_pending(e.core) > 0; now++)
+        sl_sched_core_step(e.core, now);
+    cr_assert(sl_req_queue_ns(a, &ns));
+    cr_assert_eq(ns, 50, "later steps do not move it");
+    cr_assert(sl_req_queue_ns(b, &ns));
+    cr_assert_eq(ns, 114 - 60);
+    cr_assert(!sl_req_queue_ns(c, &ns), "cancelled before it ran");
+    env_dispose(&e);
+}
+
+Test(sched, busy_ratio_averages_over_time_when_updated_in_any_cut)
+{
+    const uint64_t sec = 1000000000ull;
+    /* Busy throughout: 1 - e^-1 of the way to 1 after one window. */
+    double r = sl_sched_busy_update(0.0, 10 * sec, 10 * sec);
+    cr_assert_float_eq(r, 1.0 - exp(-1.0), 1e-12);
+    /* The same time cut into steps gives the same average. */
+    double cut = 0.0;
+    for (int i = 0; i < 1000; i++)
+        cut = sl_sched_busy_update(cut, 10 * sec / 1000, 10 * sec / 1000);
+    cr_assert_float_eq(cut, r, 1e-9);
+    /* Half busy for long enough: 0.5, whatever the step size. */
+    double half = 0.0;
+    for (int i = 0; i < 200000; i++)
+        half = sl_sched_busy_update(half, sec / 1000, sec / 2000);
+    cr_assert_float_eq(half, 0.5, 1e-6);
+    /* Idle decays it; an empty interval and busy beyond the interval are harmless. */
+    cr_assert_float_eq(sl_sched_busy_update(0.8, 10 * sec, 0), 0.8 * exp(-1.0), 1e-12);
+    cr_assert_eq(sl_sched_busy_update(0.3, 0, 0), 0.3);
+    cr_assert_leq(sl_sched_busy_update(0.9, sec, 2 * sec), 1.0);
 }

@@ -220,3 +220,87 @@ Test(sched, shutdown_cancels_in_flight_requests_when_freed)
     sl_req_unref(r);
     harness_dispose(&h);
 }
+
+Test(sched, stats_show_the_pool_before_the_first_step_when_new)
+{
+    struct harness h;
+    harness_init(&h);
+    struct sl_sched_stats st;
+    sl_sched_stats(h.sched, &st);
+    cr_assert_eq(st.kv_blocks_total, 64);
+    cr_assert_eq(st.kv_blocks_used, 0);
+    cr_assert_eq(st.steps, 0);
+    cr_assert_eq(st.running, 0);
+    cr_assert_eq(st.n_tiers, 1);
+    harness_dispose(&h);
+}
+
+Test(sched, stats_are_published_before_a_steps_events_when_tokens_arrive)
+{
+    struct harness h;
+    harness_init(&h);
+    struct sl_req *r = make_req(&h, "A long story", 200, 0.f, 1);
+    int need = (sl_req_n_prompt(r) + 200 + 15) / 16;
+    cr_assert_eq(sl_sched_submit(h.sched, r, h.box), SL_OK);
+    bool done = false;
+    int text_events = 0, n_tokens = 0;
+    while (!done) {
+        int batch_text = 0;
+        for (struct sl_out_event *e = next_events(&h), *next; e; e = next) {
+            next = e->next;
+            if (e->kind == SL_OUT_TEXT)
+                batch_text++;
+            else {
+                done = true;
+                n_tokens = e->n_tokens;
+            }
+            sl_out_event_free(e);
+        }
+        text_events += batch_text;
+        struct sl_sched_stats st;
+        sl_sched_stats(h.sched, &st);
+        /* Each TEXT event of one request comes from its own step, published before it. */
+        cr_assert_geq(st.steps, (uint64_t)text_events);
+        cr_assert_eq(st.kv_blocks_total, 64);
+        if (done) {
+            /* The step that finished it was published before its DONE. */
+            cr_assert_eq(st.running, 0);
+            cr_assert_eq(st.kv_blocks_used, 0);
+        } else if (st.running == 1) {
+            cr_assert_eq(st.kv_blocks_used, need, "blocks for the whole sequence are reserved");
+        } else {
+            /* It finished after we took its events; the DONE is on its way. */
+            cr_assert_eq(st.running, 0);
+            cr_assert_eq(st.kv_blocks_used, 0);
+        }
+    }
+    struct sl_sched_stats st;
+    sl_sched_stats(h.sched, &st);
+    cr_assert_eq(st.queued_requests, 0);
+    cr_assert_eq(st.queued_prompt_tokens, 0);
+    cr_assert_geq(st.steps, (uint64_t)n_tokens, "one step per token of a lone request");
+    cr_assert_geq(st.last_step_rows, 1);
+    cr_assert_eq(st.last_step_seqs, 1);
+    cr_assert_gt(st.busy_seconds, 0.0, "forward() was timed");
+    cr_assert_gt(st.busy_ratio, 0.0);
+    cr_assert_leq(st.busy_ratio, 1.0);
+    uint64_t q;
+    cr_assert(sl_req_queue_ns(r, &q), "a request that ran has a queue time");
+    sl_req_unref(r);
+    harness_dispose(&h);
+}
+
+Test(sched, queue_time_is_unknown_when_the_request_never_ran)
+{
+    struct harness h;
+    harness_init(&h);
+    struct sl_req *r = make_req(&h, "hi", 100000, 0.f, 1);
+    sl_sched_submit(h.sched, r, h.box);
+    struct result res;
+    collect(&h, r, &res, false);
+    cr_assert_eq(res.finish, SL_FINISH_ERROR);
+    uint64_t q;
+    cr_assert(!sl_req_queue_ns(r, &q));
+    sl_req_unref(r);
+    harness_dispose(&h);
+}

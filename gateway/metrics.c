@@ -1,0 +1,523 @@
+/* Metrics: sharded relaxed-atomic cells, interned label names, Prometheus text rendering.
+ *
+ * Each shard is one flat array of cells (see struct sl_metrics for the layout), written with
+ * relaxed fetch-adds. Relaxed is enough: every cell is an independent counter, and a scrape that
+ * races with a recording may see it or not, never a torn value. A histogram keeps per-bucket
+ * (not cumulative) counts and a sum; its _count is the total of its buckets, read once, so the
+ * +Inf bucket and _count always agree even while observations land.
+ */
+#include "gateway_impl.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- histograms ---- */
+
+enum hist_kind { H_TTFT, H_TPOT, H_ITL, H_E2E, H_QUEUE, N_HIST };
+
+#define MAX_BOUNDS 22
+/* Per histogram: MAX_BOUNDS + 1 bucket counts (the last is +Inf), then the sum in ns. */
+#define HIST_CELLS (MAX_BOUNDS + 2)
+#define HIST_SUM (MAX_BOUNDS + 1)
+
+#define NS(seconds) ((uint64_t)((seconds)*1e9 + 0.5))
+
+/* vLLM's buckets (vllm/v1/metrics/loggers.py), in nanoseconds. */
+static const uint64_t ttft_bounds[] = {
+    NS(0.001), NS(0.005), NS(0.01), NS(0.02),  NS(0.04),  NS(0.06),  NS(0.08), NS(0.1),
+    NS(0.25),  NS(0.5),   NS(0.75), NS(1.0),   NS(2.5),   NS(5.0),   NS(7.5),  NS(10.0),
+    NS(20.0),  NS(40.0),  NS(80.0), NS(160.0), NS(640.0), NS(2560.0)};
+static const uint64_t token_bounds[] = {NS(0.01), NS(0.025), NS(0.05), NS(0.075), NS(0.1),
+                                        NS(0.15), NS(0.2),   NS(0.3),  NS(0.4),   NS(0.5),
+                                        NS(0.75), NS(1.0),   NS(2.5),  NS(5.0),   NS(7.5),
+                                        NS(10.0), NS(20.0),  NS(40.0), NS(80.0)};
+static const uint64_t request_bounds[] = {
+    NS(0.3),  NS(0.5),   NS(0.8),   NS(1.0),   NS(1.5),   NS(2.0),    NS(2.5),
+    NS(5.0),  NS(10.0),  NS(15.0),  NS(20.0),  NS(30.0),  NS(40.0),   NS(50.0),
+    NS(60.0), NS(120.0), NS(240.0), NS(480.0), NS(960.0), NS(1920.0), NS(7680.0)};
+
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define LIT(o, s) sl_str_append((o), (s), sizeof(s) - 1)
+
+static const struct hist_spec {
+    const char *name;
+    const char *help;
+    const uint64_t *bounds;
+    int n_bounds;
+} hists[N_HIST] = {
+    [H_TTFT] = {"sluice:time_to_first_token_seconds",
+                "Time from a request's arrival to its first generated token, by tier.", ttft_bounds,
+                COUNT(ttft_bounds)},
+    [H_TPOT] = {"sluice:time_per_output_token_seconds",
+                "Per request: (end-to-end time - time to first token) / (completion tokens - 1), "
+                "by tier.",
+                token_bounds, COUNT(token_bounds)},
+    [H_ITL] = {"sluice:inter_token_latency_seconds",
+               "Gap between a request's successive texts as the gateway receives them, divided "
+               "over the tokens each carries, one observation per token, by tier.",
+               token_bounds, COUNT(token_bounds)},
+    [H_E2E] = {"sluice:e2e_request_latency_seconds",
+               "Time from arrival to the end of requests that finished (stop or length), by tier.",
+               request_bounds, COUNT(request_bounds)},
+    [H_QUEUE] = {"sluice:request_queue_time_seconds",
+                 "Time from submission to the scheduler to the first step that ran the request, "
+                 "by tier.",
+                 request_bounds, COUNT(request_bounds)},
+};
+
+_Static_assert(COUNT(ttft_bounds) <= MAX_BOUNDS && COUNT(token_bounds) <= MAX_BOUNDS &&
+                   COUNT(request_bounds) <= MAX_BOUNDS,
+               "MAX_BOUNDS holds every histogram");
+
+/* ---- labels ---- */
+
+struct labels {
+    pthread_mutex_t lock; /* serialises additions */
+    atomic_int n;         /* names[0..n) are published and never change */
+    atomic_bool other_used;
+    int cap;
+    char **names; /* (cap) */
+};
+
+static void labels_init(struct labels *t, int cap)
+{
+    pthread_mutex_init(&t->lock, NULL);
+    atomic_init(&t->n, 0);
+    atomic_init(&t->other_used, false);
+    t->cap = cap;
+    t->names = sl_xcalloc((size_t)cap, sizeof *t->names);
+}
+
+static void labels_dispose(struct labels *t)
+{
+    for (int i = 0; i < t->cap; i++)
+        free(t->names[i]);
+    free(t->names);
+    pthread_mutex_destroy(&t->lock);
+}
+
+static int find(const struct labels *t, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(t->names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+/* The name's index, or t->cap for "other". */
+static int label_id(struct labels *t, const char *name)
+{
+    int n = atomic_load_explicit(&t->n, memory_order_acquire);
+    int id = name ? find(t, n, name) : -1;
+    if (id >= 0)
+        return id;
+    size_t len = name ? strnlen(name, SL_METRICS_MAX_NAME + 1) : 0;
+    if (len == 0 || len > SL_METRICS_MAX_NAME || strcmp(name, SL_METRICS_OTHER) == 0)
+        goto other;
+    pthread_mutex_lock(&t->lock);
+    n = atomic_load_explicit(&t->n, memory_order_relaxed);
+    id = find(t, n, name);
+    if (id < 0 && n < t->cap) {
+        t->names[n] = sl_xstrdup(name);
+        atomic_store_explicit(&t->n, n + 1, memory_order_release);
+        id = n;
+    }
+    pthread_mutex_unlock(&t->lock);
+    if (id >= 0)
+        return id;
+other:
+    if (!atomic_load_explicit(&t->other_used, memory_order_relaxed))
+        atomic_store_explicit(&t->other_used, true, memory_order_release);
+    return t->cap;
+}
+
+/* Label ids to render: the published names, then "other" if it was used. Returns the count. */
+static int labels_present(struct labels *t, int *ids)
+{
+    bool other = atomic_load_explicit(&t->other_used, memory_order_acquire);
+    int n = atomic_load_explicit(&t->n, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        ids[i] = i;
+    if (other)
+        ids[n++] = t->cap;
+    return n;
+}
+
+static const char *label_name(const struct labels *t, int id)
+{
+    return id == t->cap ? SL_METRICS_OTHER : t->names[id];
+}
+
+/* ---- the registry ---- */
+
+#define N_TIER (SL_METRICS_MAX_TIERS + 1) /* + "other" */
+#define N_TENANT (SL_METRICS_MAX_TENANTS + 1)
+#define N_ROUTE (SL_METRICS_MAX_ROUTES + 1)
+#define N_CODE 501 /* 100..599, then one for anything else */
+
+/* Offsets of each family's cells within a shard. */
+#define OFF_HIST 0                                        /* (N_TIER, N_HIST, HIST_CELLS) */
+#define OFF_REQ (OFF_HIST + N_TIER * N_HIST * HIST_CELLS) /* (N_TIER, N_TENANT, N_OUTCOMES) */
+#define OFF_TOK (OFF_REQ + N_TIER * N_TENANT * SL_METRICS_N_OUTCOMES) /* (N_TENANT, 2) */
+#define OFF_HTTP (OFF_TOK + N_TENANT * 2)                             /* (N_ROUTE, N_CODE) */
+#define N_CELLS (OFF_HTTP + N_ROUTE * N_CODE)
+
+struct sl_metrics {
+    int n_shards;
+    _Atomic uint64_t **shards; /* (n_shards) → (N_CELLS), each on its own cache lines */
+    struct labels tiers, tenants, routes;
+};
+
+struct sl_metrics *sl_metrics_new(int n_shards)
+{
+    struct sl_metrics *m = sl_xcalloc(1, sizeof *m);
+    m->n_shards = n_shards < 1 ? 1 : n_shards;
+    m->shards = sl_xcalloc((size_t)m->n_shards, sizeof *m->shards);
+    size_t bytes = (sizeof(_Atomic uint64_t) * N_CELLS + 63) / 64 * 64;
+    for (int s = 0; s < m->n_shards; s++) {
+        m->shards[s] = aligned_alloc(64, bytes);
+        if (!m->shards[s])
+            abort();
+        for (size_t i = 0; i < N_CELLS; i++)
+            atomic_init(&m->shards[s][i], 0);
+    }
+    labels_init(&m->tiers, SL_METRICS_MAX_TIERS);
+    labels_init(&m->tenants, SL_METRICS_MAX_TENANTS);
+    labels_init(&m->routes, SL_METRICS_MAX_ROUTES);
+    return m;
+}
+
+void sl_metrics_free(struct sl_metrics *m)
+{
+    if (!m)
+        return;
+    for (int s = 0; s < m->n_shards; s++)
+        free(m->shards[s]);
+    free(m->shards);
+    labels_dispose(&m->tiers);
+    labels_dispose(&m->tenants);
+    labels_dispose(&m->routes);
+    free(m);
+}
+
+static _Atomic uint64_t *shard_of(struct sl_metrics *m, int shard)
+{
+    unsigned s = shard < 0 ? 0u : (unsigned)shard;
+    return m->shards[s % (unsigned)m->n_shards];
+}
+
+static void add(_Atomic uint64_t *cell, uint64_t n)
+{
+    atomic_fetch_add_explicit(cell, n, memory_order_relaxed);
+}
+
+static uint64_t total(const struct sl_metrics *m, size_t i)
+{
+    uint64_t v = 0;
+    for (int s = 0; s < m->n_shards; s++)
+        v += atomic_load_explicit(&m->shards[s][i], memory_order_relaxed);
+    return v;
+}
+
+static uint64_t to_ns(double seconds)
+{
+    if (!(seconds > 0)) /* negative, zero or NaN */
+        return 0;
+    if (seconds > 1e9) /* 31 years: beyond every bucket, and far from overflow */
+        seconds = 1e9;
+    return (uint64_t)llround(seconds * 1e9);
+}
+
+static size_t hist_base(int tier, enum hist_kind k)
+{
+    return OFF_HIST + ((size_t)tier * N_HIST + (size_t)k) * HIST_CELLS;
+}
+
+/* Adds n observations of v_ns each, whose sum is sum_ns. */
+static void hist_observe(_Atomic uint64_t *sh, int tier, enum hist_kind k, uint64_t v_ns,
+                         uint64_t n, uint64_t sum_ns)
+{
+    const struct hist_spec *h = &hists[k];
+    int b = 0;
+    while (b < h->n_bounds && v_ns > h->bounds[b])
+        b++;
+    size_t base = hist_base(tier, k);
+    add(&sh[base + (size_t)b], n);
+    add(&sh[base + HIST_SUM], sum_ns);
+}
+
+void sl_metrics_observe_ttft(struct sl_metrics *m, int shard, const char *tier, double seconds)
+{
+    uint64_t ns = to_ns(seconds);
+    hist_observe(shard_of(m, shard), label_id(&m->tiers, tier), H_TTFT, ns, 1, ns);
+}
+
+void sl_metrics_observe_itl(struct sl_metrics *m, int shard, const char *tier, double gap_seconds,
+                            int n_tokens)
+{
+    if (n_tokens < 1)
+        return;
+    uint64_t gap = to_ns(gap_seconds);
+    hist_observe(shard_of(m, shard), label_id(&m->tiers, tier), H_ITL, gap / (uint64_t)n_tokens,
+                 (uint64_t)n_tokens, gap);
+}
+
+void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_metrics_request *r)
+{
+    _Atomic uint64_t *sh = shard_of(m, shard);
+    int tier = label_id(&m->tiers, r->tier);
+    int tenant = label_id(&m->tenants, r->tenant);
+    int o = (int)r->outcome >= 0 && (int)r->outcome < SL_METRICS_N_OUTCOMES
+                ? (int)r->outcome
+                : SL_METRICS_OUTCOME_ERROR;
+    add(&sh[OFF_REQ + ((size_t)tier * N_TENANT + (size_t)tenant) * SL_METRICS_N_OUTCOMES +
+            (size_t)o],
+        1);
+    if (!r->engine)
+        return;
+    add(&sh[OFF_TOK + (size_t)tenant * 2], r->prompt_tokens > 0 ? (uint64_t)r->prompt_tokens : 0);
+    add(&sh[OFF_TOK + (size_t)tenant * 2 + 1],
+        r->completion_tokens > 0 ? (uint64_t)r->completion_tokens : 0);
+    if (r->queue_seconds >= 0) {
+        uint64_t q = to_ns(r->queue_seconds);
+        hist_observe(sh, tier, H_QUEUE, q, 1, q);
+    }
+    if (o != SL_METRICS_OUTCOME_STOP && o != SL_METRICS_OUTCOME_LENGTH)
+        return;
+    uint64_t e2e = to_ns(r->e2e_seconds);
+    hist_observe(sh, tier, H_E2E, e2e, 1, e2e);
+    if (r->completion_tokens > 1 && r->ttft_seconds >= 0 && r->e2e_seconds >= r->ttft_seconds) {
+        uint64_t tpot =
+            to_ns((r->e2e_seconds - r->ttft_seconds) / (double)(r->completion_tokens - 1));
+        hist_observe(sh, tier, H_TPOT, tpot, 1, tpot);
+    }
+}
+
+void sl_metrics_http_done(struct sl_metrics *m, int shard, const char *route, int code)
+{
+    int rt = label_id(&m->routes, route);
+    int c = code >= 100 && code <= 599 ? code - 100 : N_CODE - 1;
+    add(&shard_of(m, shard)[OFF_HTTP + (size_t)rt * N_CODE + (size_t)c], 1);
+}
+
+/* ---- outcomes ---- */
+
+static const char *const outcome_names[SL_METRICS_N_OUTCOMES] = {
+    [SL_METRICS_OUTCOME_STOP] = "stop",           [SL_METRICS_OUTCOME_LENGTH] = "length",
+    [SL_METRICS_OUTCOME_CANCELLED] = "cancelled", [SL_METRICS_OUTCOME_ERROR] = "error",
+    [SL_METRICS_OUTCOME_INVALID] = "invalid",     [SL_METRICS_OUTCOME_REJECTED] = "rejected",
+};
+
+const char *sl_metrics_outcome_str(enum sl_metrics_outcome o)
+{
+    return (int)o >= 0 && (int)o < SL_METRICS_N_OUTCOMES ? outcome_names[o] : "error";
+}
+
+enum sl_metrics_outcome sl_metrics_outcome_of(const char *finish, int http_status)
+{
+    if (finish && strcmp(finish, "stop") == 0)
+        return SL_METRICS_OUTCOME_STOP;
+    if (finish && strcmp(finish, "length") == 0)
+        return SL_METRICS_OUTCOME_LENGTH;
+    if (finish && strcmp(finish, "cancelled") == 0)
+        return SL_METRICS_OUTCOME_CANCELLED;
+    if (http_status == 429 || http_status == 503)
+        return SL_METRICS_OUTCOME_REJECTED;
+    if (http_status >= 400 && http_status < 500)
+        return SL_METRICS_OUTCOME_INVALID;
+    return SL_METRICS_OUTCOME_ERROR;
+}
+
+/* ---- rendering ---- */
+
+/* Label values: backslash, double quote and line feed are escaped (text format 0.0.4). */
+static void append_value(struct sl_str *o, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\')
+            LIT(o, "\\\\");
+        else if (*v == '"')
+            LIT(o, "\\\"");
+        else if (*v == '\n')
+            LIT(o, "\\n");
+        else
+            sl_str_append(o, v, 1);
+    }
+}
+
+/* HELP text: backslash and line feed are escaped. */
+static void family(struct sl_str *o, const char *name, const char *type, const char *help)
+{
+    sl_str_appendf(o, "# HELP %s ", name);
+    for (const char *h = help; *h; h++) {
+        if (*h == '\\')
+            LIT(o, "\\\\");
+        else if (*h == '\n')
+            LIT(o, "\\n");
+        else
+            sl_str_append(o, h, 1);
+    }
+    sl_str_appendf(o, "\n# TYPE %s %s\n", name, type);
+}
+
+/* Seconds from nanoseconds, exactly, without trailing zeros ("0.001", "2.5", "7680"). */
+static void append_seconds(struct sl_str *o, uint64_t ns)
+{
+    char frac[16];
+    snprintf(frac, sizeof frac, "%09" PRIu64, ns % 1000000000u);
+    int n = 9;
+    while (n > 0 && frac[n - 1] == '0')
+        n--;
+    sl_str_appendf(o, "%" PRIu64, ns / 1000000000u);
+    if (n > 0)
+        sl_str_appendf(o, ".%.*s", n, frac);
+}
+
+static void render_hist(struct sl_metrics *m, struct sl_str *o, enum hist_kind k, const int *tiers,
+                        int n_tiers)
+{
+    const struct hist_spec *h = &hists[k];
+    family(o, h->name, "histogram", h->help);
+    for (int i = 0; i < n_tiers; i++) {
+        size_t base = hist_base(tiers[i], k);
+        const char *tier = label_name(&m->tiers, tiers[i]);
+        uint64_t cum = 0;
+        for (int b = 0; b <= h->n_bounds; b++) {
+            cum += total(m, base + (size_t)b);
+            sl_str_appendf(o, "%s_bucket{tier=\"", h->name);
+            append_value(o, tier);
+            LIT(o, "\",le=\"");
+            if (b < h->n_bounds)
+                append_seconds(o, h->bounds[b]);
+            else
+                LIT(o, "+Inf");
+            sl_str_appendf(o, "\"} %" PRIu64 "\n", cum);
+        }
+        sl_str_appendf(o, "%s_sum{tier=\"", h->name);
+        append_value(o, tier);
+        LIT(o, "\"} ");
+        append_seconds(o, total(m, base + HIST_SUM));
+        sl_str_appendf(o, "\n%s_count{tier=\"", h->name);
+        append_value(o, tier);
+        sl_str_appendf(o, "\"} %" PRIu64 "\n", cum);
+    }
+}
+
+/* One sample of a family labelled by tier only. */
+static void tier_sample(struct sl_str *o, const char *name, const char *tier, const char *value)
+{
+    sl_str_appendf(o, "%s{tier=\"", name);
+    append_value(o, tier);
+    sl_str_appendf(o, "\"} %s\n", value);
+}
+
+static void render_sched(struct sl_str *o, const struct sl_sched_stats *st)
+{
+    char v[64];
+    int n = st->n_tiers < 0                    ? 0
+            : st->n_tiers > SL_SCHED_MAX_TIERS ? SL_SCHED_MAX_TIERS
+                                               : st->n_tiers;
+    family(o, "sluice:num_requests_running", "gauge",
+           "Sequences running in the scheduler (holding KV blocks), by tier.");
+    for (int i = 0; i < n; i++) {
+        snprintf(v, sizeof v, "%d", st->tiers[i].running);
+        tier_sample(o, "sluice:num_requests_running", st->tiers[i].name, v);
+    }
+    family(o, "sluice:num_requests_waiting", "gauge",
+           "Requests queued in the scheduler, not yet running, by tier.");
+    for (int i = 0; i < n; i++) {
+        snprintf(v, sizeof v, "%d", st->tiers[i].queued_requests);
+        tier_sample(o, "sluice:num_requests_waiting", st->tiers[i].name, v);
+    }
+    family(o, "sluice:num_prompt_tokens_waiting", "gauge",
+           "Prompt tokens not yet prefilled (queued and partly prefilled requests), by tier.");
+    for (int i = 0; i < n; i++) {
+        snprintf(v, sizeof v, "%ld", st->tiers[i].queued_prompt_tokens);
+        tier_sample(o, "sluice:num_prompt_tokens_waiting", st->tiers[i].name, v);
+    }
+    family(o, "sluice:kv_blocks_used", "gauge", "KV cache blocks owned by sequences.");
+    sl_str_appendf(o, "sluice:kv_blocks_used %d\n", st->kv_blocks_used);
+    family(o, "sluice:kv_blocks_total", "gauge", "KV cache blocks in the worker's pool.");
+    sl_str_appendf(o, "sluice:kv_blocks_total %d\n", st->kv_blocks_total);
+    family(o, "sluice:step_batch_tokens", "gauge",
+           "Tokens (decodes and prompt chunks) in the latest scheduler step.");
+    sl_str_appendf(o, "sluice:step_batch_tokens %d\n", st->last_step_rows);
+    family(o, "sluice:step_batch_sequences", "gauge", "Sequences in the latest scheduler step.");
+    sl_str_appendf(o, "sluice:step_batch_sequences %d\n", st->last_step_seqs);
+    family(o, "sluice:step_duration_seconds", "gauge",
+           "Duration of the latest scheduler step: batching, forward pass and sampling.");
+    sl_str_appendf(o, "sluice:step_duration_seconds %.6f\n", st->last_step_seconds);
+    family(o, "sluice:scheduler_steps_total", "counter",
+           "Scheduler steps that ran the worker's forward pass.");
+    sl_str_appendf(o, "sluice:scheduler_steps_total %" PRIu64 "\n", st->steps);
+    family(o, "sluice:worker_busy_ratio", "gauge",
+           "Share of wall time in the worker's forward pass, averaged exponentially with a "
+           "10 s time constant.");
+    sl_str_appendf(o, "sluice:worker_busy_ratio %.6f\n", st->busy_ratio);
+    family(o, "sluice:worker_busy_seconds_total", "counter",
+           "Time spent in the worker's forward pass.");
+    sl_str_appendf(o, "sluice:worker_busy_seconds_total %.6f\n", st->busy_seconds);
+}
+
+void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out)
+{
+    int tiers[N_TIER], tenants[N_TENANT], routes[N_ROUTE];
+    /* Names first: a cell counted under a name is never seen before the name is. */
+    int n_tiers = labels_present(&m->tiers, tiers);
+    int n_tenants = labels_present(&m->tenants, tenants);
+    int n_routes = labels_present(&m->routes, routes);
+
+    family(out, "sluice:requests_total", "counter",
+           "Inference requests by tier, tenant and outcome, each counted once at its end.");
+    for (int t = 0; t < n_tiers; t++)
+        for (int n = 0; n < n_tenants; n++)
+            for (int o = 0; o < SL_METRICS_N_OUTCOMES; o++) {
+                uint64_t v = total(m, OFF_REQ +
+                                          ((size_t)tiers[t] * N_TENANT + (size_t)tenants[n]) *
+                                              SL_METRICS_N_OUTCOMES +
+                                          (size_t)o);
+                if (v == 0)
+                    continue; /* only label sets that happened */
+                LIT(out, "sluice:requests_total{tier=\"");
+                append_value(out, label_name(&m->tiers, tiers[t]));
+                LIT(out, "\",tenant=\"");
+                append_value(out, label_name(&m->tenants, tenants[n]));
+                sl_str_appendf(out, "\",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o], v);
+            }
+    static const char *const tok_names[2] = {"sluice:prompt_tokens_total",
+                                             "sluice:generation_tokens_total"};
+    static const char *const tok_help[2] = {
+        "Prompt tokens of requests handed to the engine, by tenant.",
+        "Completion tokens generated, as reported in each response's usage, by tenant."};
+    for (int k = 0; k < 2; k++) {
+        family(out, tok_names[k], "counter", tok_help[k]);
+        for (int n = 0; n < n_tenants; n++) {
+            sl_str_appendf(out, "%s{tenant=\"", tok_names[k]);
+            append_value(out, label_name(&m->tenants, tenants[n]));
+            sl_str_appendf(out, "\"} %" PRIu64 "\n",
+                           total(m, OFF_TOK + (size_t)tenants[n] * 2 + (size_t)k));
+        }
+    }
+    for (int k = 0; k < N_HIST; k++)
+        render_hist(m, out, (enum hist_kind)k, tiers, n_tiers);
+    family(out, "sluice:http_requests_total", "counter",
+           "HTTP requests by route and status code, each counted once when answered.");
+    for (int r = 0; r < n_routes; r++)
+        for (int c = 0; c < N_CODE; c++) {
+            uint64_t v = total(m, OFF_HTTP + (size_t)routes[r] * N_CODE + (size_t)c);
+            if (v == 0)
+                continue;
+            LIT(out, "sluice:http_requests_total{route=\"");
+            append_value(out, label_name(&m->routes, routes[r]));
+            if (c < N_CODE - 1)
+                sl_str_appendf(out, "\",code=\"%d\"} %" PRIu64 "\n", c + 100, v);
+            else
+                sl_str_appendf(out, "\",code=\"" SL_METRICS_OTHER "\"} %" PRIu64 "\n", v);
+        }
+    if (st)
+        render_sched(out, st);
+}
