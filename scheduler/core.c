@@ -1,40 +1,252 @@
-/* The scheduling core: continuous batching over a paged KV pool.
+/* The scheduling core: continuous batching over a paged KV pool, with tiers.
  *
- * Pure policy: no I/O, no threads, no clock. Each step decodes one token for every running
- * sequence, then spends what is left of max_batch_tokens on prompt chunks of waiting sequences in
- * arrival order (chunked prefill: a long prompt never stalls decodes). A sequence reserves the
- * KV blocks for its whole length (prompt + max_tokens) when it starts, so the spine never needs
- * preemption; a sequence whose blocks are not free yet waits its turn (issue 5 replaces this with
- * on-demand allocation and preemption).
+ * Pure policy: no I/O, no threads, no clock (sched.h describes one step). Everything a step
+ * needs is sized at creation for max_seqs sequences and max_batch_tokens rows, so a step
+ * allocates nothing: queues are intrusive lists, running sequences a sorted array, and a
+ * sequence's token and block arrays are sized for its whole length when it is submitted.
+ *
+ * Why these choices:
+ *  - A prompt's blocks are taken when it starts, not chunk by chunk: a half-prefilled prompt that
+ *    runs out of blocks would have to be preempted and its work thrown away, and a start that
+ *    cannot be completed is better not made. Generated tokens take blocks as they come, which is
+ *    where reserving up front wasted the pool (max_tokens is an upper bound, often far off).
+ *  - Growth preempts the lowest-ranked running sequence, even below its tier's share, because
+ *    the best-ranked running sequence must always be able to finish (it fits the pool alone):
+ *    that is what rules out livelock. Starts only preempt strictly lower tiers above their
+ *    guaranteed slots, so a flood of a high tier cannot push a lower tier's backlog to zero.
+ *  - The guard learns the step time from the `now`s it is given rather than being told a cost
+ *    model, so the same code tunes itself to the CPU worker, a GPU, or the simulator's model.
  */
 #include "sched_impl.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int blocks_for(const struct sl_sched_core *c, int n_positions)
+static int blocks_for(const struct sl_sched_core *c, long n_positions)
 {
-    return (n_positions + c->lim.block_size - 1) / c->lim.block_size;
+    return (int)((n_positions + c->lim.block_size - 1) / c->lim.block_size);
 }
+
+/* ---- ranks and lists ---- */
+
+/* Rank of running sequences: (priority, arrival, submission order), lower first. */
+static bool ranks_before(const struct sl_seq *a, const struct sl_seq *b)
+{
+    if (a->prio != b->prio)
+        return a->prio < b->prio;
+    if (a->arrival_ns != b->arrival_ns)
+        return a->arrival_ns < b->arrival_ns;
+    return a->order < b->order;
+}
+
+static int resident_index(const struct sl_sched_core *c, const struct sl_seq *s)
+{
+    int lo = 0, hi = c->n_resident;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (ranks_before(c->resident[mid], s))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void resident_insert(struct sl_sched_core *c, struct sl_seq *s)
+{
+    int i = resident_index(c, s);
+    memmove(&c->resident[i + 1], &c->resident[i],
+            sizeof *c->resident * (size_t)(c->n_resident - i));
+    c->resident[i] = s;
+    c->n_resident++;
+}
+
+static void resident_remove(struct sl_sched_core *c, struct sl_seq *s)
+{
+    int i = resident_index(c, s);
+    memmove(&c->resident[i], &c->resident[i + 1],
+            sizeof *c->resident * (size_t)(c->n_resident - i - 1));
+    c->n_resident--;
+}
+
+static void q_push(struct sl_tier_q *q, struct sl_seq *s, bool front)
+{
+    if (front) {
+        s->prev = NULL;
+        s->next = q->head;
+        if (q->head)
+            q->head->prev = s;
+        else
+            q->tail = s;
+        q->head = s;
+    } else {
+        s->next = NULL;
+        s->prev = q->tail;
+        if (q->tail)
+            q->tail->next = s;
+        else
+            q->head = s;
+        q->tail = s;
+    }
+}
+
+static void q_unlink(struct sl_tier_q *q, struct sl_seq *s)
+{
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        q->head = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    else
+        q->tail = s->prev;
+    s->prev = s->next = NULL;
+}
+
+/* Puts s (not queued) into its tier's queue and counts it. */
+static void enqueue(struct sl_sched_core *c, struct sl_seq *s, bool front)
+{
+    struct sl_tier_q *q = &c->tiers[s->tier];
+    q_push(q, s, front);
+    s->queued = true;
+    q->n_queued++;
+    if (!s->resident)
+        q->n_waiting++;
+    q->prefill_tokens += s->n_tokens - s->n_computed;
+}
+
+static void dequeue(struct sl_sched_core *c, struct sl_seq *s)
+{
+    struct sl_tier_q *q = &c->tiers[s->tier];
+    q_unlink(q, s);
+    s->queued = false;
+    q->n_queued--;
+    if (!s->resident)
+        q->n_waiting--;
+    q->prefill_tokens -= s->n_tokens - s->n_computed;
+}
+
+/* ---- tiers ---- */
+
+static const struct sl_sched_tier default_tier = {.name = "default", .priority = 0, .weight = 1};
+
+/* The tier a request belongs to: by name, else by index, else by its priority (the tier of the
+ * same priority, else the next lower one, else the lowest). */
+static int tier_of(const struct sl_sched_core *c, const struct sl_req_params *p)
+{
+    if (p->tier_name[0]) {
+        for (int i = 0; i < c->n_tiers; i++)
+            if (strcmp(c->tiers[i].t.name, p->tier_name) == 0)
+                return i;
+    } else if (p->tier >= 0 && p->tier < c->n_tiers) {
+        return p->tier;
+    }
+    int best = -1, lowest = 0;
+    for (int i = 0; i < c->n_tiers; i++) {
+        int pr = c->tiers[i].t.priority;
+        if (pr >= p->priority && (best < 0 || pr < c->tiers[best].t.priority))
+            best = i;
+        if (pr > c->tiers[lowest].t.priority)
+            lowest = i;
+    }
+    return best >= 0 ? best : lowest;
+}
+
+static void tiers_load(struct sl_sched_core *c, const struct sl_sched_tier *tiers, int n)
+{
+    if (n == 0) {
+        tiers = &default_tier;
+        n = 1;
+    }
+    memset(c->tiers, 0, sizeof c->tiers);
+    for (int i = 0; i < n; i++) {
+        c->tiers[i].t = tiers[i];
+        c->tiers[i].t.name[SL_SCHED_TIER_NAME_MAX] = '\0';
+        if (c->tiers[i].t.weight < 1)
+            c->tiers[i].t.weight = 1;
+    }
+    c->n_tiers = n;
+    /* Insertion sort: a handful of tiers, stable for equal priorities. */
+    for (int i = 0; i < n; i++) {
+        int k = i;
+        while (k > 0 && c->tiers[c->tier_order[k - 1]].t.priority > c->tiers[i].t.priority) {
+            c->tier_order[k] = c->tier_order[k - 1];
+            k--;
+        }
+        c->tier_order[k] = i;
+    }
+}
+
+/* Slots each active tier (one with sequences queued or resident) keeps against higher tiers:
+ * its weighted share of max_seqs rounded up, except the highest active tier, which gets what is
+ * left and at least one; shares of the lowest tiers shrink first when that does not add up. */
+static void guarantees(struct sl_sched_core *c)
+{
+    long w = 0;
+    int top = -1;
+    for (int k = 0; k < c->n_tiers; k++) {
+        struct sl_tier_q *q = &c->tiers[c->tier_order[k]];
+        q->guaranteed = 0;
+        if (q->n_queued + q->n_resident == 0)
+            continue;
+        w += q->t.weight;
+        if (top < 0)
+            top = c->tier_order[k];
+    }
+    if (top < 0)
+        return;
+    int left = c->lim.max_seqs - 1; /* the top tier's one */
+    for (int k = 0; k < c->n_tiers; k++) {
+        struct sl_tier_q *q = &c->tiers[c->tier_order[k]];
+        if (c->tier_order[k] == top || q->n_queued + q->n_resident == 0)
+            continue;
+        long share = ((long)c->lim.max_seqs * q->t.weight + w - 1) / w;
+        q->guaranteed = (int)(share < left ? share : left);
+        left -= q->guaranteed;
+    }
+    c->tiers[top].guaranteed = left + 1;
+}
+
+/* Free slots a sequence of tier t must leave to tiers below it that are owed them and have work
+ * queued. */
+static int slots_owed_below(const struct sl_sched_core *c, int t)
+{
+    int owed = 0, pr = c->tiers[t].t.priority;
+    for (int i = 0; i < c->n_tiers; i++) {
+        const struct sl_tier_q *q = &c->tiers[i];
+        if (q->t.priority > pr && q->n_waiting > 0 && q->n_resident < q->guaranteed)
+            owed += q->guaranteed - q->n_resident;
+    }
+    return owed;
+}
+
+/* ---- life of a sequence ---- */
 
 struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
                                         const struct sl_sched_worker *w,
                                         const struct sl_sched_sink *sink)
 {
     if (lim->vocab < 1 || lim->max_ctx < 1 || lim->max_seqs < 1 || lim->max_batch_tokens < 1 ||
-        lim->n_blocks < 1 || lim->block_size < 1)
+        lim->n_blocks < 1 || lim->block_size < 1 || lim->n_tiers < 0 ||
+        lim->n_tiers > SL_SCHED_MAX_TIERS || (lim->n_tiers > 0 && !lim->tiers))
         return NULL;
     struct sl_sched_core *c = sl_xcalloc(1, sizeof *c);
     c->lim = *lim;
+    c->lim.tiers = NULL; /* copied into c->tiers */
     c->worker = *w;
     c->sink = *sink;
-    c->running = sl_xcalloc((size_t)lim->max_seqs, sizeof *c->running);
+    tiers_load(c, lim->tiers, lim->n_tiers);
+    c->resident = sl_xcalloc((size_t)lim->max_seqs, sizeof *c->resident);
     c->free_blocks = sl_xmalloc(sizeof(int32_t) * (size_t)lim->n_blocks);
     /* Lowest ids on top of the stack: deterministic and cache-friendly at low load. */
     for (int i = 0; i < lim->n_blocks; i++)
         c->free_blocks[i] = lim->n_blocks - 1 - i;
     c->n_free = lim->n_blocks;
+    c->watermark = lim->n_blocks / 100 > 1 ? lim->n_blocks / 100 : 1;
     size_t nt = (size_t)lim->max_batch_tokens, ns = (size_t)lim->max_seqs;
+    c->plan = sl_xmalloc(sizeof *c->plan * 2 * ns);
+    c->victims = sl_xmalloc(sizeof *c->victims * ns);
     c->b_tokens = sl_xmalloc(sizeof(int32_t) * nt);
     c->b_pos = sl_xmalloc(sizeof(int32_t) * nt);
     c->b_seq = sl_xmalloc(sizeof(int32_t) * nt);
@@ -42,34 +254,66 @@ struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
     c->b_tables = sl_xmalloc(sizeof(*c->b_tables) * ns);
     c->b_logit_rows = sl_xmalloc(sizeof(int32_t) * ns);
     c->b_seqs = sl_xmalloc(sizeof(*c->b_seqs) * ns);
+    c->b_rows = sl_xmalloc(sizeof(int) * ns);
     c->b_logit_seqs = sl_xmalloc(sizeof(*c->b_logit_seqs) * ns);
     c->logits = sl_xmalloc(sizeof(float) * ns * (size_t)lim->vocab);
     c->sample_scratch = sl_xmalloc(sl_sample_scratch_size(lim->vocab));
     return c;
 }
 
-static void seq_release(struct sl_sched_core *c, struct sl_seq *s)
+static void blocks_release(struct sl_sched_core *c, struct sl_seq *s)
 {
     for (int i = 0; i < s->n_blocks; i++)
         c->free_blocks[c->n_free++] = s->blocks[i];
-    free(s->blocks);
-    free(s->tokens);
-    s->req->seq = NULL;
-    free(s);
+    s->n_blocks = 0;
 }
 
-/* Takes s out of whichever list holds it (order of the rest is kept). */
-static void seq_unlink(struct sl_sched_core *c, struct sl_seq *s)
+/* Takes s out of the step being built. */
+static void unplan(struct sl_sched_core *c, struct sl_seq *s)
 {
-    struct sl_seq **list = s->state == SL_SEQ_RUNNING ? c->running : c->waiting;
-    int *n = s->state == SL_SEQ_RUNNING ? &c->n_running : &c->n_waiting;
-    for (int i = 0; i < *n; i++) {
-        if (list[i] == s) {
-            memmove(&list[i], &list[i + 1], sizeof *list * (size_t)(*n - i - 1));
-            (*n)--;
-            return;
-        }
-    }
+    if (s->plan < 0)
+        return;
+    c->rows -= c->plan[s->plan].n;
+    c->plan[s->plan].s = NULL;
+    c->n_plan_live--;
+    s->plan = -1;
+}
+
+static void make_resident(struct sl_sched_core *c, struct sl_seq *s)
+{
+    struct sl_tier_q *q = &c->tiers[s->tier];
+    s->resident = true;
+    resident_insert(c, s);
+    q->n_resident++;
+    if (s->queued)
+        q->n_waiting--;
+}
+
+static void leave_resident(struct sl_sched_core *c, struct sl_seq *s)
+{
+    struct sl_tier_q *q = &c->tiers[s->tier];
+    unplan(c, s);
+    blocks_release(c, s);
+    resident_remove(c, s);
+    s->resident = false;
+    q->n_resident--;
+    if (s->queued)
+        q->n_waiting++;
+}
+
+/* Frees s's blocks and queues it at the front of its tier to recompute everything it knows. */
+static void preempt(struct sl_sched_core *c, struct sl_seq *s)
+{
+    leave_resident(c, s);
+    if (s->queued)
+        dequeue(c, s);
+    s->n_computed = 0;
+    enqueue(c, s, true);
+    s->n_preempted++;
+    c->tiers[s->tier].preemptions++;
+    c->preemptions++;
+    if (c->sink.preempted)
+        c->sink.preempted(c->sink.ctx, s->req);
 }
 
 /* Reports the end of s, frees its blocks and drops the core's reference. */
@@ -77,8 +321,15 @@ static void seq_finish(struct sl_sched_core *c, struct sl_seq *s, enum sl_finish
 {
     struct sl_req *r = s->req;
     int n_generated = s->n_generated;
-    seq_unlink(c, s);
-    seq_release(c, s);
+    if (s->resident)
+        leave_resident(c, s);
+    if (s->queued)
+        dequeue(c, s);
+    c->n_seqs--;
+    r->seq = NULL;
+    free(s->blocks);
+    free(s->tokens);
+    free(s);
     c->sink.done(c->sink.ctx, r, why, status, n_generated);
     sl_req_unref(r);
 }
@@ -87,13 +338,15 @@ void sl_sched_core_free(struct sl_sched_core *c)
 {
     if (!c)
         return;
-    while (c->n_running)
-        seq_finish(c, c->running[c->n_running - 1], SL_FINISH_CANCELLED, SL_ECANCELED);
-    while (c->n_waiting)
-        seq_finish(c, c->waiting[c->n_waiting - 1], SL_FINISH_CANCELLED, SL_ECANCELED);
-    free(c->waiting);
-    free(c->running);
+    while (c->n_resident)
+        seq_finish(c, c->resident[c->n_resident - 1], SL_FINISH_CANCELLED, SL_ECANCELED);
+    for (int t = c->n_tiers - 1; t >= 0; t--)
+        while (c->tiers[t].tail)
+            seq_finish(c, c->tiers[t].tail, SL_FINISH_CANCELLED, SL_ECANCELED);
+    free(c->resident);
     free(c->free_blocks);
+    free(c->plan);
+    free(c->victims);
     free(c->b_tokens);
     free(c->b_pos);
     free(c->b_seq);
@@ -101,10 +354,53 @@ void sl_sched_core_free(struct sl_sched_core *c)
     free(c->b_tables);
     free(c->b_logit_rows);
     free(c->b_seqs);
+    free(c->b_rows);
     free(c->b_logit_seqs);
     free(c->logits);
     free(c->sample_scratch);
     free(c);
+}
+
+int sl_sched_core_set_tiers(struct sl_sched_core *c, const struct sl_sched_tier *tiers, int n)
+{
+    if (n < 0 || n > SL_SCHED_MAX_TIERS || (n > 0 && !tiers))
+        return SL_EINVAL;
+    /* Take every queue apart, in tier then queue order, and rebuild under the new table. */
+    struct sl_seq *all = NULL, **tail = &all;
+    for (int t = 0; t < c->n_tiers; t++) {
+        for (struct sl_seq *s = c->tiers[t].head; s; s = s->next) {
+            *tail = s;
+            tail = &s->prev; /* prev is free while the lists are rebuilt: a temporary chain */
+        }
+    }
+    *tail = NULL;
+    struct sl_sched_tier keep[SL_SCHED_MAX_TIERS];
+    memcpy(keep, tiers ? tiers : &default_tier, sizeof *keep * (size_t)(n ? n : 1));
+    uint64_t pre[SL_SCHED_MAX_TIERS];
+    char names[SL_SCHED_MAX_TIERS][SL_SCHED_TIER_NAME_MAX + 1];
+    int n_old = c->n_tiers;
+    for (int t = 0; t < n_old; t++) {
+        pre[t] = c->tiers[t].preemptions;
+        memcpy(names[t], c->tiers[t].t.name, sizeof names[t]);
+    }
+    tiers_load(c, keep, n);
+    /* Preemption counts follow the tier's name. */
+    for (int t = 0; t < c->n_tiers; t++)
+        for (int o = 0; o < n_old; o++)
+            if (strcmp(names[o], c->tiers[t].t.name) == 0)
+                c->tiers[t].preemptions = pre[o];
+    for (int i = 0; i < c->n_resident; i++) {
+        struct sl_seq *s = c->resident[i];
+        s->tier = tier_of(c, &s->req->params);
+        c->tiers[s->tier].n_resident++;
+    }
+    for (struct sl_seq *s = all, *next; s; s = next) {
+        next = s->prev;
+        s->queued = false;
+        s->tier = tier_of(c, &s->req->params);
+        enqueue(c, s, false);
+    }
+    return SL_OK;
 }
 
 int sl_sched_core_submit(struct sl_sched_core *c, struct sl_req *r, uint64_t now_ns)
@@ -113,23 +409,26 @@ int sl_sched_core_submit(struct sl_sched_core *c, struct sl_req *r, uint64_t now
     if (r->n_prompt < 1 || p->max_tokens < 1 || r->seq)
         return SL_EINVAL;
     long total = (long)r->n_prompt + p->max_tokens;
-    if (total > c->lim.max_ctx || blocks_for(c, (int)total) > c->lim.n_blocks)
+    if (total > c->lim.max_ctx || blocks_for(c, total) > c->lim.n_blocks)
         return SL_ERANGE;
     struct sl_seq *s = sl_xcalloc(1, sizeof *s);
     s->req = r;
     sl_req_ref(r);
-    s->state = SL_SEQ_WAITING;
+    s->tier = tier_of(c, p);
+    s->prio = p->priority;
+    s->tpot_ms = p->tpot_slo_ms > 0 ? p->tpot_slo_ms : 0;
+    s->arrival_ns = now_ns;
+    s->order = c->next_order++;
+    s->plan = -1;
     s->tokens = sl_xmalloc(sizeof(int32_t) * (size_t)total);
     memcpy(s->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     s->n_tokens = r->n_prompt;
-    s->arrival_ns = now_ns;
+    s->blocks = sl_xmalloc(sizeof(int32_t) * (size_t)blocks_for(c, total));
+    s->paused_step = UINT64_MAX;
     sl_rng_seed(&s->rng, p->seed);
     r->seq = s;
-    if (c->n_waiting == c->cap_waiting) {
-        c->cap_waiting = c->cap_waiting ? 2 * c->cap_waiting : 16;
-        c->waiting = sl_xrealloc(c->waiting, sizeof *c->waiting * (size_t)c->cap_waiting);
-    }
-    c->waiting[c->n_waiting++] = s;
+    enqueue(c, s, false);
+    c->n_seqs++;
     return SL_OK;
 }
 
@@ -139,33 +438,386 @@ void sl_sched_core_cancel(struct sl_sched_core *c, struct sl_req *r)
         seq_finish(c, r->seq, SL_FINISH_CANCELLED, SL_ECANCELED);
 }
 
-/* Moves waiting sequences to running, in arrival order, while a slot and their blocks are
- * free. Stops at the first that does not fit so a big prompt is not starved by small ones. */
-static void admit_waiting(struct sl_sched_core *c)
+/* ---- the step-time model ---- */
+
+#define FIT_FORGET 0.98 /* weight of the past per step: a window of about 50 steps */
+#define FIT_MIN_OBS 8
+
+void sl_cost_fit_add(struct sl_cost_fit *f, const double x[SL_COST_K], double us)
 {
-    while (c->n_waiting && c->n_running < c->lim.max_seqs) {
-        struct sl_seq *s = c->waiting[0];
-        int need = blocks_for(c, s->n_tokens + s->req->params.max_tokens);
-        if (need > c->n_free)
-            return;
-        s->blocks = sl_xmalloc(sizeof(int32_t) * (size_t)need);
-        for (int i = 0; i < need; i++)
-            s->blocks[i] = c->free_blocks[--c->n_free];
-        s->n_blocks = need;
-        memmove(&c->waiting[0], &c->waiting[1], sizeof *c->waiting * (size_t)(c->n_waiting - 1));
-        c->n_waiting--;
-        s->state = SL_SEQ_RUNNING;
-        c->running[c->n_running++] = s;
+    for (int i = 0; i < SL_COST_K; i++) {
+        for (int j = 0; j < SL_COST_K; j++)
+            f->xtx[i][j] = FIT_FORGET * f->xtx[i][j] + x[i] * x[j];
+        f->xty[i] = FIT_FORGET * f->xty[i] + x[i] * us;
+    }
+    f->n_obs++;
+    /* Ridge-regularised normal equations, solved by Gaussian elimination with partial pivoting.
+     * The ridge is relative to each feature's own scale: a feature that never varied (no prompt
+     * ever ran) gets a coefficient of 0 instead of an arbitrary one. */
+    double a[SL_COST_K][SL_COST_K + 1];
+    for (int i = 0; i < SL_COST_K; i++) {
+        for (int j = 0; j < SL_COST_K; j++)
+            a[i][j] = f->xtx[i][j];
+        a[i][i] += 1e-6 * f->xtx[i][i] + 1e-9;
+        a[i][SL_COST_K] = f->xty[i];
+    }
+    for (int k = 0; k < SL_COST_K; k++) {
+        int piv = k;
+        for (int i = k + 1; i < SL_COST_K; i++)
+            if (fabs(a[i][k]) > fabs(a[piv][k]))
+                piv = i;
+        if (piv != k)
+            for (int j = 0; j <= SL_COST_K; j++) {
+                double t = a[k][j];
+                a[k][j] = a[piv][j];
+                a[piv][j] = t;
+            }
+        if (fabs(a[k][k]) < 1e-300)
+            return; /* keep the previous fit */
+        for (int i = k + 1; i < SL_COST_K; i++) {
+            double m = a[i][k] / a[k][k];
+            for (int j = k; j <= SL_COST_K; j++)
+                a[i][j] -= m * a[k][j];
+        }
+    }
+    double th[SL_COST_K];
+    for (int i = SL_COST_K - 1; i >= 0; i--) {
+        double v = a[i][SL_COST_K];
+        for (int j = i + 1; j < SL_COST_K; j++)
+            v -= a[i][j] * th[j];
+        th[i] = v / a[i][i];
+    }
+    memcpy(f->theta, th, sizeof th);
+}
+
+double sl_cost_fit_predict(const struct sl_cost_fit *f, const double x[SL_COST_K])
+{
+    if (f->n_obs < FIT_MIN_OBS)
+        return 0;
+    double y = 0;
+    for (int i = 0; i < SL_COST_K; i++)
+        y += f->theta[i] * x[i];
+    return y > 0 ? y : 0;
+}
+
+/* A step's features (see struct sl_cost_fit) from its plan. */
+static void plan_features(const struct sl_sched_core *c, double x[SL_COST_K])
+{
+    double rows = 0, logits = 0, att1 = 0, attn = 0;
+    for (int i = 0; i < c->n_plan; i++) {
+        const struct sl_plan *e = &c->plan[i];
+        if (!e->s)
+            continue;
+        long p0 = e->s->n_computed, n = e->n;
+        rows += (double)n;
+        logits += p0 + n == e->s->n_tokens;
+        /* A row at position p attends to p + 1 positions. */
+        double att = (double)n * (double)p0 + (double)n * (double)(n + 1) / 2;
+        if (n == 1)
+            att1 += att;
+        else
+            attn += att;
+    }
+    x[0] = 1;
+    x[1] = rows;
+    x[2] = logits;
+    x[3] = att1 / 1000;
+    x[4] = attn / 1000;
+}
+
+/* Learns from the previous step's duration, when the previous step ran and work was left (so
+ * this step followed it at once and the gap is its duration, not idle time). */
+static void observe(struct sl_sched_core *c, uint64_t now_ns)
+{
+    struct sl_step_shape *p = &c->prev;
+    if (!p->ran || !p->left_work || now_ns <= p->now_ns)
+        return;
+    double us = (double)(now_ns - p->now_ns) / 1e3;
+    sl_cost_fit_add(&c->fit, p->x, us);
+    const double a = 1.0 / 8;
+    if (p->decodes > 0)
+        c->ema_decode_us =
+            c->ema_decode_us > 0 ? c->ema_decode_us + a * (us - c->ema_decode_us) : us;
+    if (p->prompt_rows > 0) {
+        if (c->ema_prefill_us > 0) {
+            c->ema_prefill_rows += a * (p->prompt_rows - c->ema_prefill_rows);
+            c->ema_prefill_us += a * (us - c->ema_prefill_us);
+        } else {
+            c->ema_prefill_rows = p->prompt_rows;
+            c->ema_prefill_us = us;
+        }
     }
 }
 
-/* Adds rows [from, from + n) of s to the batch; the last row samples when it reaches the end of
- * the known tokens. */
-static void add_rows(struct sl_sched_core *c, struct sl_seq *s, int n, int *n_rows, int *n_seqs,
-                     int *n_logits)
+/* ---- building a step ---- */
+
+static void plan_add(struct sl_sched_core *c, struct sl_seq *s, int n)
 {
-    int slot = (*n_seqs)++;
-    for (int i = 0; i < n; i++) {
+    if (s->plan >= 0) {
+        c->plan[s->plan].n += n;
+    } else {
+        s->plan = c->n_plan;
+        c->plan[c->n_plan++] = (struct sl_plan){s, n};
+        c->n_plan_live++;
+    }
+    c->rows += n;
+}
+
+/* Gives decoding sequence s the block its next position needs, preempting the lowest-ranked
+ * running sequence while none is free. False when that was s itself. */
+static bool grow(struct sl_sched_core *c, struct sl_seq *s)
+{
+    if (blocks_for(c, s->n_computed + 1) <= s->n_blocks)
+        return true;
+    while (c->n_free == 0) {
+        struct sl_seq *v = c->resident[c->n_resident - 1];
+        if (v == s) {
+            preempt(c, s);
+            return false;
+        }
+        preempt(c, v);
+    }
+    s->blocks[s->n_blocks++] = c->free_blocks[--c->n_free];
+    return true;
+}
+
+/* Starts queued sequence s: a slot and the blocks of everything it knows, preempting running
+ * sequences of strictly lower tiers that are above their guaranteed slots when that makes it
+ * fit. False (and nothing changed) when it cannot start now. */
+static bool start(struct sl_sched_core *c, struct sl_seq *s)
+{
+    int need = blocks_for(c, s->n_tokens);
+    int spare = c->n_resident > 0 ? c->watermark : 0;
+    int slots = c->lim.max_seqs - c->n_resident - slots_owed_below(c, s->tier);
+    int want_slots = slots >= 1 ? 0 : 1 - slots;
+    int want_blocks = need + spare - c->n_free;
+    if (want_slots > 0 || want_blocks > 0) {
+        int n_v = 0, got_slots = 0, got_blocks = 0;
+        for (int t = 0; t < c->n_tiers; t++)
+            c->tiers[t].victims = 0;
+        for (int i = c->n_resident - 1; i >= 0; i--) {
+            if (got_slots >= want_slots && got_blocks >= want_blocks)
+                break;
+            struct sl_seq *v = c->resident[i];
+            if (v->prio <= s->prio)
+                break; /* sorted: nothing of a lower tier is left */
+            struct sl_tier_q *q = &c->tiers[v->tier];
+            if (v->tier == s->tier || q->n_resident - q->victims <= q->guaranteed)
+                continue;
+            q->victims++;
+            c->victims[n_v++] = v;
+            got_slots++;
+            got_blocks += v->n_blocks;
+        }
+        if (got_slots < want_slots || got_blocks < want_blocks)
+            return false;
+        for (int i = 0; i < n_v; i++)
+            preempt(c, c->victims[i]);
+    }
+    make_resident(c, s);
+    for (int i = 0; i < need; i++)
+        s->blocks[s->n_blocks++] = c->free_blocks[--c->n_free];
+    return true;
+}
+
+/* Prompt rows a step may take even when the decodes alone are predicted over the objective, so
+ * that prompts never stop. */
+#define GUARD_MIN_ROWS 16
+
+/* TPOT guard state for one step. */
+struct guard {
+    double budget_us; /* predicted time prompt chunks may still add; INFINITY when unguarded */
+    int floor_rows;   /* prompt rows allowed whatever the prediction, left this step */
+};
+
+/* The most rows of s's next chunk (from position p0) that fit g's time budget. */
+static int guard_rows(const struct sl_sched_core *c, struct guard *g, int p0, int want)
+{
+    if (isinf(g->budget_us))
+        return want;
+    const double *th = c->fit.theta;
+    /* Marginal time of n rows from p0: th_row n + th_attn (n p0 + n (n + 1) / 2) / 1000. */
+    double a = fmax(th[4], 0) / 2000,
+           b = fmax(th[1], 0) + fmax(th[4], 0) * ((double)p0 + 0.5) / 1000;
+    double r = g->budget_us, n;
+    if (r <= 0)
+        n = 0;
+    else if (a > 0)
+        n = (-b + sqrt(b * b + 4 * a * r)) / (2 * a);
+    else
+        n = b > 0 ? r / b : want;
+    int k = n >= want ? want : (int)n;
+    if (k < g->floor_rows)
+        k = g->floor_rows < want ? g->floor_rows : want;
+    return k;
+}
+
+static void guard_take(const struct sl_sched_core *c, struct guard *g, int p0, int n)
+{
+    if (isinf(g->budget_us))
+        return;
+    const double *th = c->fit.theta;
+    double a = fmax(th[4], 0), b = fmax(th[1], 0);
+    g->budget_us -= b * n + a * ((double)n * p0 + (double)n * (n + 1) / 2) / 1000;
+    g->floor_rows = g->floor_rows > n ? g->floor_rows - n : 0;
+}
+
+/* Gives tier t's queue up to `limit` prompt rows, first come first served. A sequence that
+ * cannot start blocks the rest of its tier (a big prompt is not starved by small ones). Returns
+ * the rows planned. */
+static int fill(struct sl_sched_core *c, int t, int limit, struct guard *g)
+{
+    int used = 0;
+    struct sl_seq *s = c->tiers[t].head;
+    while (s && used < limit && c->rows < c->lim.max_batch_tokens) {
+        struct sl_seq *next = s->next;
+        if (!s->resident) {
+            if (sl_req_cancelled(s->req)) {
+                seq_finish(c, s, SL_FINISH_CANCELLED, SL_ECANCELED);
+                s = next;
+                continue;
+            }
+            /* start() may preempt planned sequences of lower tiers; once started, s has a
+             * plan slot, since every planned sequence holds one of the max_seqs slots. */
+            if (!start(c, s))
+                break;
+        }
+        int planned = s->plan >= 0 ? c->plan[s->plan].n : 0;
+        int left = s->n_tokens - s->n_computed - planned;
+        if (left > 0 && (s->plan >= 0 || c->n_plan_live < c->lim.max_seqs)) {
+            int n = left;
+            if (n > limit - used)
+                n = limit - used;
+            if (n > c->lim.max_batch_tokens - c->rows)
+                n = c->lim.max_batch_tokens - c->rows;
+            n = guard_rows(c, g, s->n_computed + planned, n);
+            if (n == 0)
+                break;
+            guard_take(c, g, s->n_computed + planned, n);
+            plan_add(c, s, n);
+            used += n;
+        }
+        s = next;
+    }
+    return used;
+}
+
+/* Step 1: one row for every decoding sequence, best-ranked first. Returns the tightest TPOT
+ * objective among them (us, 0 when none), which the prompt chunks must then respect. */
+static double plan_decodes(struct sl_sched_core *c)
+{
+    /* What the decodes alone would cost, and the objective to hold. */
+    int min_tpot = 0;
+    double x[SL_COST_K] = {1, 0, 0, 0, 0};
+    int n_dec = 0;
+    for (int i = 0; i < c->n_resident && n_dec < c->lim.max_seqs; i++) {
+        const struct sl_seq *s = c->resident[i];
+        if (s->queued)
+            continue;
+        n_dec++;
+        x[1] += 1;
+        x[2] += 1;
+        x[3] += (double)(s->n_computed + 1) / 1000;
+        if (s->tpot_ms > 0 && (min_tpot == 0 || s->tpot_ms < min_tpot))
+            min_tpot = s->tpot_ms;
+    }
+    double target = min_tpot * 1000.0 * SL_SCHED_GUARD_FRACTION;
+    bool pause = min_tpot > 0 && c->last_pause_step + 1 != c->step_id &&
+                 sl_cost_fit_predict(&c->fit, x) > target;
+    for (int t = 0; t < c->n_tiers; t++)
+        c->tiers[t].planned = 0;
+    bool paused = false;
+    int i = 0;
+    while (i < c->n_resident) {
+        struct sl_seq *s = c->resident[i];
+        if (s->queued) {
+            i++;
+            continue;
+        }
+        if (c->n_plan_live >= c->lim.max_seqs || c->rows >= c->lim.max_batch_tokens)
+            break;
+        struct sl_tier_q *q = &c->tiers[s->tier];
+        if (pause && (s->tpot_ms == 0 || s->tpot_ms > min_tpot) && q->planned >= q->guaranteed) {
+            s->paused_step = c->step_id;
+            paused = true;
+            i++;
+            continue;
+        }
+        if (!grow(c, s))
+            continue; /* s went back to its queue: resident[i] is the next one now */
+        q->planned++;
+        plan_add(c, s, 1);
+        i++;
+    }
+    if (paused)
+        c->last_pause_step = c->step_id;
+    return target;
+}
+
+/* Step 2: the rest of the token budget to prompt chunks, by weighted shares. */
+static void plan_prefills(struct sl_sched_core *c, double target_us)
+{
+    int budget = c->lim.max_batch_tokens - c->rows;
+    if (budget <= 0)
+        return;
+    struct guard g = {INFINITY, 0};
+    if (target_us > 0 && c->fit.n_obs >= FIT_MIN_OBS) {
+        double x[SL_COST_K];
+        plan_features(c, x);
+        g.budget_us = target_us - sl_cost_fit_predict(&c->fit, x);
+        g.floor_rows =
+            GUARD_MIN_ROWS < c->lim.max_batch_tokens ? GUARD_MIN_ROWS : c->lim.max_batch_tokens;
+    }
+    long w = 0;
+    for (int t = 0; t < c->n_tiers; t++)
+        if (c->tiers[t].head)
+            w += c->tiers[t].t.weight;
+        else
+            c->tiers[t].deficit = 0;
+    if (w == 0)
+        return;
+    /* Shares with the fractions carried between steps. When the carried fractions add up to a
+     * whole row too many, the highest tiers give it up first and are owed it next step. */
+    int grant[SL_SCHED_MAX_TIERS] = {0};
+    double exact[SL_SCHED_MAX_TIERS] = {0};
+    int total = 0;
+    for (int t = 0; t < c->n_tiers; t++) {
+        struct sl_tier_q *q = &c->tiers[t];
+        if (!q->head)
+            continue;
+        exact[t] = (double)budget * q->t.weight / (double)w + q->deficit;
+        grant[t] = (int)(exact[t] + 1e-9); /* 3.2 + 0.8 is 4, whatever the rounding */
+        total += grant[t];
+    }
+    for (int k = 0; k < c->n_tiers && total > budget; k++) {
+        int t = c->tier_order[k];
+        int cut = grant[t] < total - budget ? grant[t] : total - budget;
+        grant[t] -= cut;
+        total -= cut;
+    }
+    for (int t = 0; t < c->n_tiers; t++)
+        if (c->tiers[t].head)
+            c->tiers[t].deficit = exact[t] > grant[t] ? exact[t] - grant[t] : 0;
+    for (int k = 0; k < c->n_tiers; k++) {
+        int t = c->tier_order[k];
+        if (c->tiers[t].head && grant[t] > 0)
+            fill(c, t, grant[t], &g);
+    }
+    /* Work-conserving: what a tier left goes to whoever can use it, highest priority first. */
+    for (int k = 0; k < c->n_tiers && c->rows < c->lim.max_batch_tokens; k++) {
+        int t = c->tier_order[k];
+        if (c->tiers[t].head)
+            fill(c, t, c->lim.max_batch_tokens - c->rows, &g);
+    }
+}
+
+/* Adds plan entry e to the batch as slot `slot`; its last row samples when it reaches the end of
+ * the known tokens. */
+static void emit(struct sl_sched_core *c, const struct sl_plan *e, int slot, int *n_rows,
+                 int *n_logits)
+{
+    struct sl_seq *s = e->s;
+    for (int i = 0; i < e->n; i++) {
         int pos = s->n_computed + i;
         c->b_tokens[*n_rows] = s->tokens[pos];
         c->b_pos[*n_rows] = pos;
@@ -173,9 +825,10 @@ static void add_rows(struct sl_sched_core *c, struct sl_seq *s, int n, int *n_ro
         (*n_rows)++;
     }
     c->b_seqs[slot] = s;
+    c->b_rows[slot] = e->n;
     c->b_tables[slot] = s->blocks;
-    c->b_ctx[slot] = s->n_computed + n;
-    if (s->n_computed + n == s->n_tokens) {
+    c->b_ctx[slot] = s->n_computed + e->n;
+    if (s->n_computed + e->n == s->n_tokens) {
         c->b_logit_rows[*n_logits] = *n_rows - 1;
         c->b_logit_seqs[(*n_logits)++] = s;
     }
@@ -200,38 +853,39 @@ static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token)
 
 int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
 {
-    /* A cancellation that raced with the step is honoured before spending compute on it. */
-    for (int i = c->n_running - 1; i >= 0; i--)
-        if (sl_req_cancelled(c->running[i]->req))
-            seq_finish(c, c->running[i], SL_FINISH_CANCELLED, SL_ECANCELED);
-    for (int i = c->n_waiting - 1; i >= 0; i--)
-        if (sl_req_cancelled(c->waiting[i]->req))
-            seq_finish(c, c->waiting[i], SL_FINISH_CANCELLED, SL_ECANCELED);
-    admit_waiting(c);
+    observe(c, now_ns);
+    c->prev.ran = false;
+    c->step_id++;
+    /* A cancellation that raced with the step is honoured before spending compute on it (queued
+     * ones are caught when they would start). */
+    for (int i = c->n_resident - 1; i >= 0; i--)
+        if (sl_req_cancelled(c->resident[i]->req))
+            seq_finish(c, c->resident[i], SL_FINISH_CANCELLED, SL_ECANCELED);
+    guarantees(c);
+    c->n_plan = c->n_plan_live = c->rows = 0;
+    double target = plan_decodes(c);
+    plan_prefills(c, target);
 
-    int budget = c->lim.max_batch_tokens;
     int n_rows = 0, n_seqs = 0, n_logits = 0;
-    /* Decodes first: one row each for sequences whose prompt is done. */
-    for (int i = 0; i < c->n_running && budget > 0; i++) {
-        struct sl_seq *s = c->running[i];
-        if (s->n_tokens - s->n_computed != 1 || s->n_computed < s->req->n_prompt)
-            continue;
-        add_rows(c, s, 1, &n_rows, &n_seqs, &n_logits);
-        budget--;
-    }
-    /* Then prompt chunks, oldest first, with what is left of the token budget. */
-    for (int i = 0; i < c->n_running && budget > 0; i++) {
-        struct sl_seq *s = c->running[i];
-        if (s->n_computed >= s->req->n_prompt)
-            continue;
-        int n = s->n_tokens - s->n_computed;
-        if (n > budget)
-            n = budget;
-        add_rows(c, s, n, &n_rows, &n_seqs, &n_logits);
-        budget -= n;
-    }
-    if (n_rows == 0)
+    for (int i = 0; i < c->n_plan; i++)
+        if (c->plan[i].s)
+            emit(c, &c->plan[i], n_seqs++, &n_rows, &n_logits);
+    if (n_rows == 0) {
+        c->prev.left_work = false;
         return 0;
+    }
+    plan_features(c, c->prev.x);
+    c->prev.ran = true;
+    c->prev.now_ns = now_ns;
+    c->prev.decodes = c->prev.prompt_rows = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        struct sl_seq *s = c->b_seqs[i];
+        s->plan = -1;
+        if (s->queued)
+            c->prev.prompt_rows += c->b_rows[i];
+        else
+            c->prev.decodes++;
+    }
     c->steps++;
     c->last_step_rows = n_rows;
     c->last_step_seqs = n_seqs;
@@ -257,10 +911,17 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
     if (st != SL_OK) {
         for (int i = 0; i < n_seqs; i++)
             seq_finish(c, c->b_seqs[i], SL_FINISH_ERROR, st);
+        c->prev.left_work = false;
         return st;
     }
-    for (int i = 0; i < n_seqs; i++)
-        c->b_seqs[i]->n_computed = c->b_ctx[i];
+    for (int i = 0; i < n_seqs; i++) {
+        struct sl_seq *s = c->b_seqs[i];
+        if (s->queued)
+            c->tiers[s->tier].prefill_tokens -= c->b_rows[i];
+        s->n_computed = c->b_ctx[i];
+        if (s->queued && s->n_computed == s->n_tokens)
+            dequeue(c, s); /* prompt done: it decodes from now on */
+    }
     for (int i = 0; i < n_logits; i++) {
         struct sl_seq *s = c->b_logit_seqs[i];
         const struct sl_req_params *rp = &s->req->params;
@@ -269,16 +930,17 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         int32_t tok = sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch);
         seq_accept(c, s, tok);
     }
+    c->prev.left_work = c->n_seqs > 0;
     return n_rows;
 }
 
 int sl_sched_core_pending(const struct sl_sched_core *c)
 {
-    return c->n_waiting + c->n_running;
+    return c->n_seqs;
 }
 int sl_sched_core_running(const struct sl_sched_core *c)
 {
-    return c->n_running;
+    return c->n_resident;
 }
 int sl_sched_core_free_blocks(const struct sl_sched_core *c)
 {
@@ -288,27 +950,28 @@ int sl_sched_core_free_blocks(const struct sl_sched_core *c)
 void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *out)
 {
     memset(out, 0, sizeof *out);
-    long tokens = 0;
-    for (int i = 0; i < c->n_waiting; i++) {
-        const struct sl_seq *s = c->waiting[i];
-        tokens += s->req->n_prompt > s->n_computed ? s->req->n_prompt - s->n_computed : 0;
+    out->n_tiers = c->n_tiers;
+    for (int t = 0; t < c->n_tiers; t++) {
+        const struct sl_tier_q *q = &c->tiers[t];
+        struct sl_sched_tier_stats *o = &out->tiers[t];
+        memcpy(o->name, q->t.name, sizeof o->name);
+        o->running = q->n_resident;
+        o->queued_requests = q->n_waiting;
+        o->queued_prompt_tokens = q->prefill_tokens;
+        o->priority = q->t.priority;
+        o->weight = q->t.weight;
+        o->preemptions = q->preemptions;
+        out->running += o->running;
+        out->queued_requests += o->queued_requests;
+        out->queued_prompt_tokens += o->queued_prompt_tokens;
     }
-    for (int i = 0; i < c->n_running; i++) {
-        const struct sl_seq *s = c->running[i];
-        tokens += s->req->n_prompt > s->n_computed ? s->req->n_prompt - s->n_computed : 0;
-    }
-    /* One tier until the tier scheduler arrives; the totals are its figures. */
-    out->n_tiers = 1;
-    out->tiers[0] = (struct sl_sched_tier_stats){.name = "default",
-                                                 .running = c->n_running,
-                                                 .queued_requests = c->n_waiting,
-                                                 .queued_prompt_tokens = tokens};
-    out->running = c->n_running;
-    out->queued_requests = c->n_waiting;
-    out->queued_prompt_tokens = tokens;
     out->kv_blocks_used = c->lim.n_blocks - c->n_free;
     out->kv_blocks_total = c->lim.n_blocks;
+    out->preemptions = c->preemptions;
     out->last_step_rows = c->last_step_rows;
     out->last_step_seqs = c->last_step_seqs;
     out->steps = c->steps;
+    if (c->ema_prefill_us > 0)
+        out->prefill_tokens_per_s = c->ema_prefill_rows / c->ema_prefill_us * 1e6;
+    out->decode_step_seconds = c->ema_decode_us / 1e6;
 }

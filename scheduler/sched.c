@@ -11,13 +11,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum msg_kind { MSG_SUBMIT, MSG_CANCEL };
+enum msg_kind { MSG_SUBMIT, MSG_CANCEL, MSG_TIERS };
 
 struct msg {
     struct msg *next;
     enum msg_kind kind;
-    struct sl_req *req; /* a reference owned by the message */
+    struct sl_req *req; /* a reference owned by the message (SUBMIT, CANCEL) */
     struct sl_outbox *box;
+    /* TIERS: the new table, copied, so the caller's may go away at once. */
+    struct sl_sched_tier *tiers;
+    int n_tiers;
 };
 
 /* What the scheduler thread publishes after each step (see sl_sched_stats). */
@@ -187,10 +190,21 @@ static void publish(struct sl_sched *s)
     atomic_store_explicit(&s->pub_queued, p.st.queued_requests, memory_order_relaxed);
 }
 
+static void msg_free(struct msg *m)
+{
+    if (m->req)
+        sl_req_unref(m->req);
+    free(m->tiers);
+    free(m);
+}
+
 static void handle(struct sl_sched *s, struct msg *m)
 {
     struct sl_req *r = m->req;
-    if (m->kind == MSG_SUBMIT) {
+    if (m->kind == MSG_TIERS) {
+        sl_sched_core_set_tiers(s->core, m->tiers, m->n_tiers);
+        sl_log(SL_LOG_INFO, "scheduler: %d tiers in effect", m->n_tiers);
+    } else if (m->kind == MSG_SUBMIT) {
         r->box = m->box;
         const struct sl_tok *tok = sl_model_tok(sl_worker_model(s->worker));
         r->detok = sl_detok_new(tok, r->prompt[r->n_prompt - 1], r->params.stop, r->params.n_stop);
@@ -201,8 +215,7 @@ static void handle(struct sl_sched *s, struct msg *m)
     } else {
         sl_sched_core_cancel(s->core, r);
     }
-    sl_req_unref(r);
-    free(m);
+    msg_free(m);
 }
 
 static void *sched_main(void *arg)
@@ -287,14 +300,25 @@ void sl_sched_free(struct sl_sched *s)
     /* Messages that arrived after the thread's last look at the inbox. */
     for (struct msg *m = s->head, *next; m; m = next) {
         next = m->next;
-        sl_req_unref(m->req);
-        free(m);
+        msg_free(m);
     }
     free(s->dirty);
     free(s->woken);
     pthread_cond_destroy(&s->cond);
     pthread_mutex_destroy(&s->lock);
     free(s);
+}
+
+static void enqueue_msg(struct sl_sched *s, struct msg *m)
+{
+    pthread_mutex_lock(&s->lock);
+    if (s->tail)
+        s->tail->next = m;
+    else
+        s->head = m;
+    s->tail = m;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
 }
 
 static void post(struct sl_sched *s, enum msg_kind kind, struct sl_req *r, struct sl_outbox *box)
@@ -304,14 +328,22 @@ static void post(struct sl_sched *s, enum msg_kind kind, struct sl_req *r, struc
     sl_req_ref(r);
     m->req = r;
     m->box = box;
-    pthread_mutex_lock(&s->lock);
-    if (s->tail)
-        s->tail->next = m;
-    else
-        s->head = m;
-    s->tail = m;
-    pthread_cond_signal(&s->cond);
-    pthread_mutex_unlock(&s->lock);
+    enqueue_msg(s, m);
+}
+
+int sl_sched_set_tiers(struct sl_sched *s, const struct sl_sched_tier *tiers, int n)
+{
+    if (n < 0 || n > SL_SCHED_MAX_TIERS || (n > 0 && !tiers))
+        return SL_EINVAL;
+    struct msg *m = sl_xcalloc(1, sizeof *m);
+    m->kind = MSG_TIERS;
+    if (n > 0) {
+        m->tiers = sl_xmalloc(sizeof *m->tiers * (size_t)n);
+        memcpy(m->tiers, tiers, sizeof *m->tiers * (size_t)n);
+    }
+    m->n_tiers = n;
+    enqueue_msg(s, m);
+    return SL_OK;
 }
 
 int sl_sched_submit(struct sl_sched *s, struct sl_req *r, struct sl_outbox *box)

@@ -33,20 +33,72 @@ struct sl_req {
 
 #define SL_REQ_NOT_YET UINT64_MAX
 
-/* A sequence as the core tracks it. */
-enum sl_seq_state { SL_SEQ_WAITING, SL_SEQ_RUNNING };
-
+/* A sequence as the core tracks it. It is in its tier's prefill queue while part of its known
+ * tokens has no KV yet (`queued`: waiting, partly prefilled, or preempted to recompute), and
+ * resident while it holds a slot and KV blocks; a resident sequence that is not queued decodes.
+ */
 struct sl_seq {
-    struct sl_req *req; /* the core's reference */
-    enum sl_seq_state state;
-    int32_t *tokens; /* (n_prompt + max_tokens) prompt then generated ids */
-    int n_tokens;    /* ids known so far */
-    int n_computed;  /* positions whose KV is written */
-    int n_generated;
-    int32_t *blocks; /* (n_blocks) KV block ids reserved for the whole sequence */
-    int n_blocks;
-    struct sl_rng rng;
+    struct sl_req *req;         /* the core's reference */
+    struct sl_seq *prev, *next; /* in its tier's prefill queue while `queued` */
+    int tier;                   /* index into the core's tiers */
+    int prio;                   /* the request's own priority */
+    int tpot_ms;                /* the request's own TPOT objective; 0 = none */
     uint64_t arrival_ns;
+    uint64_t order; /* submission order: ranks equal arrivals */
+    bool queued;
+    bool resident;
+    int plan;          /* index of its entry in the step being built, -1 when none */
+    int32_t *tokens;   /* (n_prompt + max_tokens) prompt then generated ids */
+    int n_tokens;      /* ids known so far */
+    int n_computed;    /* positions whose KV is written */
+    int n_generated;   /* sampled ids (the sink has seen them) */
+    int32_t *blocks;   /* (blocks_for(n_prompt + max_tokens)) KV block ids owned */
+    int n_blocks;      /* in use */
+    struct sl_rng rng; /* sampling state: survives preemption, so a resumed run samples the same */
+    int n_preempted;
+    uint64_t paused_step; /* the step its decode last paused in (TPOT guard) */
+};
+
+/* A tier: its settings and its prefill queue. */
+struct sl_tier_q {
+    struct sl_sched_tier t;
+    struct sl_seq *head, *tail; /* FIFO of queued sequences; preempted ones go to the front */
+    int n_queued;               /* in the queue */
+    int n_waiting;              /* queued without blocks (not resident) */
+    int n_resident;             /* holding a slot, queued or decoding */
+    long prefill_tokens;        /* known tokens without KV, over the queue */
+    uint64_t preemptions;
+    double deficit; /* share of prompt tokens carried to the next step (< 1) */
+    int guaranteed; /* slots protected from higher tiers this step (0 when inactive) */
+    int victims;    /* scratch: candidates taken while choosing victims */
+    int planned;    /* scratch: decodes planned this step */
+};
+
+/* One sequence's part of the step being built. */
+struct sl_plan {
+    struct sl_seq *s; /* NULL once its sequence was preempted by a later choice */
+    int n;            /* rows, from s->n_computed */
+};
+
+/* The step-time model of the TPOT guard: exponentially weighted least squares of a step's
+ * duration (us) on x = (1, decode rows, prompt rows, decode attended positions / 1000, prompt
+ * attended positions / 1000). */
+#define SL_COST_K 5
+struct sl_cost_fit {
+    double xtx[SL_COST_K][SL_COST_K];
+    double xty[SL_COST_K];
+    double theta[SL_COST_K]; /* the fit after the latest observation */
+    int n_obs;
+};
+
+/* What the core remembers of its previous step, to learn from its duration. */
+struct sl_step_shape {
+    bool ran;        /* it ran the worker */
+    bool left_work;  /* work was still pending after it: the next step followed at once */
+    uint64_t now_ns; /* when it started */
+    double x[SL_COST_K];
+    int decodes;     /* decode rows */
+    int prompt_rows; /* prompt (prefill and recompute) rows */
 };
 
 struct sl_sched_core {
@@ -54,13 +106,26 @@ struct sl_sched_core {
     struct sl_sched_worker worker;
     struct sl_sched_sink sink;
 
-    struct sl_seq **waiting; /* FIFO of sequences whose prompt is not fully computed */
-    int n_waiting, cap_waiting;
-    struct sl_seq **running; /* (max_seqs) sequences holding KV blocks */
-    int n_running;
+    struct sl_tier_q tiers[SL_SCHED_MAX_TIERS];
+    int n_tiers;
+    int tier_order[SL_SCHED_MAX_TIERS]; /* tier indices by (priority, index) */
+
+    struct sl_seq **resident; /* (max_seqs) by (prio, arrival, order) */
+    int n_resident;
+    int n_seqs; /* held: queued or resident */
+    uint64_t next_order;
 
     int32_t *free_blocks; /* (n_blocks) stack of free block ids */
     int n_free;
+    int watermark; /* blocks kept spare when a sequence starts while others run */
+
+    /* The step being built. */
+    uint64_t step_id;
+    struct sl_plan *plan; /* (2 * max_seqs): entries of preempted sequences stay, dead */
+    int n_plan;
+    int n_plan_live;
+    int rows;
+    struct sl_seq **victims; /* (max_seqs) scratch */
 
     /* Step buffers, sized once from the limits. */
     int32_t *b_tokens;            /* (max_batch_tokens) */
@@ -70,14 +135,28 @@ struct sl_sched_core {
     const int32_t **b_tables;     /* (max_seqs) */
     int32_t *b_logit_rows;        /* (max_seqs) */
     struct sl_seq **b_seqs;       /* (max_seqs) sequence of each batch slot */
+    int *b_rows;                  /* (max_seqs) rows of each batch slot */
     struct sl_seq **b_logit_seqs; /* (max_seqs) which sequence each logits row samples for */
     float *logits;                /* (max_seqs, vocab) */
     void *sample_scratch;         /* sl_sample_scratch_size(vocab) */
 
+    /* Time, from the `now` of consecutive steps. */
+    struct sl_step_shape prev;
+    struct sl_cost_fit fit;
+    uint64_t last_pause_step;                /* the latest step in which the guard paused decodes */
+    double ema_prefill_rows, ema_prefill_us; /* for prefill_tokens_per_s */
+    double ema_decode_us;                    /* for decode_step_seconds */
+
     /* For sl_sched_core_stats. */
     int last_step_rows, last_step_seqs;
     uint64_t steps;
+    uint64_t preemptions;
 };
+
+/* The step-time model, exposed for tests: adds an observation (features x, duration us) and
+ * refits; predicts a step's duration in us (0 until it has seen enough steps). */
+void sl_cost_fit_add(struct sl_cost_fit *f, const double x[SL_COST_K], double us);
+double sl_cost_fit_predict(const struct sl_cost_fit *f, const double x[SL_COST_K]);
 
 /* The busy ratio's moving average (see sl_sched_stats): ratio after an interval of dt_ns of which
  * busy_ns were spent in forward(), given the ratio before it. Continuous-time exponential

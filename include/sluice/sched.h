@@ -32,6 +32,21 @@ const char *sl_finish_str(enum sl_finish f);
 
 #define SL_REQ_MAX_STOPS 4
 
+/* Most tiers a scheduler knows (the gateway's configuration allows as many). */
+#define SL_SCHED_MAX_TIERS 32
+/* Longest tier name in bytes. */
+#define SL_SCHED_TIER_NAME_MAX 32
+
+/* A tier as the scheduler uses it: a prefill queue with a share of each step's prompt tokens and
+ * of the sequence slots, and a rank. */
+struct sl_sched_tier {
+    char name[SL_SCHED_TIER_NAME_MAX + 1];
+    int priority;    /* lower runs first: decodes, prefill order, preemption */
+    int weight;      /* share of prompt tokens and of slots while tiers compete (< 1 reads as 1) */
+    int ttft_slo_ms; /* p99 objectives; 0 = none */
+    int tpot_slo_ms;
+};
+
 struct sl_req_params {
     int max_tokens;    /* most tokens to generate, >= 1 */
     float temperature; /* 0 = greedy */
@@ -42,13 +57,17 @@ struct sl_req_params {
     int n_stop;        /* stop strings, at most SL_REQ_MAX_STOPS */
     const char *stop[SL_REQ_MAX_STOPS];
     /* The tier the gateway classified the request into, copied from the configuration it
-     * started with, so a reload cannot change them under a queued request. The scheduler does
-     * not use them yet (tier-aware queues come with admission control). Zero when not set. */
+     * started with, so a reload cannot change them under a queued request. Zero when not set.
+     * The scheduler queues the request in its tier named tier_name (by index `tier` when the
+     * name is empty; by its priority when the scheduler has no such tier, e.g. after a reload
+     * removed it), and ranks it for decoding and preemption by its own priority; its own
+     * tpot_slo_ms is what the TPOT guard protects. */
     int tier;        /* index into the gateway configuration's tiers */
     int priority;    /* lower runs first */
     int weight;      /* capacity share relative to the other tiers */
     int ttft_slo_ms; /* p99 time-to-first-token objective */
-    int tpot_slo_ms; /* p99 time-per-output-token objective */
+    int tpot_slo_ms; /* p99 time-per-output-token objective; 0 = none */
+    char tier_name[SL_SCHED_TIER_NAME_MAX + 1];
 };
 
 struct sl_req;
@@ -75,6 +94,36 @@ bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns);
 
 /* ---------------------------------------------------------------------------------------------
  * The core
+ *
+ * One step (DESIGN.md, "Scheduling one step"):
+ *  1. Decodes first: every running sequence whose prompt is computed gets one row, in order of
+ *     (its priority, arrival), up to max_seqs sequences and max_batch_tokens rows. A sequence
+ *     that needs a new KV block and finds none preempts the lowest-priority, latest-arrived
+ *     running sequence (possibly itself): so a sequence is never preempted for one of a lower
+ *     tier.
+ *  2. The rest of the token budget goes to prompt chunks from the tiers' prefill queues: each
+ *     tier with queued work gets a share proportional to its weight (fractions carried between
+ *     steps), tiers in priority order; what a tier cannot use goes to the others, highest
+ *     priority first (work-conserving: an idle tier's share is lent and taken back as soon as it
+ *     has work). Within a tier, first come first served; a preempted sequence goes back to the
+ *     front of its tier.
+ *  3. A queued sequence starts (takes a slot and the KV blocks of its whole prompt) when a slot
+ *     and its blocks are free, leaving one block in a hundred spare while others run. A sequence
+ *     of a higher tier that cannot start may preempt running sequences of strictly lower tiers,
+ *     latest first, as long as each of those tiers keeps its guaranteed slots: ceil(max_seqs *
+ *     weight / sum of active weights) for every active tier but the highest, which gets the rest
+ *     (at least one). Free slots a lower tier is owed stay free for it while it has work queued.
+ *  4. Preemption frees the sequence's blocks and queues it at the front of its tier to
+ *     recompute its prompt and the tokens it generated; nothing it has generated is reported
+ *     again, and its output is what an uninterrupted run gives (when the worker's rows do not
+ *     depend on the batch, as the CPU worker's do not).
+ *  5. TPOT guard: the core fits the step time as a linear function of the batch (decode rows,
+ *     prompt rows, and the positions each attends to) from the `now` of consecutive steps. While
+ *     sequences with a TPOT objective are decoding, prompt chunks are cut so that the predicted
+ *     step stays within SL_SCHED_GUARD_FRACTION of the tightest objective among them; when the
+ *     decodes alone are predicted over it, decodes of sequences with a looser objective pause
+ *     for a step (never two steps running, and never below their tier's guaranteed slots).
+ * Blocks grow with the sequence: a prompt's at start, then one block per block_size tokens.
  */
 
 /* The worker as the core sees it. */
@@ -95,35 +144,49 @@ struct sl_sched_sink {
     /* r left the scheduler (finished, cancelled or failed); n_generated tokens were produced.
      * The core drops its reference right after this returns. */
     void (*done)(void *ctx, struct sl_req *r, enum sl_finish why, int status, int n_generated);
+    /* Optional (may be NULL): r was preempted; it will recompute and go on. */
+    void (*preempted)(void *ctx, struct sl_req *r);
 };
+
+/* The TPOT guard keeps predicted steps within this fraction of the tightest TPOT objective. */
+#define SL_SCHED_GUARD_FRACTION 0.8
 
 struct sl_sched_limits {
     int vocab;            /* logits per row */
     int max_ctx;          /* the model's context length */
-    int max_seqs;         /* most running sequences in one step */
+    int max_seqs;         /* most running sequences (holding KV blocks; one slot each) */
     int max_batch_tokens; /* most rows (prefill + decode) in one step */
     int n_blocks;         /* KV blocks in the worker's pool */
     int block_size;       /* positions per KV block */
+    /* The tier table (copied; at most SL_SCHED_MAX_TIERS). None: one tier "default". */
+    const struct sl_sched_tier *tiers;
+    int n_tiers;
 };
 
 struct sl_sched_core;
 
+/* NULL when a limit is out of range. */
 struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
                                         const struct sl_sched_worker *w,
                                         const struct sl_sched_sink *sink);
 /* Cancels and reports every request still held, then frees. */
 void sl_sched_core_free(struct sl_sched_core *c);
 
-/* Queues r (the core takes its own reference). Returns SL_ERANGE when r can never fit (prompt +
- * max_tokens over the context or over the whole KV pool); the core then keeps no reference. */
+/* Replaces the tier table (copied; n = 0: one tier "default"). Requests held are moved to the
+ * tier of their name (else by their priority, see struct sl_req_params), keeping their order
+ * and their own priority and objectives. SL_EINVAL when n is out of range. */
+int sl_sched_core_set_tiers(struct sl_sched_core *c, const struct sl_sched_tier *tiers, int n);
+/* Queues r at the back of its tier (the core takes its own reference). now_ns is its arrival,
+ * which ranks it against others. Returns SL_ERANGE when r can never fit (prompt + max_tokens
+ * over the context or over the whole KV pool); the core then keeps no reference. */
 int sl_sched_core_submit(struct sl_sched_core *c, struct sl_req *r, uint64_t now_ns);
-/* Removes r wherever it is and reports done(CANCELLED). A request the core no longer holds is
- * ignored. */
+/* Removes r wherever it is, frees its blocks and reports done(CANCELLED). A request the core no
+ * longer holds is ignored. */
 void sl_sched_core_cancel(struct sl_sched_core *c, struct sl_req *r);
-/* Builds and runs one step: every running sequence decodes one token, then waiting prompts are
- * prefilled in chunks up to max_batch_tokens (continuous batching: new requests join between
- * steps, finished ones leave). Returns the number of rows run (0 when idle) or a negative
- * status when the worker failed (every sequence of the step is then finished with ERROR). */
+/* Builds and runs one step (see above). now_ns must not go backwards; the time between two
+ * steps, when the first left work pending, is taken as the first step's duration. Returns the
+ * number of rows run (0 when idle) or a negative status when the worker failed (every sequence
+ * of the step is then finished with ERROR). */
 int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns);
 /* Requests queued or running. */
 int sl_sched_core_pending(const struct sl_sched_core *c);
@@ -134,31 +197,37 @@ int sl_sched_core_free_blocks(const struct sl_sched_core *c);
  * Statistics: what the scheduler publishes for admission, health and /metrics
  */
 
-/* Most tiers a scheduler reports. */
-#define SL_SCHED_MAX_TIERS 8
-
 struct sl_sched_tier_stats {
-    const char *name;          /* static, valid for the scheduler's life ("default" for now) */
+    char name[SL_SCHED_TIER_NAME_MAX + 1];
     int running;               /* sequences holding KV blocks */
     int queued_requests;       /* requests waiting for a slot and their KV blocks */
     long queued_prompt_tokens; /* prompt tokens not yet prefilled, over waiting and running
-                                  sequences: the prefill work ahead of a new arrival */
+                                  sequences (a preempted one's generated tokens count: they are
+                                  recomputed): the prefill work ahead of a new arrival */
+    int priority;
+    int weight;
+    uint64_t preemptions; /* of this tier's sequences, since start */
 };
 
 struct sl_sched_stats {
-    /* Per tier. Until tiers reach the scheduler there is one, "default", holding everything. */
+    /* Per tier, as the current tier table gives them. */
     int n_tiers;
     struct sl_sched_tier_stats tiers[SL_SCHED_MAX_TIERS];
     /* Sums over the tiers. */
     int running;
     int queued_requests;
     long queued_prompt_tokens;
-    int kv_blocks_used; /* blocks owned by sequences (reserved for their whole length) */
+    int kv_blocks_used; /* blocks owned by sequences */
     int kv_blocks_total;
+    uint64_t preemptions;
     /* The latest step that ran the worker (0 before the first). */
     int last_step_rows; /* tokens in the batch: one per decode, plus prompt chunks */
     int last_step_seqs; /* sequences in the batch */
     uint64_t steps;     /* steps that ran the worker since start */
+    /* Measured by the core from the `now` of consecutive steps (0 until measured):
+     * exponential moving averages (weight 1/8 for the newest step). */
+    double prefill_tokens_per_s; /* prompt rows per second of steps that had them */
+    double decode_step_seconds;  /* duration of steps that had decodes: the inter-token time */
     /* Time, measured by the scheduler thread (the core leaves these 0). */
     double last_step_seconds; /* the whole step: building the batch, forward, sampling */
     double busy_seconds;      /* total time inside the worker's forward() since start */
@@ -169,7 +238,8 @@ struct sl_sched_stats {
 
 #define SL_SCHED_BUSY_WINDOW_S 10.0
 
-/* Fills out with what the core knows now (every field but the times). Owner thread only. */
+/* Fills out with what the core knows now (every field but the thread's times). Owner thread
+ * only. */
 void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *out);
 
 /* ---------------------------------------------------------------------------------------------
@@ -210,7 +280,7 @@ void sl_out_event_free(struct sl_out_event *e);
 struct sl_sched;
 
 /* Starts the scheduler thread over `w` (which it then owns exclusively until sl_sched_free).
- * lim.vocab and lim.max_ctx come from the model. */
+ * lim.vocab and lim.max_ctx come from the model; lim.tiers is copied before this returns. */
 int sl_sched_new(struct sl_worker *w, const struct sl_sched_limits *lim, struct sl_sched **out);
 /* Stops the thread (requests still held finish with CANCELLED), joins, frees. The worker stays
  * the caller's. */
@@ -222,6 +292,11 @@ int sl_sched_submit(struct sl_sched *s, struct sl_req *r, struct sl_outbox *box)
 /* Asks for r to be cancelled; a DONE(CANCELLED) follows unless it already finished. Any thread.
  * Its KV blocks are free by the end of the next step. */
 void sl_sched_cancel(struct sl_sched *s, struct sl_req *r);
+/* Hands the scheduler a new tier table (copied before this returns; see
+ * sl_sched_core_set_tiers). It travels through the inbox, so requests submitted before this call
+ * are queued under the old table and re-homed by name, those after it under the new one. Any
+ * thread (the main thread on SIGHUP). SL_EINVAL when n is out of range. */
+int sl_sched_set_tiers(struct sl_sched *s, const struct sl_sched_tier *tiers, int n);
 /* Published once per step for readers on other threads (admission, health). */
 int sl_sched_running(const struct sl_sched *s);
 int sl_sched_queued(const struct sl_sched *s);

@@ -10,6 +10,7 @@
 #include "sched_impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define VOCAB 64
@@ -90,7 +91,7 @@ static bool fake_is_stop(void *ctx, int32_t token)
     return token == ((struct fake *)ctx)->stop_token;
 }
 
-#define MAX_REQS 8
+#define MAX_REQS 64
 struct record {
     struct sl_req *reqs[MAX_REQS];
     int32_t out[MAX_REQS][256];
@@ -99,6 +100,7 @@ struct record {
     int status[MAX_REQS];
     int n_generated[MAX_REQS];
     int done_calls[MAX_REQS];
+    int preempted[MAX_REQS];
     int stop_after; /* sink asks to stop after this many tokens (0 never) */
 };
 
@@ -129,6 +131,12 @@ static void sink_done(void *ctx, struct sl_req *r, enum sl_finish why, int statu
     rec->done_calls[i]++;
 }
 
+static void sink_preempted(void *ctx, struct sl_req *r)
+{
+    struct record *rec = ctx;
+    rec->preempted[index_of(rec, r)]++;
+}
+
 struct env {
     struct fake fake;
     struct record rec;
@@ -136,8 +144,13 @@ struct env {
     struct sl_sched_limits lim;
 };
 
-static void env_init(struct env *e, int max_seqs, int max_batch_tokens, int n_blocks,
-                     int block_size)
+static const struct sl_sched_tier two_tiers[2] = {
+    {.name = "interactive", .priority = 0, .weight = 4, .ttft_slo_ms = 1000, .tpot_slo_ms = 100},
+    {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000, .tpot_slo_ms = 1000},
+};
+
+static void env_init_tiers(struct env *e, int max_seqs, int max_batch_tokens, int n_blocks,
+                           int block_size, const struct sl_sched_tier *tiers, int n_tiers)
 {
     memset(e, 0, sizeof *e);
     e->fake.n_blocks = n_blocks;
@@ -150,12 +163,21 @@ static void env_init(struct env *e, int max_seqs, int max_batch_tokens, int n_bl
                                       .max_seqs = max_seqs,
                                       .max_batch_tokens = max_batch_tokens,
                                       .n_blocks = n_blocks,
-                                      .block_size = block_size};
+                                      .block_size = block_size,
+                                      .tiers = tiers,
+                                      .n_tiers = n_tiers};
     struct sl_sched_worker w = {
         .ctx = &e->fake, .forward = fake_forward, .is_stop_token = fake_is_stop};
-    struct sl_sched_sink s = {.ctx = &e->rec, .token = sink_token, .done = sink_done};
+    struct sl_sched_sink s = {
+        .ctx = &e->rec, .token = sink_token, .done = sink_done, .preempted = sink_preempted};
     e->core = sl_sched_core_new(&e->lim, &w, &s);
     cr_assert_not_null(e->core);
+}
+
+static void env_init(struct env *e, int max_seqs, int max_batch_tokens, int n_blocks,
+                     int block_size)
+{
+    env_init_tiers(e, max_seqs, max_batch_tokens, n_blocks, block_size, NULL, 0);
 }
 
 static void env_dispose(struct env *e)
@@ -175,6 +197,27 @@ static struct sl_req *add_req(struct env *e, int i, int n_prompt, int max_tokens
     for (int k = 1; k < n_prompt; k++)
         prompt[k] = 3 + (10 + i + k) % (VOCAB - 3);
     struct sl_req_params p = {.max_tokens = max_tokens, .temperature = 0.f, .top_p = 1.f};
+    struct sl_req *r = sl_req_new(prompt, n_prompt, &p);
+    e->rec.reqs[i] = r;
+    return r;
+}
+
+/* The same in tier t of two_tiers, with that tier's priority and objectives. */
+static struct sl_req *add_req_tier(struct env *e, int i, int n_prompt, int max_tokens, int t)
+{
+    int32_t prompt[512];
+    prompt[0] = 1;
+    for (int k = 1; k < n_prompt; k++)
+        prompt[k] = 3 + (10 + i + k) % (VOCAB - 3);
+    struct sl_req_params p = {.max_tokens = max_tokens,
+                              .temperature = 0.f,
+                              .top_p = 1.f,
+                              .tier = t,
+                              .priority = two_tiers[t].priority,
+                              .weight = two_tiers[t].weight,
+                              .ttft_slo_ms = two_tiers[t].ttft_slo_ms,
+                              .tpot_slo_ms = two_tiers[t].tpot_slo_ms};
+    snprintf(p.tier_name, sizeof p.tier_name, "%s", two_tiers[t].name);
     struct sl_req *r = sl_req_new(prompt, n_prompt, &p);
     e->rec.reqs[i] = r;
     return r;
@@ -274,19 +317,29 @@ Test(sched, running_sequences_never_exceed_max_seqs_when_more_are_queued)
     env_dispose(&e);
 }
 
-Test(sched, waiting_sequence_runs_after_blocks_free_when_pool_is_small)
+/* Blocks are taken as sequences grow, so both start; when the pool runs out the later arrival is
+ * preempted, recomputes what it had, and still produces exactly the reference tokens, each
+ * reported once. (Up-front reservation ran them one after the other.) */
+Test(sched, later_sequence_is_preempted_and_resumes_losslessly_when_blocks_run_out)
 {
     struct env e;
-    /* 8 blocks of 4: each request needs 6 (24 positions), so only one runs at a time. */
+    /* 8 blocks of 4: each request ends at 24 positions (6 blocks); both start (3 + 3 blocks and
+     * one spare) and cannot both finish. */
     env_init(&e, 4, 64, 8, 4);
     sl_sched_core_submit(e.core, add_req(&e, 0, 10, 14), 0);
     sl_sched_core_submit(e.core, add_req(&e, 1, 12, 12), 0);
     sl_sched_core_step(e.core, 0);
-    cr_assert_eq(sl_sched_core_running(e.core), 1);
+    cr_assert_eq(sl_sched_core_running(e.core), 2, "both started on their prompts' blocks");
+    cr_assert_eq(sl_sched_core_free_blocks(e.core), 2);
     run_until_idle(&e, 200);
+    cr_assert_eq(e.rec.preempted[0], 0, "the first arrival is never the victim");
+    cr_assert_geq(e.rec.preempted[1], 1);
     assert_matches_reference(&e, 0, 10, 14);
     assert_matches_reference(&e, 1, 12, 12);
     cr_assert_eq(sl_sched_core_free_blocks(e.core), 8);
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.preemptions, (uint64_t)e.rec.preempted[1]);
     env_dispose(&e);
 }
 
@@ -407,17 +460,18 @@ Test(sched, free_reports_cancelled_when_requests_are_still_held)
 Test(sched, stats_count_waiting_running_and_blocks_when_the_pool_is_small)
 {
     struct env e;
-    /* 8 blocks of 4: each request reserves 6 (24 positions), so only one runs at a time. */
+    /* 8 blocks of 4. The first request starts on 3 blocks and grows to 6; the second needs 5
+     * for its prompt plus one spare, so it waits until the first is done. */
     env_init(&e, 4, 64, 8, 4);
     sl_sched_core_submit(e.core, add_req(&e, 0, 10, 14), 0);
-    sl_sched_core_submit(e.core, add_req(&e, 1, 12, 12), 0);
+    sl_sched_core_submit(e.core, add_req(&e, 1, 20, 4), 0);
     struct sl_sched_stats st;
     sl_sched_core_stats(e.core, &st);
     cr_assert_eq(st.n_tiers, 1);
     cr_assert_str_eq(st.tiers[0].name, "default");
     cr_assert_eq(st.running, 0);
     cr_assert_eq(st.queued_requests, 2);
-    cr_assert_eq(st.queued_prompt_tokens, 22);
+    cr_assert_eq(st.queued_prompt_tokens, 30);
     cr_assert_eq(st.kv_blocks_used, 0);
     cr_assert_eq(st.kv_blocks_total, 8);
     cr_assert_eq(st.steps, 0);
@@ -426,31 +480,43 @@ Test(sched, stats_count_waiting_running_and_blocks_when_the_pool_is_small)
     sl_sched_core_stats(e.core, &st);
     cr_assert_eq(st.running, 1);
     cr_assert_eq(st.queued_requests, 1);
-    cr_assert_eq(st.queued_prompt_tokens, 12, "the first prompt is prefilled, the second waits");
+    cr_assert_eq(st.queued_prompt_tokens, 20, "the first prompt is prefilled, the second waits");
     cr_assert_eq(st.tiers[0].running, st.running);
     cr_assert_eq(st.tiers[0].queued_requests, st.queued_requests);
     cr_assert_eq(st.tiers[0].queued_prompt_tokens, st.queued_prompt_tokens);
-    cr_assert_eq(st.kv_blocks_used, 6);
+    cr_assert_eq(st.kv_blocks_used, 3, "the prompt's 10 positions, not its whole length");
     cr_assert_eq(st.last_step_rows, 10);
     cr_assert_eq(st.last_step_seqs, 1);
     cr_assert_eq(st.steps, 1);
     cr_assert_eq(st.last_step_seconds, 0.0, "the core measures no time");
 
+    /* Decodes write positions 10, 11, then 12, which opens a fourth block. */
     cr_assert_eq(sl_sched_core_step(e.core, 1), 1);
     sl_sched_core_stats(e.core, &st);
     cr_assert_eq(st.last_step_rows, 1, "a lone decode");
     cr_assert_eq(st.steps, 2);
+    cr_assert_eq(st.kv_blocks_used, 3);
+    sl_sched_core_step(e.core, 2);
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.kv_blocks_used, 3);
+    sl_sched_core_step(e.core, 3);
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.kv_blocks_used, 4, "blocks grow with the sequence");
+    cr_assert_eq(st.queued_requests, 1, "3 free blocks do not start a 5-block prompt");
 
-    int steps = 2 + run_until_idle(&e, 200);
+    int steps = 4 + run_until_idle(&e, 200);
     sl_sched_core_stats(e.core, &st);
     cr_assert_eq(st.running, 0);
     cr_assert_eq(st.queued_requests, 0);
     cr_assert_eq(st.queued_prompt_tokens, 0);
     cr_assert_eq(st.kv_blocks_used, 0, "every block came back");
     cr_assert_eq(st.kv_blocks_total, 8);
-    /* 14 + 12 tokens, one per step, one sequence at a time. */
+    cr_assert_eq(st.preemptions, 0);
+    /* 14 tokens one per step, then the second prompt and its 4 tokens. */
     cr_assert_eq(st.steps, (uint64_t)steps);
-    cr_assert_eq(st.steps, 26);
+    cr_assert_eq(st.steps, 18);
+    assert_matches_reference(&e, 0, 10, 14);
+    assert_matches_reference(&e, 1, 20, 4);
     env_dispose(&e);
 }
 
@@ -466,14 +532,14 @@ Test(sched, stats_count_unprefilled_prompt_tokens_when_a_prompt_is_chunked)
     cr_assert_eq(st.queued_requests, 0);
     cr_assert_eq(st.queued_prompt_tokens, 32, "a running prompt's rest is still prefill ahead");
     cr_assert_eq(st.last_step_rows, 8);
-    cr_assert_eq(st.kv_blocks_used, 11, "44 positions in blocks of 4");
+    cr_assert_eq(st.kv_blocks_used, 10, "the prompt's 40 positions are taken when it starts");
     env_dispose(&e);
 }
 
 Test(sched, queue_time_ends_at_the_first_step_that_runs_the_request_when_it_waited)
 {
     struct env e;
-    env_init(&e, 4, 64, 8, 4);
+    env_init(&e, 1, 64, 64, 4);
     struct sl_req *a = add_req(&e, 0, 10, 14), *b = add_req(&e, 1, 12, 12),
                   *c = add_req(&e, 2, 4, 4);
     /* What the adapter stamps at sl_sched_submit. */
@@ -489,10 +555,10 @@ Test(sched, queue_time_ends_at_the_first_step_that_runs_the_request_when_it_wait
     sl_sched_core_step(e.core, 100);
     cr_assert(sl_req_queue_ns(a, &ns));
     cr_assert_eq(ns, 50);
-    cr_assert(!sl_req_queue_ns(b, &ns), "b waits for a's blocks");
+    cr_assert(!sl_req_queue_ns(b, &ns), "b waits for a's slot");
     sl_sched_core_cancel(e.core, c);
-    /* a makes one token per step: its 14th, at the step of now = 113, frees its blocks, so b
-     * first runs at 114. */
+    /* a makes one token per step: its 14th, at the step of now = 113, frees its slot, so b first
+     * runs at 114. */
     for (uint64_t now = 101; sl_sched_core_pending(e.core) > 0; now++)
         sl_sched_core_step(e.core, now);
     cr_assert(sl_req_queue_ns(a, &ns));
@@ -523,4 +589,244 @@ Test(sched, busy_ratio_averages_over_time_when_updated_in_any_cut)
     cr_assert_float_eq(sl_sched_busy_update(0.8, 10 * sec, 0), 0.8 * exp(-1.0), 1e-12);
     cr_assert_eq(sl_sched_busy_update(0.3, 0, 0), 0.3);
     cr_assert_leq(sl_sched_busy_update(0.9, sec, 2 * sec), 1.0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tiers: shares, priority, preemption.
+ */
+
+static long tier_queued_tokens(struct env *e, int t)
+{
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e->core, &st);
+    return st.tiers[t].queued_prompt_tokens;
+}
+
+Test(sched, prompt_tokens_are_shared_by_weight_when_tiers_compete)
+{
+    struct env e;
+    env_init_tiers(&e, 4, 16, 64, 4, two_tiers, 2);
+    /* The batch prompt arrives first; weights 4:1 still give interactive 4/5 of every step. */
+    sl_sched_core_submit(e.core, add_req_tier(&e, 0, 100, 4, 1), 0);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 1, 100, 4, 0), 1);
+    for (int k = 0; k < 5; k++) {
+        cr_assert_eq(sl_sched_core_step(e.core, (uint64_t)(2 + k)), 16, "the budget is used up");
+        /* Fractions are carried: batch gets 3, 3, 3, 3 then 4 rows. */
+        long batch_done = 100 - tier_queued_tokens(&e, 1);
+        cr_assert_eq(batch_done, 3 * (k + 1) + (k == 4), "step %d: batch prefilled %ld", k,
+                     batch_done);
+    }
+    cr_assert_eq(100 - tier_queued_tokens(&e, 0), 64, "interactive got 4/5 of 80 rows");
+    run_until_idle(&e, 200);
+    assert_matches_reference(&e, 0, 100, 4);
+    assert_matches_reference(&e, 1, 100, 4);
+    env_dispose(&e);
+}
+
+Test(sched, idle_tier_share_is_lent_and_taken_back_when_it_has_work)
+{
+    struct env e;
+    env_init_tiers(&e, 4, 16, 64, 4, two_tiers, 2);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 0, 120, 4, 1), 0);
+    for (int k = 0; k < 3; k++)
+        sl_sched_core_step(e.core, (uint64_t)k);
+    cr_assert_eq(120 - tier_queued_tokens(&e, 1), 48, "alone, batch borrows the whole budget");
+    sl_sched_core_submit(e.core, add_req_tier(&e, 1, 60, 4, 0), 3);
+    sl_sched_core_step(e.core, 3);
+    cr_assert_eq(60 - tier_queued_tokens(&e, 0), 13, "interactive takes its share back at once");
+    cr_assert_eq(120 - tier_queued_tokens(&e, 1), 51);
+    run_until_idle(&e, 200);
+    assert_matches_reference(&e, 0, 120, 4);
+    assert_matches_reference(&e, 1, 60, 4);
+    env_dispose(&e);
+}
+
+Test(sched, decodes_of_the_higher_tier_run_first_when_max_batch_tokens_is_short)
+{
+    struct env e;
+    /* Two rows a step: with three decoding sequences, one waits each step, never interactive. */
+    env_init_tiers(&e, 4, 2, 64, 4, two_tiers, 2);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 0, 2, 30, 1), 0);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 1, 2, 30, 1), 1);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 2, 2, 10, 0), 2);
+    for (int k = 0; k < 4; k++)
+        sl_sched_core_step(e.core, (uint64_t)k);
+    int before = e.rec.n_out[2];
+    for (int k = 4; k < 10; k++)
+        sl_sched_core_step(e.core, (uint64_t)k);
+    cr_assert_eq(e.rec.n_out[2] - before, 6, "interactive decoded in every step");
+    run_until_idle(&e, 400);
+    for (int i = 0; i < 3; i++)
+        assert_matches_reference(&e, i, 2, i == 2 ? 10 : 30);
+    env_dispose(&e);
+}
+
+/* vLLM's inversion: with every slot taken by batch sequences, an interactive arrival waited for
+ * one to finish. Here it preempts the latest batch sequences, down to batch's guaranteed slot. */
+Test(sched, interactive_arrival_preempts_batch_when_max_seqs_is_full)
+{
+    struct env e;
+    env_init_tiers(&e, 4, 64, 128, 4, two_tiers, 2);
+    for (int i = 0; i < 4; i++)
+        sl_sched_core_submit(e.core, add_req_tier(&e, i, 6, 40, 1), (uint64_t)i);
+    sl_sched_core_step(e.core, 10);
+    sl_sched_core_step(e.core, 11);
+    cr_assert_eq(sl_sched_core_running(e.core), 4);
+    for (int i = 4; i < 8; i++)
+        sl_sched_core_submit(e.core, add_req_tier(&e, i, 6, 8, 0), 12);
+    sl_sched_core_step(e.core, 12);
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e.core, &st);
+    /* Batch keeps ceil(4 * 1/5) = 1 slot; interactive gets the other 3. */
+    cr_assert_eq(st.tiers[0].running, 3);
+    cr_assert_eq(st.tiers[1].running, 1);
+    cr_assert_eq(st.tiers[0].queued_requests, 1);
+    cr_assert_eq(e.rec.preempted[0], 0, "the earliest batch sequence keeps its slot");
+    for (int i = 1; i < 4; i++)
+        cr_assert_eq(e.rec.preempted[i], 1, "batch %d was preempted", i);
+    cr_assert_eq(st.tiers[1].preemptions, 3);
+    run_until_idle(&e, 400);
+    for (int i = 0; i < 8; i++)
+        assert_matches_reference(&e, i, 6, i < 4 ? 40 : 8);
+    for (int i = 4; i < 8; i++)
+        cr_assert_eq(e.rec.preempted[i], 0, "interactive is never preempted for batch");
+    env_dispose(&e);
+}
+
+Test(sched, growth_preempts_the_lower_tier_when_it_arrived_earlier)
+{
+    struct env e;
+    /* 10 blocks of 4. Interactive grows to 9 blocks, batch to 7: one must give way, and it is
+     * batch although it arrived first. */
+    env_init_tiers(&e, 4, 64, 10, 4, two_tiers, 2);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 0, 8, 20, 1), 0);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 1, 20, 16, 0), 1);
+    sl_sched_core_step(e.core, 2);
+    cr_assert_eq(sl_sched_core_running(e.core), 2);
+    run_until_idle(&e, 400);
+    cr_assert_eq(e.rec.preempted[1], 0);
+    cr_assert_geq(e.rec.preempted[0], 1);
+    assert_matches_reference(&e, 0, 8, 20);
+    assert_matches_reference(&e, 1, 20, 16);
+    cr_assert_eq(sl_sched_core_free_blocks(e.core), 10);
+    env_dispose(&e);
+}
+
+/* Many requests of both tiers, arriving over time, through a pool far too small for them: every
+ * one finishes with exactly its reference tokens, reported once, and every block comes back. */
+Test(sched, every_request_finishes_losslessly_when_the_kv_pool_is_exhausted)
+{
+    struct env e;
+    env_init_tiers(&e, 8, 24, 16, 4, two_tiers, 2);
+    uint32_t rng = 12345;
+    int n_prompt[48], max_tokens[48], next = 0, steps = 0;
+    for (int i = 0; i < 48; i++) {
+        rng = rng * 1103515245u + 12345u;
+        n_prompt[i] = 2 + (int)(rng >> 16) % 30;
+        rng = rng * 1103515245u + 12345u;
+        max_tokens[i] = 1 + (int)(rng >> 16) % (64 - n_prompt[i]);
+    }
+    while ((next < 48 || sl_sched_core_pending(e.core) > 0) && steps < 20000) {
+        if (next < 48 && steps % 3 == 0) {
+            struct sl_req *r =
+                add_req_tier(&e, next, n_prompt[next], max_tokens[next], next % 3 == 0);
+            cr_assert_eq(sl_sched_core_submit(e.core, r, (uint64_t)steps), SL_OK);
+            next++;
+        }
+        cr_assert_geq(sl_sched_core_step(e.core, (uint64_t)steps), 0);
+        steps++;
+        cr_assert_leq(e.fake.max_rows_seen, 24);
+    }
+    cr_assert_eq(sl_sched_core_pending(e.core), 0, "drained in %d steps", steps);
+    int preempted = 0;
+    for (int i = 0; i < 48; i++) {
+        assert_matches_reference(&e, i, n_prompt[i], max_tokens[i]);
+        preempted += e.rec.preempted[i];
+    }
+    cr_assert_gt(preempted, 10, "the pool was really exhausted (%d preemptions)", preempted);
+    cr_assert_eq(sl_sched_core_free_blocks(e.core), 16);
+    env_dispose(&e);
+}
+
+Test(sched, queued_requests_move_by_tier_name_when_the_table_changes)
+{
+    struct env e;
+    env_init_tiers(&e, 1, 64, 64, 4, two_tiers, 2);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 0, 5, 6, 1), 0);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 1, 7, 6, 1), 1);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 2, 9, 6, 0), 2);
+    sl_sched_core_step(e.core, 3); /* interactive runs, the batch ones wait for the slot */
+    /* The reload drops "interactive", adds "gold" at its priority and puts "batch" first. */
+    struct sl_sched_tier next[2] = {
+        {.name = "batch", .priority = 5, .weight = 2},
+        {.name = "gold", .priority = 0, .weight = 3, .tpot_slo_ms = 50},
+    };
+    cr_assert_eq(sl_sched_core_set_tiers(e.core, next, 2), SL_OK);
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.n_tiers, 2);
+    cr_assert_str_eq(st.tiers[0].name, "batch");
+    cr_assert_str_eq(st.tiers[1].name, "gold");
+    cr_assert_eq(st.tiers[0].queued_requests, 2);
+    cr_assert_eq(st.tiers[0].queued_prompt_tokens, 12);
+    cr_assert_eq(st.tiers[0].weight, 2);
+    cr_assert_eq(st.tiers[1].running, 1,
+                 "the interactive request went to the tier of its priority");
+    cr_assert_eq(st.tiers[1].queued_requests, 0);
+    cr_assert_eq(sl_sched_core_set_tiers(e.core, next, SL_SCHED_MAX_TIERS + 1), SL_EINVAL);
+    run_until_idle(&e, 200);
+    assert_matches_reference(&e, 0, 5, 6);
+    assert_matches_reference(&e, 1, 7, 6);
+    assert_matches_reference(&e, 2, 9, 6);
+    env_dispose(&e);
+}
+
+Test(sched, request_without_a_known_tier_queues_by_priority_when_named_tier_is_missing)
+{
+    struct env e;
+    env_init_tiers(&e, 4, 64, 64, 4, two_tiers, 2);
+    int32_t prompt[3] = {1, 5, 6};
+    struct sl_req_params p = {.max_tokens = 2, .top_p = 1.f, .priority = 7, .tier = 0};
+    snprintf(p.tier_name, sizeof p.tier_name, "gone");
+    struct sl_req *r = sl_req_new(prompt, 3, &p);
+    e.rec.reqs[0] = r;
+    sl_sched_core_submit(e.core, r, 0);
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_eq(st.tiers[1].queued_requests, 1, "priority 7 is below every tier: the lowest");
+    cr_assert_eq(st.tiers[0].queued_requests, 0);
+    run_until_idle(&e, 100);
+    env_dispose(&e);
+}
+
+Test(sched, cost_fit_recovers_a_linear_step_time_when_features_vary)
+{
+    struct sl_cost_fit f;
+    memset(&f, 0, sizeof f);
+    const double truth[SL_COST_K] = {2000, 95, 330, 935, 106};
+    double x[SL_COST_K] = {1, 0, 0, 0, 0};
+    cr_assert_eq(sl_cost_fit_predict(&f, x), 0, "no prediction before any step");
+    uint32_t rng = 7;
+    for (int i = 0; i < 200; i++) {
+        double u[4];
+        for (int k = 0; k < 4; k++) {
+            rng = rng * 1103515245u + 12345u;
+            u[k] = (double)(rng >> 16 & 0x7fff) / 32768.0;
+        }
+        double d = floor(64 * u[0]), p = floor(512 * u[1]);
+        x[1] = d + p;
+        x[2] = d + (p > 0);
+        x[3] = d * (100 + 1000 * u[2]) / 1000;
+        x[4] = p * (p / 2 + 2000 * u[3]) / 1000;
+        double y = 0;
+        for (int k = 0; k < SL_COST_K; k++)
+            y += truth[k] * x[k];
+        sl_cost_fit_add(&f, x, y);
+    }
+    for (int k = 0; k < SL_COST_K; k++)
+        cr_assert_float_eq(f.theta[k], truth[k], 0.02 * truth[k], "coefficient %d: %g", k,
+                           f.theta[k]);
+    double q[SL_COST_K] = {1, 300, 20, 10, 400};
+    double want = 2000 + 95 * 300 + 330 * 20 + 935 * 10 + 106 * 400;
+    cr_assert_float_eq(sl_cost_fit_predict(&f, q), want, 0.01 * want);
 }
