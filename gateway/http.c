@@ -775,6 +775,7 @@ static int classify(struct conn *c, struct sl_openai_completion *oc, struct sl_o
     oc->params.weight = t->weight;
     oc->params.ttft_slo_ms = t->ttft_slo_ms;
     oc->params.tpot_slo_ms = t->tpot_slo_ms;
+    snprintf(oc->params.tier_name, sizeof oc->params.tier_name, "%s", t->name);
     return SL_OK;
 }
 

@@ -69,7 +69,7 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char
 
 /* SIGHUP: the configuration is read again from the same command line (the file, then the flags
  * over it) and handed to the server; a configuration that fails to load keeps the old one. */
-static void reload(struct sl_http_server *http, int argc, char **argv)
+static void reload(struct sl_http_server *http, struct sl_sched *sched, int argc, char **argv)
 {
     char err[1024] = "";
     enum sl_cli_action action;
@@ -78,6 +78,8 @@ static void reload(struct sl_http_server *http, int argc, char **argv)
     if (st == SL_OK)
         st = sl_http_server_reload(http, next, err, sizeof err);
     if (st == SL_OK) {
+        struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
+        sl_sched_set_tiers(sched, tiers, sl_config_sched_tiers(next, tiers, SL_SCHED_MAX_TIERS));
         sl_log_set_level(level_of(next->log_level));
         sl_log(SL_LOG_INFO, "SIGHUP: configuration reloaded");
     } else {
@@ -160,6 +162,9 @@ int main(int argc, char **argv)
         .n_blocks = n_blocks,
         .block_size = cfg->block_size,
     };
+    struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
+    lim.tiers = tiers;
+    lim.n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS);
     if ((st = sl_sched_new(worker, &lim, &sched)) != SL_OK) {
         fprintf(stderr, "sluice: scheduler: %s\n", sl_status_str(st));
         goto out;
@@ -183,7 +188,7 @@ int main(int argc, char **argv)
 
     int sig = 0;
     while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP)
-        reload(http, argc, argv);
+        reload(http, sched, argc, argv);
     sl_log(SL_LOG_INFO, "%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     rc = 0;
 

@@ -155,6 +155,24 @@ void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen)
  * Classification
  */
 
+_Static_assert(SL_TIER_NAME_MAX == SL_SCHED_TIER_NAME_MAX, "tier names fit the scheduler's");
+_Static_assert(SL_TIERS_MAX <= SL_SCHED_MAX_TIERS, "every configured tier reaches the scheduler");
+
+int sl_config_sched_tiers(const struct sl_config *c, struct sl_sched_tier *out, int max)
+{
+    int n = c->n_tiers < max ? c->n_tiers : max;
+    for (int i = 0; i < n; i++) {
+        const struct sl_tier *t = &c->tiers[i];
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].name, sizeof out[i].name, "%s", t->name);
+        out[i].priority = t->priority;
+        out[i].weight = t->weight;
+        out[i].ttft_slo_ms = t->ttft_slo_ms;
+        out[i].tpot_slo_ms = t->tpot_slo_ms;
+    }
+    return n;
+}
+
 int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len)
 {
     for (int i = 0; i < cfg->n_tiers; i++)

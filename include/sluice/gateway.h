@@ -72,6 +72,10 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen);
 
 enum sl_cli_action { SL_CLI_SERVE, SL_CLI_HELP, SL_CLI_VERSION, SL_CLI_CHECK };
 
+/* The scheduler's view of c's tiers, in c's order (so a request's tier index is the same in
+ * both): writes at most max entries to out and returns how many. */
+int sl_config_sched_tiers(const struct sl_config *c, struct sl_sched_tier *out, int max);
+
 /* Parses the command line: `--config FILE` is applied first, then the other flags override it
  * (`--listen HOST:PORT`, `--model SPEC`, `--tokenizer PATH`, `--help`, `--version`).
  * `--check-config FILE` loads FILE as --config does and sets SL_CLI_CHECK: the caller reports

@@ -253,6 +253,24 @@ Test(gateway, tenancy_sections_load_when_valid)
     sl_config_dispose(&c);
 }
 
+Test(gateway, scheduler_gets_every_tier_in_order_when_config_is_converted)
+{
+    struct sl_config c;
+    load_world(&c, "[{\"tenant_default\":true}]");
+    struct sl_sched_tier t[SL_SCHED_MAX_TIERS];
+    cr_assert_eq(sl_config_sched_tiers(&c, t, SL_SCHED_MAX_TIERS), 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_str_eq(t[i].name, c.tiers[i].name, "same order: a request's index holds");
+        cr_assert_eq(t[i].priority, c.tiers[i].priority);
+        cr_assert_eq(t[i].weight, c.tiers[i].weight);
+        cr_assert_eq(t[i].ttft_slo_ms, c.tiers[i].ttft_slo_ms);
+        cr_assert_eq(t[i].tpot_slo_ms, c.tiers[i].tpot_slo_ms);
+    }
+    cr_assert_eq(t[2].weight, 2);
+    cr_assert_eq(sl_config_sched_tiers(&c, t, 1), 1, "bounded by the caller's array");
+    sl_config_dispose(&c);
+}
+
 Test(gateway, defaults_have_two_tiers_and_openai_mapping_when_no_file)
 {
     struct sl_config c;

@@ -242,9 +242,9 @@ Test(metrics, scrape_agrees_with_the_responses_when_requests_have_finished, .tim
     /* The scheduler, idle again. */
     cr_assert_eq(metric(m, "sluice:kv_blocks_total"), kv_total);
     cr_assert_eq(metric(m, "sluice:kv_blocks_used"), 0, "every block came back");
-    cr_assert_eq(metric(m, "sluice:num_requests_running{tier=\"default\"}"), 0);
-    cr_assert_eq(metric(m, "sluice:num_requests_waiting{tier=\"default\"}"), 0);
-    cr_assert_eq(metric(m, "sluice:num_prompt_tokens_waiting{tier=\"default\"}"), 0);
+    cr_assert_eq(metric(m, "sluice:num_requests_running{tier=\"interactive\"}"), 0);
+    cr_assert_eq(metric(m, "sluice:num_requests_waiting{tier=\"interactive\"}"), 0);
+    cr_assert_eq(metric(m, "sluice:num_prompt_tokens_waiting{tier=\"interactive\"}"), 0);
     cr_assert_geq(metric(m, "sluice:scheduler_steps_total") - steps0, completion + gen0,
                   "requests ran one after another: a step per token");
     cr_assert_geq(metric(m, "sluice:step_batch_tokens"), 1);

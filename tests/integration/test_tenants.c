@@ -403,6 +403,31 @@ Test(tenants, request_keeps_its_config_and_next_one_gets_new_when_reloaded)
     server_wait_log_any(&srv, (const char *const[]){"\"tenant\":\"bob\",\"tier\":\"batch\"", NULL});
 }
 
+/* The scheduler gets the reloaded tier table through its inbox: a completion submitted after the
+ * reload is done only after the table is in effect, and /metrics then shows its tiers. */
+Test(tenants, scheduler_reports_the_new_tiers_when_reloaded)
+{
+    struct response r = req("GET", "/metrics", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    cr_assert_not_null(strstr(r.body, "sluice:num_requests_waiting{tier=\"batch\"} 0"), "%s",
+                       r.body);
+    cr_assert_null(strstr(r.body, "tier=\"bulk\""));
+    response_dispose(&r);
+    write_config("{\"tiers\":{\"interactive\":{\"priority\":0,\"weight\":4,"
+                 "\"ttft_slo_ms\":1000,\"tpot_slo_ms\":100},\"batch\":{\"priority\":1,"
+                 "\"weight\":1,\"ttft_slo_ms\":60000,\"tpot_slo_ms\":1000},\"bulk\":{"
+                 "\"priority\":2,\"weight\":1,\"ttft_slo_ms\":600000,\"tpot_slo_ms\":5000}},"
+                 "\"tenants\":[" ALICE_T "]}");
+    cr_assert_eq(sighup(), 0, "%s", srv.log);
+    expect_tier(AUTH(ALICE), small, "interactive");
+    r = req("GET", "/metrics", NULL, NULL);
+    cr_assert_not_null(strstr(r.body, "sluice:num_requests_running{tier=\"bulk\"} 0"), "%s",
+                       r.body);
+    cr_assert_not_null(strstr(r.body, "sluice:num_prompt_tokens_waiting{tier=\"batch\"} 0"));
+    response_dispose(&r);
+    server_wait_log(&srv, "scheduler: 3 tiers in effect");
+}
+
 struct load {
     int port;
     atomic_bool stop;
