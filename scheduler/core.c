@@ -581,9 +581,36 @@ static bool grow(struct sl_sched_core *c, struct sl_seq *s)
     return true;
 }
 
+/* Whether s, which cannot start without preempting, should rather wait for a running sequence
+ * to end. Preempting throws the victim's work away (it recomputes everything), so s waits as
+ * long as a running sequence is predicted to end (its tokens left at the measured decode step
+ * time) within SL_SCHED_PREEMPT_PATIENCE of s's TTFT objective, counted from its arrival. */
+static bool worth_preempting(const struct sl_sched_core *c, const struct sl_seq *s)
+{
+    int slo = s->req->params.ttft_slo_ms;
+    if (slo <= 0)
+        return true;
+    double patience_us = slo * 1e3 * SL_SCHED_PREEMPT_PATIENCE;
+    double waited_us = c->now_ns > s->arrival_ns ? (double)(c->now_ns - s->arrival_ns) / 1e3 : 0;
+    if (waited_us >= patience_us)
+        return true;
+    if (c->ema_decode_us <= 0)
+        return false; /* nothing measured yet: wait out the patience */
+    int fewest = INT32_MAX;
+    for (int i = 0; i < c->n_resident; i++) {
+        const struct sl_seq *r = c->resident[i];
+        int left = r->req->params.max_tokens - r->n_generated;
+        int ctx_left = c->lim.max_ctx - r->n_tokens;
+        left = left < ctx_left ? left : ctx_left;
+        if (!r->queued && left < fewest)
+            fewest = left;
+    }
+    return waited_us + fewest * c->ema_decode_us > patience_us;
+}
+
 /* Starts queued sequence s: a slot and the blocks of everything it knows, preempting running
  * sequences of strictly lower tiers that are above their guaranteed slots when that makes it
- * fit. False (and nothing changed) when it cannot start now. */
+ * fit and waiting would cost s too much. False (and nothing changed) when it cannot start now. */
 static bool start(struct sl_sched_core *c, struct sl_seq *s)
 {
     int need = blocks_for(c, s->n_tokens);
@@ -592,6 +619,9 @@ static bool start(struct sl_sched_core *c, struct sl_seq *s)
     int want_slots = slots >= 1 ? 0 : 1 - slots;
     int want_blocks = need + spare - c->n_free;
     if (want_slots > 0 || want_blocks > 0) {
+        if (c->n_resident == 0 || c->resident[c->n_resident - 1]->prio <= s->prio ||
+            !worth_preempting(c, s))
+            return false;
         int n_v = 0, got_slots = 0, got_blocks = 0;
         for (int t = 0; t < c->n_tiers; t++)
             c->tiers[t].victims = 0;
@@ -856,6 +886,7 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
     observe(c, now_ns);
     c->prev.ran = false;
     c->step_id++;
+    c->now_ns = now_ns;
     /* A cancellation that raced with the step is honoured before spending compute on it (queued
      * ones are caught when they would start). */
     for (int i = c->n_resident - 1; i >= 0; i--)

@@ -121,6 +121,7 @@ struct sl_sched_core {
 
     /* The step being built. */
     uint64_t step_id;
+    uint64_t now_ns; /* the step's `now` */
     struct sl_plan *plan; /* (2 * max_seqs): entries of preempted sequences stay, dead */
     int n_plan;
     int n_plan_live;

@@ -113,6 +113,8 @@ bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns);
  *     latest first, as long as each of those tiers keeps its guaranteed slots: ceil(max_seqs *
  *     weight / sum of active weights) for every active tier but the highest, which gets the rest
  *     (at least one). Free slots a lower tier is owed stay free for it while it has work queued.
+ *     It preempts only when waiting would cost too much: when no running sequence is predicted to
+ *     end within SL_SCHED_PREEMPT_PATIENCE of its TTFT objective (a recompute is not free).
  *  4. Preemption frees the sequence's blocks and queues it at the front of its tier to
  *     recompute its prompt and the tokens it generated; nothing it has generated is reported
  *     again, and its output is what an uninterrupted run gives (when the worker's rows do not
@@ -147,6 +149,10 @@ struct sl_sched_sink {
     /* Optional (may be NULL): r was preempted; it will recompute and go on. */
     void (*preempted)(void *ctx, struct sl_req *r);
 };
+
+/* A queued sequence that could start only by preempting waits instead while a running sequence
+ * is predicted to end within this fraction of its TTFT objective (from its arrival). */
+#define SL_SCHED_PREEMPT_PATIENCE 0.25
 
 /* The TPOT guard keeps predicted steps within this fraction of the tightest TPOT objective. */
 #define SL_SCHED_GUARD_FRACTION 0.8

@@ -661,20 +661,25 @@ Test(sched, decodes_of_the_higher_tier_run_first_when_max_batch_tokens_is_short)
     env_dispose(&e);
 }
 
+#define MS 1000000ull /* steps of 20 ms: the core measures its decode step time from `now` */
+
 /* vLLM's inversion: with every slot taken by batch sequences, an interactive arrival waited for
- * one to finish. Here it preempts the latest batch sequences, down to batch's guaranteed slot. */
+ * one to finish. Here, when none is about to, it preempts the latest batch sequences, down to
+ * batch's guaranteed slot. */
 Test(sched, interactive_arrival_preempts_batch_when_max_seqs_is_full)
 {
     struct env e;
     env_init_tiers(&e, 4, 64, 128, 4, two_tiers, 2);
     for (int i = 0; i < 4; i++)
         sl_sched_core_submit(e.core, add_req_tier(&e, i, 6, 40, 1), (uint64_t)i);
-    sl_sched_core_step(e.core, 10);
-    sl_sched_core_step(e.core, 11);
+    uint64_t now = 0;
+    for (int k = 0; k < 4; k++, now += 20 * MS)
+        sl_sched_core_step(e.core, now);
     cr_assert_eq(sl_sched_core_running(e.core), 4);
     for (int i = 4; i < 8; i++)
-        sl_sched_core_submit(e.core, add_req_tier(&e, i, 6, 8, 0), 12);
-    sl_sched_core_step(e.core, 12);
+        sl_sched_core_submit(e.core, add_req_tier(&e, i, 6, 8, 0), now);
+    /* Every batch sequence has 36 tokens left: 720 ms, beyond a quarter of the 1 s TTFT. */
+    sl_sched_core_step(e.core, now);
     struct sl_sched_stats st;
     sl_sched_core_stats(e.core, &st);
     /* Batch keeps ceil(4 * 1/5) = 1 slot; interactive gets the other 3. */
@@ -690,6 +695,32 @@ Test(sched, interactive_arrival_preempts_batch_when_max_seqs_is_full)
         assert_matches_reference(&e, i, 6, i < 4 ? 40 : 8);
     for (int i = 4; i < 8; i++)
         cr_assert_eq(e.rec.preempted[i], 0, "interactive is never preempted for batch");
+    env_dispose(&e);
+}
+
+Test(sched, interactive_arrival_waits_for_a_slot_when_a_batch_sequence_is_about_to_end)
+{
+    struct env e;
+    env_init_tiers(&e, 2, 64, 128, 4, two_tiers, 2);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 0, 6, 40, 1), 0);
+    sl_sched_core_submit(e.core, add_req_tier(&e, 1, 6, 7, 1), 1);
+    uint64_t now = 0;
+    for (int k = 0; k < 4; k++, now += 20 * MS)
+        sl_sched_core_step(e.core, now);
+    /* Batch 1 has 3 tokens left (60 ms): cheaper to wait than to throw work away. */
+    sl_sched_core_submit(e.core, add_req_tier(&e, 2, 6, 8, 0), now);
+    for (int k = 0; k < 3; k++, now += 20 * MS) {
+        sl_sched_core_step(e.core, now);
+        cr_assert_eq(e.rec.n_out[2], 0);
+    }
+    cr_assert_eq(e.rec.done_calls[1], 1, "batch 1 ended");
+    sl_sched_core_step(e.core, now);
+    cr_assert_eq(e.rec.n_out[2], 1, "interactive took its slot at once");
+    run_until_idle(&e, 400);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(e.rec.preempted[i], 0);
+    assert_matches_reference(&e, 0, 6, 40);
+    assert_matches_reference(&e, 2, 6, 8);
     env_dispose(&e);
 }
 
