@@ -249,6 +249,93 @@ struct sl_sched_stats {
 void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *out);
 
 /* ---------------------------------------------------------------------------------------------
+ * Simulation: the same core under a virtual clock, with a cost-model worker
+ *
+ * Deterministic: the same inputs give the same figures, bit for bit. The worker keeps a KV pool
+ * of rolling hashes of token prefixes and predicts each next token from the prefix it reads back
+ * through the block table, so every generated token is also checked against what an
+ * uninterrupted lone run gives (paging, chunking and preemption must all be right).
+ */
+
+/* A worker's step time: base + row * rows + logit * rows with logits + attn_decode * positions
+ * attended by a sequence's lone row + attn_prefill * positions attended by rows of multi-row
+ * chunks (a row at position p attends p + 1). Microseconds. */
+struct sl_sim_cost {
+    double base_us;
+    double row_us;
+    double logit_us;
+    double attn_decode_us;
+    double attn_prefill_us;
+    size_t kv_bytes_per_token; /* for sizing a pool in bytes (not used by the step time) */
+};
+
+/* Fitted to engine-bench's figures for synthetic:stories15M on the 2-vCPU development VM
+ * (bench/README.md, "Cost model of the simulator"). */
+extern const struct sl_sim_cost sl_sim_cost_stories15m_cpu;
+
+/* The model's time for a batch, in microseconds. */
+double sl_sim_cost_us(const struct sl_sim_cost *m, const struct sl_batch *b);
+
+struct sl_sim_request {
+    double arrival_s;  /* >= 0 */
+    int tier;          /* index into the simulation's tiers */
+    int tenant;        /* the caller's tag, not used by the simulation */
+    int prompt_tokens; /* >= 1 */
+    int output_tokens; /* >= 1: generated to the end (no stop token) */
+};
+
+struct sl_sim_config {
+    struct sl_sched_limits lim; /* vocab is the simulator's own; tiers as the server's */
+    struct sl_sim_cost cost;
+    /* The baseline: a batch of up to max_seqs queued requests starts only when the previous
+     * batch has finished entirely (no joining between steps). */
+    bool static_batching;
+};
+
+/* One request's fate. Times in seconds from its arrival. */
+struct sl_sim_result {
+    enum sl_finish finish; /* LENGTH when it finished; ERROR when refused (status says why) */
+    int status;
+    int n_out;      /* tokens generated */
+    int mismatches; /* generated tokens that differ from an uninterrupted run's (0: lossless) */
+    int preemptions;
+    double ttft_s;                      /* to the first token; < 0 when none */
+    double e2e_s;                       /* to the last token */
+    double tpot_s;                      /* (e2e - ttft) / (n_out - 1); 0 with one token */
+    double max_itl_s;                   /* longest gap between two of its tokens */
+    double first_token_at_s, done_at_s; /* virtual clock, from the simulation's start */
+};
+
+struct sl_sim_tier_report {
+    int requests, completed, refused;
+    double ttft_ms[3]; /* p50, p90, p99 over requests that produced a token */
+    double tpot_ms[3]; /* over completed requests with more than one token */
+    double e2e_ms[3];  /* over completed requests */
+    double itl_ms[3];  /* over every gap between tokens */
+    double max_itl_ms;
+    double slo_attainment; /* share of requests with TTFT and TPOT within the tier's */
+    double throughput_rps; /* completed / the simulation's makespan */
+    double output_tokens_per_s;
+    long preemptions;
+};
+
+struct sl_sim_report {
+    int n_tiers; /* as lim.n_tiers, at least 1 */
+    struct sl_sim_tier_report tiers[SL_SCHED_MAX_TIERS];
+    double makespan_s; /* first arrival to last completion */
+    long steps;
+    double busy_s; /* virtual time spent in steps */
+    long output_tokens;
+    long mismatches; /* over every request: 0 when every output is what a lone run gives */
+};
+
+/* Runs reqs (any order; ties keep their order) to completion. results: (n) or NULL. Returns
+ * SL_OK, SL_EINVAL for a bad config or request (report untouched), or the status of a failed
+ * step. */
+int sl_sim_run(const struct sl_sim_config *cfg, const struct sl_sim_request *reqs, int n,
+               struct sl_sim_result *results, struct sl_sim_report *rep);
+
+/* ---------------------------------------------------------------------------------------------
  * Outboxes: the way back to an I/O thread
  */
 
