@@ -90,6 +90,8 @@ static void reload(struct sl_http_server *http, struct sl_sched *sched, int argc
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "simulate") == 0)
+        return sl_simulate_main(argc - 1, argv + 1, stdout, stderr);
     char err[1024] = "";
     enum sl_cli_action action;
     struct sl_config *cfg = sl_config_new();

@@ -11,6 +11,8 @@
 #include <sluice/sched.h>
 #include <sluice/worker.h>
 
+#include <stdio.h>
+
 /* ---------------------------------------------------------------------------------------------
  * Configuration (conf/sluice.json documents every key)
  */
@@ -85,6 +87,13 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
                         char *err, size_t errlen);
 /* The --help text. */
 const char *sl_config_usage(void);
+
+/* `sluice simulate ARGS` (argv[0] is "simulate"): replays a trace of requests against a
+ * configuration's tiers and limits with the scheduler under a virtual clock (gateway/simulate.c
+ * documents the arguments and the trace format) and prints the report to out, errors to err.
+ * Returns the process exit status: 0, 1 when the simulation failed, 2 for bad arguments, a bad
+ * configuration or a bad trace line (named by its line number). */
+int sl_simulate_main(int argc, char **argv, FILE *out, FILE *err);
 
 /* ---------------------------------------------------------------------------------------------
  * HTTP server

@@ -1,0 +1,371 @@
+/* `sluice simulate`: replays a trace of requests against a configuration's tiers and limits with
+ * the scheduler's own core under a virtual clock (sl_sim_run), and reports what each tier would
+ * get. Operators use it to try a tier configuration on yesterday's traffic before applying it.
+ *
+ * Reading the trace is the only part here: JSON lines, one request each, every bad line an error
+ * naming its line, so a trace that is half wrong is never half simulated.
+ */
+#include "gateway_impl.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRACE_MAX_REQUESTS 1000000
+#define TRACE_MAX_LINE 65536
+#define SIM_DEFAULT_CTX 8192
+#define SIM_MAX_CTX 1048576
+
+static const char usage[] =
+    "usage: sluice simulate --trace TRACE.jsonl [--config FILE] [--json] [--context N]\n"
+    "                       [--static-batching]\n"
+    "\n"
+    "Replays TRACE through the scheduler under a virtual clock, with the tiers, max_seqs,\n"
+    "max_batch_tokens, block_size and kv_cache_mib of FILE (the defaults without it), on the\n"
+    "stories15M CPU cost model (bench/README.md), and prints per tier: TTFT, TPOT and end-to-end\n"
+    "p50/p90/p99, SLO attainment (TTFT and TPOT within the tier's objectives) and throughput.\n"
+    "\n"
+    "TRACE: one JSON object per line (blank lines are skipped, other keys ignored):\n"
+    "  {\"arrival\": 0.25, \"tier\": \"batch\", \"tenant\": \"acme\", \"prompt_tokens\": 512,\n"
+    "   \"output_tokens\": 128}\n"
+    "  arrival: seconds from the trace's start; tier: a tier of the configuration (optional when\n"
+    "  tenant names a configured tenant: its default tier); tenant: optional; when the\n"
+    "  configuration has tenants it must be one of them and may use the tier. Every request\n"
+    "  generates exactly output_tokens tokens.\n"
+    "--context N: the model's context length in tokens (default 8192); longer requests are\n"
+    "  refused, as the server refuses them.\n"
+    "--static-batching: the baseline, a batch of up to max_seqs requests starts only when the\n"
+    "  previous one has finished entirely.\n"
+    "--json: {\"tiers\": {NAME: {\"p50_ttft_ms\", \"p99_ttft_ms\", \"p99_tpot_ms\", "
+    "\"p99_e2e_ms\",\n"
+    "  \"slo_attainment\", \"throughput_rps\", ...}}, ...} instead of a table.\n";
+
+struct trace {
+    struct sl_sim_request *r;
+    int n, cap;
+};
+
+static int tenant_find(const struct sl_config *c, const char *name)
+{
+    for (int i = 0; i < c->n_tenants; i++)
+        if (strcmp(c->tenants[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Parses one trace line into *out. Returns 0, or -1 with err set. */
+static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
+                      struct sl_sim_request *out, char *err, size_t errlen)
+{
+    json_error_t je;
+    json_t *j = json_loadb(line, len, 0, &je);
+    if (!j) {
+        snprintf(err, errlen, "not JSON: %s (column %d)", je.text, je.column);
+        return -1;
+    }
+    int rc = -1;
+    if (!json_is_object(j)) {
+        snprintf(err, errlen, "must be a JSON object");
+        goto out;
+    }
+    json_t *v = json_object_get(j, "arrival");
+    if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0) {
+        snprintf(err, errlen, "\"arrival\": must be a number of seconds, 0 or more");
+        goto out;
+    }
+    out->arrival_s = json_number_value(v);
+    static const char *const counts[2] = {"prompt_tokens", "output_tokens"};
+    json_int_t n[2];
+    for (int k = 0; k < 2; k++) {
+        v = json_object_get(j, counts[k]);
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > SIM_MAX_CTX) {
+            snprintf(err, errlen, "\"%s\": must be an integer from 1 to %d", counts[k],
+                     SIM_MAX_CTX);
+            goto out;
+        }
+        n[k] = json_integer_value(v);
+    }
+    /* Longer than the context: refused by the scheduler and counted as refused, as the server
+     * would answer it 400. */
+    out->prompt_tokens = (int)n[0];
+    out->output_tokens = (int)n[1];
+    int tenant = -1;
+    v = json_object_get(j, "tenant");
+    if (v && !json_is_null(v)) {
+        if (!json_is_string(v)) {
+            snprintf(err, errlen, "\"tenant\": must be a string");
+            goto out;
+        }
+        if (cfg->n_tenants > 0) {
+            tenant = tenant_find(cfg, json_string_value(v));
+            if (tenant < 0) {
+                snprintf(err, errlen, "\"tenant\": no tenant \"%.64s\" in the configuration",
+                         json_string_value(v));
+                goto out;
+            }
+        }
+    }
+    out->tenant = tenant;
+    const struct sl_tenant *t = tenant >= 0 ? &cfg->tenants[tenant] : &sl_tenant_anonymous;
+    v = json_object_get(j, "tier");
+    if (!v || json_is_null(v)) {
+        out->tier = t->default_tier;
+    } else if (!json_is_string(v)) {
+        snprintf(err, errlen, "\"tier\": must be a string");
+        goto out;
+    } else {
+        const char *name = json_string_value(v);
+        out->tier = sl_tier_find(cfg, name, strlen(name));
+        if (out->tier < 0) {
+            snprintf(err, errlen, "\"tier\": no tier \"%.64s\" in the configuration", name);
+            goto out;
+        }
+        if (!(t->tiers >> out->tier & 1u)) {
+            snprintf(err, errlen, "\"tier\": tenant \"%s\" may not use tier \"%s\"", t->name, name);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    json_decref(j);
+    return rc;
+}
+
+static int read_trace(const struct sl_config *cfg, const char *path, struct trace *tr, FILE *errf)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(errf, "sluice simulate: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long lineno = 0;
+    int rc = 0;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        size_t k = 0;
+        while (k < (size_t)len &&
+               (line[k] == ' ' || line[k] == '\t' || line[k] == '\r' || line[k] == '\n'))
+            k++;
+        if (k == (size_t)len)
+            continue;
+        char err[256];
+        if (len > TRACE_MAX_LINE) {
+            snprintf(err, sizeof err, "longer than %d bytes", TRACE_MAX_LINE);
+            rc = -1;
+        } else if (tr->n == TRACE_MAX_REQUESTS) {
+            snprintf(err, sizeof err, "more than %d requests", TRACE_MAX_REQUESTS);
+            rc = -1;
+        } else {
+            if (tr->n == tr->cap) {
+                tr->cap = tr->cap ? 2 * tr->cap : 1024;
+                tr->r = sl_xrealloc(tr->r, sizeof *tr->r * (size_t)tr->cap);
+            }
+            rc = parse_line(cfg, line, (size_t)len, &tr->r[tr->n], err, sizeof err);
+        }
+        if (rc != 0) {
+            fprintf(errf, "sluice simulate: %s:%ld: %s\n", path, lineno, err);
+            break;
+        }
+        tr->n++;
+    }
+    if (rc == 0 && ferror(f)) {
+        fprintf(errf, "sluice simulate: %s: read error\n", path);
+        rc = -1;
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* The KV pool main.c would give this configuration on the cost model's model: max_seqs full
+ * contexts, capped by kv_cache_mib. */
+static int pool_blocks(const struct sl_config *cfg, const struct sl_sim_cost *cost, int max_ctx)
+{
+    long per_seq = (max_ctx + cfg->block_size - 1) / cfg->block_size;
+    long want = per_seq * cfg->max_seqs;
+    size_t block_bytes = cost->kv_bytes_per_token * (size_t)cfg->block_size;
+    long cap = (long)(((size_t)cfg->kv_cache_mib << 20) / block_bytes);
+    long n = want < cap ? want : cap;
+    return n < 1 ? 1 : n > 1 << 30 ? 1 << 30 : (int)n;
+}
+
+/* What the report says about the simulated machine besides the configuration. */
+struct sim_machine {
+    int max_ctx, n_blocks;
+    bool static_batching;
+};
+
+static json_t *num(double v)
+{
+    return json_real(isfinite(v) ? round(v * 1000) / 1000 : 0);
+}
+
+static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_sim_report *rep,
+                       int n_reqs, const struct sim_machine *lv)
+{
+    json_t *root = json_object(), *tiers = json_object();
+    for (int t = 0; t < rep->n_tiers; t++) {
+        const struct sl_sim_tier_report *r = &rep->tiers[t];
+        json_t *o = json_object();
+        json_object_set_new(o, "requests", json_integer(r->requests));
+        json_object_set_new(o, "completed", json_integer(r->completed));
+        json_object_set_new(o, "refused", json_integer(r->refused));
+        static const char *const p[3] = {"p50", "p90", "p99"};
+        char key[32];
+        for (int k = 0; k < 3; k++) {
+            snprintf(key, sizeof key, "%s_ttft_ms", p[k]);
+            json_object_set_new(o, key, num(r->ttft_ms[k]));
+            snprintf(key, sizeof key, "%s_tpot_ms", p[k]);
+            json_object_set_new(o, key, num(r->tpot_ms[k]));
+            snprintf(key, sizeof key, "%s_e2e_ms", p[k]);
+            json_object_set_new(o, key, num(r->e2e_ms[k]));
+            snprintf(key, sizeof key, "%s_itl_ms", p[k]);
+            json_object_set_new(o, key, num(r->itl_ms[k]));
+        }
+        json_object_set_new(o, "max_itl_ms", num(r->max_itl_ms));
+        json_object_set_new(o, "slo_attainment", num(r->slo_attainment));
+        json_object_set_new(o, "throughput_rps", num(r->throughput_rps));
+        json_object_set_new(o, "output_tokens_per_s", num(r->output_tokens_per_s));
+        json_object_set_new(o, "preemptions", json_integer(r->preemptions));
+        json_object_set_new(o, "ttft_slo_ms", json_integer(cfg->tiers[t].ttft_slo_ms));
+        json_object_set_new(o, "tpot_slo_ms", json_integer(cfg->tiers[t].tpot_slo_ms));
+        json_object_set_new(tiers, cfg->tiers[t].name, o);
+    }
+    json_object_set_new(root, "tiers", tiers);
+    json_object_set_new(root, "requests", json_integer(n_reqs));
+    json_object_set_new(root, "makespan_s", num(rep->makespan_s));
+    json_object_set_new(root, "busy_s", num(rep->busy_s));
+    json_object_set_new(root, "steps", json_integer(rep->steps));
+    json_object_set_new(root, "output_tokens", json_integer(rep->output_tokens));
+    json_object_set_new(root, "cost_model", json_string("stories15M-cpu"));
+    json_object_set_new(root, "context", json_integer(lv->max_ctx));
+    json_object_set_new(root, "kv_blocks", json_integer(lv->n_blocks));
+    json_object_set_new(root, "max_seqs", json_integer(cfg->max_seqs));
+    json_object_set_new(root, "max_batch_tokens", json_integer(cfg->max_batch_tokens));
+    json_object_set_new(root, "static_batching", json_boolean(lv->static_batching));
+    char *s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(12));
+    json_decref(root);
+    if (!s) /* jansson failed to allocate */
+        abort();
+    fprintf(out, "%s\n", s);
+    free(s);
+}
+
+static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_sim_report *rep,
+                        int n_reqs, const struct sim_machine *lv)
+{
+    fprintf(out,
+            "%d requests, makespan %.1f s (%ld steps, %.1f s busy); stories15M CPU cost model, "
+            "context %d, max_seqs %d, max_batch_tokens %d, KV %d blocks of %d%s\n\n",
+            n_reqs, rep->makespan_s, rep->steps, rep->busy_s, lv->max_ctx, cfg->max_seqs,
+            cfg->max_batch_tokens, lv->n_blocks, cfg->block_size,
+            lv->static_batching ? ", static batching" : "");
+    fprintf(out, "%-16s %7s %7s %7s  %-20s %-20s %-22s %6s %8s %8s %7s\n", "tier", "reqs", "done",
+            "refused", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "e2e p50/p90/p99 ms", "SLO",
+            "req/s", "tok/s", "preempt");
+    for (int t = 0; t < rep->n_tiers; t++) {
+        const struct sl_sim_tier_report *r = &rep->tiers[t];
+        char a[32], b[32], c[40];
+        snprintf(a, sizeof a, "%.0f/%.0f/%.0f", r->ttft_ms[0], r->ttft_ms[1], r->ttft_ms[2]);
+        snprintf(b, sizeof b, "%.1f/%.1f/%.1f", r->tpot_ms[0], r->tpot_ms[1], r->tpot_ms[2]);
+        snprintf(c, sizeof c, "%.0f/%.0f/%.0f", r->e2e_ms[0], r->e2e_ms[1], r->e2e_ms[2]);
+        fprintf(out, "%-16s %7d %7d %7d  %-20s %-20s %-22s %5.1f%% %8.2f %8.1f %7ld\n",
+                cfg->tiers[t].name, r->requests, r->completed, r->refused, a, b, c,
+                100 * r->slo_attainment, r->throughput_rps, r->output_tokens_per_s, r->preemptions);
+    }
+    fprintf(out, "\nSLO: TTFT within ttft_slo_ms and TPOT within tpot_slo_ms (");
+    for (int t = 0; t < rep->n_tiers; t++)
+        fprintf(out, "%s%s %d/%d ms", t ? ", " : "", cfg->tiers[t].name, cfg->tiers[t].ttft_slo_ms,
+                cfg->tiers[t].tpot_slo_ms);
+    fprintf(out, "); refused requests count as missed.\n");
+}
+
+int sl_simulate_main(int argc, char **argv, FILE *out, FILE *errf)
+{
+    const char *config = NULL, *trace = NULL;
+    bool json = false, static_batching = false;
+    int max_ctx = SIM_DEFAULT_CTX;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, out);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            json = true;
+        } else if (strcmp(a, "--static-batching") == 0) {
+            static_batching = true;
+        } else if ((strcmp(a, "--config") == 0 || strcmp(a, "--trace") == 0 ||
+                    strcmp(a, "--context") == 0) &&
+                   i + 1 < argc) {
+            const char *v = argv[++i];
+            if (strcmp(a, "--config") == 0) {
+                config = v;
+            } else if (strcmp(a, "--trace") == 0) {
+                trace = v;
+            } else {
+                char *end;
+                long n = strtol(v, &end, 10);
+                if (*v == '\0' || *end != '\0' || n < 16 || n > SIM_MAX_CTX) {
+                    fprintf(errf, "sluice simulate: --context: an integer from 16 to %d\n",
+                            SIM_MAX_CTX);
+                    return 2;
+                }
+                max_ctx = (int)n;
+            }
+        } else {
+            fprintf(errf, "sluice simulate: unknown or incomplete argument \"%s\"\n%s", a, usage);
+            return 2;
+        }
+    }
+    if (!trace) {
+        fprintf(errf, "sluice simulate: --trace is required\n%s", usage);
+        return 2;
+    }
+    char err[1024] = "";
+    struct sl_config *cfg = sl_config_new();
+    if ((config && sl_config_load_file(cfg, config, err, sizeof err) != SL_OK) ||
+        sl_config_validate(cfg, err, sizeof err) != SL_OK) {
+        fprintf(errf, "sluice simulate: %s\n", err);
+        sl_config_unref(cfg);
+        return 2;
+    }
+    struct trace tr = {0};
+    if (read_trace(cfg, trace, &tr, errf) != 0) {
+        free(tr.r);
+        sl_config_unref(cfg);
+        return 2;
+    }
+    struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
+    struct sl_sim_config sc = {
+        .lim = {.max_ctx = max_ctx,
+                .max_seqs = cfg->max_seqs,
+                .max_batch_tokens = cfg->max_batch_tokens,
+                .block_size = cfg->block_size,
+                .tiers = tiers,
+                .n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS)},
+        .cost = sl_sim_cost_stories15m_cpu,
+        .static_batching = static_batching,
+    };
+    sc.lim.n_blocks = pool_blocks(cfg, &sc.cost, max_ctx);
+    struct sim_machine lv = {max_ctx, sc.lim.n_blocks, static_batching};
+    struct sl_sim_report rep;
+    int st = sl_sim_run(&sc, tr.r, tr.n, NULL, &rep);
+    int rc = 0;
+    if (st != SL_OK) {
+        fprintf(errf, "sluice simulate: the simulation failed: %s\n", sl_status_str(st));
+        rc = 1;
+    } else if (json) {
+        print_json(out, cfg, &rep, tr.n, &lv);
+    } else {
+        print_table(out, cfg, &rep, tr.n, &lv);
+    }
+    free(tr.r);
+    sl_config_unref(cfg);
+    return rc;
+}
