@@ -500,29 +500,14 @@ double sl_cost_fit_predict(const struct sl_cost_fit *f, const double x[SL_COST_K
     return y > 0 ? y : 0;
 }
 
-/* A step's features (see struct sl_cost_fit) from its plan. */
-static void plan_features(const struct sl_sched_core *c, double x[SL_COST_K])
+/* Adds n rows from position p0 of a sequence to a step's features (see struct sl_cost_fit); a
+ * row at position p attends to p + 1 positions. */
+static void features_add(double x[SL_COST_K], long p0, long n, bool logit)
 {
-    double rows = 0, logits = 0, att1 = 0, attn = 0;
-    for (int i = 0; i < c->n_plan; i++) {
-        const struct sl_plan *e = &c->plan[i];
-        if (!e->s)
-            continue;
-        long p0 = e->s->n_computed, n = e->n;
-        rows += (double)n;
-        logits += p0 + n == e->s->n_tokens;
-        /* A row at position p attends to p + 1 positions. */
-        double att = (double)n * (double)p0 + (double)n * (double)(n + 1) / 2;
-        if (n == 1)
-            att1 += att;
-        else
-            attn += att;
-    }
-    x[0] = 1;
-    x[1] = rows;
-    x[2] = logits;
-    x[3] = att1 / 1000;
-    x[4] = attn / 1000;
+    double att = (double)n * (double)p0 + (double)n * (double)(n + 1) / 2;
+    x[1] += (double)n;
+    x[2] += logit;
+    x[n == 1 ? 3 : 4] += att / 1000;
 }
 
 /* Learns from the previous step's duration, when the previous step ran and work was left (so
@@ -732,9 +717,10 @@ static int fill(struct sl_sched_core *c, int t, int limit, struct guard *g)
     return used;
 }
 
-/* Step 1: one row for every decoding sequence, best-ranked first. Returns the tightest TPOT
- * objective among them (us, 0 when none), which the prompt chunks must then respect. */
-static double plan_decodes(struct sl_sched_core *c)
+/* Step 1: one row for every decoding sequence, best-ranked first; dx gets their features.
+ * Returns the tightest TPOT objective among them (us, 0 when none), which the prompt chunks must
+ * then respect. */
+static double plan_decodes(struct sl_sched_core *c, double dx[SL_COST_K])
 {
     /* What the decodes alone would cost, and the objective to hold. */
     int min_tpot = 0;
@@ -777,6 +763,7 @@ static double plan_decodes(struct sl_sched_core *c)
             continue; /* s went back to its queue: resident[i] is the next one now */
         q->planned++;
         plan_add(c, s, 1);
+        features_add(dx, s->n_computed, 1, true);
         i++;
     }
     if (paused)
@@ -785,16 +772,14 @@ static double plan_decodes(struct sl_sched_core *c)
 }
 
 /* Step 2: the rest of the token budget to prompt chunks, by weighted shares. */
-static void plan_prefills(struct sl_sched_core *c, double target_us)
+static void plan_prefills(struct sl_sched_core *c, double target_us, const double dx[SL_COST_K])
 {
     int budget = c->lim.max_batch_tokens - c->rows;
     if (budget <= 0)
         return;
     struct guard g = {INFINITY, 0};
     if (target_us > 0 && c->fit.n_obs >= FIT_MIN_OBS) {
-        double x[SL_COST_K];
-        plan_features(c, x);
-        g.budget_us = target_us - sl_cost_fit_predict(&c->fit, x);
+        g.budget_us = target_us - sl_cost_fit_predict(&c->fit, dx);
         g.floor_rows =
             GUARD_MIN_ROWS < c->lim.max_batch_tokens ? GUARD_MIN_ROWS : c->lim.max_batch_tokens;
     }
@@ -842,11 +827,21 @@ static void plan_prefills(struct sl_sched_core *c, double target_us)
 }
 
 /* Adds plan entry e to the batch as slot `slot`; its last row samples when it reaches the end of
- * the known tokens. */
+ * the known tokens. Counts it in the step's shape. */
 static void emit(struct sl_sched_core *c, const struct sl_plan *e, int slot, int *n_rows,
                  int *n_logits)
 {
     struct sl_seq *s = e->s;
+    s->plan = -1;
+    features_add(c->prev.x, s->n_computed, e->n, s->n_computed + e->n == s->n_tokens);
+    if (s->queued)
+        c->prev.prompt_rows += e->n;
+    else
+        c->prev.decodes++;
+    /* Queue time ends when a request first takes part in a step (a recomputed one keeps it). */
+    struct sl_req *r = s->req;
+    if (atomic_load_explicit(&r->first_step_ns, memory_order_relaxed) == SL_REQ_NOT_YET)
+        atomic_store_explicit(&r->first_step_ns, c->now_ns, memory_order_relaxed);
     for (int i = 0; i < e->n; i++) {
         int pos = s->n_computed + i;
         c->b_tokens[*n_rows] = s->tokens[pos];
@@ -894,38 +889,27 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
             seq_finish(c, c->resident[i], SL_FINISH_CANCELLED, SL_ECANCELED);
     guarantees(c);
     c->n_plan = c->n_plan_live = c->rows = 0;
-    double target = plan_decodes(c);
-    plan_prefills(c, target);
+    double dx[SL_COST_K] = {1, 0, 0, 0, 0};
+    double target = plan_decodes(c, dx);
+    plan_prefills(c, target, dx);
 
     int n_rows = 0, n_seqs = 0, n_logits = 0;
+    struct sl_step_shape *sh = &c->prev;
+    memset(sh->x, 0, sizeof sh->x);
+    sh->x[0] = 1;
+    sh->decodes = sh->prompt_rows = 0;
     for (int i = 0; i < c->n_plan; i++)
         if (c->plan[i].s)
             emit(c, &c->plan[i], n_seqs++, &n_rows, &n_logits);
     if (n_rows == 0) {
-        c->prev.left_work = false;
+        sh->left_work = false;
         return 0;
     }
-    plan_features(c, c->prev.x);
-    c->prev.ran = true;
-    c->prev.now_ns = now_ns;
-    c->prev.decodes = c->prev.prompt_rows = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        struct sl_seq *s = c->b_seqs[i];
-        s->plan = -1;
-        if (s->queued)
-            c->prev.prompt_rows += c->b_rows[i];
-        else
-            c->prev.decodes++;
-    }
+    sh->ran = true;
+    sh->now_ns = now_ns;
     c->steps++;
     c->last_step_rows = n_rows;
     c->last_step_seqs = n_seqs;
-    /* Queue time ends when a request first takes part in a step (a recomputed one keeps it). */
-    for (int i = 0; i < n_seqs; i++) {
-        struct sl_req *r = c->b_seqs[i]->req;
-        if (atomic_load_explicit(&r->first_step_ns, memory_order_relaxed) == SL_REQ_NOT_YET)
-            atomic_store_explicit(&r->first_step_ns, now_ns, memory_order_relaxed);
-    }
 
     struct sl_batch b = {
         .n_tokens = n_rows,
