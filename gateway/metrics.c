@@ -439,6 +439,12 @@ static void render_sched(struct sl_str *o, const struct sl_sched_stats *st)
         snprintf(v, sizeof v, "%ld", st->tiers[i].queued_prompt_tokens);
         tier_sample(o, "sluice:num_prompt_tokens_waiting", st->tiers[i].name, v);
     }
+    family(o, "sluice:num_preemptions_total", "counter",
+           "Sequences preempted (their KV blocks freed, to be recomputed), by tier.");
+    for (int i = 0; i < n; i++) {
+        snprintf(v, sizeof v, "%" PRIu64, st->tiers[i].preemptions);
+        tier_sample(o, "sluice:num_preemptions_total", st->tiers[i].name, v);
+    }
     family(o, "sluice:kv_blocks_used", "gauge", "KV cache blocks owned by sequences.");
     sl_str_appendf(o, "sluice:kv_blocks_used %d\n", st->kv_blocks_used);
     family(o, "sluice:kv_blocks_total", "gauge", "KV cache blocks in the worker's pool.");
@@ -451,6 +457,13 @@ static void render_sched(struct sl_str *o, const struct sl_sched_stats *st)
     family(o, "sluice:step_duration_seconds", "gauge",
            "Duration of the latest scheduler step: batching, forward pass and sampling.");
     sl_str_appendf(o, "sluice:step_duration_seconds %.6f\n", st->last_step_seconds);
+    family(o, "sluice:prefill_tokens_per_second", "gauge",
+           "Prompt tokens per second of scheduler steps that prefilled, moving average.");
+    sl_str_appendf(o, "sluice:prefill_tokens_per_second %.3f\n", st->prefill_tokens_per_s);
+    family(o, "sluice:decode_step_seconds", "gauge",
+           "Duration of scheduler steps that decoded (the time between two tokens), moving "
+           "average.");
+    sl_str_appendf(o, "sluice:decode_step_seconds %.6f\n", st->decode_step_seconds);
     family(o, "sluice:scheduler_steps_total", "counter",
            "Scheduler steps that ran the worker's forward pass.");
     sl_str_appendf(o, "sluice:scheduler_steps_total %" PRIu64 "\n", st->steps);

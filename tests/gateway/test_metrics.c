@@ -481,7 +481,8 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
     sl_metrics_http_done(m, 0, "other", 404);
     sl_metrics_http_done(m, 0, "other", 42); /* not an HTTP status */
     struct sl_sched_stats st = {.n_tiers = 2,
-                                .tiers = {{"interactive", 3, 1, 40}, {"ba\"tch", 0, 9, 900}},
+                                .tiers = {{"interactive", 3, 1, 40, .preemptions = 0},
+                                          {"ba\"tch", 0, 9, 900, .preemptions = 7}},
                                 .running = 3,
                                 .queued_requests = 10,
                                 .queued_prompt_tokens = 940,
@@ -492,7 +493,9 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
                                 .steps = 1234,
                                 .last_step_seconds = 0.0125,
                                 .busy_seconds = 12.5,
-                                .busy_ratio = 0.75};
+                                .busy_ratio = 0.75,
+                                .prefill_tokens_per_s = 8123.5,
+                                .decode_step_seconds = 0.0145};
     struct expo x;
     struct sl_str text;
     render(m, &st, &x, &text);
@@ -513,11 +516,14 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
         {"sluice:num_requests_running", "gauge"},
         {"sluice:num_requests_waiting", "gauge"},
         {"sluice:num_prompt_tokens_waiting", "gauge"},
+        {"sluice:num_preemptions_total", "counter"},
         {"sluice:kv_blocks_used", "gauge"},
         {"sluice:kv_blocks_total", "gauge"},
         {"sluice:step_batch_tokens", "gauge"},
         {"sluice:step_batch_sequences", "gauge"},
         {"sluice:step_duration_seconds", "gauge"},
+        {"sluice:prefill_tokens_per_second", "gauge"},
+        {"sluice:decode_step_seconds", "gauge"},
         {"sluice:scheduler_steps_total", "counter"},
         {"sluice:worker_busy_ratio", "gauge"},
         {"sluice:worker_busy_seconds_total", "counter"},
@@ -551,6 +557,10 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
     cr_assert_float_eq(value(&x, "sluice:step_duration_seconds{}"), 0.0125, 1e-9);
     cr_assert_float_eq(value(&x, "sluice:worker_busy_ratio{}"), 0.75, 1e-9);
     cr_assert_float_eq(value(&x, "sluice:worker_busy_seconds_total{}"), 12.5, 1e-9);
+    cr_assert_eq(value(&x, "sluice:num_preemptions_total{tier=ba\"tch}"), 7);
+    cr_assert_eq(value(&x, "sluice:num_preemptions_total{tier=interactive}"), 0);
+    cr_assert_float_eq(value(&x, "sluice:prefill_tokens_per_second{}"), 8123.5, 1e-6);
+    cr_assert_float_eq(value(&x, "sluice:decode_step_seconds{}"), 0.0145, 1e-9);
     cr_assert_eq(check_histograms(&x), 5, "five histograms for the one tier");
     expo_dispose(&x);
     sl_str_dispose(&text);

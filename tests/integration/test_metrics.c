@@ -248,6 +248,10 @@ Test(metrics, scrape_agrees_with_the_responses_when_requests_have_finished, .tim
     cr_assert_geq(metric(m, "sluice:scheduler_steps_total") - steps0, completion + gen0,
                   "requests ran one after another: a step per token");
     cr_assert_geq(metric(m, "sluice:step_batch_tokens"), 1);
+    /* Measured by the scheduler from consecutive steps of the requests above. */
+    cr_assert_gt(metric(m, "sluice:decode_step_seconds"), 0);
+    cr_assert_gt(metric(m, "sluice:prefill_tokens_per_second"), 0);
+    cr_assert_eq(metric(m, "sluice:num_preemptions_total{tier=\"interactive\"}"), 0);
     cr_assert_eq(metric(m, "sluice:step_batch_sequences"), 1);
     double busy = metric(m, "sluice:worker_busy_ratio");
     cr_assert(busy >= 0 && busy <= 1, "busy ratio %f", busy);
