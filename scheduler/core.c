@@ -309,7 +309,6 @@ static void preempt(struct sl_sched_core *c, struct sl_seq *s)
         dequeue(c, s);
     s->n_computed = 0;
     enqueue(c, s, true);
-    s->n_preempted++;
     c->tiers[s->tier].preemptions++;
     c->preemptions++;
     if (c->sink.preempted)
@@ -424,7 +423,6 @@ int sl_sched_core_submit(struct sl_sched_core *c, struct sl_req *r, uint64_t now
     memcpy(s->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     s->n_tokens = r->n_prompt;
     s->blocks = sl_xmalloc(sizeof(int32_t) * (size_t)blocks_for(c, total));
-    s->paused_step = UINT64_MAX;
     sl_rng_seed(&s->rng, p->seed);
     r->seq = s;
     enqueue(c, s, false);
@@ -717,6 +715,19 @@ static int fill(struct sl_sched_core *c, int t, int limit, struct guard *g)
     return used;
 }
 
+/* Whether the guard may hold back decoding sequence s (of a looser objective) this step, a full
+ * step being predicted at full_us: as long as the gap it then sees, from its last decode to the
+ * end of the step after this one, stays within SL_SCHED_GUARD_FRACTION of its own objective.
+ * Without an objective, for one step at a time. */
+static bool may_pause(const struct sl_sched_core *c, const struct sl_seq *s, double full_us)
+{
+    if (s->tpot_ms <= 0)
+        return s->last_decode_step + 1 == c->step_id;
+    double since_us =
+        c->now_ns > s->last_decode_ns ? (double)(c->now_ns - s->last_decode_ns) / 1e3 : 0;
+    return since_us + 2 * full_us <= s->tpot_ms * 1e3 * SL_SCHED_GUARD_FRACTION;
+}
+
 /* Step 1: one row for every decoding sequence, best-ranked first; dx gets their features.
  * Returns the tightest TPOT objective among them (us, 0 when none), which the prompt chunks must
  * then respect. */
@@ -738,11 +749,10 @@ static double plan_decodes(struct sl_sched_core *c, double dx[SL_COST_K])
             min_tpot = s->tpot_ms;
     }
     double target = min_tpot * 1000.0 * SL_SCHED_GUARD_FRACTION;
-    bool pause = min_tpot > 0 && c->last_pause_step + 1 != c->step_id &&
-                 sl_cost_fit_predict(&c->fit, x) > target;
+    double full_us = min_tpot > 0 ? sl_cost_fit_predict(&c->fit, x) : 0;
+    bool pause = full_us > target;
     for (int t = 0; t < c->n_tiers; t++)
         c->tiers[t].planned = 0;
-    bool paused = false;
     int i = 0;
     while (i < c->n_resident) {
         struct sl_seq *s = c->resident[i];
@@ -753,21 +763,20 @@ static double plan_decodes(struct sl_sched_core *c, double dx[SL_COST_K])
         if (c->n_plan_live >= c->lim.max_seqs || c->rows >= c->lim.max_batch_tokens)
             break;
         struct sl_tier_q *q = &c->tiers[s->tier];
-        if (pause && (s->tpot_ms == 0 || s->tpot_ms > min_tpot) && q->planned >= q->guaranteed) {
-            s->paused_step = c->step_id;
-            paused = true;
+        if (pause && (s->tpot_ms == 0 || s->tpot_ms > min_tpot) && q->planned >= q->guaranteed &&
+            may_pause(c, s, full_us)) {
             i++;
             continue;
         }
         if (!grow(c, s))
             continue; /* s went back to its queue: resident[i] is the next one now */
         q->planned++;
+        s->last_decode_ns = c->now_ns;
+        s->last_decode_step = c->step_id;
         plan_add(c, s, 1);
         features_add(dx, s->n_computed, 1, true);
         i++;
     }
-    if (paused)
-        c->last_pause_step = c->step_id;
     return target;
 }
 
@@ -934,8 +943,11 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         if (s->queued)
             c->tiers[s->tier].prefill_tokens -= c->b_rows[i];
         s->n_computed = c->b_ctx[i];
-        if (s->queued && s->n_computed == s->n_tokens)
+        if (s->queued && s->n_computed == s->n_tokens) {
             dequeue(c, s); /* prompt done: it decodes from now on */
+            s->last_decode_ns = now_ns;
+            s->last_decode_step = c->step_id;
+        }
     }
     for (int i = 0; i < n_logits; i++) {
         struct sl_seq *s = c->b_logit_seqs[i];

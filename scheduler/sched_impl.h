@@ -55,8 +55,8 @@ struct sl_seq {
     int32_t *blocks;   /* (blocks_for(n_prompt + max_tokens)) KV block ids owned */
     int n_blocks;      /* in use */
     struct sl_rng rng; /* sampling state: survives preemption, so a resumed run samples the same */
-    int n_preempted;
-    uint64_t paused_step; /* the step its decode last paused in (TPOT guard) */
+    uint64_t last_decode_ns;   /* `now` of the step that last gave it a token (TPOT guard) */
+    uint64_t last_decode_step; /* and that step's number */
 };
 
 /* A tier: its settings and its prefill queue. */
@@ -121,7 +121,7 @@ struct sl_sched_core {
 
     /* The step being built. */
     uint64_t step_id;
-    uint64_t now_ns; /* the step's `now` */
+    uint64_t now_ns;      /* the step's `now` */
     struct sl_plan *plan; /* (2 * max_seqs): entries of preempted sequences stay, dead */
     int n_plan;
     int n_plan_live;
@@ -144,7 +144,6 @@ struct sl_sched_core {
     /* Time, from the `now` of consecutive steps. */
     struct sl_step_shape prev;
     struct sl_cost_fit fit;
-    uint64_t last_pause_step;                /* the latest step in which the guard paused decodes */
     double ema_prefill_rows, ema_prefill_us; /* for prefill_tokens_per_s */
     double ema_decode_us;                    /* for decode_step_seconds */
 

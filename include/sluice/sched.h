@@ -124,7 +124,8 @@ bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns);
  *     sequences with a TPOT objective are decoding, prompt chunks are cut so that the predicted
  *     step stays within SL_SCHED_GUARD_FRACTION of the tightest objective among them; when the
  *     decodes alone are predicted over it, decodes of sequences with a looser objective pause
- *     for a step (never two steps running, and never below their tier's guaranteed slots).
+ *     as long as their own gap stays within the same fraction of their own objective (one step
+ *     at a time without one), and never below their tier's guaranteed slots.
  * Blocks grow with the sequence: a prompt's at start, then one block per block_size tokens.
  */
 

@@ -190,6 +190,48 @@ Test(sched, sim_long_prompt_keeps_decode_gaps_within_tpot_when_it_arrives_mid_ru
     cr_assert_gt(whole, 500);
 }
 
+/* 48 batch sequences have decoded for 200 s, to contexts near 2,600 where a decode row costs
+ * ~2.7 ms: decodes alone take ~135 ms a step. Four interactive requests arrive. Batch decodes
+ * beyond batch's guaranteed slots pause while their own gaps allow (80 % of batch's 1 s
+ * objective), which holds interactive TPOT within its 100 ms. */
+static void tpot_guard_run(const struct sl_sched_tier *tt, double *i_tpot_ms, double *b_itl_ms)
+{
+    struct sl_sim_config c = config();
+    c.lim.tiers = tt;
+    c.lim.max_seqs = 64;
+    c.lim.n_blocks = 12000;
+    struct trace t = {.rng = 8};
+    for (int i = 0; i < 48; i++)
+        add(&t, 0, BATCH, 100, 3000);
+    for (int i = 0; i < 4; i++)
+        add(&t, 200 + 0.1 * i, INTERACTIVE, 16, 150);
+    struct sl_sim_result res[52];
+    struct sl_sim_report rep = run(&c, &t, res);
+    for (int i = 0; i < 48; i++)
+        cr_assert_gt(res[i].done_at_s, res[51].done_at_s, "batch decodes alongside interactive");
+    *i_tpot_ms = rep.tiers[INTERACTIVE].tpot_ms[2];
+    *b_itl_ms = rep.tiers[BATCH].max_itl_ms;
+}
+
+Test(sched, sim_batch_decodes_pause_when_interactive_tpot_is_at_risk)
+{
+    double paused, batch_gap;
+    tpot_guard_run(tiers, &paused, &batch_gap);
+    cr_log_info("TPOT guard: interactive p99 TPOT %.1f ms (objective 100) with batch decodes "
+                "pausing; batch's longest gap %.0f ms (objective 1000)",
+                paused, batch_gap);
+    cr_assert_leq(paused, tiers[INTERACTIVE].tpot_slo_ms);
+    cr_assert_leq(batch_gap, SL_SCHED_GUARD_FRACTION * tiers[BATCH].tpot_slo_ms,
+                  "a paused batch sequence still keeps its own objective");
+    /* With batch's objective as tight as interactive's, nothing may pause: it is missed. */
+    struct sl_sched_tier same[2] = {tiers[0], tiers[1]};
+    same[BATCH].tpot_slo_ms = same[INTERACTIVE].tpot_slo_ms;
+    double unpaused;
+    tpot_guard_run(same, &unpaused, &batch_gap);
+    cr_log_info("no looser tier to pause: interactive p99 TPOT %.1f ms", unpaused);
+    cr_assert_gt(unpaused, tiers[INTERACTIVE].tpot_slo_ms);
+}
+
 /* The interactive and batch shapes of bench/traces/flood.jsonl. */
 #define I_SHAPE 32, 256, 16, 128
 #define B_SHAPE 256, 1024, 64, 256
