@@ -164,6 +164,7 @@ static double worst_decode_gap_ms(const struct sl_sched_tier *tt, int max_batch_
     }
     cr_assert_eq(res[16].n_out, 16);
     *long_ttft_ms = res[16].ttft_s * 1e3;
+    free(t.r);
     return worst;
 }
 
@@ -211,6 +212,7 @@ static void tpot_guard_run(const struct sl_sched_tier *tt, double *i_tpot_ms, do
         cr_assert_gt(res[i].done_at_s, res[51].done_at_s, "batch decodes alongside interactive");
     *i_tpot_ms = rep.tiers[INTERACTIVE].tpot_ms[2];
     *b_itl_ms = rep.tiers[BATCH].max_itl_ms;
+    free(t.r);
 }
 
 Test(sched, sim_batch_decodes_pause_when_interactive_tpot_is_at_risk)
