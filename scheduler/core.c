@@ -441,10 +441,10 @@ void sl_sched_core_cancel(struct sl_sched_core *c, struct sl_req *r)
 #define FIT_FORGET 0.98 /* weight of the past per step: a window of about 50 steps */
 #define FIT_MIN_OBS 8
 
-void sl_cost_fit_add(struct sl_cost_fit *f, const double x[SL_COST_K], double us)
+void sl_sched_fit_add(struct sl_sched_fit *f, const double x[SL_SCHED_FIT_K], double us)
 {
-    for (int i = 0; i < SL_COST_K; i++) {
-        for (int j = 0; j < SL_COST_K; j++)
+    for (int i = 0; i < SL_SCHED_FIT_K; i++) {
+        for (int j = 0; j < SL_SCHED_FIT_K; j++)
             f->xtx[i][j] = FIT_FORGET * f->xtx[i][j] + x[i] * x[j];
         f->xty[i] = FIT_FORGET * f->xty[i] + x[i] * us;
     }
@@ -452,55 +452,55 @@ void sl_cost_fit_add(struct sl_cost_fit *f, const double x[SL_COST_K], double us
     /* Ridge-regularised normal equations, solved by Gaussian elimination with partial pivoting.
      * The ridge is relative to each feature's own scale: a feature that never varied (no prompt
      * ever ran) gets a coefficient of 0 instead of an arbitrary one. */
-    double a[SL_COST_K][SL_COST_K + 1];
-    for (int i = 0; i < SL_COST_K; i++) {
-        for (int j = 0; j < SL_COST_K; j++)
+    double a[SL_SCHED_FIT_K][SL_SCHED_FIT_K + 1];
+    for (int i = 0; i < SL_SCHED_FIT_K; i++) {
+        for (int j = 0; j < SL_SCHED_FIT_K; j++)
             a[i][j] = f->xtx[i][j];
         a[i][i] += 1e-6 * f->xtx[i][i] + 1e-9;
-        a[i][SL_COST_K] = f->xty[i];
+        a[i][SL_SCHED_FIT_K] = f->xty[i];
     }
-    for (int k = 0; k < SL_COST_K; k++) {
+    for (int k = 0; k < SL_SCHED_FIT_K; k++) {
         int piv = k;
-        for (int i = k + 1; i < SL_COST_K; i++)
+        for (int i = k + 1; i < SL_SCHED_FIT_K; i++)
             if (fabs(a[i][k]) > fabs(a[piv][k]))
                 piv = i;
         if (piv != k)
-            for (int j = 0; j <= SL_COST_K; j++) {
+            for (int j = 0; j <= SL_SCHED_FIT_K; j++) {
                 double t = a[k][j];
                 a[k][j] = a[piv][j];
                 a[piv][j] = t;
             }
         if (fabs(a[k][k]) < 1e-300)
             return; /* keep the previous fit */
-        for (int i = k + 1; i < SL_COST_K; i++) {
+        for (int i = k + 1; i < SL_SCHED_FIT_K; i++) {
             double m = a[i][k] / a[k][k];
-            for (int j = k; j <= SL_COST_K; j++)
+            for (int j = k; j <= SL_SCHED_FIT_K; j++)
                 a[i][j] -= m * a[k][j];
         }
     }
-    double th[SL_COST_K];
-    for (int i = SL_COST_K - 1; i >= 0; i--) {
-        double v = a[i][SL_COST_K];
-        for (int j = i + 1; j < SL_COST_K; j++)
+    double th[SL_SCHED_FIT_K];
+    for (int i = SL_SCHED_FIT_K - 1; i >= 0; i--) {
+        double v = a[i][SL_SCHED_FIT_K];
+        for (int j = i + 1; j < SL_SCHED_FIT_K; j++)
             v -= a[i][j] * th[j];
         th[i] = v / a[i][i];
     }
     memcpy(f->theta, th, sizeof th);
 }
 
-double sl_cost_fit_predict(const struct sl_cost_fit *f, const double x[SL_COST_K])
+double sl_sched_fit_predict(const struct sl_sched_fit *f, const double x[SL_SCHED_FIT_K])
 {
     if (f->n_obs < FIT_MIN_OBS)
         return 0;
     double y = 0;
-    for (int i = 0; i < SL_COST_K; i++)
+    for (int i = 0; i < SL_SCHED_FIT_K; i++)
         y += f->theta[i] * x[i];
     return y > 0 ? y : 0;
 }
 
-/* Adds n rows from position p0 of a sequence to a step's features (see struct sl_cost_fit); a
+/* Adds n rows from position p0 of a sequence to a step's features (see struct sl_sched_fit); a
  * row at position p attends to p + 1 positions. */
-static void features_add(double x[SL_COST_K], long p0, long n, bool logit)
+static void features_add(double x[SL_SCHED_FIT_K], long p0, long n, bool logit)
 {
     double att = (double)n * (double)p0 + (double)n * (double)(n + 1) / 2;
     x[1] += (double)n;
@@ -516,7 +516,7 @@ static void observe(struct sl_sched_core *c, uint64_t now_ns)
     if (!p->ran || !p->left_work || now_ns <= p->now_ns)
         return;
     double us = (double)(now_ns - p->now_ns) / 1e3;
-    sl_cost_fit_add(&c->fit, p->x, us);
+    sl_sched_fit_add(&c->fit, p->x, us);
     const double a = 1.0 / 8;
     if (p->decodes > 0)
         c->ema_decode_us =
@@ -731,11 +731,11 @@ static bool may_pause(const struct sl_sched_core *c, const struct sl_seq *s, dou
 /* Step 1: one row for every decoding sequence, best-ranked first; dx gets their features.
  * Returns the tightest TPOT objective among them (us, 0 when none), which the prompt chunks must
  * then respect. */
-static double plan_decodes(struct sl_sched_core *c, double dx[SL_COST_K])
+static double plan_decodes(struct sl_sched_core *c, double dx[SL_SCHED_FIT_K])
 {
     /* What the decodes alone would cost, and the objective to hold. */
     int min_tpot = 0;
-    double x[SL_COST_K] = {1, 0, 0, 0, 0};
+    double x[SL_SCHED_FIT_K] = {1, 0, 0, 0, 0};
     int n_dec = 0;
     for (int i = 0; i < c->n_resident && n_dec < c->lim.max_seqs; i++) {
         const struct sl_seq *s = c->resident[i];
@@ -749,7 +749,7 @@ static double plan_decodes(struct sl_sched_core *c, double dx[SL_COST_K])
             min_tpot = s->tpot_ms;
     }
     double target = min_tpot * 1000.0 * SL_SCHED_GUARD_FRACTION;
-    double full_us = min_tpot > 0 ? sl_cost_fit_predict(&c->fit, x) : 0;
+    double full_us = min_tpot > 0 ? sl_sched_fit_predict(&c->fit, x) : 0;
     bool pause = full_us > target;
     for (int t = 0; t < c->n_tiers; t++)
         c->tiers[t].planned = 0;
@@ -781,14 +781,15 @@ static double plan_decodes(struct sl_sched_core *c, double dx[SL_COST_K])
 }
 
 /* Step 2: the rest of the token budget to prompt chunks, by weighted shares. */
-static void plan_prefills(struct sl_sched_core *c, double target_us, const double dx[SL_COST_K])
+static void plan_prefills(struct sl_sched_core *c, double target_us,
+                          const double dx[SL_SCHED_FIT_K])
 {
     int budget = c->lim.max_batch_tokens - c->rows;
     if (budget <= 0)
         return;
     struct guard g = {INFINITY, 0};
     if (target_us > 0 && c->fit.n_obs >= FIT_MIN_OBS) {
-        g.budget_us = target_us - sl_cost_fit_predict(&c->fit, dx);
+        g.budget_us = target_us - sl_sched_fit_predict(&c->fit, dx);
         g.floor_rows =
             GUARD_MIN_ROWS < c->lim.max_batch_tokens ? GUARD_MIN_ROWS : c->lim.max_batch_tokens;
     }
@@ -898,7 +899,7 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
             seq_finish(c, c->resident[i], SL_FINISH_CANCELLED, SL_ECANCELED);
     guarantees(c);
     c->n_plan = c->n_plan_live = c->rows = 0;
-    double dx[SL_COST_K] = {1, 0, 0, 0, 0};
+    double dx[SL_SCHED_FIT_K] = {1, 0, 0, 0, 0};
     double target = plan_decodes(c, dx);
     plan_prefills(c, target, dx);
 

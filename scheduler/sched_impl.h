@@ -83,11 +83,11 @@ struct sl_plan {
 /* The step-time model of the TPOT guard: exponentially weighted least squares of a step's
  * duration (us) on x = (1, decode rows, prompt rows, decode attended positions / 1000, prompt
  * attended positions / 1000). */
-#define SL_COST_K 5
-struct sl_cost_fit {
-    double xtx[SL_COST_K][SL_COST_K];
-    double xty[SL_COST_K];
-    double theta[SL_COST_K]; /* the fit after the latest observation */
+#define SL_SCHED_FIT_K 5
+struct sl_sched_fit {
+    double xtx[SL_SCHED_FIT_K][SL_SCHED_FIT_K];
+    double xty[SL_SCHED_FIT_K];
+    double theta[SL_SCHED_FIT_K]; /* the fit after the latest observation */
     int n_obs;
 };
 
@@ -96,7 +96,7 @@ struct sl_step_shape {
     bool ran;        /* it ran the worker */
     bool left_work;  /* work was still pending after it: the next step followed at once */
     uint64_t now_ns; /* when it started */
-    double x[SL_COST_K];
+    double x[SL_SCHED_FIT_K];
     int decodes;     /* decode rows */
     int prompt_rows; /* prompt (prefill and recompute) rows */
 };
@@ -143,7 +143,7 @@ struct sl_sched_core {
 
     /* Time, from the `now` of consecutive steps. */
     struct sl_step_shape prev;
-    struct sl_cost_fit fit;
+    struct sl_sched_fit fit;
     double ema_prefill_rows, ema_prefill_us; /* for prefill_tokens_per_s */
     double ema_decode_us;                    /* for decode_step_seconds */
 
@@ -155,8 +155,8 @@ struct sl_sched_core {
 
 /* The step-time model, exposed for tests: adds an observation (features x, duration us) and
  * refits; predicts a step's duration in us (0 until it has seen enough steps). */
-void sl_cost_fit_add(struct sl_cost_fit *f, const double x[SL_COST_K], double us);
-double sl_cost_fit_predict(const struct sl_cost_fit *f, const double x[SL_COST_K]);
+void sl_sched_fit_add(struct sl_sched_fit *f, const double x[SL_SCHED_FIT_K], double us);
+double sl_sched_fit_predict(const struct sl_sched_fit *f, const double x[SL_SCHED_FIT_K]);
 
 /* The busy ratio's moving average (see sl_sched_stats): ratio after an interval of dt_ns of which
  * busy_ns were spent in forward(), given the ratio before it. Continuous-time exponential

@@ -832,11 +832,11 @@ Test(sched, request_without_a_known_tier_queues_by_priority_when_named_tier_is_m
 
 Test(sched, cost_fit_recovers_a_linear_step_time_when_features_vary)
 {
-    struct sl_cost_fit f;
+    struct sl_sched_fit f;
     memset(&f, 0, sizeof f);
-    const double truth[SL_COST_K] = {2000, 95, 330, 935, 106};
-    double x[SL_COST_K] = {1, 0, 0, 0, 0};
-    cr_assert_eq(sl_cost_fit_predict(&f, x), 0, "no prediction before any step");
+    const double truth[SL_SCHED_FIT_K] = {2000, 95, 330, 935, 106};
+    double x[SL_SCHED_FIT_K] = {1, 0, 0, 0, 0};
+    cr_assert_eq(sl_sched_fit_predict(&f, x), 0, "no prediction before any step");
     uint32_t rng = 7;
     for (int i = 0; i < 200; i++) {
         double u[4];
@@ -850,14 +850,14 @@ Test(sched, cost_fit_recovers_a_linear_step_time_when_features_vary)
         x[3] = d * (100 + 1000 * u[2]) / 1000;
         x[4] = p * (p / 2 + 2000 * u[3]) / 1000;
         double y = 0;
-        for (int k = 0; k < SL_COST_K; k++)
+        for (int k = 0; k < SL_SCHED_FIT_K; k++)
             y += truth[k] * x[k];
-        sl_cost_fit_add(&f, x, y);
+        sl_sched_fit_add(&f, x, y);
     }
-    for (int k = 0; k < SL_COST_K; k++)
+    for (int k = 0; k < SL_SCHED_FIT_K; k++)
         cr_assert_float_eq(f.theta[k], truth[k], 0.02 * truth[k], "coefficient %d: %g", k,
                            f.theta[k]);
-    double q[SL_COST_K] = {1, 300, 20, 10, 400};
+    double q[SL_SCHED_FIT_K] = {1, 300, 20, 10, 400};
     double want = 2000 + 95 * 300 + 330 * 20 + 935 * 10 + 106 * 400;
-    cr_assert_float_eq(sl_cost_fit_predict(&f, q), want, 0.01 * want);
+    cr_assert_float_eq(sl_sched_fit_predict(&f, q), want, 0.01 * want);
 }
