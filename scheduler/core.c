@@ -516,7 +516,12 @@ static void observe(struct sl_sched_core *c, uint64_t now_ns)
     if (!p->ran || !p->left_work || now_ns <= p->now_ns)
         return;
     double us = (double)(now_ns - p->now_ns) / 1e3;
-    sl_sched_fit_add(&c->fit, p->x, us);
+    /* A step far slower than predicted is most likely the thread losing its core, not the
+     * worker: the fit learns from it only up to four times the prediction, so one stall does
+     * not make the guard starve prompts for the next fifty steps (a real change in cost still
+     * gets through, fourfold a step). The averages below see the real time. */
+    double pred = sl_sched_fit_predict(&c->fit, p->x);
+    sl_sched_fit_add(&c->fit, p->x, pred > 0 && us > 4 * pred + 1000 ? 4 * pred + 1000 : us);
     const double a = 1.0 / 8;
     if (p->decodes > 0)
         c->ema_decode_us =

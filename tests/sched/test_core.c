@@ -861,3 +861,27 @@ Test(sched, cost_fit_recovers_a_linear_step_time_when_features_vary)
     double want = 2000 + 95 * 300 + 330 * 20 + 935 * 10 + 106 * 400;
     cr_assert_float_eq(sl_sched_fit_predict(&f, q), want, 0.01 * want);
 }
+
+Test(sched, one_stalled_step_barely_moves_the_step_time_fit_when_steps_are_steady)
+{
+    struct env e;
+    env_init(&e, 4, 64, 64, 4);
+    sl_sched_core_submit(e.core, add_req(&e, 0, 5, 60), 0);
+    uint64_t now = 0;
+    for (int k = 0; k < 30; k++, now += 10 * MS)
+        sl_sched_core_step(e.core, now);
+    double before = sl_sched_fit_predict(&e.core->fit, e.core->prev.x);
+    cr_assert_float_eq(before, 10000, 100, "learned 10 ms steps: %g us", before);
+    /* The thread loses its core for two seconds in the middle of a step. */
+    now += 2000 * MS;
+    sl_sched_core_step(e.core, now);
+    now += 10 * MS;
+    sl_sched_core_step(e.core, now);
+    double after = sl_sched_fit_predict(&e.core->fit, e.core->prev.x);
+    cr_assert_lt(after, 15000, "one stall moved the prediction to %g us", after);
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_gt(st.decode_step_seconds, 0.1, "the average sees the real time");
+    run_until_idle(&e, 100);
+    env_dispose(&e);
+}
