@@ -28,6 +28,7 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
     if (n_prompt > 0)
         memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     r->params = *p;
+    r->params.tier_name[SL_SCHED_TIER_NAME_MAX] = '\0';
     int n = p->n_stop < 0 ? 0 : p->n_stop > SL_REQ_MAX_STOPS ? SL_REQ_MAX_STOPS : p->n_stop;
     r->params.n_stop = n;
     for (int i = 0; i < SL_REQ_MAX_STOPS; i++) {
