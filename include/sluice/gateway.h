@@ -15,9 +15,19 @@
  * Configuration (conf/sluice.json documents every key)
  */
 
+/* A TLS listener next to the plain one. Off when cert is NULL; then every field is unset. */
+struct sl_config_tls {
+    char *listen_host; /* "127.0.0.1" */
+    int listen_port;   /* 8443; 0 picks a free port */
+    char *cert;        /* PEM certificate (chain) file, or NULL: no TLS listener */
+    char *key;         /* PEM private key file */
+};
+
 struct sl_config {
     char *listen_host;        /* "127.0.0.1" */
     int listen_port;          /* 8080; 0 picks a free port */
+    int listen_backlog;       /* listen(2) queue of each listener (4096; the kernel may cap it) */
+    struct sl_config_tls tls; /* the TLS listener, if any */
     char *model;              /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
     char *tokenizer;          /* llama2.c tokenizer.bin path, or NULL */
     int io_threads;           /* event loops (default 1) */
@@ -30,7 +40,18 @@ struct sl_config {
     int default_max_tokens;   /* max_tokens when a request gives none (OpenAI: 16) */
     size_t max_body_bytes;    /* larger request bodies get 413 */
     size_t max_header_bytes;  /* larger request heads get 431 */
-    char *log_level;          /* "debug", "info", "warn", "error" */
+    /* Transport limits (reloadable; a connection takes them up at its next request). */
+    int header_timeout_ms;         /* the head must arrive within this (408), as must every
+                                      piece of a body after the previous one */
+    int idle_timeout_ms;           /* a kept-alive connection with no request is closed after
+                                      this, as is one whose client reads nothing for this long */
+    int max_connections;           /* open connections; the next one gets 503 and is closed */
+    size_t write_high_water_bytes; /* output queued for a client above which its next pipelined
+                                      request waits and stream text is held and coalesced */
+    size_t write_hard_cap_bytes;   /* a stream this far behind (queued + held) is cancelled */
+    size_t tcp_send_buffer_bytes;  /* SO_SNDBUF of each connection; 0 = the kernel's autotuning */
+    int drain_timeout_ms;          /* SIGTERM: how long requests in flight may take to finish */
+    char *log_level;               /* "debug", "info", "warn", "error" */
 };
 
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */
@@ -61,6 +82,10 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
                         char *err, size_t errlen);
 /* The --help text. */
 const char *sl_config_usage(void);
+/* Loads the TLS certificate and key that cfg names (if any) as the server would, so that
+ * --check-config and a reload fail the same way. Returns SL_OK, or SL_EINVAL with err saying
+ * which file does not load or that they do not match. Any thread. */
+int sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------------------------------------
  * HTTP server
