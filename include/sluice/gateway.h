@@ -93,21 +93,35 @@ int sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen);
 
 struct sl_http_server;
 
-/* Binds the listener (host:port from cfg, SO_REUSEPORT) and prepares cfg->io_threads event loops.
- * The server takes its own reference to cfg (from sl_config_new). The model and scheduler must
- * outlive the server. On failure err says why. */
+/* Binds the listener (host:port from cfg, SO_REUSEPORT, one socket per I/O thread) and, when
+ * cfg->tls.cert is set, the TLS listener next to it (its certificate and key loaded now), and
+ * prepares cfg->io_threads event loops. The server takes its own reference to cfg (from
+ * sl_config_new). The model and scheduler must outlive the server. On failure err says why. */
 int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
                        struct sl_http_server **out, char *err, size_t errlen);
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
  * every request that starts from now on; requests in flight keep theirs. Keys that only take
- * effect at start (listen, model, threads, KV and batch sizes, io_threads) keep their running
- * values, each change logged as needing a restart. Callable from any thread. */
+ * effect at start (listen, listen_backlog, tls.listen, model, threads, KV and batch sizes,
+ * io_threads) keep their running values, each change logged as needing a restart. With a TLS
+ * listener the certificate and key are loaded again first: when they do not load or do not
+ * match, nothing changes and SL_EINVAL says why; otherwise new TLS connections use them and open
+ * ones keep theirs. Callable from any thread. */
 int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
                           size_t errlen);
 /* The port actually bound (useful when cfg->listen_port is 0). */
 int sl_http_server_port(const struct sl_http_server *s);
+/* The TLS listener's bound port, or 0 without one. */
+int sl_http_server_tls_port(const struct sl_http_server *s);
 /* Starts the I/O threads. */
 int sl_http_server_start(struct sl_http_server *s);
+/* Drains (SIGTERM): stops accepting, makes /readyz fail and answers every request that starts on
+ * an open connection from now on with 503, Retry-After and Connection: close; then blocks until
+ * the responses in progress are complete or timeout_ms (< 0: the current configuration's
+ * drain_timeout_ms) has passed. Whatever is left is then cancelled in the scheduler and its
+ * client told so (a JSON 503, or an error event ending a stream) before it returns. Returns
+ * SL_OK, or SL_ETIMEDOUT when requests had to be cancelled. Call from one thread (main), after
+ * sl_http_server_start; sl_http_server_stop follows it. */
+int sl_http_server_drain(struct sl_http_server *s, int timeout_ms);
 /* Stops accepting, closes connections (cancelling their requests), joins the I/O threads. */
 void sl_http_server_stop(struct sl_http_server *s);
 void sl_http_server_free(struct sl_http_server *s);
