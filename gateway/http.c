@@ -386,9 +386,10 @@ enum conn_state {
 /* Which deadline a connection's timer stands for while it reads a request. */
 enum conn_timer {
     TIMER_NONE,
-    TIMER_HEAD, /* header_timeout_ms from the request's first byte (or the accept) */
-    TIMER_BODY, /* header_timeout_ms since the last piece of the body */
-    TIMER_IDLE, /* idle_timeout_ms between kept-alive requests */
+    TIMER_HEAD,   /* header_timeout_ms from the request's first byte (or the accept) */
+    TIMER_BODY,   /* header_timeout_ms since the last piece of the body */
+    TIMER_IDLE,   /* idle_timeout_ms between kept-alive requests */
+    TIMER_LINGER, /* LINGER_SECS of discarding input after an error answer */
 };
 
 struct conn {
@@ -407,12 +408,15 @@ struct conn {
     size_t lingered; /* bytes discarded while lingering */
 
     /* Transport. */
-    bool tls;                   /* a bufferevent_openssl; otherwise the loop writes the socket */
-    bool counted;               /* counts towards max_connections */
-    bool busy;                  /* a response is in progress (what a drain waits for) */
-    bool flush_queued;          /* on io->flush */
-    struct conn *flush_next;    /* io->flush */
-    struct event *timer;        /* the read deadline, see enum conn_timer */
+    bool tls;                /* a bufferevent_openssl; otherwise the loop writes the socket */
+    bool counted;            /* counts towards max_connections */
+    bool busy;               /* a response is in progress (what a drain waits for) */
+    bool flush_queued;       /* on io->flush */
+    struct conn *flush_next; /* io->flush */
+    struct event *read_ev;   /* plain sockets: the loop reads them itself (see conn_on_readable) */
+    bool read_paused;        /* read_ev is off: READ_HIGH_WATER bytes wait, or EOF was seen */
+    bool read_eof;           /* the client shut its side (or the read failed) */
+    struct event *timer;     /* the read deadline, see enum conn_timer */
     enum conn_timer timer_kind; /* what the timer stands for; TIMER_NONE when not pending */
     struct sl_str held;         /* stream text held back while the client is behind (valid UTF-8) */
 
@@ -1148,6 +1152,16 @@ static void conn_after_parse(struct conn *c, enum sl_http_parse st)
     route(c);
 }
 
+/* Reads again once the input buffer has room for what the client sends next. */
+static void conn_read_resume(struct conn *c)
+{
+    if (c->read_paused && !c->read_eof && !c->closed &&
+        evbuffer_get_length(bufferevent_get_input(c->bev)) < READ_HIGH_WATER) {
+        c->read_paused = false;
+        event_add(c->read_ev, NULL);
+    }
+}
+
 /* Moves input into the parser until one request is whole (the rest stays in the evbuffer). */
 static enum sl_http_parse conn_parse(struct conn *c)
 {
@@ -1160,6 +1174,7 @@ static enum sl_http_parse conn_parse(struct conn *c)
         st = sl_http_parser_feed(&c->req, v.iov_base, v.iov_len);
         evbuffer_drain(in, v.iov_len);
     }
+    conn_read_resume(c);
     return st;
 }
 
@@ -1200,6 +1215,10 @@ static void conn_on_timer(evutil_socket_t fd, short what, void *arg)
     struct conn *c = arg;
     enum conn_timer kind = c->timer_kind;
     c->timer_kind = TIMER_NONE;
+    if (!c->closed && kind == TIMER_LINGER) {
+        conn_close(c);
+        return;
+    }
     if (c->closed || c->state != CONN_READING)
         return;
     /* A client still reading the previous response is not idle (the write timeout watches
@@ -1248,13 +1267,13 @@ static void conn_advance(struct conn *c)
                 /* The client may still be sending a body we refused; reading it until EOF lets
                  * the answer arrive instead of a reset. */
                 c->state = CONN_LINGER;
-                conn_timer_stop(c);
                 shutdown(bufferevent_getfd(c->bev), SHUT_WR);
-                struct timeval tv = {LINGER_SECS, 0};
-                bufferevent_set_timeouts(c->bev, &tv, NULL);
+                bufferevent_set_timeouts(c->bev, NULL, NULL);
+                conn_timer_start(c, TIMER_LINGER, LINGER_SECS * 1000);
                 struct evbuffer *in = bufferevent_get_input(c->bev);
                 c->lingered += evbuffer_get_length(in);
                 evbuffer_drain(in, evbuffer_get_length(in));
+                conn_read_resume(c);
                 return;
             }
             if (queued > c->cfg->write_high_water_bytes)
@@ -1288,6 +1307,45 @@ static void conn_advance(struct conn *c)
     }
 }
 
+static void conn_on_event(struct bufferevent *bev, short what, void *arg);
+static void conn_on_read(struct bufferevent *bev, void *arg);
+
+/* Reads a plain socket into the connection's input buffer. The loop does this itself rather than
+ * through the bufferevent, whose evbuffer_read asks the kernel how much is readable (an ioctl)
+ * before every read: one syscall in three per small request. */
+static void conn_on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer_iovec v;
+    /* A socket bufferevent keeps the end of its input frozen except while it reads. */
+    evbuffer_unfreeze(in, 0);
+    ssize_t n = -1;
+    int e = 0;
+    if (evbuffer_reserve_space(in, 16384, &v, 1) == 1) {
+        n = recv(fd, v.iov_base, v.iov_len, 0);
+        e = errno;
+        v.iov_len = n > 0 ? (size_t)n : 0;
+        evbuffer_commit_space(in, &v, 1);
+    }
+    evbuffer_freeze(in, 0);
+    if (n < 0 && (e == EAGAIN || e == EWOULDBLOCK || e == EINTR))
+        return;
+    if (n <= 0) {
+        /* EOF or an error: nothing more will be read. */
+        event_del(c->read_ev);
+        c->read_paused = c->read_eof = true;
+        conn_on_event(c->bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), c);
+        return;
+    }
+    if (evbuffer_get_length(in) >= READ_HIGH_WATER) {
+        event_del(c->read_ev);
+        c->read_paused = true;
+    }
+    conn_on_read(c->bev, c);
+}
+
 static void conn_on_read(struct bufferevent *bev, void *arg)
 {
     struct conn *c = arg;
@@ -1299,6 +1357,8 @@ static void conn_on_read(struct bufferevent *bev, void *arg)
         evbuffer_drain(in, evbuffer_get_length(in));
         if (c->lingered > LINGER_MAX_BYTES)
             conn_close(c);
+        else
+            conn_read_resume(c);
         return;
     }
     /* Bytes that arrive while a request is answered are the next request's: they wait in the
@@ -1377,6 +1437,8 @@ static void conn_close(struct conn *c)
     c->closed = true;
     drop_request(c, true);
     conn_timer_stop(c);
+    if (c->read_ev)
+        event_del(c->read_ev);
     conn_set_busy(c, false);
     bufferevent_disable(c->bev, EV_READ | EV_WRITE);
     bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
@@ -1392,6 +1454,8 @@ static void conn_free(struct conn *c)
     sl_config_unref(c->cfg);
     if (c->timer)
         event_free(c->timer);
+    if (c->read_ev)
+        event_free(c->read_ev);
     bufferevent_free(c->bev);
     sl_http_parser_dispose(&c->req);
     sl_str_dispose(&c->text);
@@ -1513,9 +1577,14 @@ static void conn_open(struct io *io, evutil_socket_t fd, bool tls)
     bufferevent_setcb(bev, conn_on_read, conn_on_write, conn_on_event, c);
     bufferevent_setwatermark(bev, EV_READ, 0, READ_HIGH_WATER);
     conn_apply_cfg(c);
-    /* Plain sockets are written by on_flush; the write event is enabled only when the kernel
-     * does not take everything. */
-    bufferevent_enable(bev, tls ? EV_READ | EV_WRITE : EV_READ);
+    /* Plain sockets are read by read_ev and written by on_flush; the bufferevent's write event
+     * is enabled only when the kernel does not take everything. */
+    if (tls) {
+        bufferevent_enable(bev, EV_READ | EV_WRITE);
+    } else {
+        c->read_ev = event_new(io->base, fd, EV_READ | EV_PERSIST, conn_on_readable, c);
+        event_add(c->read_ev, NULL);
+    }
     if (atomic_fetch_add(&s->n_conns, 1) >= cfg->max_connections) {
         atomic_fetch_sub(&s->n_conns, 1);
         conn_refuse(c, 503, "too_many_connections",

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <event2/thread.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -975,5 +976,60 @@ Test(gateway, refuses_new_work_with_503_when_draining)
     json_decref(j);
     cr_assert(closed_by_server(&rd));
     close(rd.fd);
+    live_stop(&l);
+}
+
+struct pipeline {
+    int fd;
+    int n;
+};
+
+static void *send_pipeline(void *arg)
+{
+    struct pipeline *pl = arg;
+    static const char a[] = "GET /healthz HTTP/1.1\r\n\r\n", b[] = "GET /nope HTTP/1.1\r\n\r\n";
+    for (int i = 0; i < pl->n; i++) {
+        const char *r = i % 2 ? b : a;
+        send_all(pl->fd, r, strlen(r));
+    }
+    return NULL;
+}
+
+static void small_buffers(struct sl_config *c)
+{
+    c->write_high_water_bytes = 1024;
+    c->tcp_send_buffer_bytes = 4096;
+}
+
+Test(gateway, answers_every_pipelined_request_in_order_when_the_client_reads_late)
+{
+    struct live l;
+    live_start_with(&l, 1, small_buffers);
+    /* A client with a small receive window sends 4000 requests (~90 KiB) before reading any
+     * answer (~570 KiB): the server's output passes the high-water mark, so it stops taking up
+     * requests; its input passes 64 KiB, so it stops reading (the rest waits in the kernel).
+     * Once the client reads, everything must resume and every answer come, in order. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int rcvbuf = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)sl_http_server_port(l.srv))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 60};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct pipeline pl = {.fd = fd, .n = 4000};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, send_pipeline, &pl), 0);
+    /* The kernel's buffers (the server's receive buffer, 128 KiB by default) take what the
+     * server does not read, so the sender finishes before anything is read. */
+    pthread_join(t, NULL);
+    struct reader rd = {.fd = fd};
+    struct reply r;
+    for (int i = 0; i < pl.n; i++) {
+        cr_assert(read_reply(&rd, &r), "response %d", i);
+        cr_assert_eq(r.status, i % 2 ? 404 : 200, "response %d", i);
+    }
+    close(fd);
     live_stop(&l);
 }
