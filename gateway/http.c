@@ -12,10 +12,12 @@
  * order; the next pipelined request is taken up once the output queued for the client is below
  * write_high_water_bytes.
  *
- * Output to plain sockets is written by the loop itself, once per iteration for every connection
- * that queued some (a flush list), so a response usually leaves in one write() without the loop
- * ever waiting for the socket to become writable; only what the kernel does not take is left to
- * the bufferevent's write event. TLS connections write through bufferevent_openssl.
+ * Plain sockets are read and written by the loop itself: the answers to what one read completed
+ * leave right after it in one writev, and output queued elsewhere (tokens from the scheduler) at
+ * the end of the iteration for every connection that has some (a flush list), so a response
+ * usually leaves without the loop ever waiting for the socket to become writable; only what the
+ * kernel does not take is left to the bufferevent's write event. TLS connections read and write
+ * through bufferevent_openssl.
  *
  * Every connection is bounded: a deadline while it reads a request (enum conn_timer), a write
  * timeout while the client does not read, max_connections, and for streams a high-water mark
@@ -1309,6 +1311,7 @@ static void conn_advance(struct conn *c)
 
 static void conn_on_event(struct bufferevent *bev, short what, void *arg);
 static void conn_on_read(struct bufferevent *bev, void *arg);
+static void conn_write_socket(struct conn *c);
 
 /* Reads a plain socket into the connection's input buffer. The loop does this itself rather than
  * through the bufferevent, whose evbuffer_read asks the kernel how much is readable (an ioctl)
@@ -1344,6 +1347,11 @@ static void conn_on_readable(evutil_socket_t fd, short what, void *arg)
         c->read_paused = true;
     }
     conn_on_read(c->bev, c);
+    /* The answers to everything this read completed leave now, in one write, rather than after
+     * every other connection of this loop iteration has been served: that wait would only add
+     * latency (on_flush still moves the connection on). */
+    if (!c->closed)
+        conn_write_socket(c);
 }
 
 static void conn_on_read(struct bufferevent *bev, void *arg)
