@@ -34,32 +34,64 @@ void sl_log_set_level(enum sl_log_level level)
     log_min = level;
 }
 
-void sl_log(enum sl_log_level level, const char *fmt, ...)
+size_t sl_log_prefix(char *buf, enum sl_log_level level)
 {
     static const char *const names[] = {"debug", "info", "warn", "error"};
+    /* The date and time to the second, formatted once per second per thread. */
+    static _Thread_local time_t sec = -1;
+    static _Thread_local char stamp[48];
     if (level < log_min)
-        return;
-    char line[1024];
+        return 0;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ts.tv_nsec / 1000000, names[level]);
+    if (ts.tv_sec != sec) {
+        struct tm tm;
+        gmtime_r(&ts.tv_sec, &tm);
+        snprintf(stamp, sizeof stamp, "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        sec = ts.tv_sec;
+    }
+    /* No printf: the access log calls this once per request. */
+    size_t n = strlen(stamp), nl = strlen(names[level]);
+    long ms = ts.tv_nsec / 1000000;
+    memcpy(buf, stamp, n);
+    buf[n++] = '.';
+    buf[n++] = (char)('0' + ms / 100);
+    buf[n++] = (char)('0' + ms / 10 % 10);
+    buf[n++] = (char)('0' + ms % 10);
+    buf[n++] = 'Z';
+    buf[n++] = ' ';
+    memcpy(buf + n, names[level], nl);
+    n += nl;
+    buf[n++] = ' ';
+    buf[n] = '\0';
+    return n;
+}
+
+void sl_log_write(const char *lines, size_t len)
+{
+    /* One fwrite under a lock so lines from different threads never interleave. */
+    pthread_mutex_lock(&log_lock);
+    fwrite(lines, 1, len, stderr);
+    fflush(stderr);
+    pthread_mutex_unlock(&log_lock);
+}
+
+void sl_log(enum sl_log_level level, const char *fmt, ...)
+{
+    char line[1024];
+    size_t n = sl_log_prefix(line, level);
+    if (n == 0)
+        return;
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    int m = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
     va_end(ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    size_t len = n + (m < 0 ? 0 : (size_t)m);
     if (len > sizeof line - 2)
         len = sizeof line - 2;
     line[len++] = '\n';
-    /* One fwrite under a lock so lines from different threads never interleave. */
-    pthread_mutex_lock(&log_lock);
-    fwrite(line, 1, len, stderr);
-    fflush(stderr);
-    pthread_mutex_unlock(&log_lock);
+    sl_log_write(line, len);
 }
 
 uint64_t sl_clock_ns(void)

@@ -14,6 +14,7 @@ void sl_config_init(struct sl_config *c)
     memset(c, 0, sizeof *c);
     c->listen_host = sl_xstrdup("127.0.0.1");
     c->listen_port = 8080;
+    c->listen_backlog = 4096;
     c->model = sl_xstrdup("synthetic");
     c->tokenizer = NULL;
     c->io_threads = 1;
@@ -25,12 +26,28 @@ void sl_config_init(struct sl_config *c)
     c->default_max_tokens = 16;
     c->max_body_bytes = 1 << 20;
     c->max_header_bytes = 16 << 10;
+    c->header_timeout_ms = 10000;
+    c->idle_timeout_ms = 60000;
+    c->max_connections = 4096;
+    c->write_high_water_bytes = 64 << 10;
+    c->write_hard_cap_bytes = 1 << 20;
+    c->tcp_send_buffer_bytes = 0;
+    c->drain_timeout_ms = 30000;
     c->log_level = sl_xstrdup("info");
     sl_tenancy_init(c);
 }
 
+static void tls_clear(struct sl_config_tls *t)
+{
+    free(t->listen_host);
+    free(t->cert);
+    free(t->key);
+    memset(t, 0, sizeof *t);
+}
+
 void sl_config_dispose(struct sl_config *c)
 {
+    tls_clear(&c->tls);
     free(c->listen_host);
     free(c->model);
     free(c->tokenizer);
@@ -83,8 +100,8 @@ static void replace(char **dst, const char *src)
     *dst = src ? sl_xstrdup(src) : NULL;
 }
 
-/* Splits "HOST:PORT" (or "[V6]:PORT"). */
-static int parse_listen(struct sl_config *c, const char *v, char *err, size_t errlen,
+/* Splits "HOST:PORT" (or "[V6]:PORT") into *host and *port. */
+static int parse_listen(char **host, int *port_out, const char *v, char *err, size_t errlen,
                         const char *what)
 {
     const char *colon = strrchr(v, ':');
@@ -108,9 +125,9 @@ static int parse_listen(struct sl_config *c, const char *v, char *err, size_t er
         h++;
         hl -= 2;
     }
-    free(c->listen_host);
-    c->listen_host = sl_xstrndup(h, hl);
-    c->listen_port = (int)port;
+    free(*host);
+    *host = sl_xstrndup(h, hl);
+    *port_out = (int)port;
     return SL_OK;
 }
 
@@ -124,7 +141,7 @@ static int check_log_level(const char *v)
     return -1;
 }
 
-enum key_type { K_INT, K_SIZE, K_FRACTION, K_STR, K_STR_OR_NULL, K_LISTEN, K_LOG_LEVEL };
+enum key_type { K_INT, K_SIZE, K_FRACTION, K_STR, K_STR_OR_NULL, K_LISTEN, K_LOG_LEVEL, K_TLS };
 
 struct key {
     const char *name;
@@ -136,6 +153,8 @@ struct key {
 #define OFF(f) offsetof(struct sl_config, f)
 static const struct key keys[] = {
     {"listen", K_LISTEN, 0, 0, 0},
+    {"listen_backlog", K_INT, OFF(listen_backlog), 1, 65535},
+    {"tls", K_TLS, 0, 0, 0},
     {"model", K_STR, OFF(model), 0, 0},
     {"tokenizer", K_STR_OR_NULL, OFF(tokenizer), 0, 0},
     {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
@@ -149,8 +168,76 @@ static const struct key keys[] = {
     {"default_max_tokens", K_INT, OFF(default_max_tokens), 1, 1 << 20},
     {"max_body_bytes", K_SIZE, OFF(max_body_bytes), 64, 1L << 30},
     {"max_header_bytes", K_SIZE, OFF(max_header_bytes), 256, 1L << 20},
+    {"header_timeout_ms", K_INT, OFF(header_timeout_ms), 1, 3600000},
+    {"idle_timeout_ms", K_INT, OFF(idle_timeout_ms), 1, 86400000},
+    {"max_connections", K_INT, OFF(max_connections), 1, 1000000},
+    {"write_high_water_bytes", K_SIZE, OFF(write_high_water_bytes), 0, 1L << 30},
+    {"write_hard_cap_bytes", K_SIZE, OFF(write_hard_cap_bytes), 1024, 1L << 34},
+    {"tcp_send_buffer_bytes", K_SIZE, OFF(tcp_send_buffer_bytes), 0, 1L << 28},
+    {"drain_timeout_ms", K_INT, OFF(drain_timeout_ms), 0, 3600000},
     {"log_level", K_LOG_LEVEL, OFF(log_level), 0, 0},
 };
+
+/* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys
+ * starting with "//" being comments. The files are read by the server, not here. */
+static int parse_tls(struct sl_config *c, json_t *v, char *err, size_t errlen, const char *where)
+{
+    struct sl_config_tls t = {0};
+    if (json_is_null(v)) {
+        tls_clear(&c->tls);
+        return SL_OK;
+    }
+    if (!json_is_object(v)) {
+        snprintf(err, errlen,
+                 "%s: \"tls\" must be null or an object {\"listen\", \"cert\", \"key\"}", where);
+        return SL_EINVAL;
+    }
+    const char *name;
+    json_t *x;
+    int st = SL_OK;
+    json_object_foreach(v, name, x)
+    {
+        if (strncmp(name, "//", 2) == 0)
+            continue;
+        char **dst = strcmp(name, "cert") == 0 ? &t.cert : strcmp(name, "key") == 0 ? &t.key : NULL;
+        if (strcmp(name, "listen") == 0) {
+            char what[512];
+            snprintf(what, sizeof what, "%s: \"tls\".\"listen\"", where);
+            if (!json_is_string(x)) {
+                snprintf(err, errlen, "%s must be a string \"HOST:PORT\"", what);
+                st = SL_EINVAL;
+            } else {
+                st = parse_listen(&t.listen_host, &t.listen_port, json_string_value(x), err, errlen,
+                                  what);
+            }
+        } else if (dst) {
+            if (!json_is_string(x) || json_string_length(x) == 0) {
+                snprintf(err, errlen, "%s: \"tls\".\"%s\" must be a non-empty file name", where,
+                         name);
+                st = SL_EINVAL;
+            } else {
+                replace(dst, json_string_value(x));
+            }
+        } else {
+            snprintf(err, errlen, "%s: unknown key \"tls\".\"%s\" (listen, cert, key)", where,
+                     name);
+            st = SL_EINVAL;
+        }
+        if (st != SL_OK)
+            break;
+    }
+    if (st == SL_OK && (!t.listen_host || !t.cert || !t.key)) {
+        snprintf(err, errlen, "%s: \"tls\" needs \"listen\", \"cert\" and \"key\"", where);
+        st = SL_EINVAL;
+    }
+    if (st != SL_OK) {
+        tls_clear(&t);
+        return st;
+    }
+    tls_clear(&c->tls);
+    c->tls = t;
+    return SL_OK;
+}
 
 static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *err, size_t errlen,
                      const char *where)
@@ -205,8 +292,10 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
         }
         char what[512];
         snprintf(what, sizeof what, "%s: \"listen\"", where);
-        return parse_listen(c, json_string_value(v), err, errlen, what);
+        return parse_listen(&c->listen_host, &c->listen_port, json_string_value(v), err, errlen,
+                            what);
     }
+    case K_TLS: return parse_tls(c, v, err, errlen, where);
     case K_LOG_LEVEL:
         if (!json_is_string(v) || check_log_level(json_string_value(v)) < 0) {
             snprintf(err, errlen, "%s: \"log_level\" must be one of debug, info, warn, error",
@@ -296,6 +385,22 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "\"log_level\" must be one of debug, info, warn, error");
         return SL_EINVAL;
     }
+    if (c->write_hard_cap_bytes <= c->write_high_water_bytes) {
+        snprintf(err, errlen,
+                 "\"write_hard_cap_bytes\" (%zu) must be above \"write_high_water_bytes\" (%zu)",
+                 c->write_hard_cap_bytes, c->write_high_water_bytes);
+        return SL_EINVAL;
+    }
+    if (c->tls.cert && (!c->tls.key || !c->tls.listen_host)) {
+        snprintf(err, errlen, "\"tls\" needs \"listen\", \"cert\" and \"key\"");
+        return SL_EINVAL;
+    }
+    if (c->tls.cert && c->tls.listen_port != 0 && c->tls.listen_port == c->listen_port &&
+        strcmp(c->tls.listen_host, c->listen_host) == 0) {
+        snprintf(err, errlen, "\"tls\".\"listen\" must differ from \"listen\" (%s:%d)",
+                 c->listen_host, c->listen_port);
+        return SL_EINVAL;
+    }
     return sl_tenancy_validate(c, err, errlen);
 }
 
@@ -324,6 +429,18 @@ json_t *sl_config_to_json(const struct sl_config *c)
                              c->listen_port);
             break;
         }
+        case K_TLS:
+            if (!c->tls.cert) {
+                v = json_null();
+            } else {
+                /* File paths only: the key's contents never leave the file. */
+                bool v6 = strchr(c->tls.listen_host, ':') != NULL;
+                v = json_pack("{s:o,s:s,s:s}", "listen",
+                              json_sprintf("%s%s%s:%d", v6 ? "[" : "", c->tls.listen_host,
+                                           v6 ? "]" : "", c->tls.listen_port),
+                              "cert", c->tls.cert, "key", c->tls.key);
+            }
+            break;
         }
         json_object_set_new(root, k->name, v);
     }
@@ -338,7 +455,8 @@ const char *sl_config_usage(void)
            "\n"
            "  --config FILE       JSON configuration (see conf/sluice.json); flags override it;\n"
            "                      SIGHUP reloads it\n"
-           "  --check-config FILE validate FILE (with the other flags) and exit: 0 when valid\n"
+           "  --check-config FILE validate FILE (with the other flags; TLS certificate and key\n"
+           "                      are loaded) and exit: 0 when valid\n"
            "  --listen HOST:PORT  address to serve HTTP on (default 127.0.0.1:8080; port 0 picks "
            "one)\n"
            "  --model SPEC        synthetic[:tiny|stories15M|llama-1b][:f32|f16|bf16|q8_0], a "
@@ -408,7 +526,7 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
         } else if (is_flag(a, "--listen")) {
             if (!(v = flag_value(argc, argv, &i, "--listen", err, errlen)))
                 return SL_EINVAL;
-            if (parse_listen(c, v, err, errlen, "--listen") != SL_OK)
+            if (parse_listen(&c->listen_host, &c->listen_port, v, err, errlen, "--listen") != SL_OK)
                 return SL_EINVAL;
         } else if (is_flag(a, "--model")) {
             if (!(v = flag_value(argc, argv, &i, "--model", err, errlen)))

@@ -8,19 +8,37 @@
  *
  * A connection serves one request at a time: while a request is queued or streaming, the next
  * request's bytes wait in the input buffer (reading stays enabled up to a high-water mark so a
- * client that hangs up is still noticed and its request cancelled).
+ * client that hangs up is still noticed and its request cancelled). Responses leave in request
+ * order; the next pipelined request is taken up once the output queued for the client is below
+ * write_high_water_bytes.
+ *
+ * Plain sockets are read and written by the loop itself: the answers to what one read completed
+ * leave right after it in one writev, and output queued elsewhere (tokens from the scheduler) at
+ * the end of the iteration for every connection that has some (a flush list), so a response
+ * usually leaves without the loop ever waiting for the socket to become writable; only what the
+ * kernel does not take is left to the bufferevent's write event. TLS connections read and write
+ * through bufferevent_openssl.
+ *
+ * Every connection is bounded: a deadline while it reads a request (enum conn_timer), a write
+ * timeout while the client does not read, max_connections, and for streams a high-water mark
+ * and a hard cap on what waits for the client. A drain (SIGTERM) closes the listeners, refuses
+ * requests that start afterwards and waits for the responses in progress (conn->busy).
  */
 #include "gateway_impl.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <event2/listener.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,8 +50,10 @@
 
 /* Bytes a connection buffers from the socket while its current request is being answered. */
 #define READ_HIGH_WATER (64 << 10)
-/* A streaming client this far behind is not reading: its request is cancelled. */
-#define OUTPUT_HARD_CAP (16 << 20)
+/* Access-log bytes an I/O thread buffers before writing them out within an iteration. */
+#define LOG_FLUSH_BYTES (16 << 10)
+/* After a drain timed out and requests were cancelled, how long their error answers may take. */
+#define DRAIN_CANCEL_GRACE_MS 2000
 /* After an error answer, input discarded (at most, and for at most LINGER_SECS) so that the
  * close does not reset the connection before the client has read the answer. */
 #define LINGER_MAX_BYTES (4 << 20)
@@ -85,6 +105,7 @@ static const char *reason_phrase(int code)
     case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
     case 413: return "Content Too Large";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
@@ -369,6 +390,15 @@ enum conn_state {
     CONN_LINGER,   /* an error was answered and the write side shut; discarding input */
 };
 
+/* Which deadline a connection's timer stands for while it reads a request. */
+enum conn_timer {
+    TIMER_NONE,
+    TIMER_HEAD,   /* header_timeout_ms from the request's first byte (or the accept) */
+    TIMER_BODY,   /* header_timeout_ms since the last piece of the body */
+    TIMER_IDLE,   /* idle_timeout_ms between kept-alive requests */
+    TIMER_LINGER, /* LINGER_SECS of discarding input after an error answer */
+};
+
 struct conn {
     struct io *io;
     /* The configuration of the current request (a reference): the I/O thread's when the request
@@ -383,6 +413,19 @@ struct conn {
     bool linger;     /* after this response, shut the write side and drain */
     bool sent_continue;
     size_t lingered; /* bytes discarded while lingering */
+
+    /* Transport. */
+    bool tls;                /* a bufferevent_openssl; otherwise the loop writes the socket */
+    bool counted;            /* counts towards max_connections */
+    bool busy;               /* a response is in progress (what a drain waits for) */
+    bool flush_queued;       /* on io->flush */
+    struct conn *flush_next; /* io->flush */
+    struct event *read_ev;   /* plain sockets: the loop reads them itself (see conn_on_readable) */
+    bool read_paused;        /* read_ev is off: READ_HIGH_WATER bytes wait, or EOF was seen */
+    bool read_eof;           /* the client shut its side (or the read failed) */
+    struct event *timer;     /* the read deadline, see enum conn_timer */
+    enum conn_timer timer_kind; /* what the timer stands for; TIMER_NONE when not pending */
+    struct sl_str held;         /* stream text held back while the client is behind (valid UTF-8) */
 
     /* The completion in flight (creq != NULL while queued or streaming). */
     struct sl_req *creq; /* the connection's own reference */
@@ -420,6 +463,19 @@ struct io {
     struct event *stop_ev;   /* activated by sl_http_server_stop() */
     struct event *reap_ev;   /* frees closed connections outside their callbacks */
     struct event *reload_ev; /* activated by sl_http_server_reload() */
+
+    /* Transport. */
+    struct evconnlistener *tls_listener; /* NULL without TLS */
+    struct ssl_ctx_st *tls_ctx;          /* this thread's reference to the current context */
+    struct event *drain_ev;              /* activated by sl_http_server_drain(): stop accepting */
+    struct event *cancel_ev;             /* activated when a drain times out: cancel what is left */
+    struct event *flush_ev; /* writes the flush list and the access log, once per iteration */
+    struct conn *flush;     /* connections with output queued or to move on this iteration */
+    struct sl_str log;      /* access-log lines not yet written */
+    struct sl_str wbuf;     /* scratch for one write: a head, an SSE event */
+    bool flush_pending;     /* flush_ev is active */
+    bool draining;
+
     struct sl_outbox *outbox;
     uint64_t wake_ns; /* when on_wake began: the time of every event of that batch */
     struct conn *conns;
@@ -448,10 +504,24 @@ struct sl_http_server {
     int64_t created;
     bool started;
     enum sl_chat_template chat_template; /* the model's, when the config names none */
+
+    /* TLS: the listener's port (0 without one) and the current context (under cfg_lock). */
+    int tls_port;
+    struct ssl_ctx_st *tls_ctx;
+
+    atomic_int n_conns; /* open connections that count towards max_connections */
+    atomic_int busy;    /* responses in progress, over all I/O threads */
+    atomic_bool draining;
+    /* A drain waits on drain_cond for busy to reach 0 and for every thread's acknowledgement. */
+    pthread_mutex_t drain_lock;
+    pthread_cond_t drain_cond;
+    int drain_acks;
 };
 
 static void conn_close(struct conn *c);
-static void conn_after_parse(struct conn *c, enum sl_http_parse st);
+static void conn_advance(struct conn *c);
+static void conn_set_busy(struct conn *c, bool busy);
+static void io_flush_later(struct io *io);
 
 static void list_remove(struct conn **head, struct conn *c)
 {
@@ -495,36 +565,117 @@ static const char *io_date(struct io *io)
 
 /* ---- writing responses ---- */
 
-/* Writes the status line and headers. content_length < 0: the body is chunked (HTTP/1.1) or
- * ends with the connection (HTTP/1.0). */
+static void str_add(struct sl_str *w, const char *lit)
+{
+    sl_str_append(w, lit, strlen(lit));
+}
+
+static void str_add_num(struct sl_str *w, unsigned long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    do
+        d[--i] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    sl_str_append(w, d + i, sizeof d - i);
+}
+
+/* Puts the connection on its thread's flush list: on_flush writes its output (plain sockets)
+ * and moves it on (conn_advance) at the end of this loop iteration. */
+static void conn_flush_later(struct conn *c)
+{
+    if (c->flush_queued)
+        return;
+    c->flush_queued = true;
+    c->flush_next = c->io->flush;
+    c->io->flush = c;
+    io_flush_later(c->io);
+}
+
+/* Queues bytes for the client. bufferevent_openssl encrypts and writes them at once. */
+static void conn_write(struct conn *c, const void *data, size_t len)
+{
+    evbuffer_add(bufferevent_get_output(c->bev), data, len);
+    conn_flush_later(c);
+}
+
+/* Appends the status line and headers to w. content_length < 0: the body is chunked (HTTP/1.1)
+ * or ends with the connection (HTTP/1.0). Built with appends, not printf: this is the hot path. */
+static void head_format(struct conn *c, struct sl_str *w, int code, const char *ctype,
+                        long long content_length, const char *extra)
+{
+    /* Once draining, every response says the connection ends with it. */
+    if (c->io->draining)
+        c->keep_alive = false;
+    c->status = code;
+    str_add(w, "HTTP/1.1 ");
+    str_add_num(w, (unsigned)code);
+    sl_str_append(w, " ", 1);
+    str_add(w, reason_phrase(code));
+    str_add(w, "\r\nServer: sluice/" SL_VERSION "\r\nDate: ");
+    str_add(w, io_date(c->io));
+    str_add(w, "\r\nContent-Type: ");
+    str_add(w, ctype);
+    if (content_length >= 0) {
+        str_add(w, "\r\nContent-Length: ");
+        str_add_num(w, (unsigned long long)content_length);
+    } else if (c->chunked) {
+        str_add(w, "\r\nTransfer-Encoding: chunked");
+    }
+    if (c->tier >= 0) {
+        str_add(w, "\r\nX-Sluice-Tier: ");
+        str_add(w, c->cfg->tiers[c->tier].name);
+    }
+    str_add(w, c->keep_alive ? "\r\nConnection: keep-alive\r\n" : "\r\nConnection: close\r\n");
+    if (extra)
+        str_add(w, extra);
+    sl_str_append(w, "\r\n", 2);
+}
+
 static void send_head(struct conn *c, int code, const char *ctype, long long content_length,
                       const char *extra)
 {
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    c->status = code;
-    evbuffer_add_printf(out,
-                        "HTTP/1.1 %d %s\r\nServer: sluice/" SL_VERSION "\r\nDate: %s\r\n"
-                        "Content-Type: %s\r\n",
-                        code, reason_phrase(code), io_date(c->io), ctype);
-    if (content_length >= 0)
-        evbuffer_add_printf(out, "Content-Length: %lld\r\n", content_length);
-    else if (c->chunked)
-        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
-    if (c->tier >= 0)
-        evbuffer_add_printf(out, "X-Sluice-Tier: %s\r\n", c->cfg->tiers[c->tier].name);
-    evbuffer_add_printf(out, "Connection: %s\r\n%s\r\n", c->keep_alive ? "keep-alive" : "close",
-                        extra ? extra : "");
+    struct sl_str *w = &c->io->wbuf;
+    sl_str_clear(w);
+    head_format(c, w, code, ctype, content_length, extra);
+    conn_write(c, w->p, w->len);
 }
 
-/* The whole response is queued: once it drains, serve the next request or close. */
+/* The whole response is queued: once enough of it is written, serve the next request or
+ * close (conn_advance, from on_flush). */
 static void conn_done(struct conn *c)
 {
     c->state = CONN_FLUSHING;
-    /* The write callback moves on once the output drains; if it is empty already, make it run
-     * from the loop rather than re-enter the caller. */
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
-        bufferevent_trigger(c->bev, EV_WRITE,
-                            BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+    conn_flush_later(c);
+}
+
+/* Access-log lines are buffered per I/O thread and written once per loop iteration (or every
+ * LOG_FLUSH_BYTES): a write(2) per request would cost as much as serving a small one. */
+static void access_log_add(struct io *io, const struct sl_str *line)
+{
+    char prefix[SL_LOG_PREFIX_MAX];
+    size_t n = sl_log_prefix(prefix, SL_LOG_INFO);
+    if (n == 0)
+        return;
+    sl_str_append(&io->log, prefix, n);
+    sl_str_append(&io->log, line->p, line->len);
+    sl_str_append(&io->log, "\n", 1);
+    if (io->log.len >= LOG_FLUSH_BYTES) {
+        sl_log_write(io->log.p, io->log.len);
+        sl_str_clear(&io->log);
+    } else {
+        io_flush_later(io);
+    }
+}
+
+/* Appends ns as milliseconds with three decimals. */
+static void str_add_ms(struct sl_str *w, uint64_t ns)
+{
+    uint64_t us = ns / 1000;
+    char frac[5] = {'.', (char)('0' + us / 100 % 10), (char)('0' + us / 10 % 10),
+                    (char)('0' + us % 10), 0};
+    str_add_num(w, us / 1000);
+    sl_str_append(w, frac, 4);
 }
 
 /* ---- metrics ---- */
@@ -621,36 +772,54 @@ static void log_access(struct conn *c, const char *finish, int n_completion)
     metrics_request_end(c, finish, n_completion, now);
     struct sl_str *l = &c->io->line;
     sl_str_clear(l);
-    sl_str_appendf(l, "access {\"io\":%d,\"method\":\"%s\",\"path\":\"", c->io->idx,
-                   c->req.state == SL_HTTP_PARSE_DONE ? llhttp_method_name(c->req.method) : "");
+    str_add(l, "access {\"io\":");
+    str_add_num(l, (unsigned)c->io->idx);
+    str_add(l, ",\"method\":\"");
+    str_add(l, c->req.state == SL_HTTP_PARSE_DONE ? llhttp_method_name(c->req.method) : "");
+    str_add(l, "\",\"path\":\"");
     struct sl_http_span path = sl_http_parser_path(&c->req);
     if (c->req.state == SL_HTTP_PARSE_DONE)
         sl_str_append_json(l, sl_http_span_ptr(&c->req, path), path.len > 200 ? 200 : path.len);
-    sl_str_appendf(l, "\",\"status\":%d", c->status);
+    str_add(l, "\",\"status\":");
+    str_add_num(l, (unsigned)c->status);
     /* Names are checked at load to need no escaping; keys never get this far. */
-    if (c->tenant)
-        sl_str_appendf(l, ",\"tenant\":\"%s\"", c->tenant->name);
-    if (c->tier >= 0)
-        sl_str_appendf(l, ",\"tier\":\"%s\"", c->cfg->tiers[c->tier].name);
+    if (c->tenant) {
+        str_add(l, ",\"tenant\":\"");
+        str_add(l, c->tenant->name);
+        sl_str_append(l, "\"", 1);
+    }
+    if (c->tier >= 0) {
+        str_add(l, ",\"tier\":\"");
+        str_add(l, c->cfg->tiers[c->tier].name);
+        sl_str_append(l, "\"", 1);
+    }
     if (c->creq || finish) {
         sl_str_appendf(l, ",\"admission\":\"admitted\""); /* until admission control exists */
         sl_str_appendf(l, ",\"id\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d",
                        c->ident.id, c->n_prompt, n_completion);
         sl_str_appendf(l, ",\"finish\":\"%s\"", finish ? finish : "none");
-        if (c->t_first_ns)
-            sl_str_appendf(l, ",\"ttft_ms\":%.3f", (double)(c->t_first_ns - c->t_start_ns) / 1e6);
+        if (c->t_first_ns) {
+            str_add(l, ",\"ttft_ms\":");
+            str_add_ms(l, c->t_first_ns - c->t_start_ns);
+        }
     }
-    sl_str_appendf(l, ",\"e2e_ms\":%.3f}", (double)(now - c->t_start_ns) / 1e6);
-    sl_log(SL_LOG_INFO, "%s", l->p);
+    str_add(l, ",\"e2e_ms\":");
+    str_add_ms(l, now - c->t_start_ns);
+    sl_str_append(l, "}", 1);
+    access_log_add(c->io, l);
 }
 
 static void send_body(struct conn *c, int code, const char *ctype, const char *extra,
                       const char *body, size_t len)
 {
-    send_head(c, code, ctype, (long long)len, extra);
+    /* Head and body in one piece: one TLS record, one evbuffer chain. */
+    struct sl_str *w = &c->io->wbuf;
+    sl_str_clear(w);
+    head_format(c, w, code, ctype, (long long)len, extra);
     log_access(c, NULL, 0);
-    if (c->req.method != HTTP_HEAD)
-        bufferevent_write(c->bev, body, len);
+    if (c->req.method != HTTP_HEAD || c->req.state != SL_HTTP_PARSE_DONE)
+        sl_str_append(w, body, len);
+    conn_write(c, w->p, w->len);
     conn_done(c);
 }
 
@@ -670,16 +839,18 @@ static void send_error(struct conn *c, const struct sl_openai_error *e, const ch
 /* Appends one SSE event (payload + "\n\n") in the connection's framing. */
 static void send_sse(struct conn *c, const char *payload, size_t len)
 {
-    struct evbuffer *out = bufferevent_get_output(c->bev);
     static const char pre[] = "data: ", post[] = "\n\n";
+    struct sl_str *w = &c->io->wbuf;
+    sl_str_clear(w);
     size_t n = sizeof pre - 1 + len + sizeof post - 1;
     if (c->chunked)
-        evbuffer_add_printf(out, "%zx\r\n", n);
-    evbuffer_add(out, pre, sizeof pre - 1);
-    evbuffer_add(out, payload, len);
-    evbuffer_add(out, post, sizeof post - 1);
+        sl_str_appendf(w, "%zx\r\n", n);
+    sl_str_append(w, pre, sizeof pre - 1);
+    sl_str_append(w, payload, len);
+    sl_str_append(w, post, sizeof post - 1);
     if (c->chunked)
-        evbuffer_add(out, "\r\n", 2);
+        sl_str_append(w, "\r\n", 2);
+    conn_write(c, w->p, w->len);
 }
 
 /* ---- completions ---- */
@@ -707,6 +878,7 @@ static void drop_request(struct conn *c, bool cancel)
     sl_req_unref(c->creq);
     c->creq = NULL;
     sl_str_clear(&c->text);
+    sl_str_clear(&c->held);
 }
 
 /* ---- tenants, tiers and the admin API ---- */
@@ -933,6 +1105,48 @@ static void stream_role(struct conn *c)
     sl_str_clear(b); /* callers encode into the same scratch next */
 }
 
+/* ---- back-pressure ---- */
+
+/* Sends the text held back from a slow client as one chunk. */
+static void stream_release(struct conn *c)
+{
+    if (c->held.len == 0)
+        return;
+    struct sl_str *b = &c->io->out;
+    sl_str_clear(b);
+    sl_openai_chunk_encode(b, &c->ident, c->held.p, c->held.len, SL_FINISH_NONE);
+    sl_str_clear(&c->held);
+    send_sse(c, b->p, b->len);
+    sl_str_clear(b);
+}
+
+/* Redis-style output limits for a stream. Above write_high_water_bytes queued for the client,
+ * text is held and later sent as one chunk (OpenAI clients concatenate chunks), so a slow reader
+ * costs its text, not a JSON chunk per token. Past write_hard_cap_bytes (queued + held) the
+ * client is not reading: the request is cancelled in the scheduler and the connection closed.
+ * "Queued" is what the kernel has not taken yet (tcp_send_buffer_bytes bounds the kernel's
+ * part). Returns true when the text was taken (held, sent with held text, or dropped). */
+static bool stream_hold(struct conn *c, const char *text, size_t len)
+{
+    size_t queued = evbuffer_get_length(bufferevent_get_output(c->bev));
+    size_t high = c->cfg->write_high_water_bytes;
+    if (c->held.len == 0 && queued <= high)
+        return false;
+    sl_str_append(&c->held, text, len);
+    if (queued <= high) {
+        stream_release(c);
+        return true;
+    }
+    if (queued + c->held.len > c->cfg->write_hard_cap_bytes) {
+        sl_log(SL_LOG_WARN,
+               "io %d: %s: client is %zu bytes behind the stream (write_hard_cap_bytes %zu); "
+               "cancelling",
+               c->io->idx, c->ident.id, queued + c->held.len, c->cfg->write_hard_cap_bytes);
+        conn_close(c);
+    }
+    return true;
+}
+
 static void stream_head(struct conn *c)
 {
     if (c->head_sent)
@@ -968,6 +1182,8 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     struct sl_openai_error err;
     if (!ok)
         finish_error(c, e, &err);
+    /* Text held back from a slow client goes before the end of the stream. */
+    stream_release(c);
     c->status = ok || c->head_sent ? 200 : err.http;
     log_access(c, sl_finish_str(e->finish), e->n_tokens);
     sl_str_clear(b);
@@ -983,7 +1199,8 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
         return;
     }
     if (!ok && !c->head_sent) {
-        send_error(c, &err, NULL);
+        bool drained = c->io->draining && e->finish == SL_FINISH_CANCELLED;
+        send_error(c, &err, drained ? "Retry-After: 1\r\n" : NULL);
         return;
     }
     stream_head(c);
@@ -1001,7 +1218,7 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     }
     send_sse(c, "[DONE]", 6);
     if (c->chunked)
-        bufferevent_write(c->bev, "0\r\n\r\n", 5);
+        conn_write(c, "0\r\n\r\n", 5);
     conn_done(c);
 }
 
@@ -1016,17 +1233,12 @@ static void on_text(struct conn *c, const struct sl_out_event *e)
         return;
     }
     stream_head(c);
-    if (e->len == 0)
+    if (e->len == 0 || stream_hold(c, e->text, e->len))
         return;
     struct sl_str *b = &c->io->out;
     sl_str_clear(b);
     sl_openai_chunk_encode(b, &c->ident, e->text, e->len, SL_FINISH_NONE);
     send_sse(c, b->p, b->len);
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) > OUTPUT_HARD_CAP) {
-        sl_log(SL_LOG_WARN, "io %d: %s: client is %d MiB behind the stream; cancelling", c->io->idx,
-               c->ident.id, OUTPUT_HARD_CAP >> 20);
-        conn_close(c);
-    }
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
@@ -1061,6 +1273,14 @@ static bool path_is(const struct sl_http_parser *p, struct sl_http_span path, co
 {
     return path.len == strlen(lit) && memcmp(sl_http_span_ptr(p, path), lit, path.len) == 0;
 }
+
+/* GET routes answer HEAD too (send_body leaves the body out). */
+static bool method_is_get(const struct sl_http_parser *p)
+{
+    return p->method == HTTP_GET || p->method == HTTP_HEAD;
+}
+
+static void serve_ready(struct conn *c);
 
 static void not_allowed(struct conn *c, const char *allow)
 {
@@ -1124,8 +1344,8 @@ static void route(struct conn *c)
         return;
     }
     if (path_is(p, path, "/v1/models")) {
-        if (p->method != HTTP_GET) {
-            not_allowed(c, "GET");
+        if (!method_is_get(p)) {
+            not_allowed(c, "GET, HEAD");
             return;
         }
         sl_openai_models_encode(b, id, srv->created);
@@ -1134,8 +1354,8 @@ static void route(struct conn *c)
     }
     if (path.len > sizeof models - 1 &&
         memcmp(sl_http_span_ptr(p, path), models, sizeof models - 1) == 0) {
-        if (p->method != HTTP_GET) {
-            not_allowed(c, "GET");
+        if (!method_is_get(p)) {
+            not_allowed(c, "GET, HEAD");
             return;
         }
         const char *want = sl_http_span_ptr(p, path) + sizeof models - 1;
@@ -1159,12 +1379,20 @@ static void route(struct conn *c)
         return;
     }
     if (path_is(p, path, "/healthz")) {
-        if (p->method != HTTP_GET) {
-            not_allowed(c, "GET");
+        if (!method_is_get(p)) {
+            not_allowed(c, "GET, HEAD");
             return;
         }
         static const char ok[] = "{\"status\":\"ok\"}";
         send_body(c, 200, "application/json", NULL, ok, sizeof ok - 1);
+        return;
+    }
+    if (path_is(p, path, "/readyz")) {
+        if (!method_is_get(p)) {
+            not_allowed(c, "GET, HEAD");
+            return;
+        }
+        serve_ready(c);
         return;
     }
     int n = path.len > 200 ? 200 : (int)path.len;
@@ -1175,41 +1403,100 @@ static void route(struct conn *c)
 
 /* ---- connection life ---- */
 
-static void conn_after_parse(struct conn *c, enum sl_http_parse st)
+static struct timeval ms_tv(int ms)
 {
-    struct sl_http_parser *p = &c->req;
-    if (st == SL_HTTP_PARSE_MORE) {
-        if (p->expect_continue && !c->sent_continue) {
-            c->sent_continue = true;
-            bufferevent_write(c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-        }
+    return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+}
+
+/* Takes up the connection's configuration: limits, the write low watermark (the output below
+ * which the next pipelined request is taken up) and the write timeout (a client that reads
+ * nothing for idle_timeout_ms is dropped). */
+static void conn_apply_cfg(struct conn *c)
+{
+    const struct sl_config *cfg = c->cfg;
+    c->req.max_header_bytes = cfg->max_header_bytes;
+    c->req.max_body_bytes = cfg->max_body_bytes;
+    bufferevent_setwatermark(c->bev, EV_WRITE, cfg->write_high_water_bytes, 0);
+    struct timeval tv = ms_tv(cfg->idle_timeout_ms);
+    bufferevent_set_timeouts(c->bev, NULL, &tv);
+}
+
+static void conn_set_busy(struct conn *c, bool busy)
+{
+    if (c->busy == busy)
         return;
+    c->busy = busy;
+    struct sl_http_server *s = c->io->srv;
+    if (busy) {
+        atomic_fetch_add(&s->busy, 1);
+    } else if (atomic_fetch_sub(&s->busy, 1) == 1 && atomic_load(&s->draining)) {
+        pthread_mutex_lock(&s->drain_lock);
+        pthread_cond_broadcast(&s->drain_cond);
+        pthread_mutex_unlock(&s->drain_lock);
     }
+}
+
+/* A request (or a refusal) starts: its response is in progress until written. */
+static void conn_begin(struct conn *c)
+{
     c->t_start_ns = sl_clock_ns();
     c->logged = false;
     c->tenant = NULL;
     c->tier = -1;
+    c->inference = false;
     if (c->cfg != c->io->cfg) {
         /* Reloaded since this connection's last request: keys, tiers and limits apply from this
          * request on, so a revoked key does not live on in a kept-alive connection. */
         sl_config_unref(c->cfg);
         c->cfg = sl_config_ref(c->io->cfg);
+        conn_apply_cfg(c);
     }
-    c->inference = false;
+    conn_set_busy(c, true);
+}
+
+/* Answers an error after which the connection ends. The write side is then shut and input
+ * discarded for a while, so the client reads the answer rather than a reset. */
+static void conn_refuse(struct conn *c, int code, const char *errcode, const char *why,
+                        const char *extra)
+{
+    struct sl_openai_error err;
+    conn_begin(c);
+    c->keep_alive = false;
+    c->linger = true;
+    sl_openai_error_set(&err, code, NULL, errcode, "%s", why);
+    send_error(c, &err, extra);
+}
+
+static void conn_after_parse(struct conn *c, enum sl_http_parse st)
+{
+    struct sl_http_parser *p = &c->req;
     if (st == SL_HTTP_PARSE_ERROR) {
-        struct sl_openai_error err;
-        c->keep_alive = false;
-        c->linger = true;
-        sl_openai_error_set(&err, p->error_code, NULL, NULL, "%s", p->error_reason);
-        send_error(c, &err, NULL);
+        conn_refuse(c, p->error_code, NULL, p->error_reason, NULL);
         return;
     }
+    if (c->io->draining) {
+        conn_refuse(c, 503, "draining",
+                    "The server is shutting down; retry the request on a new connection.",
+                    "Retry-After: 1\r\n");
+        return;
+    }
+    conn_begin(c);
     c->keep_alive = p->keep_alive;
     route(c);
 }
 
+/* Reads again once the input buffer has room for what the client sends next. */
+static void conn_read_resume(struct conn *c)
+{
+    if (c->read_paused && !c->read_eof && !c->closed &&
+        evbuffer_get_length(bufferevent_get_input(c->bev)) < READ_HIGH_WATER) {
+        c->read_paused = false;
+        event_add(c->read_ev, NULL);
+    }
+}
+
 /* Moves input into the parser until one request is whole (the rest stays in the evbuffer). */
-static void conn_parse(struct conn *c)
+static enum sl_http_parse conn_parse(struct conn *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     enum sl_http_parse st = c->req.state;
@@ -1220,7 +1507,182 @@ static void conn_parse(struct conn *c)
         st = sl_http_parser_feed(&c->req, v.iov_base, v.iov_len);
         evbuffer_drain(in, v.iov_len);
     }
-    conn_after_parse(c, st);
+    conn_read_resume(c);
+    return st;
+}
+
+/* ---- timeouts ---- */
+
+static void conn_timer_stop(struct conn *c)
+{
+    if (c->timer_kind != TIMER_NONE) {
+        evtimer_del(c->timer);
+        c->timer_kind = TIMER_NONE;
+    }
+}
+
+static void conn_timer_start(struct conn *c, enum conn_timer kind, int ms)
+{
+    struct timeval tv = ms_tv(ms);
+    c->timer_kind = kind;
+    evtimer_add(c->timer, &tv);
+}
+
+/* While a request is read: idle_timeout_ms until its first byte on a kept-alive connection
+ * (a new connection starts with the head's deadline, so a silent client cannot hold one), then
+ * header_timeout_ms from that byte to the end of the head, then header_timeout_ms between
+ * pieces of the body. A slow-loris head cannot stretch its deadline; a body can keep arriving. */
+static void conn_read_timer(struct conn *c)
+{
+    if (c->req.headers_complete)
+        conn_timer_start(c, TIMER_BODY, c->cfg->header_timeout_ms);
+    else if (c->req.buf.len > 0 && c->timer_kind != TIMER_HEAD)
+        conn_timer_start(c, TIMER_HEAD, c->cfg->header_timeout_ms);
+    else if (c->req.buf.len == 0 && c->timer_kind == TIMER_NONE)
+        conn_timer_start(c, TIMER_IDLE, c->cfg->idle_timeout_ms);
+}
+
+static void conn_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct conn *c = arg;
+    enum conn_timer kind = c->timer_kind;
+    c->timer_kind = TIMER_NONE;
+    if (!c->closed && kind == TIMER_LINGER) {
+        conn_close(c);
+        return;
+    }
+    if (c->closed || c->state != CONN_READING)
+        return;
+    /* A client still reading the previous response is not idle (the write timeout watches
+     * that it makes progress). */
+    if (kind == TIMER_IDLE && c->busy) {
+        conn_timer_start(c, TIMER_IDLE, c->cfg->idle_timeout_ms);
+        return;
+    }
+    /* Nothing of a request came: there is no one to answer. */
+    if (kind == TIMER_IDLE || c->req.buf.len == 0) {
+        conn_close(c);
+        return;
+    }
+    conn_refuse(c, 408, "request_timeout",
+                kind == TIMER_HEAD ? "The request head did not arrive in time."
+                                   : "The request body stopped arriving.",
+                NULL);
+}
+
+/* ---- moving a connection on ---- */
+
+/* Serves what the connection has buffered as far as it can: while each response is queued and
+ * the output is below write_high_water_bytes, the next pipelined request is parsed and answered
+ * (their responses leave together in on_flush). Called from the read callback and from on_flush,
+ * never from inside a route. */
+static void conn_advance(struct conn *c)
+{
+    while (!c->closed) {
+        size_t queued = evbuffer_get_length(bufferevent_get_output(c->bev));
+        if (c->busy && queued == 0 && c->state == CONN_READING)
+            conn_set_busy(c, false);
+        if (c->state == CONN_WAITING) {
+            if (queued <= c->cfg->write_high_water_bytes)
+                stream_release(c);
+            return;
+        }
+        if (c->state == CONN_FLUSHING) {
+            if (c->linger || !c->keep_alive) {
+                if (queued > 0)
+                    return; /* all of it must be out first */
+                conn_set_busy(c, false);
+                if (!c->linger) {
+                    conn_close(c);
+                    return;
+                }
+                /* The client may still be sending a body we refused; reading it until EOF lets
+                 * the answer arrive instead of a reset. */
+                c->state = CONN_LINGER;
+                shutdown(bufferevent_getfd(c->bev), SHUT_WR);
+                bufferevent_set_timeouts(c->bev, NULL, NULL);
+                conn_timer_start(c, TIMER_LINGER, LINGER_SECS * 1000);
+                struct evbuffer *in = bufferevent_get_input(c->bev);
+                c->lingered += evbuffer_get_length(in);
+                evbuffer_drain(in, evbuffer_get_length(in));
+                conn_read_resume(c);
+                return;
+            }
+            if (queued > c->cfg->write_high_water_bytes)
+                return;
+            /* The response is in progress until all of it is out (a drain waits for that). */
+            conn_set_busy(c, queued > 0);
+            c->state = CONN_READING;
+            c->sent_continue = false;
+            if (c->cfg != c->io->cfg) {
+                /* The previous request is over: the next one starts with the current
+                 * configuration. */
+                sl_config_unref(c->cfg);
+                c->cfg = sl_config_ref(c->io->cfg);
+                conn_apply_cfg(c);
+            }
+            sl_http_parser_next(&c->req);
+        }
+        if (c->state != CONN_READING)
+            return;
+        enum sl_http_parse st = conn_parse(c);
+        if (st == SL_HTTP_PARSE_MORE) {
+            if (c->req.expect_continue && !c->sent_continue) {
+                c->sent_continue = true;
+                conn_write(c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+            }
+            conn_read_timer(c);
+            return;
+        }
+        conn_timer_stop(c);
+        conn_after_parse(c, st);
+    }
+}
+
+static void conn_on_event(struct bufferevent *bev, short what, void *arg);
+static void conn_on_read(struct bufferevent *bev, void *arg);
+static void conn_write_socket(struct conn *c);
+
+/* Reads a plain socket into the connection's input buffer. The loop does this itself rather than
+ * through the bufferevent, whose evbuffer_read asks the kernel how much is readable (an ioctl)
+ * before every read: one syscall in three per small request. */
+static void conn_on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    (void)what;
+    struct conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer_iovec v;
+    /* A socket bufferevent keeps the end of its input frozen except while it reads. */
+    evbuffer_unfreeze(in, 0);
+    ssize_t n = -1;
+    int e = 0;
+    if (evbuffer_reserve_space(in, 16384, &v, 1) == 1) {
+        n = recv(fd, v.iov_base, v.iov_len, 0);
+        e = errno;
+        v.iov_len = n > 0 ? (size_t)n : 0;
+        evbuffer_commit_space(in, &v, 1);
+    }
+    evbuffer_freeze(in, 0);
+    if (n < 0 && (e == EAGAIN || e == EWOULDBLOCK || e == EINTR))
+        return;
+    if (n <= 0) {
+        /* EOF or an error: nothing more will be read. */
+        event_del(c->read_ev);
+        c->read_paused = c->read_eof = true;
+        conn_on_event(c->bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), c);
+        return;
+    }
+    if (evbuffer_get_length(in) >= READ_HIGH_WATER) {
+        event_del(c->read_ev);
+        c->read_paused = true;
+    }
+    conn_on_read(c->bev, c);
+    /* The answers to everything this read completed leave now, in one write, rather than after
+     * every other connection of this loop iteration has been served: that wait would only add
+     * latency (on_flush still moves the connection on). */
+    if (!c->closed)
+        conn_write_socket(c);
 }
 
 static void conn_on_read(struct bufferevent *bev, void *arg)
@@ -1234,63 +1696,73 @@ static void conn_on_read(struct bufferevent *bev, void *arg)
         evbuffer_drain(in, evbuffer_get_length(in));
         if (c->lingered > LINGER_MAX_BYTES)
             conn_close(c);
+        else
+            conn_read_resume(c);
         return;
     }
-    if (c->state == CONN_READING)
-        conn_parse(c);
-    /* Otherwise the bytes are the next request's: they wait in the input buffer. */
+    /* Bytes that arrive while a request is answered are the next request's: they wait in the
+     * input buffer (bounded by READ_HIGH_WATER) until conn_advance takes them up. */
+    conn_advance(c);
 }
 
+/* The bufferevent wrote (some of) what on_flush left it, or (TLS) what it encrypted: the output
+ * is at or below the write low watermark. */
 static void conn_on_write(struct bufferevent *bev, void *arg)
 {
     struct conn *c = arg;
-    if (c->closed || c->state != CONN_FLUSHING)
+    if (c->closed)
         return;
-    if (c->linger) {
-        /* The client may still be sending a body we refused; reading it until EOF lets the
-         * answer arrive instead of a reset. */
-        c->state = CONN_LINGER;
-        shutdown(bufferevent_getfd(bev), SHUT_WR);
-        struct timeval tv = {LINGER_SECS, 0};
-        bufferevent_set_timeouts(bev, &tv, NULL);
-        conn_on_read(bev, c);
+    /* A plain socket whose output is out goes back to being written by the loop. */
+    if (!c->tls && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        bufferevent_disable(bev, EV_WRITE);
+    /* This may run inside conn_write (bufferevent_openssl writes at once): move on later. */
+    conn_flush_later(c);
+}
+
+/* Writes a plain connection's output now; what the kernel does not take is left to the
+ * bufferevent's write event (with its timeout) until conn_on_write hands it back. */
+static void conn_write_socket(struct conn *c)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (evbuffer_get_length(out) == 0)
         return;
+    /* A socket bufferevent keeps the start of its output frozen except while it writes. */
+    evbuffer_unfreeze(out, 1);
+    int n = evbuffer_write(out, bufferevent_getfd(c->bev));
+    evbuffer_freeze(out, 1);
+    if (n < 0) {
+        int e = EVUTIL_SOCKET_ERROR();
+        if (e != EAGAIN && e != EWOULDBLOCK && e != EINTR) {
+            conn_close(c); /* the peer is gone: its request is cancelled */
+            return;
+        }
     }
-    if (!c->keep_alive) {
-        conn_close(c);
-        return;
-    }
-    c->state = CONN_READING;
-    c->sent_continue = false;
-    if (c->cfg != c->io->cfg) {
-        /* The previous request is over: the next one starts with the current configuration. */
-        sl_config_unref(c->cfg);
-        c->cfg = sl_config_ref(c->io->cfg);
-        c->req.max_header_bytes = c->cfg->max_header_bytes;
-        c->req.max_body_bytes = c->cfg->max_body_bytes;
-    }
-    enum sl_http_parse st = sl_http_parser_next(&c->req);
-    if (st == SL_HTTP_PARSE_MORE)
-        conn_parse(c);
-    else
-        conn_after_parse(c, st);
+    if (evbuffer_get_length(out) > 0)
+        bufferevent_enable(c->bev, EV_WRITE);
 }
 
 static void conn_on_event(struct bufferevent *bev, short what, void *arg)
 {
-    (void)bev;
     struct conn *c = arg;
     if (c->closed)
         return;
+    if (c->tls && (what & BEV_EVENT_ERROR)) {
+        unsigned long e = bufferevent_get_openssl_error(bev);
+        if (e)
+            sl_log(SL_LOG_DEBUG, "io %d: TLS: %s", c->io->idx, ERR_reason_error_string(e));
+        while (bufferevent_get_openssl_error(bev))
+            ;
+    }
     /* A client that shuts its side after sending a request still gets the response queued for
      * it (a peer that is really gone turns the write into an error). */
     if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) && c->state == CONN_FLUSHING) {
         c->keep_alive = false;
         c->linger = false;
+        conn_flush_later(c);
         return;
     }
-    /* Otherwise EOF, an error or the linger timeout: a client that hangs up while its request is
-     * queued or streaming gives up on it, and the request is cancelled. */
+    /* Otherwise EOF, an error, the write timeout or the linger timeout: a client that hangs up
+     * while its request is queued or streaming gives up on it, and the request is cancelled. */
     if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
         conn_close(c);
 }
@@ -1303,6 +1775,10 @@ static void conn_close(struct conn *c)
         return;
     c->closed = true;
     drop_request(c, true);
+    conn_timer_stop(c);
+    if (c->read_ev)
+        event_del(c->read_ev);
+    conn_set_busy(c, false);
     bufferevent_disable(c->bev, EV_READ | EV_WRITE);
     bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
     list_remove(&c->io->conns, c);
@@ -1312,19 +1788,32 @@ static void conn_close(struct conn *c)
 
 static void conn_free(struct conn *c)
 {
+    if (c->counted)
+        atomic_fetch_sub(&c->io->srv->n_conns, 1);
     sl_config_unref(c->cfg);
+    if (c->timer)
+        event_free(c->timer);
+    if (c->read_ev)
+        event_free(c->read_ev);
     bufferevent_free(c->bev);
     sl_http_parser_dispose(&c->req);
     sl_str_dispose(&c->text);
+    sl_str_dispose(&c->held);
     free(c);
 }
 
+/* Frees closed connections, except those still on the flush list (the next on_flush reaps
+ * them). */
 static void reap(struct io *io)
 {
-    while (io->dead) {
-        struct conn *c = io->dead;
-        list_remove(&io->dead, c);
-        conn_free(c);
+    struct conn *c = io->dead;
+    while (c) {
+        struct conn *next = c->next;
+        if (!c->flush_queued) {
+            list_remove(&io->dead, c);
+            conn_free(c);
+        }
+        c = next;
     }
 }
 
@@ -1334,17 +1823,81 @@ static void on_reap(evutil_socket_t fd, short what, void *arg)
     reap(arg);
 }
 
-static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
-                      void *arg)
+static void io_flush_later(struct io *io)
 {
-    (void)l, (void)sa, (void)salen;
+    if (!io->flush_pending) {
+        io->flush_pending = true;
+        event_active(io->flush_ev, EV_WRITE, 0);
+    }
+}
+
+static void log_flush(struct io *io)
+{
+    if (io->log.len) {
+        sl_log_write(io->log.p, io->log.len);
+        sl_str_clear(&io->log);
+    }
+}
+
+/* Once per loop iteration (after every callback that queued output in it): writes each plain
+ * connection's output in one writev, moves each listed connection on, writes the access log. */
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
     struct io *io = arg;
+    io->flush_pending = false;
+    struct conn *c = io->flush;
+    io->flush = NULL;
+    while (c) {
+        struct conn *next = c->flush_next;
+        c->flush_queued = false;
+        c->flush_next = NULL;
+        if (!c->closed && !c->tls)
+            conn_write_socket(c);
+        if (!c->closed)
+            conn_advance(c);
+        c = next;
+    }
+    log_flush(io);
+    reap(io);
+}
+
+/* Forgets the flush list (the loop is stopping), so reap() frees every closed connection. */
+static void flush_list_clear(struct io *io)
+{
+    while (io->flush) {
+        struct conn *c = io->flush;
+        io->flush = c->flush_next;
+        c->flush_queued = false;
+        c->flush_next = NULL;
+    }
+}
+
+static void conn_open(struct io *io, evutil_socket_t fd, bool tls)
+{
+    struct sl_http_server *s = io->srv;
     const struct sl_config *cfg = io->cfg;
     io->accept_error_logged = false;
     /* SSE chunks are small and latency is the point: no Nagle delay. */
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    struct bufferevent *bev = bufferevent_socket_new(io->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (cfg->tcp_send_buffer_bytes) {
+        int v = (int)cfg->tcp_send_buffer_bytes;
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
+    }
+    struct bufferevent *bev;
+    if (tls) {
+        SSL *ssl = SSL_new(io->tls_ctx);
+        bev = ssl ? bufferevent_openssl_socket_new(io->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                   BEV_OPT_CLOSE_ON_FREE)
+                  : NULL;
+        if (!bev && ssl)
+            SSL_free(ssl);
+        if (bev)
+            bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    } else {
+        bev = bufferevent_socket_new(io->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    }
     if (!bev) {
         evutil_closesocket(fd);
         return;
@@ -1353,14 +1906,47 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     c->io = io;
     c->cfg = sl_config_ref(io->cfg);
     c->bev = bev;
+    c->tls = tls;
     c->state = CONN_READING;
     c->tier = -1;
     sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);
     sl_str_init(&c->text);
+    sl_str_init(&c->held);
+    c->timer = evtimer_new(io->base, conn_on_timer, c);
     list_push(&io->conns, c);
     bufferevent_setcb(bev, conn_on_read, conn_on_write, conn_on_event, c);
     bufferevent_setwatermark(bev, EV_READ, 0, READ_HIGH_WATER);
-    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    conn_apply_cfg(c);
+    /* Plain sockets are read by read_ev and written by on_flush; the bufferevent's write event
+     * is enabled only when the kernel does not take everything. */
+    if (tls) {
+        bufferevent_enable(bev, EV_READ | EV_WRITE);
+    } else {
+        c->read_ev = event_new(io->base, fd, EV_READ | EV_PERSIST, conn_on_readable, c);
+        event_add(c->read_ev, NULL);
+    }
+    if (atomic_fetch_add(&s->n_conns, 1) >= cfg->max_connections) {
+        atomic_fetch_sub(&s->n_conns, 1);
+        conn_refuse(c, 503, "too_many_connections",
+                    "The server has too many open connections; retry later.", "Retry-After: 1\r\n");
+        return;
+    }
+    c->counted = true;
+    conn_timer_start(c, TIMER_HEAD, cfg->header_timeout_ms);
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen,
+                      void *arg)
+{
+    (void)l, (void)sa, (void)salen;
+    conn_open(arg, fd, false);
+}
+
+static void on_accept_tls(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                          int salen, void *arg)
+{
+    (void)l, (void)sa, (void)salen;
+    conn_open(arg, fd, true);
 }
 
 static void on_accept_error(struct evconnlistener *l, void *arg)
@@ -1373,24 +1959,35 @@ static void on_accept_error(struct evconnlistener *l, void *arg)
     io->accept_error_logged = true;
 }
 
-static void on_stop(evutil_socket_t fd, short what, void *arg)
+static void io_close_listeners(struct io *io)
 {
-    (void)fd, (void)what;
-    struct io *io = arg;
     if (io->listener) {
         evconnlistener_free(io->listener);
         io->listener = NULL;
     }
+    if (io->tls_listener) {
+        evconnlistener_free(io->tls_listener);
+        io->tls_listener = NULL;
+    }
+}
+
+static void on_stop(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct io *io = arg;
+    io_close_listeners(io);
     while (io->conns)
         conn_close(io->conns);
+    flush_list_clear(io);
     reap(io);
     /* Events already delivered belong to connections that are gone. */
     on_wake(-1, 0, io);
+    log_flush(io);
     event_base_loopbreak(io->base);
 }
 
-/* Adopts the server's current configuration for the connections and requests that start from
- * now on. */
+/* Adopts the server's current configuration (and TLS context) for the connections and requests
+ * that start from now on. */
 static void on_reload(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
@@ -1398,9 +1995,15 @@ static void on_reload(evutil_socket_t fd, short what, void *arg)
     struct sl_http_server *s = io->srv;
     pthread_mutex_lock(&s->cfg_lock);
     struct sl_config *next = sl_config_ref(s->cfg);
+    SSL_CTX *ctx = s->tls_ctx;
+    if (ctx)
+        SSL_CTX_up_ref(ctx);
     pthread_mutex_unlock(&s->cfg_lock);
     sl_config_unref(io->cfg);
     io->cfg = next;
+    if (io->tls_ctx)
+        SSL_CTX_free(io->tls_ctx);
+    io->tls_ctx = ctx;
 }
 
 static void *io_main(void *arg)
@@ -1410,11 +2013,64 @@ static void *io_main(void *arg)
     return NULL;
 }
 
+/* ---- drain ---- */
+
+static void serve_ready(struct conn *c)
+{
+    struct sl_http_server *s = c->io->srv;
+    struct sl_openai_error err;
+    if (c->io->draining || atomic_load(&s->draining)) {
+        sl_openai_error_set(&err, 503, NULL, "draining", "The server is shutting down.");
+    } else if (!s->model || !s->sched) {
+        sl_openai_error_set(&err, 503, NULL, "not_ready",
+                            "This server has no engine to run completions.");
+    } else {
+        static const char ok[] = "{\"status\":\"ready\"}";
+        send_body(c, 200, "application/json", NULL, ok, sizeof ok - 1);
+        return;
+    }
+    send_error(c, &err, NULL);
+}
+
+/* Stops accepting; requests that start from now on are refused (conn_after_parse). */
+static void on_drain(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct io *io = arg;
+    struct sl_http_server *s = io->srv;
+    io->draining = true;
+    io_close_listeners(io);
+    pthread_mutex_lock(&s->drain_lock);
+    s->drain_acks++;
+    pthread_cond_broadcast(&s->drain_cond);
+    pthread_mutex_unlock(&s->drain_lock);
+}
+
+/* The drain timed out: every request still here is cancelled and its client told so. */
+static void on_drain_cancel(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct io *io = arg;
+    for (struct conn *c = io->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->closed || !c->creq)
+            continue;
+        if (io->srv->sched)
+            sl_sched_cancel(io->srv->sched, c->creq);
+        struct sl_out_event e = {.req = c->creq,
+                                 .kind = SL_OUT_DONE,
+                                 .finish = SL_FINISH_CANCELLED,
+                                 .n_tokens = c->n_gen};
+        c->keep_alive = false;
+        on_done(c, &e);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Public API
  */
 
-static int open_listener(const struct addrinfo *ai, int port, char *err, size_t errlen,
+static int open_listener(const struct addrinfo *ai, int port, int backlog, char *err, size_t errlen,
                          const char *host)
 {
     struct sockaddr_storage ss;
@@ -1431,7 +2087,7 @@ static int open_listener(const struct addrinfo *ai, int port, char *err, size_t 
     int one = 1;
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
         setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0 ||
-        bind(fd, (struct sockaddr *)&ss, ai->ai_addrlen) < 0 || listen(fd, 511) < 0) {
+        bind(fd, (struct sockaddr *)&ss, ai->ai_addrlen) < 0 || listen(fd, backlog) < 0) {
         snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(errno));
         close(fd);
         return -1;
@@ -1450,7 +2106,47 @@ static int bound_port(int fd)
     return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 }
 
-static int io_init(struct io *io, struct sl_http_server *s, int idx, int fd, char *err,
+/* Opens n listening sockets on host:port, one per I/O thread: the first picks the port (maybe
+ * 0 → any) and the others join it with SO_REUSEPORT, so the kernel spreads connections. */
+static int listen_all(const char *host, int port, int backlog, int n, int *fds, int *bound,
+                      char *err, size_t errlen)
+{
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ais = NULL;
+    int gai = getaddrinfo(host, NULL, &hints, &ais);
+    if (gai != 0) {
+        snprintf(err, errlen, "cannot resolve listen host \"%s\": %s", host, gai_strerror(gai));
+        return SL_EINVAL;
+    }
+    const struct addrinfo *ai = ais;
+    for (; ai; ai = ai->ai_next)
+        if ((fds[0] = open_listener(ai, port, backlog, err, errlen, host)) >= 0)
+            break;
+    int st = SL_OK;
+    if (!ai) {
+        st = SL_EIO;
+    } else {
+        *bound = bound_port(fds[0]);
+        for (int i = 1; i < n && st == SL_OK; i++)
+            if ((fds[i] = open_listener(ai, *bound, backlog, err, errlen, host)) < 0)
+                st = SL_EIO;
+    }
+    freeaddrinfo(ais);
+    return st;
+}
+
+static struct evconnlistener *listener_new(struct io *io, int fd, evconnlistener_cb cb)
+{
+    struct evconnlistener *l =
+        evconnlistener_new(io->base, cb, io, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
+    if (l)
+        evconnlistener_set_error_cb(l, on_accept_error);
+    return l;
+}
+
+/* Takes the listening sockets: on failure they are closed. */
+static int io_init(struct io *io, struct sl_http_server *s, int idx, int fd, int tls_fd, char *err,
                    size_t errlen)
 {
     io->srv = s;
@@ -1458,25 +2154,37 @@ static int io_init(struct io *io, struct sl_http_server *s, int idx, int fd, cha
     io->idx = idx;
     sl_str_init(&io->out);
     sl_str_init(&io->line);
+    sl_str_init(&io->wbuf);
+    sl_str_init(&io->log);
+    if (s->tls_ctx) {
+        SSL_CTX_up_ref(s->tls_ctx);
+        io->tls_ctx = s->tls_ctx;
+    }
     io->base = event_base_new();
-    if (!io->base) {
-        snprintf(err, errlen, "event_base_new failed");
-        close(fd);
+    if (io->base) {
+        io->listener = listener_new(io, fd, on_accept);
+        if (io->listener)
+            fd = -1;
+        if (tls_fd >= 0 && (io->tls_listener = listener_new(io, tls_fd, on_accept_tls)))
+            tls_fd = -1;
+    }
+    if (fd >= 0 || tls_fd >= 0) {
+        snprintf(err, errlen, "cannot set up the event loop of I/O thread %d", idx);
+        if (fd >= 0)
+            close(fd);
+        if (tls_fd >= 0)
+            close(tls_fd);
         return SL_ENOMEM;
     }
-    io->listener = evconnlistener_new(io->base, on_accept, io,
-                                      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
-    if (!io->listener) {
-        snprintf(err, errlen, "evconnlistener_new failed");
-        close(fd);
-        return SL_ENOMEM;
-    }
-    evconnlistener_set_error_cb(io->listener, on_accept_error);
     io->wake_ev = event_new(io->base, -1, 0, on_wake, io);
     io->stop_ev = event_new(io->base, -1, 0, on_stop, io);
     io->reap_ev = event_new(io->base, -1, 0, on_reap, io);
     io->reload_ev = event_new(io->base, -1, 0, on_reload, io);
-    if (!io->wake_ev || !io->stop_ev || !io->reap_ev || !io->reload_ev) {
+    io->drain_ev = event_new(io->base, -1, 0, on_drain, io);
+    io->cancel_ev = event_new(io->base, -1, 0, on_drain_cancel, io);
+    io->flush_ev = event_new(io->base, -1, 0, on_flush, io);
+    if (!io->wake_ev || !io->stop_ev || !io->reap_ev || !io->reload_ev || !io->drain_ev ||
+        !io->cancel_ev || !io->flush_ev) {
         snprintf(err, errlen, "event_new failed");
         return SL_ENOMEM;
     }
@@ -1489,24 +2197,26 @@ static void io_dispose(struct io *io)
 {
     while (io->conns)
         conn_close(io->conns);
+    flush_list_clear(io);
     reap(io);
-    if (io->listener)
-        evconnlistener_free(io->listener);
-    if (io->wake_ev)
-        event_free(io->wake_ev);
-    if (io->stop_ev)
-        event_free(io->stop_ev);
-    if (io->reap_ev)
-        event_free(io->reap_ev);
-    if (io->reload_ev)
-        event_free(io->reload_ev);
+    log_flush(io);
+    io_close_listeners(io);
+    struct event *evs[] = {io->wake_ev,  io->stop_ev,   io->reap_ev, io->reload_ev,
+                           io->drain_ev, io->cancel_ev, io->flush_ev};
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+        if (evs[i])
+            event_free(evs[i]);
     sl_config_unref(io->cfg);
+    if (io->tls_ctx)
+        SSL_CTX_free(io->tls_ctx);
     sl_outbox_free(io->outbox);
     if (io->base)
         event_base_free(io->base);
     free(io->ids);
     sl_str_dispose(&io->out);
     sl_str_dispose(&io->line);
+    sl_str_dispose(&io->wbuf);
+    sl_str_dispose(&io->log);
 }
 
 int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
@@ -1516,18 +2226,22 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
         snprintf(err, errlen, "io_threads must be at least 1");
         return SL_EINVAL;
     }
-    struct addrinfo hints = {
-        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
-    struct addrinfo *ais = NULL;
-    int gai = getaddrinfo(cfg->listen_host, NULL, &hints, &ais);
-    if (gai != 0) {
-        snprintf(err, errlen, "cannot resolve listen host \"%s\": %s", cfg->listen_host,
-                 gai_strerror(gai));
-        return SL_EINVAL;
-    }
+    int n = cfg->io_threads;
+    int *fds = sl_xmalloc(2 * (size_t)n * sizeof *fds), *tls_fds = fds + n;
+    for (int i = 0; i < 2 * n; i++)
+        fds[i] = -1;
 
     struct sl_http_server *s = sl_xcalloc(1, sizeof *s);
     pthread_mutex_init(&s->cfg_lock, NULL);
+    pthread_mutex_init(&s->drain_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->drain_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&s->n_conns, 0);
+    atomic_init(&s->busy, 0);
+    atomic_init(&s->draining, false);
     s->cfg = sl_config_ref(cfg);
     s->model = model;
     s->sched = sched;
@@ -1535,39 +2249,43 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
     s->chat_template = sl_chat_template_of_model(model);
     if (getrandom(&s->nonce, sizeof s->nonce, GRND_NONBLOCK) != (ssize_t)sizeof s->nonce)
         s->nonce = (uint32_t)sl_clock_ns();
-    s->io = sl_xcalloc((size_t)cfg->io_threads, sizeof *s->io);
-    s->metrics = sl_metrics_new(cfg->io_threads);
+    s->io = sl_xcalloc((size_t)n, sizeof *s->io);
+    s->metrics = sl_metrics_new(n);
 
-    /* The first socket picks the port (maybe 0 → any); the others join it via SO_REUSEPORT. */
-    const struct addrinfo *ai = ais;
-    int fd = -1;
-    for (; ai; ai = ai->ai_next)
-        if ((fd = open_listener(ai, cfg->listen_port, err, errlen, cfg->listen_host)) >= 0)
-            break;
-    int st = SL_EIO;
-    if (fd < 0)
-        goto fail;
-    s->port = bound_port(fd);
-    for (int i = 0; i < cfg->io_threads; i++) {
-        if (i > 0 && (fd = open_listener(ai, s->port, err, errlen, cfg->listen_host)) < 0)
-            goto fail;
-        s->n_io = i + 1;
-        if ((st = io_init(&s->io[i], s, i, fd, err, errlen)) != SL_OK)
-            goto fail;
+    int st = listen_all(cfg->listen_host, cfg->listen_port, cfg->listen_backlog, n, fds, &s->port,
+                        err, errlen);
+    if (st == SL_OK && cfg->tls.cert) {
+        if (!(s->tls_ctx = sl_tls_ctx_new(cfg, err, errlen)))
+            st = SL_EINVAL;
+        else
+            st = listen_all(cfg->tls.listen_host, cfg->tls.listen_port, cfg->listen_backlog, n,
+                            tls_fds, &s->tls_port, err, errlen);
     }
-    freeaddrinfo(ais);
+    for (int i = 0; i < n && st == SL_OK; i++) {
+        s->n_io = i + 1;
+        st = io_init(&s->io[i], s, i, fds[i], tls_fds[i], err, errlen);
+        fds[i] = tls_fds[i] = -1;
+    }
+    for (int i = 0; i < 2 * n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+    if (st != SL_OK) {
+        sl_http_server_free(s);
+        return st;
+    }
     *out = s;
     return SL_OK;
-
-fail:
-    freeaddrinfo(ais);
-    sl_http_server_free(s);
-    return st;
 }
 
 int sl_http_server_port(const struct sl_http_server *s)
 {
     return s->port;
+}
+
+int sl_http_server_tls_port(const struct sl_http_server *s)
+{
+    return s->tls_port;
 }
 
 int sl_http_server_start(struct sl_http_server *s)
@@ -1611,7 +2329,11 @@ void sl_http_server_free(struct sl_http_server *s)
     free(s->io);
     sl_metrics_free(s->metrics);
     sl_config_unref(s->cfg);
+    if (s->tls_ctx)
+        SSL_CTX_free(s->tls_ctx);
     pthread_mutex_destroy(&s->cfg_lock);
+    pthread_mutex_destroy(&s->drain_lock);
+    pthread_cond_destroy(&s->drain_cond);
     free(s);
 }
 
@@ -1633,6 +2355,7 @@ static void keep_start_keys(struct sl_config *next, const struct sl_config *cur)
     }
     KEEP_STR(listen_host)
     KEEP_NUM(listen_port)
+    KEEP_NUM(listen_backlog)
     KEEP_STR(model)
     KEEP_STR(tokenizer)
     KEEP_NUM(io_threads)
@@ -1642,6 +2365,20 @@ static void keep_start_keys(struct sl_config *next, const struct sl_config *cur)
     KEEP_NUM(block_size)
     KEEP_NUM(kv_cache_mib)
     KEEP_NUM(kv_cache_fraction)
+    /* The TLS listener exists or not from the start; its certificate and key are reloadable. */
+    if (!cur->tls.cert != !next->tls.cert) {
+        sl_log(SL_LOG_WARN, "reload: \"tls\" can be %s only on restart; keeping it %s",
+               cur->tls.cert ? "removed" : "added", cur->tls.cert ? "as it was" : "off");
+        free(next->tls.listen_host);
+        free(next->tls.cert);
+        free(next->tls.key);
+        next->tls.listen_host = cur->tls.listen_host ? sl_xstrdup(cur->tls.listen_host) : NULL;
+        next->tls.listen_port = cur->tls.listen_port;
+        next->tls.cert = cur->tls.cert ? sl_xstrdup(cur->tls.cert) : NULL;
+        next->tls.key = cur->tls.key ? sl_xstrdup(cur->tls.key) : NULL;
+    }
+    KEEP_STR(tls.listen_host)
+    KEEP_NUM(tls.listen_port)
 #undef KEEP_STR
 #undef KEEP_NUM
 }
@@ -1652,12 +2389,91 @@ int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char
     if (sl_config_validate(next, err, errlen) != SL_OK)
         return SL_EINVAL;
     pthread_mutex_lock(&s->cfg_lock);
+    struct sl_config *cur = sl_config_ref(s->cfg);
+    pthread_mutex_unlock(&s->cfg_lock);
+    keep_start_keys(next, cur);
+    sl_config_unref(cur);
+    /* The new certificate must load before anything changes. */
+    SSL_CTX *ctx = NULL;
+    if (next->tls.cert && !(ctx = sl_tls_ctx_new(next, err, errlen)))
+        return SL_EINVAL;
+    pthread_mutex_lock(&s->cfg_lock);
     struct sl_config *old = s->cfg;
-    keep_start_keys(next, old);
     s->cfg = sl_config_ref(next);
+    SSL_CTX *old_ctx = s->tls_ctx;
+    s->tls_ctx = ctx;
     pthread_mutex_unlock(&s->cfg_lock);
     sl_config_unref(old);
+    if (old_ctx)
+        SSL_CTX_free(old_ctx);
     for (int i = 0; i < s->n_io; i++)
         event_active(s->io[i].reload_ev, EV_READ, 0);
     return SL_OK;
+}
+
+/* Waits until no response is in progress or the monotonic deadline passes; true when none is. */
+static bool drain_wait(struct sl_http_server *s, const struct timespec *deadline)
+{
+    pthread_mutex_lock(&s->drain_lock);
+    while (atomic_load(&s->busy) > 0)
+        if (pthread_cond_timedwait(&s->drain_cond, &s->drain_lock, deadline) == ETIMEDOUT)
+            break;
+    bool idle = atomic_load(&s->busy) == 0;
+    pthread_mutex_unlock(&s->drain_lock);
+    return idle;
+}
+
+static struct timespec deadline_after(int ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+int sl_http_server_drain(struct sl_http_server *s, int timeout_ms)
+{
+    if (timeout_ms < 0) {
+        pthread_mutex_lock(&s->cfg_lock);
+        timeout_ms = s->cfg->drain_timeout_ms;
+        pthread_mutex_unlock(&s->cfg_lock);
+    }
+    int running = 0;
+    pthread_mutex_lock(&s->drain_lock);
+    s->drain_acks = 0;
+    pthread_mutex_unlock(&s->drain_lock);
+    atomic_store(&s->draining, true);
+    for (int i = 0; i < s->n_io; i++)
+        if (s->io[i].running) {
+            running++;
+            event_active(s->io[i].drain_ev, EV_READ, 0);
+        }
+    /* Every thread has closed its listeners before the drain is announced. */
+    pthread_mutex_lock(&s->drain_lock);
+    while (s->drain_acks < running)
+        pthread_cond_wait(&s->drain_cond, &s->drain_lock);
+    pthread_mutex_unlock(&s->drain_lock);
+    sl_log(SL_LOG_INFO,
+           "draining: not accepting; %d responses in progress, waiting up to %d ms for them",
+           atomic_load(&s->busy), timeout_ms);
+    struct timespec deadline = deadline_after(timeout_ms);
+    if (drain_wait(s, &deadline)) {
+        sl_log(SL_LOG_INFO, "drained");
+        return SL_OK;
+    }
+    sl_log(SL_LOG_WARN, "drain: %d responses still in progress after %d ms; cancelling them",
+           atomic_load(&s->busy), timeout_ms);
+    for (int i = 0; i < s->n_io; i++)
+        if (s->io[i].running)
+            event_active(s->io[i].cancel_ev, EV_READ, 0);
+    deadline = deadline_after(DRAIN_CANCEL_GRACE_MS);
+    if (!drain_wait(s, &deadline))
+        sl_log(SL_LOG_WARN, "drain: %d responses could not be completed; closing them",
+               atomic_load(&s->busy));
+    return SL_ETIMEDOUT;
 }

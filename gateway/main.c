@@ -1,4 +1,5 @@
-/* sluice: start-up, signals, orderly shutdown. The main thread only waits for a signal. */
+/* sluice: start-up, signals, orderly shutdown. The main thread only waits for a signal:
+ * SIGHUP reloads the configuration, SIGTERM or SIGINT drains and exits. */
 #include <sluice/gateway.h>
 
 #include <event2/thread.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static enum sl_log_level level_of(const char *name)
 {
@@ -88,6 +90,26 @@ static void reload(struct sl_http_server *http, struct sl_sched *sched, int argc
     sl_config_unref(next);
 }
 
+/* Every connection is a descriptor: raise the soft limit to the hard one so that
+ * max_connections, not EMFILE, is what refuses clients. */
+static void raise_fd_limit(const struct sl_config *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    rlim_t want = (rlim_t)cfg->max_connections + 64;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
+        sl_log(SL_LOG_WARN,
+               "open-file limit %llu is below max_connections (%d) plus what the server needs; "
+               "accept will fail before max_connections is reached",
+               (unsigned long long)rl.rlim_cur, cfg->max_connections);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "simulate") == 0)
@@ -111,12 +133,18 @@ int main(int argc, char **argv)
         return 0;
     }
     if (action == SL_CLI_CHECK) {
+        if (sl_http_tls_check(cfg, err, sizeof err) != SL_OK) {
+            fprintf(stderr, "sluice: %s\n", err);
+            sl_config_unref(cfg);
+            return 2;
+        }
         printf("sluice: configuration is valid\n");
         sl_config_unref(cfg);
         return 0;
     }
     sl_log_set_level(level_of(cfg->log_level));
     evthread_use_pthreads();
+    raise_fd_limit(cfg);
 
     /* Signals are taken by sigwait() here; every thread created later inherits the mask. */
     sigset_t sigs;
@@ -187,11 +215,18 @@ int main(int argc, char **argv)
            (double)(sl_clock_ns() - t0) / 1e6);
     sl_log(SL_LOG_INFO, "listening on http://%s%s%s:%d", strchr(cfg->listen_host, ':') ? "[" : "",
            cfg->listen_host, strchr(cfg->listen_host, ':') ? "]" : "", sl_http_server_port(http));
+    if (cfg->tls.cert) {
+        const char *h = cfg->tls.listen_host;
+        sl_log(SL_LOG_INFO, "listening on https://%s%s%s:%d", strchr(h, ':') ? "[" : "", h,
+               strchr(h, ':') ? "]" : "", sl_http_server_tls_port(http));
+    }
 
     int sig = 0;
     while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP)
         reload(http, sched, argc, argv);
+    /* Drain: requests in flight finish (within drain_timeout_ms), new ones are turned away. */
     sl_log(SL_LOG_INFO, "%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    sl_http_server_drain(http, -1);
     rc = 0;
 
 out:

@@ -40,6 +40,14 @@ void sl_log_set_level(enum sl_log_level level);
 /* Writes one line "TIME LEVEL message\n" to stderr, atomically with respect to other threads. */
 void sl_log(enum sl_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* For a thread that batches its lines (the access log: one write per event-loop iteration
+ * instead of one per request). sl_log_prefix writes the "TIME LEVEL " that sl_log would begin a
+ * line with now into buf (SL_LOG_PREFIX_MAX bytes) and returns its length, or 0 when `level` is
+ * not printed. sl_log_write writes whole lines to stderr under the lock sl_log takes. */
+#define SL_LOG_PREFIX_MAX 96
+size_t sl_log_prefix(char *buf, enum sl_log_level level);
+void sl_log_write(const char *lines, size_t len);
+
 /* Monotonic time in nanoseconds (CLOCK_MONOTONIC). Only thread adapters and the gateway read the
  * clock; the scheduler core is given `now`. */
 uint64_t sl_clock_ns(void);

@@ -23,9 +23,19 @@ struct sl_tier;      /* a latency promise: priority, weight, SLOs (layout in gat
 struct sl_tenant;    /* who pays: key hash, allowed tiers, default tier */
 struct sl_tier_rule; /* one rule of the ordered classification list */
 
+/* A TLS listener next to the plain one. Off when cert is NULL; then every field is unset. */
+struct sl_config_tls {
+    char *listen_host; /* "127.0.0.1" */
+    int listen_port;   /* 8443; 0 picks a free port */
+    char *cert;        /* PEM certificate (chain) file, or NULL: no TLS listener */
+    char *key;         /* PEM private key file */
+};
+
 struct sl_config {
     char *listen_host;        /* "127.0.0.1" */
     int listen_port;          /* 8080; 0 picks a free port */
+    int listen_backlog;       /* listen(2) queue of each listener (4096; the kernel may cap it) */
+    struct sl_config_tls tls; /* the TLS listener, if any */
     char *model;              /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
     char *tokenizer;          /* llama2.c tokenizer.bin path, or NULL */
     char *chat_template;      /* a builtin chat template's name, or NULL: the model's own */
@@ -39,7 +49,18 @@ struct sl_config {
     int default_max_tokens;   /* max_tokens when a request gives none (OpenAI: 16) */
     size_t max_body_bytes;    /* larger request bodies get 413 */
     size_t max_header_bytes;  /* larger request heads get 431 */
-    char *log_level;          /* "debug", "info", "warn", "error" */
+    /* Transport limits (reloadable; a connection takes them up at its next request). */
+    int header_timeout_ms;         /* the head must arrive within this (408), as must every
+                                      piece of a body after the previous one */
+    int idle_timeout_ms;           /* a kept-alive connection with no request is closed after
+                                      this, as is one whose client reads nothing for this long */
+    int max_connections;           /* open connections; the next one gets 503 and is closed */
+    size_t write_high_water_bytes; /* output queued for a client above which its next pipelined
+                                      request waits and stream text is held and coalesced */
+    size_t write_hard_cap_bytes;   /* a stream this far behind (queued + held) is cancelled */
+    size_t tcp_send_buffer_bytes;  /* SO_SNDBUF of each connection; 0 = the kernel's autotuning */
+    int drain_timeout_ms;          /* SIGTERM: how long requests in flight may take to finish */
+    char *log_level;               /* "debug", "info", "warn", "error" */
 
     /* Tenants, tiers and classification (gateway/tenant.c). Arrays owned by the config; tiers is
      * never empty, classify may be (every request then gets its tenant's default). With no tenants
@@ -87,6 +108,10 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
                         char *err, size_t errlen);
 /* The --help text. */
 const char *sl_config_usage(void);
+/* Loads the TLS certificate and key that cfg names (if any) as the server would, so that
+ * --check-config and a reload fail the same way. Returns SL_OK, or SL_EINVAL with err saying
+ * which file does not load or that they do not match. Any thread. */
+int sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen);
 
 /* `sluice simulate ARGS` (argv[0] is "simulate"): replays a trace of requests against a
  * configuration's tiers and limits with the scheduler under a virtual clock (gateway/simulate.c
@@ -101,21 +126,35 @@ int sl_simulate_main(int argc, char **argv, FILE *out, FILE *err);
 
 struct sl_http_server;
 
-/* Binds the listener (host:port from cfg, SO_REUSEPORT) and prepares cfg->io_threads event loops.
- * The server takes its own reference to cfg (from sl_config_new). The model and scheduler must
- * outlive the server. On failure err says why. */
+/* Binds the listener (host:port from cfg, SO_REUSEPORT, one socket per I/O thread) and, when
+ * cfg->tls.cert is set, the TLS listener next to it (its certificate and key loaded now), and
+ * prepares cfg->io_threads event loops. The server takes its own reference to cfg (from
+ * sl_config_new). The model and scheduler must outlive the server. On failure err says why. */
 int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
                        struct sl_http_server **out, char *err, size_t errlen);
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
  * every request that starts from now on; requests in flight keep theirs. Keys that only take
- * effect at start (listen, model, threads, KV and batch sizes, io_threads) keep their running
- * values, each change logged as needing a restart. Callable from any thread. */
+ * effect at start (listen, listen_backlog, tls.listen, model, threads, KV and batch sizes,
+ * io_threads) keep their running values, each change logged as needing a restart. With a TLS
+ * listener the certificate and key are loaded again first: when they do not load or do not
+ * match, nothing changes and SL_EINVAL says why; otherwise new TLS connections use them and open
+ * ones keep theirs. Callable from any thread. */
 int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
                           size_t errlen);
 /* The port actually bound (useful when cfg->listen_port is 0). */
 int sl_http_server_port(const struct sl_http_server *s);
+/* The TLS listener's bound port, or 0 without one. */
+int sl_http_server_tls_port(const struct sl_http_server *s);
 /* Starts the I/O threads. */
 int sl_http_server_start(struct sl_http_server *s);
+/* Drains (SIGTERM): stops accepting, makes /readyz fail and answers every request that starts on
+ * an open connection from now on with 503, Retry-After and Connection: close; then blocks until
+ * the responses in progress are complete or timeout_ms (< 0: the current configuration's
+ * drain_timeout_ms) has passed. Whatever is left is then cancelled in the scheduler and its
+ * client told so (a JSON 503, or an error event ending a stream) before it returns. Returns
+ * SL_OK, or SL_ETIMEDOUT when requests had to be cancelled. Call from one thread (main), after
+ * sl_http_server_start; sl_http_server_stop follows it. */
+int sl_http_server_drain(struct sl_http_server *s, int timeout_ms);
 /* Stops accepting, closes connections (cancelling their requests), joins the I/O threads. */
 void sl_http_server_stop(struct sl_http_server *s);
 void sl_http_server_free(struct sl_http_server *s);

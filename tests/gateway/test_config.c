@@ -175,6 +175,145 @@ Test(gateway, kv_cache_fraction_is_checked_when_given)
     sl_config_dispose(&c);
 }
 
+Test(gateway, transport_limits_default_and_load_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    cr_assert_eq(c.listen_backlog, 4096);
+    cr_assert_eq(c.header_timeout_ms, 10000);
+    cr_assert_eq(c.idle_timeout_ms, 60000);
+    cr_assert_eq(c.max_connections, 4096);
+    cr_assert_eq(c.write_high_water_bytes, 65536);
+    cr_assert_eq(c.write_hard_cap_bytes, 1 << 20);
+    cr_assert_eq(c.tcp_send_buffer_bytes, 0);
+    cr_assert_eq(c.drain_timeout_ms, 30000);
+    cr_assert_null(c.tls.cert);
+    char err[256] = "";
+    cr_assert_eq(load(&c,
+                      "{\"listen_backlog\":16,\"header_timeout_ms\":250,\"idle_timeout_ms\":500,"
+                      "\"max_connections\":3,\"write_high_water_bytes\":0,"
+                      "\"write_hard_cap_bytes\":2048,\"tcp_send_buffer_bytes\":4096,"
+                      "\"drain_timeout_ms\":0}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(c.listen_backlog, 16);
+    cr_assert_eq(c.header_timeout_ms, 250);
+    cr_assert_eq(c.idle_timeout_ms, 500);
+    cr_assert_eq(c.max_connections, 3);
+    cr_assert_eq(c.write_high_water_bytes, 0);
+    cr_assert_eq(c.write_hard_cap_bytes, 2048);
+    cr_assert_eq(c.tcp_send_buffer_bytes, 4096);
+    cr_assert_eq(c.drain_timeout_ms, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, transport_limit_is_named_when_out_of_range_or_inconsistent)
+{
+    const char *bad[][2] = {
+        {"{\"listen_backlog\":0}", "\"listen_backlog\""},
+        {"{\"header_timeout_ms\":0}", "\"header_timeout_ms\""},
+        {"{\"idle_timeout_ms\":-5}", "\"idle_timeout_ms\""},
+        {"{\"max_connections\":0}", "\"max_connections\""},
+        {"{\"write_hard_cap_bytes\":100}", "\"write_hard_cap_bytes\""},
+        {"{\"drain_timeout_ms\":\"30s\"}", "\"drain_timeout_ms\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct sl_config c;
+        sl_config_init(&c);
+        char err[256] = "";
+        cr_assert_eq(load(&c, bad[i][0], err, sizeof err), SL_EINVAL, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+        sl_config_dispose(&c);
+    }
+    /* The hard cap must be above the high-water mark: a cross-field check. */
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"write_high_water_bytes\":8192,\"write_hard_cap_bytes\":4096}", err,
+                      sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "write_hard_cap_bytes"), "%s", err);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, tls_listener_loads_when_listen_cert_and_key_are_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(load(&c,
+                      "{\"tls\":{\"// note\":\"a comment\",\"listen\":\"[::1]:8443\","
+                      "\"cert\":\"/etc/c.pem\",\"key\":\"/etc/k.pem\"}}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_str_eq(c.tls.listen_host, "::1");
+    cr_assert_eq(c.tls.listen_port, 8443);
+    cr_assert_str_eq(c.tls.cert, "/etc/c.pem");
+    cr_assert_str_eq(c.tls.key, "/etc/k.pem");
+    /* null turns it off again. */
+    cr_assert_eq(load(&c, "{\"tls\":null}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert_null(c.tls.cert);
+    cr_assert_null(c.tls.listen_host);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, tls_error_names_the_field_when_incomplete_or_wrong)
+{
+    const char *bad[][2] = {
+        {"{\"tls\":\"127.0.0.1:8443\"}", "\"tls\" must be null or an object"},
+        {"{\"tls\":{\"listen\":\"127.0.0.1:8443\",\"cert\":\"c.pem\"}}", "needs"},
+        {"{\"tls\":{\"listen\":\"8443\",\"cert\":\"c\",\"key\":\"k\"}}", "\"tls\".\"listen\""},
+        {"{\"tls\":{\"listen\":\"h:1\",\"cert\":\"\",\"key\":\"k\"}}", "\"tls\".\"cert\""},
+        {"{\"tls\":{\"listen\":\"h:1\",\"cert\":\"c\",\"key\":\"k\",\"ca\":\"x\"}}",
+         "unknown key \"tls\".\"ca\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct sl_config c;
+        sl_config_init(&c);
+        char err[256] = "";
+        cr_assert_eq(load(&c, bad[i][0], err, sizeof err), SL_EINVAL, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+        /* A refused "tls" leaves the configuration without one. */
+        cr_assert_null(c.tls.cert);
+        sl_config_dispose(&c);
+    }
+    /* The same address as the plain listener cannot work. */
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(load(&c,
+                      "{\"listen\":\"127.0.0.1:9000\",\"tls\":{\"listen\":\"127.0.0.1:9000\","
+                      "\"cert\":\"c\",\"key\":\"k\"}}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "must differ"), "%s", err);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, tls_check_names_the_file_when_it_does_not_load)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[512] = "";
+    cr_assert_eq(sl_http_tls_check(&c, err, sizeof err), SL_OK, "no TLS: nothing to check");
+    c.tls.listen_host = strdup("127.0.0.1");
+    c.tls.cert = strdup("/nonexistent/cert.pem");
+    c.tls.key = strdup("/nonexistent/key.pem");
+    cr_assert_eq(sl_http_tls_check(&c, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "/nonexistent/cert.pem"), "%s", err);
+    char *junk = write_tmp("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
+    free(c.tls.cert);
+    c.tls.cert = junk;
+    cr_assert_eq(sl_http_tls_check(&c, err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, junk), "%s", err);
+    unlink(junk);
+    sl_config_dispose(&c);
+}
+
 Test(gateway, chat_template_is_a_builtin_name_or_null_when_configured)
 {
     struct sl_config c;

@@ -1,11 +1,14 @@
 /* The HTTP layer: the llhttp-based request parser (every prefix, 1-byte pieces, pipelining,
- * limits), the status mapping, and the routes that need no scheduler over a real socket. */
+ * limits), the status mapping, and over a real socket the routes that need no scheduler and the
+ * transport: pipelining, timeouts, connection limits, chunked bodies, 100-continue, HEAD, drain. */
 #include "gateway_impl.h"
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <event2/thread.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -398,7 +401,8 @@ struct live {
     struct sl_http_server *srv;
 };
 
-static void live_start(struct live *l, int io_threads)
+/* Starts a server; tweak (may be NULL) adjusts the configuration first. */
+static void live_start_with(struct live *l, int io_threads, void (*tweak)(struct sl_config *))
 {
     evthread_use_pthreads();
     /* As main does: a write to a peer that has gone must be an error, not a signal. */
@@ -408,13 +412,21 @@ static void live_start(struct live *l, int io_threads)
     l->cfg->io_threads = io_threads;
     l->cfg->max_header_bytes = MAX_HEAD;
     l->cfg->max_body_bytes = MAX_BODY;
+    if (tweak)
+        tweak(l->cfg);
     char err[256];
+    cr_assert_eq(sl_config_validate(l->cfg, err, sizeof err), SL_OK, "%s", err);
     cr_assert_eq(sl_model_load("synthetic:tiny", NULL, &l->model, err, sizeof err), SL_OK, "%s",
                  err);
     cr_assert_eq(sl_http_server_new(l->cfg, l->model, NULL, &l->srv, err, sizeof err), SL_OK, "%s",
                  err);
     cr_assert_gt(sl_http_server_port(l->srv), 0);
     cr_assert_eq(sl_http_server_start(l->srv), SL_OK);
+}
+
+static void live_start(struct live *l, int io_threads)
+{
+    live_start_with(l, io_threads, NULL);
 }
 
 static void live_stop(struct live *l)
@@ -433,6 +445,9 @@ static int dial(const struct live *l)
                             .sin_port = htons((uint16_t)sl_http_server_port(l->srv))};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    /* A failure guard only: a server that never answers fails the test instead of hanging it. */
+    struct timeval tv = {.tv_sec = 60};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
 }
 
@@ -470,8 +485,9 @@ static bool fill(struct reader *rd)
     return true;
 }
 
-/* Reads one response with a Content-Length body (every non-streamed response has one). */
-static bool read_reply(struct reader *rd, struct reply *r)
+/* Reads one response with a Content-Length body (every non-streamed response has one); for a
+ * response to HEAD (head_only) the body is not there. */
+static bool read_reply_as(struct reader *rd, struct reply *r, bool head_only)
 {
     char *end;
     while (!(end = memmem(rd->buf, rd->have, "\r\n\r\n", 4)))
@@ -484,7 +500,7 @@ static bool read_reply(struct reader *rd, struct reply *r)
     cr_assert_eq(sscanf(r->head, "HTTP/1.1 %d", &r->status), 1, "%s", r->head);
     char *cl = strcasestr(r->head, "\r\nContent-Length: ");
     cr_assert_not_null(cl, "no Content-Length in %s", r->head);
-    r->body_len = (size_t)strtoul(cl + 18, NULL, 10);
+    r->body_len = head_only ? 0 : (size_t)strtoul(cl + 18, NULL, 10);
     cr_assert_lt(r->body_len, sizeof r->body);
     while (rd->have < head_len + r->body_len)
         cr_assert(fill(rd), "body cut short");
@@ -494,6 +510,22 @@ static bool read_reply(struct reader *rd, struct reply *r)
     memmove(rd->buf, rd->buf + used, rd->have - used);
     rd->have -= used;
     return true;
+}
+
+static bool read_reply(struct reader *rd, struct reply *r)
+{
+    return read_reply_as(rd, r, false);
+}
+
+/* True when the server closes the connection before sending anything more. */
+static bool closed_by_server(struct reader *rd)
+{
+    if (rd->have)
+        return false;
+    char c;
+    ssize_t n = recv(rd->fd, &c, 1, 0);
+    cr_assert(n >= 0 || errno == ECONNRESET, "recv: %s (the server never closed)", strerror(errno));
+    return n <= 0;
 }
 
 static json_t *reply_json(const struct reply *r)
@@ -554,7 +586,7 @@ Test(gateway, answers_404_and_405_when_the_route_or_method_is_wrong)
 
     roundtrip(&l, "DELETE /v1/models HTTP/1.1\r\n\r\n", &r);
     cr_assert_eq(r.status, 405);
-    cr_assert(strstr(r.head, "\r\nAllow: GET\r\n"), "%s", r.head);
+    cr_assert(strstr(r.head, "\r\nAllow: GET, HEAD\r\n"), "%s", r.head);
     live_stop(&l);
 }
 
@@ -665,4 +697,339 @@ Test(gateway, stops_cleanly_when_connections_are_open)
     cr_assert_leq(recv(partial, &c, 1, 0), 0);
     close(idle);
     close(partial);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Transport over a real socket
+ */
+
+Test(gateway, answers_in_request_order_when_many_requests_come_in_one_write)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reader rd = {.fd = dial(&l)};
+    const char *all = "GET /healthz HTTP/1.1\r\n\r\n"
+                      "HEAD /healthz HTTP/1.1\r\n\r\n"
+                      "GET /nope HTTP/1.1\r\n\r\n"
+                      "DELETE /healthz HTTP/1.1\r\n\r\n"
+                      "GET /v1/models HTTP/1.1\r\n\r\n"
+                      "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+                      "GET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n";
+    send_all(rd.fd, all, strlen(all));
+    struct reply r;
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(r.body, "{\"status\":\"ok\"}");
+    /* HEAD: the same headers, no body; the next response follows at once. */
+    cr_assert(read_reply_as(&rd, &r, true));
+    cr_assert_eq(r.status, 200);
+    cr_assert(strstr(r.head, "\r\nContent-Length: 15\r\n"), "%s", r.head);
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 404);
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 405);
+    cr_assert(strstr(r.head, "\r\nAllow: GET, HEAD\r\n"), "%s", r.head);
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 200);
+    cr_assert(strstr(r.body, "\"object\":\"list\""), "%s", r.body);
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 400);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "param"), "prompt");
+    json_decref(j);
+    /* Without an engine the server is alive but not ready. */
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 503);
+    j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "code"), "not_ready");
+    json_decref(j);
+    cr_assert(closed_by_server(&rd));
+    close(rd.fd);
+    live_stop(&l);
+}
+
+Test(gateway, answers_head_without_a_body_when_the_route_is_get)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reader rd = {.fd = dial(&l)};
+    const char *two = "HEAD /v1/models HTTP/1.1\r\n\r\nHEAD /v1/models/nope HTTP/1.1\r\n\r\n";
+    send_all(rd.fd, two, strlen(two));
+    struct reply r;
+    cr_assert(read_reply_as(&rd, &r, true));
+    cr_assert_eq(r.status, 200);
+    cr_assert(strstr(r.head, "Content-Type: application/json"));
+    cr_assert_eq(strncmp(rd.buf, "HTTP/1.1 404", 12), 0, "no body bytes before the next response");
+    cr_assert(read_reply_as(&rd, &r, true));
+    cr_assert_eq(r.status, 404);
+    const char *post = "HEAD /v1/completions HTTP/1.1\r\n\r\n";
+    send_all(rd.fd, post, strlen(post));
+    cr_assert(read_reply_as(&rd, &r, true));
+    cr_assert_eq(r.status, 405);
+    cr_assert(strstr(r.head, "\r\nAllow: POST\r\n"), "%s", r.head);
+    close(rd.fd);
+    live_stop(&l);
+}
+
+static void short_timeouts(struct sl_config *c)
+{
+    c->header_timeout_ms = 100;
+    c->idle_timeout_ms = 60000;
+}
+
+Test(gateway, answers_408_and_closes_when_the_head_does_not_arrive_in_time)
+{
+    struct live l;
+    live_start_with(&l, 1, short_timeouts);
+    struct reader rd = {.fd = dial(&l)};
+    const char *part = "GET /healthz HTTP/1.1\r\nHost: x\r\n";
+    send_all(rd.fd, part, strlen(part));
+    struct reply r;
+    cr_assert(read_reply(&rd, &r), "no answer to a head that never ends");
+    cr_assert_eq(r.status, 408);
+    cr_assert(strstr(r.head, "Connection: close"), "%s", r.head);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "code"), "request_timeout");
+    json_decref(j);
+    cr_assert(closed_by_server(&rd));
+    close(rd.fd);
+    live_stop(&l);
+}
+
+Test(gateway, answers_408_when_a_body_stops_arriving)
+{
+    struct live l;
+    live_start_with(&l, 1, short_timeouts);
+    struct reader rd = {.fd = dial(&l)};
+    const char *part = "POST /v1/completions HTTP/1.1\r\nContent-Length: 40\r\n\r\n{\"pro";
+    send_all(rd.fd, part, strlen(part));
+    struct reply r;
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 408);
+    cr_assert(closed_by_server(&rd));
+    close(rd.fd);
+    live_stop(&l);
+}
+
+Test(gateway, closes_without_an_answer_when_a_new_connection_sends_nothing)
+{
+    struct live l;
+    live_start_with(&l, 1, short_timeouts);
+    struct reader rd = {.fd = dial(&l)};
+    cr_assert(closed_by_server(&rd), "a silent connection is closed with nothing sent");
+    close(rd.fd);
+    live_stop(&l);
+}
+
+static void short_idle(struct sl_config *c)
+{
+    c->header_timeout_ms = 60000;
+    c->idle_timeout_ms = 100;
+}
+
+Test(gateway, closes_a_kept_alive_connection_when_it_stays_idle)
+{
+    struct live l;
+    live_start_with(&l, 1, short_idle);
+    struct reader rd = {.fd = dial(&l)};
+    const char *req = "GET /healthz HTTP/1.1\r\n\r\n";
+    send_all(rd.fd, req, strlen(req));
+    struct reply r;
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 200);
+    cr_assert(strstr(r.head, "Connection: keep-alive"));
+    /* Only the idle timeout can end it: the head's deadline is a minute. */
+    cr_assert(closed_by_server(&rd));
+    close(rd.fd);
+    live_stop(&l);
+}
+
+static void two_connections(struct sl_config *c)
+{
+    c->max_connections = 2;
+}
+
+Test(gateway, answers_503_and_closes_when_max_connections_are_open)
+{
+    struct live l;
+    live_start_with(&l, 1, two_connections);
+    struct reply r;
+    /* Two connections, each proven accepted by a response. */
+    struct reader a = {.fd = dial(&l)}, b = {.fd = dial(&l)};
+    const char *req = "GET /healthz HTTP/1.1\r\n\r\n";
+    send_all(a.fd, req, strlen(req));
+    cr_assert(read_reply(&a, &r));
+    send_all(b.fd, req, strlen(req));
+    cr_assert(read_reply(&b, &r));
+    cr_assert_eq(r.status, 200);
+    /* The third is told why and closed, whatever it asks. */
+    struct reader c = {.fd = dial(&l)};
+    send_all(c.fd, req, strlen(req));
+    cr_assert(read_reply(&c, &r));
+    cr_assert_eq(r.status, 503);
+    cr_assert(strstr(r.head, "\r\nConnection: close\r\n"), "%s", r.head);
+    cr_assert(strstr(r.head, "\r\nRetry-After: "), "%s", r.head);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "code"), "too_many_connections");
+    json_decref(j);
+    cr_assert(closed_by_server(&c));
+    close(c.fd);
+    /* The first two still work; once one leaves, a new connection is served again. */
+    send_all(b.fd, req, strlen(req));
+    cr_assert(read_reply(&b, &r));
+    cr_assert_eq(r.status, 200);
+    close(a.fd);
+    int status = 0;
+    for (int tries = 0; tries < 1000 && status != 200; tries++) {
+        roundtrip(&l, req, &r); /* 503 until the server has seen the close */
+        status = r.status;
+    }
+    cr_assert_eq(status, 200);
+    close(b.fd);
+    live_stop(&l);
+}
+
+Test(gateway, accepts_a_chunked_body_when_it_arrives_in_pieces)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reader rd = {.fd = dial(&l)};
+    const char *head = "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+    send_all(rd.fd, head, strlen(head));
+    const char *pieces[] = {"{\"prompt\":\"a\"", ",\"max", "_tokens\":\"9\"}", ""};
+    for (size_t i = 0; i < sizeof pieces / sizeof pieces[0]; i++) {
+        char chunk[64];
+        int n = snprintf(chunk, sizeof chunk, "%zx\r\n%s\r\n", strlen(pieces[i]), pieces[i]);
+        send_all(rd.fd, chunk, (size_t)n);
+    }
+    struct reply r;
+    cr_assert(read_reply(&rd, &r));
+    /* The body was put together: the error names a field from its middle. */
+    cr_assert_eq(r.status, 400, "%s", r.body);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "param"), "max_tokens");
+    json_decref(j);
+    close(rd.fd);
+    live_stop(&l);
+}
+
+Test(gateway, sends_100_continue_then_the_answer_when_the_client_expects_it)
+{
+    struct live l;
+    live_start(&l, 1);
+    struct reader rd = {.fd = dial(&l)};
+    const char *head = "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
+                       "Content-Length: 31\r\n\r\n";
+    send_all(rd.fd, head, strlen(head));
+    static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    while (rd.have < sizeof cont - 1)
+        cr_assert(fill(&rd), "no 100 Continue");
+    cr_assert_eq(memcmp(rd.buf, cont, sizeof cont - 1), 0, "%.*s", (int)rd.have, rd.buf);
+    memmove(rd.buf, rd.buf + sizeof cont - 1, rd.have - (sizeof cont - 1));
+    rd.have -= sizeof cont - 1;
+    send_all(rd.fd, "{\"prompt\":\"a\",\"max_tokens\":\"9\"}", 31);
+    struct reply r;
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 400);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "param"), "max_tokens");
+    json_decref(j);
+    /* A body refused by its length gets no 100, only the refusal. */
+    const char *big = "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\n"
+                      "Content-Length: 999999\r\n\r\n";
+    send_all(rd.fd, big, strlen(big));
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 413);
+    close(rd.fd);
+    live_stop(&l);
+}
+
+Test(gateway, refuses_new_work_with_503_when_draining)
+{
+    struct live l;
+    live_start(&l, 2);
+    struct reader rd = {.fd = dial(&l)};
+    const char *req = "GET /healthz HTTP/1.1\r\n\r\n";
+    send_all(rd.fd, req, strlen(req));
+    struct reply r;
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 200);
+    /* Nothing in progress: the drain ends at once. */
+    cr_assert_eq(sl_http_server_drain(l.srv, 60000), SL_OK);
+    /* New connections are refused; the open one gets 503 and is closed. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)sl_http_server_port(l.srv))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_neq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    cr_assert_eq(errno, ECONNREFUSED, "%s", strerror(errno));
+    close(fd);
+    const char *ready = "GET /readyz HTTP/1.1\r\n\r\n";
+    send_all(rd.fd, ready, strlen(ready));
+    cr_assert(read_reply(&rd, &r));
+    cr_assert_eq(r.status, 503);
+    cr_assert(strstr(r.head, "\r\nConnection: close\r\n"), "%s", r.head);
+    cr_assert(strstr(r.head, "\r\nRetry-After: 1\r\n"), "%s", r.head);
+    json_t *j = reply_json(&r);
+    cr_assert_str_eq(error_field(j, "code"), "draining");
+    cr_assert_str_eq(error_field(j, "type"), "server_error");
+    json_decref(j);
+    cr_assert(closed_by_server(&rd));
+    close(rd.fd);
+    live_stop(&l);
+}
+
+struct pipeline {
+    int fd;
+    int n;
+};
+
+static void *send_pipeline(void *arg)
+{
+    struct pipeline *pl = arg;
+    static const char a[] = "GET /healthz HTTP/1.1\r\n\r\n", b[] = "GET /nope HTTP/1.1\r\n\r\n";
+    for (int i = 0; i < pl->n; i++) {
+        const char *r = i % 2 ? b : a;
+        send_all(pl->fd, r, strlen(r));
+    }
+    return NULL;
+}
+
+static void small_buffers(struct sl_config *c)
+{
+    c->write_high_water_bytes = 1024;
+    c->tcp_send_buffer_bytes = 4096;
+}
+
+Test(gateway, answers_every_pipelined_request_in_order_when_the_client_reads_late)
+{
+    struct live l;
+    live_start_with(&l, 1, small_buffers);
+    /* A client with a small receive window sends 4000 requests (~90 KiB) before reading any
+     * answer (~570 KiB): the server's output passes the high-water mark, so it stops taking up
+     * requests; its input passes 64 KiB, so it stops reading (the rest waits in the kernel).
+     * Once the client reads, everything must resume and every answer come, in order. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int rcvbuf = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)sl_http_server_port(l.srv))};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 60};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct pipeline pl = {.fd = fd, .n = 4000};
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, send_pipeline, &pl), 0);
+    /* The kernel's buffers (the server's receive buffer, 128 KiB by default) take what the
+     * server does not read, so the sender finishes before anything is read. */
+    pthread_join(t, NULL);
+    struct reader rd = {.fd = fd};
+    struct reply r;
+    for (int i = 0; i < pl.n; i++) {
+        cr_assert(read_reply(&rd, &r), "response %d", i);
+        cr_assert_eq(r.status, i % 2 ? 404 : 200, "response %d", i);
+    }
+    close(fd);
+    live_stop(&l);
 }

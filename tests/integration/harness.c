@@ -38,9 +38,16 @@ static bool read_log(struct server *s, int ms)
 
 void server_wait_log(struct server *s, const char *needle)
 {
+    server_wait_log_from(s, 0, needle);
+}
+
+size_t server_wait_log_from(struct server *s, size_t from, const char *needle)
+{
+    const char *hit;
     /* 120 s with no output at all means the server hung: fail rather than hang CI. */
-    while (!strstr(s->log, needle))
+    while (!(hit = strstr(s->log + from, needle)))
         cr_assert(read_log(s, 120000), "server log ended before \"%s\":\n%s", needle, s->log);
+    return (size_t)(hit - s->log) + strlen(needle);
 }
 
 void server_log_clear(struct server *s)
@@ -113,11 +120,8 @@ void server_start(struct server *s, const char *const *args)
     cr_assert_gt(s->port, 0);
 }
 
-void server_stop(struct server *s)
+int server_wait_exit(struct server *s)
 {
-    if (!s->pid)
-        return;
-    kill(s->pid, SIGTERM);
     /* Drain the log so the server never blocks on a full pipe while shutting down. */
     while (read_log(s, 120000))
         ;
@@ -125,6 +129,15 @@ void server_stop(struct server *s)
     cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
     close(s->err_fd);
     s->pid = 0;
+    return status;
+}
+
+void server_stop(struct server *s)
+{
+    if (!s->pid)
+        return;
+    kill(s->pid, SIGTERM);
+    int status = server_wait_exit(s);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
               "sluice exited uncleanly (status %d):\n%s", status, s->log);
 }

@@ -20,6 +20,9 @@ struct server {
 void server_start(struct server *s, const char *const *args);
 /* Sends SIGTERM, waits for the exit and asserts it was clean (status 0). */
 void server_stop(struct server *s);
+/* Reads the server's log until it ends (keeping the server from blocking on a full pipe), then
+ * reaps the server and returns its wait status. */
+int server_wait_exit(struct server *s);
 /* Reads the server's log until a line contains `needle` (or the server exits, failing). */
 void server_wait_log(struct server *s, const char *needle);
 /* Forgets the captured log, after taking in what the server has already written, so that the
@@ -30,6 +33,9 @@ void server_log_clear(struct server *s);
  * oldest captured output as the capture fills, so a busy server (one access line per request)
  * cannot push the line out of reach; s->log then holds only the newest part. */
 int server_wait_log_any(struct server *s, const char *const *needles);
+/* The same, looking only at what was logged from offset `from` of s->log on; returns the offset
+ * just past the match. */
+size_t server_wait_log_from(struct server *s, size_t from, const char *needle);
 
 struct response {
     int status;
