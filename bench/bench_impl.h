@@ -287,7 +287,9 @@ struct sl_bench_sse {
 void sl_bench_sse_init(struct sl_bench_sse *p);
 void sl_bench_sse_dispose(struct sl_bench_sse *p);
 void sl_bench_sse_reset(struct sl_bench_sse *p);
-/* Returns the first non-zero value an on_data call returned (then stops), else 0. */
+/* Returns the first non-zero value an on_data call returned (then stops), SL_ERANGE when a line
+ * or an event grows past SL_BENCH_SSE_MAX bytes (a server's sizes are bounded too), else 0. */
+#define SL_BENCH_SSE_MAX (4u << 20)
 int sl_bench_sse_feed(struct sl_bench_sse *p, const char *data, size_t len,
                       int (*on_data)(void *arg, const char *data, size_t len), void *arg);
 

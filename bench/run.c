@@ -383,8 +383,14 @@ static int on_body(struct sl_bench_exchange *x, const char *p, size_t n, double 
 {
     struct req *q = (struct req *)x;
     q->now = now;
-    if (x->status >= 200 && x->status < 300 && x->event_stream)
-        return sl_bench_sse_feed(&q->sse, p, n, on_data, q);
+    if (x->status >= 200 && x->status < 300 && x->event_stream) {
+        int rc = sl_bench_sse_feed(&q->sse, p, n, on_data, q);
+        if (rc == SL_ERANGE) {
+            q->stream_err = true;
+            snprintf(q->msg, sizeof q->msg, "an event stream line over %u bytes", SL_BENCH_SSE_MAX);
+        }
+        return rc;
+    }
     size_t take = q->body.len + n <= BODY_CAP ? n : BODY_CAP - q->body.len;
     sl_str_append(&q->body, p, take);
     return 0;

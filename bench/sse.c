@@ -54,6 +54,8 @@ static int line(struct sl_bench_sse *p, const char *s, size_t n,
             s++;
             n--;
         }
+        if (p->data.len + n + 1 > SL_BENCH_SSE_MAX)
+            return SL_ERANGE;
         if (p->has_data)
             sl_str_append(&p->data, "\n", 1);
         sl_str_append(&p->data, s, n);
@@ -82,6 +84,8 @@ int sl_bench_sse_feed(struct sl_bench_sse *p, const char *data, size_t len,
         while (n < rest && s[n] != '\n' && s[n] != '\r')
             n++;
         if (n == rest) {
+            if (p->line.len + n > SL_BENCH_SSE_MAX)
+                return SL_ERANGE;
             sl_str_append(&p->line, s, n);
             break;
         }
@@ -94,6 +98,8 @@ int sl_bench_sse_feed(struct sl_bench_sse *p, const char *data, size_t len,
         }
         int rc;
         if (p->line.len) {
+            if (p->line.len + n > SL_BENCH_SSE_MAX)
+                return SL_ERANGE;
             sl_str_append(&p->line, s, n);
             rc = line(p, p->line.p, p->line.len, on_data, arg);
             sl_str_clear(&p->line);

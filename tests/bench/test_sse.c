@@ -169,3 +169,22 @@ Test(bench, retry_after_is_read_when_seconds_or_a_date)
     cr_expect_lt(sl_bench_retry_after_parse("-3", 0), 0);
     cr_expect_lt(sl_bench_retry_after_parse("3 s", 0), 0);
 }
+
+Test(bench, sse_refuses_a_line_when_it_outgrows_the_bound)
+{
+    struct sl_bench_sse p;
+    sl_bench_sse_init(&p);
+    struct events e = {{0}, 0};
+    static char block[65536];
+    memset(block, 'x', sizeof block);
+    cr_assert_eq(sl_bench_sse_feed(&p, "data: ", 6, collect, &e), 0);
+    int rc = 0;
+    size_t fed = 0;
+    while (rc == 0 && fed <= SL_BENCH_SSE_MAX) {
+        rc = sl_bench_sse_feed(&p, block, sizeof block, collect, &e);
+        fed += sizeof block;
+    }
+    cr_expect_eq(rc, SL_ERANGE, "a line without end is refused past the bound");
+    cr_expect_eq(e.n, 0);
+    sl_bench_sse_dispose(&p);
+}
