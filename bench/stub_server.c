@@ -52,6 +52,7 @@ struct conn {
     uint32_t prompt_tokens;
     char id[32];
     struct conn *next_dead;
+    struct conn *prev, *next; /* every open connection, for the exit */
 };
 
 struct server {
@@ -61,6 +62,7 @@ struct server {
     unsigned long seq;
     unsigned inflight;
     struct conn *dead;
+    struct conn *all;
     struct event *reap;
 };
 
@@ -80,6 +82,12 @@ static void conn_close(struct conn *c)
     bufferevent_disable(c->bev, EV_READ | EV_WRITE);
     bufferevent_setcb(c->bev, NULL, NULL, NULL, NULL);
     evtimer_del(c->timer);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        c->srv->all = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
     c->next_dead = c->srv->dead;
     c->srv->dead = c;
     event_active(c->srv->reap, EV_TIMEOUT, 0);
@@ -460,6 +468,10 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     sl_str_init(&c->tier);
     sl_str_init(&c->auth);
     llhttp_init(&c->ll, HTTP_REQUEST, &settings);
+    c->next = s->all;
+    if (s->all)
+        s->all->prev = c;
+    s->all = c;
     bufferevent_setcb(c->bev, read_cb, write_cb, event_cb, c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 }
@@ -581,8 +593,10 @@ int main(int argc, char **argv)
     evconnlistener_free(l);
     event_free(sigint);
     event_free(sigterm);
+    /* Connections still open at the stop are closed and freed. */
+    while (s.all)
+        conn_close(s.all);
     reap_cb(-1, 0, &s);
-    /* Connections still open at the stop are freed with the loop's events. */
     event_free(s.reap);
     event_base_free(s.base);
     if (s.o.log)
