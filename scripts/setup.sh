@@ -11,6 +11,8 @@ pkgs=(gcc libc6-dev pkg-config meson ninja-build libevent-dev libjansson-dev lib
 # unless a node or npm is already installed some other way (NodeSource, nvm).
 if ! command -v node >/dev/null 2>&1; then pkgs+=(nodejs); fi
 if ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
+# sluice-bench --plot draws its charts with gnuplot; its test needs it too.
+if ! command -v gnuplot >/dev/null 2>&1; then pkgs+=(gnuplot-nox); fi
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
