@@ -214,6 +214,12 @@ struct sl_sched_tier_stats {
     int priority;
     int weight;
     uint64_t preemptions; /* of this tier's sequences, since start */
+    /* Prompt tokens of this tier prefilled per second (less those a preemption queued again in
+     * front), measured over the steps after which at least max_batch_tokens of its prompt tokens
+     * were still waiting: how fast a real backlog drains, whatever holds it back (its weighted
+     * share of each step, slots, KV blocks), rather than how fast requests arrive. Rows over
+     * time with the past discounted by exp(-age / SL_SCHED_DRAIN_WINDOW_S); 0 until measured. */
+    double drain_tokens_per_s;
 };
 
 struct sl_sched_stats {
@@ -235,6 +241,12 @@ struct sl_sched_stats {
      * exponential moving averages (weight 1/8 for the newest step). */
     double prefill_tokens_per_s; /* prompt rows per second of steps that had them */
     double decode_step_seconds;  /* duration of steps that had decodes: the inter-token time */
+    /* Prompt rows per second of a step filled with prompt chunks next to the sequences decoding
+     * now, as the step-time fit predicts it (0 until fitted): the prefill rate a backlog gets,
+     * which prefill_tokens_per_s understates while few prompt rows arrive. */
+    double prefill_capacity_tokens_per_s;
+    int max_seqs; /* the limits, for readers that model the queue */
+    int max_batch_tokens;
     /* Time, measured by the scheduler thread (the core leaves these 0). */
     double last_step_seconds; /* the whole step: building the batch, forward, sampling */
     double busy_seconds;      /* total time inside the worker's forward() since start */
@@ -244,6 +256,7 @@ struct sl_sched_stats {
 };
 
 #define SL_SCHED_BUSY_WINDOW_S 10.0
+#define SL_SCHED_DRAIN_WINDOW_S 2.0
 
 /* Fills out with what the core knows now (every field but the thread's times). Owner thread
  * only. */
@@ -291,6 +304,11 @@ struct sl_sim_config {
     /* The baseline: a batch of up to max_seqs queued requests starts only when the previous
      * batch has finished entirely (no joining between steps). */
     bool static_batching;
+    /* Optional: called at each request's arrival (virtual time), just before it is submitted,
+     * with the statistics the core publishes at that moment, so that a prediction made from them
+     * (the admission guard's) can be checked against what the run then gives. */
+    void (*on_arrival)(void *ctx, int idx, const struct sl_sched_stats *st);
+    void *on_arrival_ctx;
 };
 
 /* One request's fate. Times in seconds from its arrival. */
