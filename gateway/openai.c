@@ -132,7 +132,8 @@ static int decode_model(struct sl_openai_completion *c, const char *model_id,
         return SL_OK;
     if (!json_is_string(v))
         return bad_type(err, "model", "a string", v);
-    if (strcmp(json_string_value(v), model_id) != 0) {
+    c->model = json_string_value(v);
+    if (model_id && strcmp(json_string_value(v), model_id) != 0) {
         sl_openai_error_set(err, 404, "model", "model_not_found",
                             "The model '%.200s' does not exist or you do not have access to "
                             "it. This server serves '%.100s'.",

@@ -18,10 +18,25 @@
  */
 
 #define SL_TIERS_MAX 32 /* tiers in one configuration (a tenant's allowed tiers are a bit mask) */
+#define SL_MODELS_MAX 8 /* models served at once, each with its own worker and scheduler */
+#define SL_MODEL_NAME_MAX 64
 
 struct sl_tier;      /* a latency promise: priority, weight, SLOs (layout in gateway_impl.h) */
 struct sl_tenant;    /* who pays: key hash, allowed tiers, default tier */
 struct sl_tier_rule; /* one rule of the ordered classification list */
+
+/* One served model: its weights and where it runs. models[0] is also "model" and "tokenizer"
+ * (the single-model keys), which stay in step with it. */
+struct sl_config_model {
+    char *name;      /* the id requests name in "model" and /v1/models lists; NULL: the model's
+                        own id (sl_model_id), allowed only for models[0] */
+    char *spec;      /* as "model": synthetic[:SHAPE[:TYPE]], a .gguf, an HF folder, a .bin */
+    char *tokenizer; /* llama2.c tokenizer.bin for a .bin, or NULL */
+    int threads;     /* CPU kernel threads; -1: the top-level "threads" */
+    char *device;    /* where it runs: "cpu" */
+};
+
+struct sl_admission; /* runtime state of admission for one configuration (gateway/admission.c) */
 
 /* A TLS listener next to the plain one. Off when cert is NULL; then every field is unset. */
 struct sl_config_tls {
@@ -74,6 +89,15 @@ struct sl_config {
     bool has_admin_key; /* the /admin/ routes answer 403 without one */
     unsigned char
         admin_key_sha256[32]; /* SHA-256 of the admin key (the key itself is never kept) */
+
+    /* Models (at least one; start-only) and admission control (reloadable). */
+    struct sl_config_model *models;
+    int n_models;
+    bool admission; /* false: every request is admitted as it comes (no limits, no guard) */
+    /* Set once, by the server that adopts this configuration (sl_http_server_new or _reload),
+     * before any request sees it: the buckets and queue counts its tenants and tiers use, shared
+     * by name with the configuration it replaced. NULL for a configuration never served. */
+    struct sl_admission *adm;
 };
 
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */
