@@ -600,6 +600,8 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
                                : RECHECK_NS;
             a->recheck_ns = now + wait < a->deadline_ns ? now + wait : a->deadline_ns;
             a->verdict = SL_ADMIT_PARK;
+            if (!a->degraded) /* what the access log says if its client leaves meanwhile */
+                snprintf(a->note, sizeof a->note, "queued");
             return a->verdict;
         }
         }
@@ -752,5 +754,33 @@ void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl
                        "x-ratelimit-limit-tokens: %lld\r\nx-ratelimit-remaining-tokens: "
                        "%lld\r\nx-ratelimit-reset-tokens: %s\r\n",
                        t->tpm, (long long)v.remaining, reset);
+    }
+}
+
+void sl_admission_render(const struct sl_config *cfg, struct sl_str *out)
+{
+    static const char *const names[3] = {"sluice:admission_queued_requests",
+                                         "sluice:admission_queued_prompt_tokens",
+                                         "sluice:admission_parked_requests"};
+    static const char *const help[3] = {
+        "Requests admitted into a tier and not yet given their first token (what "
+        "max_queue_requests caps), over the models, by tier.",
+        "Prompt tokens of those requests (what max_queue_tokens caps), by tier.",
+        "Requests a queue:MS step holds while they wait for room in their tier, by tier."};
+    for (int k = 0; k < 3; k++) {
+        sl_str_appendf(out, "# HELP %s %s\n# TYPE %s gauge\n", names[k], help[k], names[k]);
+        for (int i = 0; cfg->adm && i < cfg->adm->n_tiers; i++) {
+            const struct cell *c = cfg->adm->tiers[i];
+            long v = 0;
+            if (k == 2) {
+                v = atomic_load_explicit(&c->parked, memory_order_relaxed);
+            } else {
+                for (int m = 0; m < SL_MODELS_MAX; m++)
+                    v += k == 0 ? atomic_load_explicit(&c->queued[m], memory_order_relaxed)
+                                : atomic_load_explicit(&c->queued_tokens[m], memory_order_relaxed);
+            }
+            /* Tier names are [A-Za-z0-9_.-]: nothing to escape. */
+            sl_str_appendf(out, "%s{tier=\"%s\"} %ld\n", names[k], cfg->tiers[i].name, v);
+        }
     }
 }

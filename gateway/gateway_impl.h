@@ -202,8 +202,8 @@ void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_iden
 void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                   int prompt_tokens, int completion_tokens);
 void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e);
-/* GET /v1/models (a list of one) and GET /v1/models/{id}. */
-void sl_openai_models_encode(struct sl_str *out, const char *model_id, int64_t created);
+/* GET /v1/models (the n served ids, the default first) and GET /v1/models/{id}. */
+void sl_openai_models_encode(struct sl_str *out, const char *const *ids, int n, int64_t created);
 void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t created);
 
 /* ---------------------------------------------------------------------------------------------
@@ -471,6 +471,9 @@ void sl_adm_duration_format(int64_t ns, char *out, size_t outlen);
  * next serves any request, from one thread at a time. */
 void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, int64_t now_ns);
 void sl_admission_free(struct sl_admission *adm);
+/* Appends the admission gauges of /metrics (Prometheus text): requests and prompt tokens
+ * queued per tier (admitted, no first token yet), and requests parked by queue:MS steps. */
+void sl_admission_render(const struct sl_config *cfg, struct sl_str *out);
 /* Requests and prompt tokens admitted into tier i for model m and not started yet. */
 void sl_admission_queue(const struct sl_config *cfg, int tier, int model, int *requests,
                         long *tokens);
@@ -619,6 +622,13 @@ void sl_metrics_http_done(struct sl_metrics *m, int shard, const char *route, in
 /* Appends the whole exposition: every family with # HELP and # TYPE, then the scheduler's gauges
  * from st (omitted when st is NULL). Any thread; concurrent recording may or may not be seen. */
 void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out);
-
+/* The same with the gauges of n schedulers, one per served model (names[i] labels st[i] as
+ * model="NAME" when n > 1; one scheduler's gauges carry no model label). */
+void sl_metrics_render_models(struct sl_metrics *m, const char *const *names,
+                              const struct sl_sched_stats *st, int n, struct sl_str *out);
+/* One admission decision on a request classified into `tier`:
+ * sluice:admission_decisions_total{tier, decision, reason}. */
+void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier, enum sl_adm_decision d,
+                          enum sl_adm_reason r);
 
 #endif

@@ -732,9 +732,13 @@ void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t cr
                    (long long)created);
 }
 
-void sl_openai_models_encode(struct sl_str *out, const char *model_id, int64_t created)
+void sl_openai_models_encode(struct sl_str *out, const char *const *ids, int n, int64_t created)
 {
     put_lit(out, "{\"object\":\"list\",\"data\":[");
-    sl_openai_model_encode(out, model_id, created);
+    for (int i = 0; i < n; i++) {
+        if (i)
+            put_lit(out, ",");
+        sl_openai_model_encode(out, ids[i], created);
+    }
     put_lit(out, "]}");
 }
