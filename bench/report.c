@@ -67,6 +67,7 @@ void sl_bench_figures_compute(const struct sl_bench_config *c, struct sl_bench_r
         f->retries += q->attempts > 1 ? q->attempts - 1u : 0;
         if (q->outcome == SL_BENCH_REJECTED) {
             f->rejected++;
+            f->rejected_no_retry_after += !q->retry_after;
             f->status_count[q->status > 0 && q->status < 600 ? q->status : 0]++;
             continue;
         }
@@ -320,6 +321,8 @@ static void put_block(json_t *o, const struct sl_bench_config *c, struct sl_benc
     json_object_set_new(o, "failed", json_integer((json_int_t)(f->rejected + f->errors)));
     json_object_set_new(o, "sent", json_integer((json_int_t)f->sent));
     json_object_set_new(o, "rejected_total", json_integer((json_int_t)f->rejected));
+    json_object_set_new(o, "rejected_without_retry_after",
+                        json_integer((json_int_t)f->rejected_no_retry_after));
     json_object_set_new(o, "errors_total", json_integer((json_int_t)f->errors));
     json_t *rej = json_object(), *errs = json_object();
     for (int s = 0; s < 600; s++)
