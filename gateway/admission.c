@@ -684,6 +684,40 @@ limited:
     return a->verdict;
 }
 
+enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
+                                        const struct sl_config *cfg, const struct sl_tenant *t,
+                                        int tier, int model, int max_tokens, int64_t now_ns)
+{
+    if (!cfg->admission || !cfg->adm || has_limits(t) || model < 0 || model >= SL_MODELS_MAX)
+        return SL_ADMIT_OK;
+    const struct sl_tier *tr = &cfg->tiers[tier];
+    if (tr->max_queue_requests < 0)
+        return SL_ADMIT_OK;
+    for (int i = 0; i < tr->n_overload; i++)
+        if (tr->overload[i].kind != SL_OVERLOAD_CAP_MAX_TOKENS &&
+            tr->overload[i].kind != SL_OVERLOAD_REJECT)
+            return SL_ADMIT_OK; /* a step that may find room elsewhere: the full decision */
+    const struct cell *c = cfg->adm->tiers[tier];
+    if (atomic_load_explicit(&c->queued[model], memory_order_relaxed) < tr->max_queue_requests)
+        return SL_ADMIT_OK;
+    /* What sl_admit_begin would answer: the queue is full, and capping max_tokens does not
+     * empty it. */
+    a->ran = true;
+    a->cfg = cfg;
+    a->tenant = t;
+    a->tier = a->policy_tier = tier;
+    a->model = model;
+    a->max_tokens = max_tokens;
+    a->reason = SL_ADM_REASON_TIER_QUEUE_REQUESTS;
+    struct sl_adm_prediction p;
+    a->retry_ns = DEFAULT_RETRY_NS;
+    if (tr->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
+        a->retry_ns = secs_ns(p.prefill_s);
+    snprintf(a->why, sizeof a->why,
+             "Tier '%s' has its queue full (max_queue_requests) and is overloaded.", tr->name);
+    return overloaded(a, now_ns);
+}
+
 enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_env *env,
                                       int64_t now_ns)
 {
@@ -714,16 +748,37 @@ static int64_t ceil_div(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
+#define LIT(o, s) sl_str_append((o), (s), sizeof(s) - 1)
+
+/* Appends v in decimal (no printf: this runs on every refusal, the path a flood takes). */
+static void append_num(struct sl_str *o, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do
+        d[--i] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        d[--i] = '-';
+    sl_str_append(o, d + i, sizeof d - i);
+}
+
 void sl_admit_headers(const struct sl_admit *a, struct sl_str *out)
 {
     if (!a->ran)
         return;
-    sl_str_appendf(out, "x-sluice-admission: %s\r\n", a->note);
+    LIT(out, "x-sluice-admission: ");
+    sl_str_append(out, a->note, strlen(a->note));
+    LIT(out, "\r\n");
     if ((a->verdict == SL_ADMIT_RATE_LIMITED || a->verdict == SL_ADMIT_OVERLOADED) &&
         a->retry_ns >= 0) {
         int64_t ns = a->retry_ns > 0 ? a->retry_ns : 1;
-        long long s = ceil_div(ns, NS_PER_S), ms = ceil_div(ns, NS_PER_MS);
-        sl_str_appendf(out, "Retry-After: %lld\r\nretry-after-ms: %lld\r\n", s, ms);
+        LIT(out, "Retry-After: ");
+        append_num(out, ceil_div(ns, NS_PER_S));
+        LIT(out, "\r\nretry-after-ms: ");
+        append_num(out, ceil_div(ns, NS_PER_MS));
+        LIT(out, "\r\n");
     }
 }
 

@@ -328,6 +328,9 @@ int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len);
  * SL_EINVAL with err filled. */
 int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
                      const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err);
+/* False when no rule of cfg reads the body (service_tier, stream, max_tokens): the tier then
+ * follows from the head alone, whatever the body says. */
+bool sl_tier_classify_needs_body(const struct sl_config *cfg);
 
 /* Configuration sections, called by config.c. init gives the defaults: tiers "interactive" and
  * "batch", no tenants, no admin key, and the rules [header, service_tier (priority →
@@ -445,6 +448,14 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
                                      const struct sl_config *cfg, const struct sl_tenant *t,
                                      int tier, int model, int n_prompt, int max_tokens,
                                      int64_t now_ns);
+/* Before the prompt is tokenized: a request admission would refuse whatever its length (its
+ * tier's queue at max_queue_requests for its model, an overload policy of cap_max_tokens and
+ * reject steps only, a tenant without budgets) is refused now, as sl_admit_begin would refuse
+ * it (SL_ADMIT_OVERLOADED), so that a flood's refusals cost no tokenization. Otherwise SL_ADMIT_OK
+ * and a untouched: tokenize and call sl_admit_begin. */
+enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
+                                        const struct sl_config *cfg, const struct sl_tenant *t,
+                                        int tier, int model, int max_tokens, int64_t now_ns);
 /* A parked request's next look: admitted as soon as the tier has room, else parked again until
  * its deadline, after which the rest of the policy applies. */
 enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_env *env,

@@ -1257,12 +1257,36 @@ static void conn_on_admit_timer(evutil_socket_t fd, short what, void *arg)
     admission_decided(c, sl_admit_resume(&c->adm, &env, (int64_t)sl_clock_ns()));
 }
 
+/* When the tier follows from the head alone and that tier refuses whatever comes (a full
+ * queue, sl_admit_precheck), the refusal needs no body: a flood against a closed tier costs what
+ * parsing its heads costs, as nginx's limit_req does. True when it answered. */
+static bool refuse_early(struct conn *c)
+{
+    if (!c->cfg->admission || sl_tier_classify_needs_body(c->cfg))
+        return false;
+    struct sl_openai_completion head = {.params.max_tokens = c->cfg->default_max_tokens};
+    struct sl_openai_error err;
+    if (classify(c, &head, &err) != SL_OK)
+        return false; /* answered in full, after the body, like any bad request */
+    struct sl_admit_env env = admit_env(c);
+    if (sl_admit_precheck(&c->adm, &env, c->cfg, c->tenant, c->tier, 0, 0,
+                          (int64_t)sl_clock_ns()) == SL_ADMIT_OK) {
+        c->tier = -1;
+        return false;
+    }
+    admission_decided(c, c->adm.verdict);
+    return true;
+}
+
 static void serve_completion(struct conn *c)
 {
     c->inference = true;
     struct sl_http_server *srv = c->io->srv;
     struct sl_openai_error err;
     const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
+    /* The default model: a request naming another is not known until the body is read. */
+    if (srv->n_engines == 1 && refuse_early(c))
+        return;
     if (decode_request(c, &c->oc, body, &err) != SL_OK) {
         send_error(c, &err, NULL);
         return;
@@ -1275,6 +1299,12 @@ static void serve_completion(struct conn *c)
         return;
     }
     c->engine = e;
+    struct sl_admit_env env = admit_env(c);
+    if (sl_admit_precheck(&c->adm, &env, c->cfg, c->tenant, c->tier, e, c->oc.params.max_tokens,
+                          (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
+        admission_decided(c, c->adm.verdict);
+        return;
+    }
     int n_prompt = 0;
     if (encode_prompt(c, &c->oc, e, c->oc.params.max_tokens, &n_prompt, &err) != SL_OK) {
         admit_release(c, -1);
@@ -1287,7 +1317,6 @@ static void serve_completion(struct conn *c)
         send_error(c, &err, NULL);
         return;
     }
-    struct sl_admit_env env = admit_env(c);
     admission_decided(c, sl_admit_begin(&c->adm, &env, c->cfg, c->tenant, c->tier, e, n_prompt,
                                         c->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }

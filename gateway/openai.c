@@ -703,12 +703,20 @@ void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ide
 void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
 {
     put_lit(out, "{\"error\":{\"message\":");
-    /* Messages quote client input, which need not be valid UTF-8 once truncated by snprintf. */
-    struct sl_str clean;
-    sl_str_init(&clean);
-    sl_utf8_sanitize(&clean, e->message, strlen(e->message));
-    put_str(out, clean.p ? clean.p : "", clean.len);
-    sl_str_dispose(&clean);
+    /* Messages quote client input, which need not be valid UTF-8 once truncated by snprintf;
+     * most are plain ASCII and go as they are. */
+    size_t len = strlen(e->message), i = 0;
+    while (i < len && (unsigned char)e->message[i] < 0x80)
+        i++;
+    if (i == len) {
+        put_str(out, e->message, len);
+    } else {
+        struct sl_str clean;
+        sl_str_init(&clean);
+        sl_utf8_sanitize(&clean, e->message, len);
+        put_str(out, clean.p ? clean.p : "", clean.len);
+        sl_str_dispose(&clean);
+    }
     put_lit(out, ",\"type\":");
     put_cstr(out, sl_http_error_type(e->http));
     put_lit(out, ",\"param\":");

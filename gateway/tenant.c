@@ -235,6 +235,17 @@ static int unknown_tier(const struct sl_config *cfg, const char *param, const ch
     return SL_EINVAL;
 }
 
+bool sl_tier_classify_needs_body(const struct sl_config *cfg)
+{
+    for (int i = 0; i < cfg->n_classify; i++) {
+        const struct sl_tier_rule *r = &cfg->classify[i];
+        if (r->kind == SL_RULE_SERVICE_TIER ||
+            (r->kind == SL_RULE_MATCH && (r->stream >= 0 || r->max_tokens_above >= 0)))
+            return true;
+    }
+    return false;
+}
+
 int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
                      const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err)
 {

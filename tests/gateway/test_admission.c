@@ -701,3 +701,34 @@ Test(gateway, admission_budgets_carry_over_a_reload_when_the_names_stay)
     sl_config_dispose(&b);
     sl_config_dispose(&d);
 }
+
+Test(gateway, admission_refuses_before_tokenizing_when_the_tier_takes_nothing_anyway)
+{
+    struct sl_config c;
+    world(&c, ",\"max_queue_requests\":0,\"overload\":[\"cap_max_tokens:4\",\"reject\"]",
+          ",\"max_queue_requests\":0,\"overload\":[\"queue:100\",\"reject\"]", ",\"rpm\":5");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit_env env = env_of(&f);
+    struct sl_admit a;
+    sl_admit_init(&a);
+    /* Tenant b (no budgets), interactive (closed, nothing but a cap before the rejection). */
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 0, 0, 100, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_str_eq(a.note, "rejected; reason=tier_queue_requests");
+    cr_assert_eq(a.retry_ns, SEC);
+    cr_assert_not(a.active);
+    /* The same request through sl_admit_begin gets the same answer. */
+    struct sl_admit b;
+    cr_assert_eq(begin(&b, &f, &c, 1, 0, 0, 10, 100, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_str_eq(b.note, a.note);
+    cr_assert_eq(b.retry_ns, a.retry_ns);
+    /* A tier whose policy may still find room (queue:MS), a tenant with budgets to charge, a
+     * tier with room: the full decision, after tokenizing. */
+    sl_admit_init(&a);
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 1, 0, 100, 0), SL_ADMIT_OK);
+    cr_assert_not(a.ran);
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[0], 0, 0, 100, 0), SL_ADMIT_OK);
+    c.tiers[0].max_queue_requests = 1;
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 0, 0, 100, 0), SL_ADMIT_OK);
+    sl_config_dispose(&c);
+}

@@ -543,3 +543,46 @@ Test(admission, requests_run_on_the_model_they_name_when_several_are_served)
     cr_assert(strstr(m, "sluice:scheduler_steps_total{model=\"big\"} "), "%s", m);
     free(m);
 }
+
+/* No classify rule reads the body: a closed tier's refusal is decided on the head alone. */
+static const char head_only_config[] =
+    "{\"tiers\":{\"open\":{\"priority\":0,\"weight\":1,\"ttft_slo_ms\":1000,\"tpot_slo_ms\":100},"
+    "\"closed\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":1000,\"tpot_slo_ms\":100,"
+    "\"max_queue_requests\":0,\"overload_status\":429}},"
+    "\"classify\":[{\"header\":\"x-sluice-tier\"},{\"tenant_default\":true}]}";
+
+Test(admission, closed_tier_refuses_on_the_head_when_no_rule_reads_the_body)
+{
+    start_with(head_only_config);
+    char raw[8192];
+    cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions",
+                                    "x-sluice-tier: closed\r\n",
+                                    "{\"prompt\":\"Hi\",\"max_tokens\":3}", raw, sizeof raw),
+                 429);
+    cr_assert_str_eq(raw_header(raw, "x-sluice-admission"), "rejected; reason=tier_queue_requests");
+    cr_assert_str_eq(raw_header(raw, "retry-after"), "1");
+    cr_assert_str_eq(raw_header(raw, "x-sluice-tier"), "closed");
+    /* Refused before it was read: what the body says does not matter to a tier that takes
+     * nothing. */
+    cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions",
+                                    "x-sluice-tier: closed\r\n", "{not json", raw, sizeof raw),
+                 429);
+    /* The open tier reads the body as ever: a bad one is a 400, a good one is served. */
+    cr_assert_eq(
+        client_try_request(srv.port, "POST", "/v1/completions", NULL, "{not json", raw, sizeof raw),
+        400);
+    cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", NULL,
+                                    "{\"prompt\":\"Hi\",\"max_tokens\":3}", raw, sizeof raw),
+                 200);
+    cr_assert_str_eq(raw_header(raw, "x-sluice-admission"), "admitted");
+    char *m = scrape();
+    cr_assert_eq(metric(m, "sluice:admission_decisions_total{tier=\"closed\",decision=\"rejected\","
+                           "reason=\"tier_queue_requests\"}"),
+                 2);
+    cr_assert_eq(metric(m, "sluice:requests_total{tier=\"closed\",tenant=\"anonymous\","
+                           "outcome=\"rejected\"}"),
+                 2);
+    free(m);
+    server_wait_log(&srv,
+                    "\"tier\":\"closed\",\"admission\":\"rejected; reason=tier_queue_requests\"");
+}
