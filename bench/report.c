@@ -556,11 +556,12 @@ static void summary_line(FILE *f, const struct sl_bench_config *c, const char *n
     else
         fprintf(f, "-");
     fprintf(
-        f, "\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\n",
+        f, "\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%llu\n",
         sl_bench_samples_percentile(&x->ttft_ms, 50), sl_bench_samples_percentile(&x->ttft_ms, 99),
         sl_bench_samples_percentile(&x->tpot_ms, 50), sl_bench_samples_percentile(&x->tpot_ms, 99),
         sl_bench_samples_percentile(&x->itl_ms, 99), sl_bench_samples_percentile(&x->e2el_ms, 50),
-        sl_bench_samples_percentile(&x->e2el_ms, 99));
+        sl_bench_samples_percentile(&x->e2el_ms, 99),
+        (unsigned long long)x->rejected_no_retry_after);
 }
 
 int sl_bench_report_summary(const struct sl_bench_config *c, struct sl_bench_results *r,
@@ -573,7 +574,8 @@ int sl_bench_report_summary(const struct sl_bench_config *c, struct sl_bench_res
     }
     if (ftell(f) == 0)
         fprintf(f, "label\tclass\tsent\tok\trejected\terrors\treq/s\tout_tok/s\tgoodput/s\t"
-                   "ttft_p50\tttft_p99\ttpot_p50\ttpot_p99\titl_p99\te2el_p50\te2el_p99\n");
+                   "ttft_p50\tttft_p99\ttpot_p50\ttpot_p99\titl_p99\te2el_p50\te2el_p99\t"
+                   "rej_no_retry\n");
     for (size_t i = 0; i <= c->n_classes; i++) {
         if (i == c->n_classes && c->n_classes == 1)
             break;
