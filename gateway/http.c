@@ -2688,13 +2688,16 @@ int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char
     struct sl_config *cur = sl_config_ref(s->cfg);
     pthread_mutex_unlock(&s->cfg_lock);
     keep_start_keys(next, cur);
-    /* Buckets and queue counts of the tenants and tiers both configurations have carry over. */
-    sl_admission_adopt(next, cur, (int64_t)sl_clock_ns());
-    sl_config_unref(cur);
     /* The new certificate must load before anything changes. */
     SSL_CTX *ctx = NULL;
-    if (next->tls.cert && !(ctx = sl_tls_ctx_new(next, err, errlen)))
+    if (next->tls.cert && !(ctx = sl_tls_ctx_new(next, err, errlen))) {
+        sl_config_unref(cur);
         return SL_EINVAL;
+    }
+    /* Buckets and queue counts of the tenants and tiers both configurations have carry over (a
+     * changed rate rescales a shared bucket: only once the reload can no longer fail). */
+    sl_admission_adopt(next, cur, (int64_t)sl_clock_ns());
+    sl_config_unref(cur);
     pthread_mutex_lock(&s->cfg_lock);
     struct sl_config *old = s->cfg;
     s->cfg = sl_config_ref(next);
