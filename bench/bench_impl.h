@@ -425,7 +425,8 @@ struct sl_bench_record {
     bool reused; /* the first attempt went out on a kept-alive connection */
     enum sl_bench_outcome outcome;
     enum sl_bench_err err;
-    int status; /* the final HTTP status, 0 when none */
+    int status;       /* the final HTTP status, 0 when none */
+    bool retry_after; /* rejected: the final answer said when to retry (retry-after[-ms]) */
     uint16_t attempts;
     double t_sched; /* when it should have been sent (arrival, or a closed-loop user's turn) */
     double t_ready; /* when --max-concurrency let it go (= t_sched without a cap) */
@@ -485,7 +486,8 @@ void sl_bench_results_dispose(struct sl_bench_results *r, size_t n_classes);
 /* The figures of one class (cls = its index) or of all (cls = SIZE_MAX). */
 struct sl_bench_figures {
     uint64_t sent, completed, rejected, errors, retries, warmup;
-    uint64_t status_count[600]; /* rejected, by final status */
+    uint64_t rejected_no_retry_after; /* rejected without retry-after-ms or Retry-After */
+    uint64_t status_count[600];       /* rejected, by final status */
     uint64_t err_count[SL_BENCH_ERR_COUNT];
     uint64_t input_tokens, output_tokens, good, no_usage;
     double duration_s;

@@ -67,6 +67,7 @@ void sl_bench_figures_compute(const struct sl_bench_config *c, struct sl_bench_r
         f->retries += q->attempts > 1 ? q->attempts - 1u : 0;
         if (q->outcome == SL_BENCH_REJECTED) {
             f->rejected++;
+            f->rejected_no_retry_after += !q->retry_after;
             f->status_count[q->status > 0 && q->status < 600 ? q->status : 0]++;
             continue;
         }
@@ -320,6 +321,8 @@ static void put_block(json_t *o, const struct sl_bench_config *c, struct sl_benc
     json_object_set_new(o, "failed", json_integer((json_int_t)(f->rejected + f->errors)));
     json_object_set_new(o, "sent", json_integer((json_int_t)f->sent));
     json_object_set_new(o, "rejected_total", json_integer((json_int_t)f->rejected));
+    json_object_set_new(o, "rejected_without_retry_after",
+                        json_integer((json_int_t)f->rejected_no_retry_after));
     json_object_set_new(o, "errors_total", json_integer((json_int_t)f->errors));
     json_t *rej = json_object(), *errs = json_object();
     for (int s = 0; s < 600; s++)
@@ -553,11 +556,12 @@ static void summary_line(FILE *f, const struct sl_bench_config *c, const char *n
     else
         fprintf(f, "-");
     fprintf(
-        f, "\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\n",
+        f, "\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%llu\n",
         sl_bench_samples_percentile(&x->ttft_ms, 50), sl_bench_samples_percentile(&x->ttft_ms, 99),
         sl_bench_samples_percentile(&x->tpot_ms, 50), sl_bench_samples_percentile(&x->tpot_ms, 99),
         sl_bench_samples_percentile(&x->itl_ms, 99), sl_bench_samples_percentile(&x->e2el_ms, 50),
-        sl_bench_samples_percentile(&x->e2el_ms, 99));
+        sl_bench_samples_percentile(&x->e2el_ms, 99),
+        (unsigned long long)x->rejected_no_retry_after);
 }
 
 int sl_bench_report_summary(const struct sl_bench_config *c, struct sl_bench_results *r,
@@ -570,7 +574,8 @@ int sl_bench_report_summary(const struct sl_bench_config *c, struct sl_bench_res
     }
     if (ftell(f) == 0)
         fprintf(f, "label\tclass\tsent\tok\trejected\terrors\treq/s\tout_tok/s\tgoodput/s\t"
-                   "ttft_p50\tttft_p99\ttpot_p50\ttpot_p99\titl_p99\te2el_p50\te2el_p99\n");
+                   "ttft_p50\tttft_p99\ttpot_p50\ttpot_p99\titl_p99\te2el_p50\te2el_p99\t"
+                   "rej_no_retry\n");
     for (size_t i = 0; i <= c->n_classes; i++) {
         if (i == c->n_classes && c->n_classes == 1)
             break;

@@ -479,10 +479,12 @@ static void on_done(struct sl_bench_exchange *x, enum sl_bench_err err, const ch
         return;
     }
     error_message(q);
-    if (retryable(x) && retries_left && !q->run->stopping)
+    if (retryable(x) && retries_left && !q->run->stopping) {
         retry_later(q, x->retry_after);
-    else
+    } else {
+        q->run->r->recs[q->rec].retry_after = x->retry_after >= 0;
         finish(q, SL_BENCH_REJECTED, SL_BENCH_ERR_NONE, x->status, now);
+    }
 }
 
 static void retry_cb(evutil_socket_t fd, short what, void *arg)

@@ -201,55 +201,47 @@ void sl_str_appendf(struct sl_str *s, const char *fmt, ...)
     s->len += (size_t)n;
 }
 
+/* Bytes JSON strings take as they are: not a quote, a backslash or a control byte. */
+static bool json_plain(unsigned char c)
+{
+    return c >= 0x20 && c != '"' && c != '\\';
+}
+
 void sl_str_append_json(struct sl_str *s, const char *data, size_t len)
 {
     static const char hex[] = "0123456789abcdef";
     sl_str_reserve(s, len + 2);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)data[i];
+    size_t i = 0;
+    while (i < len) {
+        /* Runs of plain bytes in one copy: most text has no escape at all. */
+        size_t run = i;
+        while (run < len && json_plain((unsigned char)data[run]))
+            run++;
+        if (run > i) {
+            sl_str_append(s, data + i, run - i);
+            i = run;
+            continue;
+        }
+        unsigned char c = (unsigned char)data[i++];
         char esc[7];
-        const char *out = NULL;
-        size_t n = 0;
+        const char *out = esc;
+        size_t n = 2;
         switch (c) {
-        case '"':
-            out = "\\\"";
-            n = 2;
-            break;
-        case '\\':
-            out = "\\\\";
-            n = 2;
-            break;
-        case '\n':
-            out = "\\n";
-            n = 2;
-            break;
-        case '\r':
-            out = "\\r";
-            n = 2;
-            break;
-        case '\t':
-            out = "\\t";
-            n = 2;
-            break;
+        case '"': out = "\\\""; break;
+        case '\\': out = "\\\\"; break;
+        case '\n': out = "\\n"; break;
+        case '\r': out = "\\r"; break;
+        case '\t': out = "\\t"; break;
         default:
-            if (c < 0x20) {
-                esc[0] = '\\';
-                esc[1] = 'u';
-                esc[2] = '0';
-                esc[3] = '0';
-                esc[4] = hex[c >> 4];
-                esc[5] = hex[c & 15];
-                out = esc;
-                n = 6;
-            }
+            esc[0] = '\\';
+            esc[1] = 'u';
+            esc[2] = '0';
+            esc[3] = '0';
+            esc[4] = hex[c >> 4];
+            esc[5] = hex[c & 15];
+            n = 6;
         }
-        if (out)
-            sl_str_append(s, out, n);
-        else {
-            sl_str_reserve(s, 1);
-            s->p[s->len++] = (char)c;
-            s->p[s->len] = '\0';
-        }
+        sl_str_append(s, out, n);
     }
 }
 
@@ -317,14 +309,19 @@ void sl_utf8_sanitize(struct sl_str *out, const char *s, size_t len)
     sl_str_reserve(out, len);
     size_t i = 0;
     while (i < len) {
-        int n = utf8_seq(u + i, len - i);
-        if (n > 0) {
-            sl_str_append(out, s + i, (size_t)n);
-            i += (size_t)n;
-        } else {
-            /* An invalid byte becomes one U+FFFD; a truncated sequence at the end, one. */
-            sl_str_append(out, "\xef\xbf\xbd", 3);
-            i = n == 0 ? len : i + 1;
+        /* Runs of valid sequences in one copy. */
+        size_t run = i;
+        int n;
+        while (run < len && (n = utf8_seq(u + run, len - run)) > 0)
+            run += (size_t)n;
+        if (run > i) {
+            sl_str_append(out, s + i, run - i);
+            i = run;
+            continue;
         }
+        /* An invalid byte becomes one U+FFFD; a truncated sequence at the end, one. */
+        n = utf8_seq(u + i, len - i);
+        sl_str_append(out, "\xef\xbf\xbd", 3);
+        i = n == 0 ? len : i + 1;
     }
 }

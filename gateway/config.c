@@ -34,6 +34,12 @@ void sl_config_init(struct sl_config *c)
     c->tcp_send_buffer_bytes = 0;
     c->drain_timeout_ms = 30000;
     c->log_level = sl_xstrdup("info");
+    c->n_models = 1;
+    c->models = sl_xcalloc(1, sizeof *c->models);
+    c->models[0].spec = sl_xstrdup(c->model);
+    c->models[0].threads = -1;
+    c->models[0].device = sl_xstrdup("cpu");
+    c->admission = true;
     sl_tenancy_init(c);
 }
 
@@ -45,8 +51,21 @@ static void tls_clear(struct sl_config_tls *t)
     memset(t, 0, sizeof *t);
 }
 
+static void models_free(struct sl_config_model *m, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(m[i].name);
+        free(m[i].spec);
+        free(m[i].tokenizer);
+        free(m[i].device);
+    }
+    free(m);
+}
+
 void sl_config_dispose(struct sl_config *c)
 {
+    sl_admission_free(c->adm);
+    models_free(c->models, c->n_models);
     tls_clear(&c->tls);
     free(c->listen_host);
     free(c->model);
@@ -141,7 +160,18 @@ static int check_log_level(const char *v)
     return -1;
 }
 
-enum key_type { K_INT, K_SIZE, K_FRACTION, K_STR, K_STR_OR_NULL, K_LISTEN, K_LOG_LEVEL, K_TLS };
+enum key_type {
+    K_INT,
+    K_SIZE,
+    K_FRACTION,
+    K_STR,
+    K_STR_OR_NULL,
+    K_LISTEN,
+    K_LOG_LEVEL,
+    K_TLS,
+    K_BOOL,
+    K_MODELS,
+};
 
 struct key {
     const char *name;
@@ -176,6 +206,8 @@ static const struct key keys[] = {
     {"tcp_send_buffer_bytes", K_SIZE, OFF(tcp_send_buffer_bytes), 0, 1L << 28},
     {"drain_timeout_ms", K_INT, OFF(drain_timeout_ms), 0, 3600000},
     {"log_level", K_LOG_LEVEL, OFF(log_level), 0, 0},
+    {"models", K_MODELS, 0, 0, 0},
+    {"admission", K_BOOL, OFF(admission), 0, 0},
 };
 
 /* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys
@@ -239,6 +271,175 @@ static int parse_tls(struct sl_config *c, json_t *v, char *err, size_t errlen, c
     return SL_OK;
 }
 
+static bool valid_model_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > SL_MODEL_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] <= ' ' || s[i] >= 0x7f || s[i] == '"' || s[i] == '\\' || s[i] == '/')
+            return false;
+    return true;
+}
+
+/* "models": [{"name", "model", "tokenizer", "threads", "device"}, ...], at least one; every
+ * entry but the first needs a name. The first one also becomes "model" and "tokenizer". */
+static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen, const char *where)
+{
+    if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > SL_MODELS_MAX) {
+        snprintf(err, errlen, "%s: \"models\" must be an array of 1 to %d models", where,
+                 SL_MODELS_MAX);
+        return SL_EINVAL;
+    }
+    int n = (int)json_array_size(v);
+    struct sl_config_model *m = sl_xcalloc((size_t)n, sizeof *m);
+    int st = SL_OK;
+    for (int i = 0; i < n && st == SL_OK; i++) {
+        json_t *e = json_array_get(v, (size_t)i);
+        m[i].threads = -1;
+        m[i].device = sl_xstrdup("cpu");
+        if (!json_is_object(e)) {
+            snprintf(err, errlen, "%s: models[%d]: must be an object with \"name\" and \"model\"",
+                     where, i);
+            st = SL_EINVAL;
+            break;
+        }
+        const char *k;
+        json_t *x;
+        json_object_foreach(e, k, x)
+        {
+            if (strncmp(k, "//", 2) == 0)
+                continue;
+            if (strcmp(k, "name") == 0) {
+                if (!json_is_string(x) || !valid_model_name(json_string_value(x))) {
+                    snprintf(err, errlen,
+                             "%s: models[%d].name: must be 1 to %d printable ASCII characters "
+                             "without spaces, quotes, '\\' or '/'",
+                             where, i, SL_MODEL_NAME_MAX);
+                    st = SL_EINVAL;
+                } else {
+                    replace(&m[i].name, json_string_value(x));
+                }
+            } else if (strcmp(k, "model") == 0) {
+                if (!json_is_string(x) || json_string_length(x) == 0) {
+                    snprintf(err, errlen,
+                             "%s: models[%d].model: must be a non-empty string (as \"model\": "
+                             "synthetic[:SHAPE], a .gguf, an HF folder or a .bin)",
+                             where, i);
+                    st = SL_EINVAL;
+                } else {
+                    replace(&m[i].spec, json_string_value(x));
+                }
+            } else if (strcmp(k, "tokenizer") == 0) {
+                if (json_is_null(x)) {
+                    replace(&m[i].tokenizer, NULL);
+                } else if (!json_is_string(x) || json_string_length(x) == 0) {
+                    snprintf(err, errlen, "%s: models[%d].tokenizer: must be a path or null", where,
+                             i);
+                    st = SL_EINVAL;
+                } else {
+                    replace(&m[i].tokenizer, json_string_value(x));
+                }
+            } else if (strcmp(k, "threads") == 0) {
+                if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+                    json_integer_value(x) > 1024) {
+                    snprintf(err, errlen,
+                             "%s: models[%d].threads: must be an integer from 0 (one per core) "
+                             "to 1024",
+                             where, i);
+                    st = SL_EINVAL;
+                } else {
+                    m[i].threads = (int)json_integer_value(x);
+                }
+            } else if (strcmp(k, "device") == 0) {
+                if (!json_is_string(x) || strcmp(json_string_value(x), "cpu") != 0) {
+                    snprintf(err, errlen,
+                             "%s: models[%d].device: must be \"cpu\" (the only backend of this "
+                             "build)",
+                             where, i);
+                    st = SL_EINVAL;
+                }
+            } else {
+                snprintf(err, errlen,
+                         "%s: models[%d]: unknown key \"%.40s\" (name, model, tokenizer, "
+                         "threads, device)",
+                         where, i, k);
+                st = SL_EINVAL;
+            }
+            if (st != SL_OK)
+                break;
+        }
+        if (st != SL_OK)
+            break;
+        if (!m[i].spec) {
+            snprintf(err, errlen, "%s: models[%d].model: missing", where, i);
+            st = SL_EINVAL;
+        } else if (!m[i].name && i > 0) {
+            snprintf(err, errlen,
+                     "%s: models[%d].name: missing (every model but the first needs a name for "
+                     "requests to route by)",
+                     where, i);
+            st = SL_EINVAL;
+        }
+        for (int o = 0; o < i && st == SL_OK; o++)
+            if (m[i].name && m[o].name && strcmp(m[i].name, m[o].name) == 0) {
+                snprintf(err, errlen, "%s: models[%d].name: \"%s\" is also models[%d].name", where,
+                         i, m[i].name, o);
+                st = SL_EINVAL;
+            }
+    }
+    if (st != SL_OK) {
+        models_free(m, n);
+        return st;
+    }
+    models_free(c->models, c->n_models);
+    c->models = m;
+    c->n_models = n;
+    replace(&c->model, m[0].spec);
+    replace(&c->tokenizer, m[0].tokenizer);
+    return SL_OK;
+}
+
+void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src)
+{
+    struct sl_config_model *m = sl_xcalloc((size_t)src->n_models, sizeof *m);
+    for (int i = 0; i < src->n_models; i++) {
+        const struct sl_config_model *o = &src->models[i];
+        m[i].name = o->name ? sl_xstrdup(o->name) : NULL;
+        m[i].spec = o->spec ? sl_xstrdup(o->spec) : NULL;
+        m[i].tokenizer = o->tokenizer ? sl_xstrdup(o->tokenizer) : NULL;
+        m[i].device = o->device ? sl_xstrdup(o->device) : NULL;
+        m[i].threads = o->threads;
+    }
+    models_free(dst->models, dst->n_models);
+    dst->models = m;
+    dst->n_models = src->n_models;
+}
+
+bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b)
+{
+    if (a->n_models != b->n_models)
+        return false;
+    for (int i = 0; i < a->n_models; i++) {
+        const struct sl_config_model *x = &a->models[i], *y = &b->models[i];
+        const char *xs[4] = {x->name, x->spec, x->tokenizer, x->device};
+        const char *ys[4] = {y->name, y->spec, y->tokenizer, y->device};
+        for (int k = 0; k < 4; k++)
+            if (!(xs[k] == ys[k] || (xs[k] && ys[k] && strcmp(xs[k], ys[k]) == 0)))
+                return false;
+        if (x->threads != y->threads)
+            return false;
+    }
+    return true;
+}
+
+/* models[0] is "model" and "tokenizer": a flag or key that set those sets it. */
+static void models_sync(struct sl_config *c)
+{
+    replace(&c->models[0].spec, c->model);
+    replace(&c->models[0].tokenizer, c->tokenizer);
+}
+
 static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *err, size_t errlen,
                      const char *where)
 {
@@ -296,6 +497,14 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
                             what);
     }
     case K_TLS: return parse_tls(c, v, err, errlen, where);
+    case K_MODELS: return parse_models(c, v, err, errlen, where);
+    case K_BOOL:
+        if (!json_is_boolean(v)) {
+            snprintf(err, errlen, "%s: \"%s\" must be true or false", where, k->name);
+            return SL_EINVAL;
+        }
+        *(bool *)(base + k->off) = json_is_true(v);
+        return SL_OK;
     case K_LOG_LEVEL:
         if (!json_is_string(v) || check_log_level(json_string_value(v)) < 0) {
             snprintf(err, errlen, "%s: \"log_level\" must be one of debug, info, warn, error",
@@ -357,6 +566,16 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
         if ((st = apply_key(c, k, v, err, errlen, path)) != SL_OK)
             break;
     }
+    if (st == SL_OK && json_object_get(root, "models") &&
+        (json_object_get(root, "model") || json_object_get(root, "tokenizer"))) {
+        snprintf(err, errlen,
+                 "%s: \"model\" and \"tokenizer\" name one model and \"models\" several: give "
+                 "one or the other (the first of \"models\" is the default model)",
+                 path);
+        st = SL_EINVAL;
+    }
+    if (st == SL_OK)
+        models_sync(c);
     char why[768];
     if (st == SL_OK && (st = sl_tenancy_load(c, tenancy[0], tenancy[1], tenancy[2], tenancy[3], why,
                                              sizeof why)) != SL_OK)
@@ -401,6 +620,23 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
                  c->listen_host, c->listen_port);
         return SL_EINVAL;
     }
+    if (c->n_models < 1 || c->n_models > SL_MODELS_MAX || !c->models) {
+        snprintf(err, errlen, "\"models\": between 1 and %d models are needed", SL_MODELS_MAX);
+        return SL_EINVAL;
+    }
+    for (int i = 0; i < c->n_models; i++) {
+        if (!c->models[i].spec || (i > 0 && !c->models[i].name)) {
+            snprintf(err, errlen, "models[%d]: needs \"model\"%s", i, i > 0 ? " and \"name\"" : "");
+            return SL_EINVAL;
+        }
+        for (int o = 0; o < i; o++)
+            if (c->models[i].name && c->models[o].name &&
+                strcmp(c->models[i].name, c->models[o].name) == 0) {
+                snprintf(err, errlen, "models[%d].name: \"%s\" is also models[%d].name", i,
+                         c->models[i].name, o);
+                return SL_EINVAL;
+            }
+    }
     return sl_tenancy_validate(c, err, errlen);
 }
 
@@ -429,6 +665,23 @@ json_t *sl_config_to_json(const struct sl_config *c)
                              c->listen_port);
             break;
         }
+        case K_BOOL: v = json_boolean(*(const bool *)(base + k->off)); break;
+        case K_MODELS:
+            v = json_array();
+            for (int i = 0; i < c->n_models; i++) {
+                const struct sl_config_model *m = &c->models[i];
+                json_t *o =
+                    json_pack("{s:s, s:s, s:s}", "model", m->spec, "device",
+                              m->device ? m->device : "cpu", "name", m->name ? m->name : "");
+                if (!m->name)
+                    json_object_set_new(o, "name", json_null());
+                json_object_set_new(o, "tokenizer",
+                                    m->tokenizer ? json_string(m->tokenizer) : json_null());
+                json_object_set_new(o, "threads",
+                                    m->threads >= 0 ? json_integer(m->threads) : json_null());
+                json_array_append_new(v, o);
+            }
+            break;
         case K_TLS:
             if (!c->tls.cert) {
                 v = json_null();
@@ -545,5 +798,6 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
             return SL_EINVAL;
         }
     }
+    models_sync(c);
     return sl_config_validate(c, err, errlen);
 }

@@ -130,6 +130,7 @@ struct sl_chat_msg {
  * owns them. */
 struct sl_openai_completion {
     json_t *root;
+    const char *model; /* "model" as sent, or NULL */
     const char *prompt;
     size_t prompt_len;
     struct sl_req_params params; /* stop[] points into root; seed valid only when has_seed */
@@ -145,7 +146,8 @@ struct sl_openai_completion {
 };
 
 /* Decodes and validates a completion request. `model_id` is the served model: a different
- * `model` is a 404. Returns SL_OK, or a negative status with err filled (c is then empty). */
+ * `model` is a 404; NULL accepts any (the caller routes by c->model). Returns SL_OK, or a
+ * negative status with err filled (c is then empty). */
 int sl_openai_completion_decode(struct sl_openai_completion *c, const char *body, size_t len,
                                 const char *model_id, int default_max_tokens,
                                 struct sl_openai_error *err);
@@ -200,8 +202,8 @@ void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_iden
 void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                   int prompt_tokens, int completion_tokens);
 void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e);
-/* GET /v1/models (a list of one) and GET /v1/models/{id}. */
-void sl_openai_models_encode(struct sl_str *out, const char *model_id, int64_t created);
+/* GET /v1/models (the n served ids, the default first) and GET /v1/models/{id}. */
+void sl_openai_models_encode(struct sl_str *out, const char *const *ids, int n, int64_t created);
 void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t created);
 
 /* ---------------------------------------------------------------------------------------------
@@ -216,12 +218,40 @@ void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t cr
 #define SL_RULE_PATH_MAX 256
 #define SL_TIER_HEADER "x-sluice-tier" /* the request header a "header" rule reads */
 
+#define SL_OVERLOAD_MAX 8 /* steps in one tier's overload policy */
+
+/* One step of a tier's overload policy ("cap_max_tokens:256", "demote:batch", "model:small",
+ * "queue:2000", "reject"): what admission tries, in order, when the tier cannot take a request
+ * as it is (its token bucket is empty, its queue is full, or the SLO guard predicts its TTFT
+ * objective broken). */
+enum sl_overload_kind {
+    SL_OVERLOAD_CAP_MAX_TOKENS, /* arg: max_tokens cap */
+    SL_OVERLOAD_DEMOTE,         /* arg: tier index */
+    SL_OVERLOAD_MODEL,          /* model: a name of "models" (resolved when applied) */
+    SL_OVERLOAD_QUEUE,          /* arg: milliseconds to wait for capacity */
+    SL_OVERLOAD_REJECT,
+};
+
+struct sl_overload_step {
+    enum sl_overload_kind kind;
+    int arg;
+    char model[SL_MODEL_NAME_MAX + 1];
+};
+
 struct sl_tier {
     char name[SL_TIER_NAME_MAX + 1];
     int priority;    /* lower runs first (0..1000) */
     int weight;      /* capacity share relative to the other tiers (1..1000) */
     int ttft_slo_ms; /* p99 time-to-first-token objective */
     int tpot_slo_ms; /* p99 time-per-output-token objective */
+    /* Admission (gateway/admission.c). */
+    long long token_rate;       /* tokens (prompt + max_tokens) admitted per second; 0: no limit */
+    long long burst;            /* of them at once (the bucket's size); token_rate by default */
+    int max_queue_requests;     /* admitted requests without a first token yet; -1: no limit */
+    long long max_queue_tokens; /* their prompt tokens; -1: no limit */
+    struct sl_overload_step overload[SL_OVERLOAD_MAX]; /* ["reject"] by default */
+    int n_overload;
+    int overload_status; /* 503 (default) or 429 */
 };
 
 struct sl_tenant {
@@ -229,6 +259,8 @@ struct sl_tenant {
     unsigned char key_sha256[32]; /* SHA-256 of the API key; the key itself is never kept */
     uint32_t tiers;               /* bit i set: may use tiers[i] */
     int default_tier;             /* index into tiers; always allowed */
+    long long rpm;                /* requests per minute; 0: no limit */
+    long long tpm;                /* tokens (prompt + max_tokens, unused refunded) per minute */
 };
 
 enum sl_rule_kind {
@@ -296,6 +328,9 @@ int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len);
  * SL_EINVAL with err filled. */
 int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
                      const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err);
+/* False when no rule of cfg reads the body (service_tier, stream, max_tokens): the tier then
+ * follows from the head alone, whatever the body says. */
+bool sl_tier_classify_needs_body(const struct sl_config *cfg);
 
 /* Configuration sections, called by config.c. init gives the defaults: tiers "interactive" and
  * "batch", no tenants, no admin key, and the rules [header, service_tier (priority →
@@ -314,6 +349,145 @@ int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen);
 /* Adds "tiers", "tenants", "classify" and "admin_key_sha256" to root as the file would spell
  * them, every key hash replaced by "<redacted>". */
 void sl_tenancy_to_json(const struct sl_config *c, json_t *root);
+
+/* "models" of src into dst (replacing dst's), and whether two configurations serve the same
+ * models in the same way (a reload cannot change them). */
+void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src);
+bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b);
+
+/* A step as the file spells it ("demote:batch"). */
+void sl_overload_step_format(const struct sl_config *c, const struct sl_overload_step *s, char *out,
+                             size_t outlen);
+
+/* ---------------------------------------------------------------------------------------------
+ * Admission (admission.c): tenant budgets, tier buckets and queues, the SLO guard and the
+ * overload policy, run on the I/O threads before a request reaches a scheduler.
+ *
+ * Lock-free throughout: every bucket is one atomic word (sl_adm_bucket), every queue count an
+ * atomic reserved by compare-and-swap below its cap, and the scheduler's figures are read with
+ * sl_sched_stats. The state lives in cells shared by name between a configuration and the one
+ * that replaces it (sl_admission_adopt), so a reload keeps the buckets and queue counts of the
+ * tenants and tiers it keeps, and a request refunds into the cells of the configuration it
+ * started with, which its connection holds.
+ */
+
+/* Why a request was refused or degraded: the `reason` of x-sluice-admission and the metrics. */
+enum sl_adm_reason {
+    SL_ADM_REASON_NONE,
+    SL_ADM_REASON_TENANT_REQUESTS,     /* "tenant_requests": the tenant's rpm */
+    SL_ADM_REASON_TENANT_TOKENS,       /* "tenant_tokens": the tenant's tpm */
+    SL_ADM_REASON_TIER_TOKEN_RATE,     /* "tier_token_rate": the tier's bucket */
+    SL_ADM_REASON_TIER_QUEUE_REQUESTS, /* "tier_queue_requests": max_queue_requests */
+    SL_ADM_REASON_TIER_QUEUE_TOKENS,   /* "tier_queue_tokens": max_queue_tokens */
+    SL_ADM_REASON_TIER_TTFT_SLO,       /* "tier_ttft_slo": the SLO guard */
+    SL_ADM_N_REASONS,
+};
+const char *sl_adm_reason_str(enum sl_adm_reason r);
+
+enum sl_admit_verdict {
+    SL_ADMIT_OK,           /* admitted, perhaps degraded: submit it as struct sl_admit says */
+    SL_ADMIT_PARK,         /* a queue:MS step: call sl_admit_resume at recheck_ns (or before) */
+    SL_ADMIT_RATE_LIMITED, /* the tenant's budget: 429 rate_limit_exceeded */
+    SL_ADMIT_OVERLOADED,   /* the tier's overload policy ended in a rejection */
+};
+
+/* The decision's label in metrics: "admitted", "degraded", "rejected". */
+enum sl_adm_decision { SL_ADM_ADMITTED, SL_ADM_DEGRADED, SL_ADM_REJECTED, SL_ADM_N_DECISIONS };
+
+/* What admission reads of the engines (the served models). */
+struct sl_admit_env {
+    int n_models;
+    const char *const *model_names; /* (n_models) as requests name them */
+    void *ctx;
+    /* The statistics of model i's scheduler; leaves *out zeroed when it has none. */
+    void (*stats)(void *ctx, int model, struct sl_sched_stats *out);
+    /* Tokenizes the request's prompt for model i (a "model:NAME" step), checking the context
+     * for max_tokens; SL_OK with *n_prompt, or an error (the step is then skipped). */
+    int (*encode)(void *ctx, int model, int max_tokens, int *n_prompt);
+};
+
+/* One request's admission, embedded in its connection. Zeroed (sl_admit_init) before each
+ * request; sl_admit_end releases what it holds exactly once. */
+struct sl_admit {
+    bool ran;    /* admission decided something about this request */
+    bool active; /* it holds tokens, a queue slot or a parking place: sl_admit_end owes */
+    /* The request as admission leaves it (submit it so). */
+    const struct sl_config *cfg;
+    const struct sl_tenant *tenant;
+    int tier;        /* the tier it runs in (after a demotion) */
+    int policy_tier; /* the tier it was classified into, whose overload policy applies */
+    int model;
+    int n_prompt;
+    int max_tokens;
+    /* The decision. */
+    enum sl_admit_verdict verdict;
+    enum sl_adm_reason reason; /* what refused or degraded it */
+    bool degraded;
+    int64_t retry_ns;        /* refused: until a retry may pass; -1: never as sent */
+    double predicted_ttft_s; /* the guard's latest prediction, < 0 when none */
+    char note[192];          /* x-sluice-admission: "admitted", "degraded; cap_max_tokens=256" */
+    char why[256];           /* refused: the error message */
+    /* Parking (queue:MS). */
+    int step; /* next overload step */
+    int64_t park_start_ns, deadline_ns, recheck_ns;
+    /* What it holds. */
+    void *tenant_cell, *tier_cell, *queue_cell, *park_cell;
+    bool took_request;     /* one of the tenant's requests per minute */
+    int64_t tenant_tokens; /* charged to the tenant's tokens per minute */
+    int64_t tier_tokens;   /* charged to tier_cell's bucket */
+    int queue_model;
+    long queue_tokens; /* prompt tokens counted in queue_cell's queue of queue_model */
+    bool queued;       /* counted in a tier's queue until its first token */
+};
+
+void sl_admit_init(struct sl_admit *a);
+/* Decides on a request of tenant t (NULL: anonymous) classified into `tier`, for `model`, with
+ * n_prompt prompt tokens and max_tokens, at now_ns (sl_clock_ns). cfg must have been adopted
+ * (cfg->adm set) and must outlive the admission. Any I/O thread. */
+enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_env *env,
+                                     const struct sl_config *cfg, const struct sl_tenant *t,
+                                     int tier, int model, int n_prompt, int max_tokens,
+                                     int64_t now_ns);
+/* Before the prompt is tokenized: a request admission would refuse whatever its length (its
+ * tier's queue at max_queue_requests for its model, an overload policy of cap_max_tokens and
+ * reject steps only, a tenant without budgets) is refused now, as sl_admit_begin would refuse
+ * it (SL_ADMIT_OVERLOADED), so that a flood's refusals cost no tokenization. Otherwise SL_ADMIT_OK
+ * and a untouched: tokenize and call sl_admit_begin. */
+enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
+                                        const struct sl_config *cfg, const struct sl_tenant *t,
+                                        int tier, int model, int max_tokens, int64_t now_ns);
+/* A parked request's next look: admitted as soon as the tier has room, else parked again until
+ * its deadline, after which the rest of the policy applies. */
+enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_env *env,
+                                      int64_t now_ns);
+/* The request's first token arrived (or it ended): it leaves its tier's queue. Idempotent. */
+void sl_admit_started(struct sl_admit *a);
+/* The request ended (finished, cancelled, failed, or its client left) after n_generated
+ * tokens: releases its queue slot or parking place and refunds the tokens it was charged and
+ * did not use. Exactly once: later calls do nothing. */
+void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns);
+/* Response headers for the decision: x-sluice-admission, and for a refusal Retry-After
+ * (seconds, rounded up) and retry-after-ms. Appended as "Name: value\r\n" lines. */
+void sl_admit_headers(const struct sl_admit *a, struct sl_str *out);
+/* x-ratelimit-{limit,remaining,reset}-{requests,tokens} of tenant t under cfg (nothing for a
+ * tenant without rpm or tpm), as the buckets are at now_ns. */
+void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
+                                    int64_t now_ns, struct sl_str *out);
+/* OpenAI's duration format, as in x-ratelimit-reset-*: "0s", "120ms", "1s", "6m0s", "1.5s",
+ * "1h2m3s" (milliseconds rounded up). */
+void sl_adm_duration_format(int64_t ns, char *out, size_t outlen);
+
+/* Gives next its runtime state, sharing cells with prev (may be NULL) by tenant and tier name;
+ * a kept bucket whose rate changed keeps its debt in tokens (sl_adm_bucket_rescale). Call before
+ * next serves any request, from one thread at a time. */
+void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, int64_t now_ns);
+void sl_admission_free(struct sl_admission *adm);
+/* Appends the admission gauges of /metrics (Prometheus text): requests and prompt tokens
+ * queued per tier (admitted, no first token yet), and requests parked by queue:MS steps. */
+void sl_admission_render(const struct sl_config *cfg, struct sl_str *out);
+/* Requests and prompt tokens admitted into tier i for model m and not started yet. */
+void sl_admission_queue(const struct sl_config *cfg, int tier, int model, int *requests,
+                        long *tokens);
 
 /* The effective configuration as JSON (every key conf/sluice.json documents), with key hashes
  * redacted: what GET /admin/config answers. The caller owns the result. */
@@ -459,5 +633,13 @@ void sl_metrics_http_done(struct sl_metrics *m, int shard, const char *route, in
 /* Appends the whole exposition: every family with # HELP and # TYPE, then the scheduler's gauges
  * from st (omitted when st is NULL). Any thread; concurrent recording may or may not be seen. */
 void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out);
+/* The same with the gauges of n schedulers, one per served model (names[i] labels st[i] as
+ * model="NAME" when n > 1; one scheduler's gauges carry no model label). */
+void sl_metrics_render_models(struct sl_metrics *m, const char *const *names,
+                              const struct sl_sched_stats *st, int n, struct sl_str *out);
+/* One admission decision on a request classified into `tier`:
+ * sluice:admission_decisions_total{tier, decision, reason}. */
+void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier, enum sl_adm_decision d,
+                          enum sl_adm_reason r);
 
 #endif

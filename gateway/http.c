@@ -448,6 +448,15 @@ struct conn {
      * its latest text arrived. */
     bool inference;
     uint64_t t_text_ns;
+
+    /* Admission: the decision on the current completion, the model it runs on, and while a
+     * queue:MS step parks it, its decoded request and the timer that looks again. */
+    struct sl_admit adm;
+    int engine;
+    struct sl_openai_completion oc;
+    bool has_oc;
+    bool parked;             /* a queue:MS step holds it: no scheduler has it yet */
+    struct event *adm_timer; /* created at the first park */
 };
 
 struct io {
@@ -489,13 +498,23 @@ struct io {
     bool accept_error_logged;
 };
 
+/* A served model: requests that name it run on its scheduler. */
+struct engine {
+    char name[SL_MODEL_NAME_MAX + 1];
+    const struct sl_model *model;
+    struct sl_sched *sched;              /* NULL: no engine (tests of the front end alone) */
+    enum sl_chat_template chat_template; /* the model's, when the config names none */
+};
+
 struct sl_http_server {
     /* The current configuration (a reference), replaced by a reload under cfg_lock. The fields
      * read only at start (listen, io_threads) are the same in every configuration. */
     pthread_mutex_t cfg_lock;
     struct sl_config *cfg;
-    const struct sl_model *model;
-    struct sl_sched *sched;
+    /* The models, the first the default; fixed once started. */
+    struct engine engines[SL_MODELS_MAX];
+    const char *engine_names[SL_MODELS_MAX];
+    int n_engines;
     struct sl_metrics *metrics; /* one shard per I/O thread */
     int port;
     int n_io;
@@ -503,7 +522,6 @@ struct sl_http_server {
     uint32_t nonce; /* makes completion ids unique across restarts */
     int64_t created;
     bool started;
-    enum sl_chat_template chat_template; /* the model's, when the config names none */
 
     /* TLS: the listener's port (0 without one) and the current context (under cfg_lock). */
     int tls_port;
@@ -627,6 +645,10 @@ static void head_format(struct conn *c, struct sl_str *w, int code, const char *
         str_add(w, c->cfg->tiers[c->tier].name);
     }
     str_add(w, c->keep_alive ? "\r\nConnection: keep-alive\r\n" : "\r\nConnection: close\r\n");
+    /* What admission did, and the tenant's budgets on every response of a tenant with limits. */
+    sl_admit_headers(&c->adm, w);
+    if (c->tenant && (c->tenant->rpm > 0 || c->tenant->tpm > 0))
+        sl_admission_ratelimit_headers(c->cfg, c->tenant, (int64_t)sl_clock_ns(), w);
     if (extra)
         str_add(w, extra);
     sl_str_append(w, "\r\n", 2);
@@ -793,9 +815,17 @@ static void log_access(struct conn *c, const char *finish, int n_completion)
         str_add(l, c->cfg->tiers[c->tier].name);
         sl_str_append(l, "\"", 1);
     }
+    if (c->adm.ran) {
+        str_add(l, ",\"admission\":\"");
+        str_add(l, c->adm.note);
+        sl_str_append(l, "\"", 1);
+        if (c->adm.predicted_ttft_s >= 0)
+            sl_str_appendf(l, ",\"predicted_ttft_ms\":%.0f", c->adm.predicted_ttft_s * 1e3);
+    }
     if (c->creq || finish) {
-        sl_str_appendf(l, ",\"admission\":\"admitted\""); /* until admission control exists */
-        sl_str_appendf(l, ",\"id\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d",
+        str_add(l, ",\"model\":\"");
+        str_add(l, c->io->srv->engines[c->engine].name);
+        sl_str_appendf(l, "\",\"id\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d",
                        c->ident.id, c->n_prompt, n_completion);
         sl_str_appendf(l, ",\"finish\":\"%s\"", finish ? finish : "none");
         if (c->t_first_ns) {
@@ -864,14 +894,34 @@ static uint64_t random_seed(struct io *io)
     return sl_clock_ns() ^ (io->n_req * 0x9e3779b97f4a7c15ull);
 }
 
+/* The end of the current completion for admission: its parking timer stops and whatever it
+ * was charged and did not use goes back (sl_admit_end does that once, however often this runs).
+ * n_generated < 0: it never reached a scheduler. */
+static void admit_release(struct conn *c, int n_generated)
+{
+    if (c->adm_timer)
+        evtimer_del(c->adm_timer);
+    c->parked = false;
+    sl_admit_end(&c->adm, n_generated, (int64_t)sl_clock_ns());
+    if (c->has_oc) {
+        sl_openai_completion_dispose(&c->oc);
+        c->has_oc = false;
+    }
+}
+
 static void drop_request(struct conn *c, bool cancel)
 {
+    if (cancel && c->parked && !c->logged) {
+        c->status = 499; /* its client left while it waited for capacity */
+        log_access(c, "cancelled", 0);
+    }
+    admit_release(c, c->creq ? c->n_gen : -1);
     if (!c->creq)
         return;
     if (cancel) {
         c->status = 499; /* nginx's "client closed request" */
         log_access(c, "cancelled", c->n_gen);
-        sl_sched_cancel(c->io->srv->sched, c->creq);
+        sl_sched_cancel(c->io->srv->engines[c->engine].sched, c->creq);
     }
     /* Events still on their way find no connection and are just freed. */
     sl_req_set_user(c->creq, NULL);
@@ -994,82 +1044,144 @@ static void serve_admin(struct conn *c, struct sl_http_span path)
     free(s);
 }
 
-/* /v1/completions or /v1/chat/completions, as route() set c->ident.api. */
+/* /v1/completions or /v1/chat/completions, as route() set c->ident.api. Any served model may be
+ * named; route_model() picks it. */
 static int decode_request(struct conn *c, struct sl_openai_completion *oc, const char *body,
                           struct sl_openai_error *err)
 {
-    const struct sl_model *m = c->io->srv->model;
     if (c->ident.api == SL_OPENAI_API_CHAT)
-        return sl_openai_chat_decode(oc, body, c->req.body.len, sl_model_id(m),
-                                     c->cfg->default_max_tokens, err);
-    return sl_openai_completion_decode(oc, body, c->req.body.len, sl_model_id(m),
-                                       c->cfg->default_max_tokens, err);
+        return sl_openai_chat_decode(oc, body, c->req.body.len, NULL, c->cfg->default_max_tokens,
+                                     err);
+    return sl_openai_completion_decode(oc, body, c->req.body.len, NULL, c->cfg->default_max_tokens,
+                                       err);
 }
 
-/* The prompt's token ids into io->ids: the prompt as it is, or the messages rendered with the
- * configured chat template (the model's own when the configuration names none). */
-static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, int *n_prompt,
-                         struct sl_openai_error *err)
+/* The engine a request's "model" names (the first without one), or -1 with a 404. */
+static int route_model(struct conn *c, const char *model, struct sl_openai_error *err)
 {
-    const struct sl_model *m = c->io->srv->model;
+    struct sl_http_server *srv = c->io->srv;
+    if (!model)
+        return 0;
+    for (int i = 0; i < srv->n_engines; i++)
+        if (strcmp(srv->engines[i].name, model) == 0)
+            return i;
+    char list[256];
+    size_t n = 0;
+    list[0] = '\0';
+    for (int i = 0; i < srv->n_engines && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s'%s'", i ? ", " : "",
+                              srv->engines[i].name);
+    sl_openai_error_set(err, 404, "model", "model_not_found",
+                        "The model '%.200s' does not exist or you do not have access to it. This "
+                        "server serves %s.",
+                        model, list);
+    return -1;
+}
+
+/* The prompt's token ids for engine e into io->ids: the prompt as it is, or the messages
+ * rendered with the configured chat template (the model's own when the configuration names
+ * none), checked against the model's context for max_tokens. */
+static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, int e,
+                         int max_tokens, int *n_prompt, struct sl_openai_error *err)
+{
+    const struct engine *en = &c->io->srv->engines[e];
+    const struct sl_model *m = en->model;
     int seq_len = sl_model_config(m)->seq_len;
     if (c->ident.api != SL_OPENAI_API_CHAT)
         return sl_openai_prompt_encode(sl_model_tok(m), seq_len, oc->prompt, oc->prompt_len,
-                                       oc->params.max_tokens, c->io->ids, n_prompt, err);
+                                       max_tokens, c->io->ids, n_prompt, err);
     int t = c->cfg->chat_template ? sl_chat_template_from_name(c->cfg->chat_template) : -1;
     struct sl_chat_prompt p;
     sl_chat_prompt_init(&p);
-    sl_chat_render(&p, t >= 0 ? (enum sl_chat_template)t : c->io->srv->chat_template, oc->messages,
+    sl_chat_render(&p, t >= 0 ? (enum sl_chat_template)t : en->chat_template, oc->messages,
                    oc->n_messages);
-    int st = sl_chat_prompt_encode(sl_model_tok(m), seq_len, &p, oc->params.max_tokens, c->io->ids,
-                                   n_prompt, err);
+    int st =
+        sl_chat_prompt_encode(sl_model_tok(m), seq_len, &p, max_tokens, c->io->ids, n_prompt, err);
     sl_chat_prompt_dispose(&p);
     return st;
 }
 
-static void serve_completion(struct conn *c)
+/* ---- admission ---- */
+
+static void admit_env_stats(void *ctx, int model, struct sl_sched_stats *out)
 {
-    c->inference = true;
+    struct conn *c = ctx;
+    struct sl_http_server *srv = c->io->srv;
+    if (model >= 0 && model < srv->n_engines && srv->engines[model].sched)
+        sl_sched_stats(srv->engines[model].sched, out);
+}
+
+static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt)
+{
+    struct conn *c = ctx;
+    struct sl_openai_error err;
+    if (model < 0 || model >= c->io->srv->n_engines || !c->io->srv->engines[model].sched)
+        return SL_ENOENT;
+    return encode_prompt(c, &c->oc, model, max_tokens, n_prompt, &err);
+}
+
+static struct sl_admit_env admit_env(struct conn *c)
+{
+    struct sl_http_server *srv = c->io->srv;
+    return (struct sl_admit_env){
+        .n_models = srv->n_engines,
+        .model_names = srv->engine_names,
+        .ctx = c,
+        .stats = admit_env_stats,
+        .encode = admit_env_encode,
+    };
+}
+
+static void conn_on_admit_timer(evutil_socket_t fd, short what, void *arg);
+
+/* Hands the admitted request to its model's scheduler, as admission left it (tier, model,
+ * max_tokens). */
+static void submit(struct conn *c)
+{
     struct io *io = c->io;
     struct sl_http_server *srv = io->srv;
-    const struct sl_model *m = srv->model;
-    struct sl_openai_completion oc;
+    struct sl_openai_completion *oc = &c->oc;
     struct sl_openai_error err;
-    const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
-    if (decode_request(c, &oc, body, &err) != SL_OK) {
-        send_error(c, &err, NULL);
-        return;
+    const struct sl_admit *a = &c->adm;
+    /* io->ids holds this request's prompt for its model unless admission changed the model
+     * since, or another request used the scratch while this one was parked. */
+    int n_prompt = a->n_prompt;
+    if (a->park_start_ns || a->model != c->engine) {
+        if (encode_prompt(c, oc, a->model, a->max_tokens, &n_prompt, &err) != SL_OK) {
+            admit_release(c, -1);
+            send_error(c, &err, NULL);
+            return;
+        }
     }
-    if (classify(c, &oc, &err) != SL_OK) {
-        sl_openai_completion_dispose(&oc);
-        send_error(c, &err, NULL);
-        return;
+    c->engine = a->model;
+    const struct engine *en = &srv->engines[c->engine];
+    if (a->tier != c->tier) {
+        /* Demoted: it runs, and says it runs, in the tier admission chose. */
+        const struct sl_tier *t = &c->cfg->tiers[a->tier];
+        c->tier = a->tier;
+        oc->params.tier = a->tier;
+        oc->params.priority = t->priority;
+        oc->params.weight = t->weight;
+        oc->params.ttft_slo_ms = t->ttft_slo_ms;
+        oc->params.tpot_slo_ms = t->tpot_slo_ms;
+        snprintf(oc->params.tier_name, sizeof oc->params.tier_name, "%s", t->name);
     }
-    int n_prompt = 0;
-    if (encode_prompt(c, &oc, &n_prompt, &err) != SL_OK) {
-        sl_openai_completion_dispose(&oc);
-        send_error(c, &err, NULL);
-        return;
-    }
-    if (!srv->sched) {
-        sl_openai_completion_dispose(&oc);
-        sl_openai_error_set(&err, 503, NULL, NULL, "This server has no engine to run completions.");
-        send_error(c, &err, NULL);
-        return;
-    }
+    oc->params.max_tokens = a->max_tokens;
     io->n_req++;
-    if (!oc.has_seed)
-        oc.params.seed = random_seed(io);
-    struct sl_req *r = sl_req_new(io->ids, n_prompt, &oc.params);
-    c->stream = oc.stream;
-    c->include_usage = oc.stream && oc.include_usage;
-    sl_openai_completion_dispose(&oc);
+    if (!oc->has_seed)
+        oc->params.seed = random_seed(io);
+    struct sl_req *r = sl_req_new(io->ids, n_prompt, &oc->params);
+    c->stream = oc->stream;
+    c->include_usage = oc->stream && oc->include_usage;
+    sl_openai_completion_dispose(oc);
+    c->has_oc = false;
 
     sl_req_set_user(r, c);
-    int st = sl_sched_submit(srv->sched, r, io->outbox);
+    int st = sl_sched_submit(en->sched, r, io->outbox);
     if (st != SL_OK) {
         sl_req_set_user(r, NULL);
         sl_req_unref(r);
+        admit_release(c, -1);
         sl_openai_error_set(&err, sl_http_status_code(st), NULL, NULL,
                             "The request could not be queued: %s.", sl_status_str(st));
         sl_log(SL_LOG_WARN, "io %d: submit failed: %s", io->idx, sl_status_str(st));
@@ -1087,12 +1199,126 @@ static void serve_completion(struct conn *c)
              c->ident.api == SL_OPENAI_API_CHAT ? "chatcmpl" : "cmpl", srv->nonce,
              (unsigned)io->idx & 0xff, (unsigned long long)io->n_req);
     c->ident.created = io_now(io);
-    c->ident.model = sl_model_id(m);
+    c->ident.model = en->name;
     c->ident.include_usage = c->include_usage;
     c->t_first_ns = 0;
     c->n_gen = 0;
     sl_str_clear(&c->text);
     c->state = CONN_WAITING;
+}
+
+/* Acts on admission's verdict: submit, park until the next look, or refuse. */
+static void admission_decided(struct conn *c, enum sl_admit_verdict v)
+{
+    struct io *io = c->io;
+    const struct sl_admit *a = &c->adm;
+    const char *policy_tier = c->cfg->tiers[a->policy_tier].name;
+    struct sl_openai_error err;
+    switch (v) {
+    case SL_ADMIT_OK:
+        c->parked = false;
+        sl_metrics_admission(io->srv->metrics, io->idx, policy_tier,
+                             a->degraded ? SL_ADM_DEGRADED : SL_ADM_ADMITTED, a->reason);
+        submit(c);
+        return;
+    case SL_ADMIT_PARK: {
+        if (!c->adm_timer)
+            c->adm_timer = evtimer_new(io->base, conn_on_admit_timer, c);
+        int64_t wait = a->recheck_ns - (int64_t)sl_clock_ns();
+        if (wait < 0)
+            wait = 0;
+        struct timeval tv = {.tv_sec = wait / 1000000000, .tv_usec = wait % 1000000000 / 1000};
+        evtimer_add(c->adm_timer, &tv);
+        c->parked = true;
+        c->state = CONN_WAITING;
+        return;
+    }
+    case SL_ADMIT_RATE_LIMITED:
+        sl_openai_error_set(&err, 429, NULL, "rate_limit_exceeded", "%s", a->why);
+        break;
+    case SL_ADMIT_OVERLOADED:
+        sl_openai_error_set(&err, c->cfg->tiers[a->policy_tier].overload_status, NULL,
+                            "server_is_overloaded", "%s", a->why);
+        break;
+    }
+    sl_metrics_admission(io->srv->metrics, io->idx, policy_tier, SL_ADM_REJECTED, a->reason);
+    /* Admission logs its refusals only in the access log: one line per request, never more. */
+    admit_release(c, -1);
+    send_error(c, &err, NULL);
+}
+
+static void conn_on_admit_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct conn *c = arg;
+    if (c->closed || !c->parked)
+        return;
+    struct sl_admit_env env = admit_env(c);
+    admission_decided(c, sl_admit_resume(&c->adm, &env, (int64_t)sl_clock_ns()));
+}
+
+/* When the tier follows from the head alone and that tier refuses whatever comes (a full
+ * queue, sl_admit_precheck), the refusal needs no body: a flood against a closed tier costs what
+ * parsing its heads costs, as nginx's limit_req does. True when it answered. */
+static bool refuse_early(struct conn *c)
+{
+    if (!c->cfg->admission || sl_tier_classify_needs_body(c->cfg))
+        return false;
+    struct sl_openai_completion head = {.params.max_tokens = c->cfg->default_max_tokens};
+    struct sl_openai_error err;
+    if (classify(c, &head, &err) != SL_OK)
+        return false; /* answered in full, after the body, like any bad request */
+    struct sl_admit_env env = admit_env(c);
+    if (sl_admit_precheck(&c->adm, &env, c->cfg, c->tenant, c->tier, 0, 0,
+                          (int64_t)sl_clock_ns()) == SL_ADMIT_OK) {
+        c->tier = -1;
+        return false;
+    }
+    admission_decided(c, c->adm.verdict);
+    return true;
+}
+
+static void serve_completion(struct conn *c)
+{
+    c->inference = true;
+    struct sl_http_server *srv = c->io->srv;
+    struct sl_openai_error err;
+    const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
+    /* The default model: a request naming another is not known until the body is read. */
+    if (srv->n_engines == 1 && refuse_early(c))
+        return;
+    if (decode_request(c, &c->oc, body, &err) != SL_OK) {
+        send_error(c, &err, NULL);
+        return;
+    }
+    c->has_oc = true;
+    int e = route_model(c, c->oc.model, &err);
+    if (e < 0 || classify(c, &c->oc, &err) != SL_OK) {
+        admit_release(c, -1);
+        send_error(c, &err, NULL);
+        return;
+    }
+    c->engine = e;
+    struct sl_admit_env env = admit_env(c);
+    if (sl_admit_precheck(&c->adm, &env, c->cfg, c->tenant, c->tier, e, c->oc.params.max_tokens,
+                          (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
+        admission_decided(c, c->adm.verdict);
+        return;
+    }
+    int n_prompt = 0;
+    if (encode_prompt(c, &c->oc, e, c->oc.params.max_tokens, &n_prompt, &err) != SL_OK) {
+        admit_release(c, -1);
+        send_error(c, &err, NULL);
+        return;
+    }
+    if (!srv->engines[e].sched) {
+        admit_release(c, -1);
+        sl_openai_error_set(&err, 503, NULL, NULL, "This server has no engine to run completions.");
+        send_error(c, &err, NULL);
+        return;
+    }
+    admission_decided(c, sl_admit_begin(&c->adm, &env, c->cfg, c->tenant, c->tier, e, n_prompt,
+                                        c->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }
 
 /* A chat stream opens with the assistant's role, before any text or the finish. */
@@ -1186,6 +1412,7 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     stream_release(c);
     c->status = ok || c->head_sent ? 200 : err.http;
     log_access(c, sl_finish_str(e->finish), e->n_tokens);
+    admit_release(c, e->n_tokens);
     sl_str_clear(b);
     if (!c->stream && ok)
         sl_openai_completion_encode(b, &c->ident, c->text.p ? c->text.p : "", c->text.len,
@@ -1224,6 +1451,7 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
 
 static void on_text(struct conn *c, const struct sl_out_event *e)
 {
+    sl_admit_started(&c->adm);
     metrics_on_text(c, e);
     if (!c->t_first_ns)
         c->t_first_ns = sl_clock_ns();
@@ -1296,12 +1524,18 @@ static void not_allowed(struct conn *c, const char *allow)
 static void serve_metrics(struct conn *c)
 {
     struct sl_http_server *srv = c->io->srv;
-    struct sl_sched_stats st;
-    if (srv->sched)
-        sl_sched_stats(srv->sched, &st);
+    struct sl_sched_stats st[SL_MODELS_MAX];
+    const char *names[SL_MODELS_MAX];
+    int n = 0;
+    for (int i = 0; i < srv->n_engines; i++)
+        if (srv->engines[i].sched) {
+            sl_sched_stats(srv->engines[i].sched, &st[n]);
+            names[n++] = srv->engines[i].name;
+        }
     struct sl_str *b = &c->io->out;
     sl_str_clear(b);
-    sl_metrics_render(srv->metrics, srv->sched ? &st : NULL, b);
+    sl_metrics_render_models(srv->metrics, names, st, n, b);
+    sl_admission_render(c->cfg, b);
     send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }
 
@@ -1313,7 +1547,6 @@ static void route(struct conn *c)
     struct sl_str *b = &c->io->out;
     struct sl_openai_error err;
     static const char models[] = "/v1/models/";
-    const char *id = sl_model_id(srv->model);
 
     sl_str_clear(b);
     if (path.len >= 7 && memcmp(sl_http_span_ptr(p, path), "/admin/", 7) == 0) {
@@ -1348,7 +1581,7 @@ static void route(struct conn *c)
             not_allowed(c, "GET, HEAD");
             return;
         }
-        sl_openai_models_encode(b, id, srv->created);
+        sl_openai_models_encode(b, srv->engine_names, srv->n_engines, srv->created);
         send_json(c, 200, b, NULL);
         return;
     }
@@ -1360,10 +1593,13 @@ static void route(struct conn *c)
         }
         const char *want = sl_http_span_ptr(p, path) + sizeof models - 1;
         size_t n = path.len - (sizeof models - 1);
-        if (n == strlen(id) && memcmp(want, id, n) == 0) {
-            sl_openai_model_encode(b, id, srv->created);
-            send_json(c, 200, b, NULL);
-            return;
+        for (int i = 0; i < srv->n_engines; i++) {
+            const char *id = srv->engines[i].name;
+            if (n == strlen(id) && memcmp(want, id, n) == 0) {
+                sl_openai_model_encode(b, id, srv->created);
+                send_json(c, 200, b, NULL);
+                return;
+            }
         }
         sl_openai_error_set(&err, 404, "model", "model_not_found",
                             "The model '%.*s' does not exist.", (int)(n > 200 ? 200 : n), want);
@@ -1444,6 +1680,10 @@ static void conn_begin(struct conn *c)
     c->tenant = NULL;
     c->tier = -1;
     c->inference = false;
+    admit_release(c, -1); /* nothing is held between requests; this only makes sure */
+    sl_admit_init(&c->adm);
+    c->engine = 0;
+    c->ident.id[0] = '\0';
     if (c->cfg != c->io->cfg) {
         /* Reloaded since this connection's last request: keys, tiers and limits apply from this
          * request on, so a revoked key does not live on in a kept-alive connection. */
@@ -1793,6 +2033,8 @@ static void conn_free(struct conn *c)
     sl_config_unref(c->cfg);
     if (c->timer)
         event_free(c->timer);
+    if (c->adm_timer)
+        event_free(c->adm_timer);
     if (c->read_ev)
         event_free(c->read_ev);
     bufferevent_free(c->bev);
@@ -2021,7 +2263,7 @@ static void serve_ready(struct conn *c)
     struct sl_openai_error err;
     if (c->io->draining || atomic_load(&s->draining)) {
         sl_openai_error_set(&err, 503, NULL, "draining", "The server is shutting down.");
-    } else if (!s->model || !s->sched) {
+    } else if (!s->engines[0].model || !s->engines[0].sched) {
         sl_openai_error_set(&err, 503, NULL, "not_ready",
                             "This server has no engine to run completions.");
     } else {
@@ -2053,10 +2295,21 @@ static void on_drain_cancel(evutil_socket_t fd, short what, void *arg)
     struct io *io = arg;
     for (struct conn *c = io->conns, *next; c; c = next) {
         next = c->next;
+        if (!c->closed && c->parked) {
+            /* Still waiting for capacity: it never will now. */
+            struct sl_openai_error err;
+            admit_release(c, -1);
+            c->adm.ran = false;
+            c->keep_alive = false;
+            sl_openai_error_set(&err, 503, NULL, "draining",
+                                "The server is shutting down; retry the request elsewhere.");
+            send_error(c, &err, "Retry-After: 1\r\n");
+            continue;
+        }
         if (c->closed || !c->creq)
             continue;
-        if (io->srv->sched)
-            sl_sched_cancel(io->srv->sched, c->creq);
+        if (io->srv->engines[c->engine].sched)
+            sl_sched_cancel(io->srv->engines[c->engine].sched, c->creq);
         struct sl_out_event e = {.req = c->creq,
                                  .kind = SL_OUT_DONE,
                                  .finish = SL_FINISH_CANCELLED,
@@ -2189,7 +2442,6 @@ static int io_init(struct io *io, struct sl_http_server *s, int idx, int fd, int
         return SL_ENOMEM;
     }
     io->outbox = sl_outbox_new(outbox_wake, io);
-    io->ids = sl_xmalloc(sizeof(int32_t) * (size_t)sl_model_config(s->model)->seq_len);
     return SL_OK;
 }
 
@@ -2219,6 +2471,15 @@ static void io_dispose(struct io *io)
     sl_str_dispose(&io->log);
 }
 
+static void engine_set(struct engine *e, const char *name, const struct sl_model *model,
+                       struct sl_sched *sched)
+{
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->model = model;
+    e->sched = sched;
+    e->chat_template = sl_chat_template_of_model(model);
+}
+
 int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
                        struct sl_http_server **out, char *err, size_t errlen)
 {
@@ -2243,10 +2504,12 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
     atomic_init(&s->busy, 0);
     atomic_init(&s->draining, false);
     s->cfg = sl_config_ref(cfg);
-    s->model = model;
-    s->sched = sched;
+    sl_admission_adopt(s->cfg, NULL, (int64_t)sl_clock_ns());
+    engine_set(&s->engines[0], cfg->models[0].name ? cfg->models[0].name : sl_model_id(model),
+               model, sched);
+    s->engine_names[0] = s->engines[0].name;
+    s->n_engines = 1;
     s->created = sl_clock_unix();
-    s->chat_template = sl_chat_template_of_model(model);
     if (getrandom(&s->nonce, sizeof s->nonce, GRND_NONBLOCK) != (ssize_t)sizeof s->nonce)
         s->nonce = (uint32_t)sl_clock_ns();
     s->io = sl_xcalloc((size_t)n, sizeof *s->io);
@@ -2278,6 +2541,26 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
     return SL_OK;
 }
 
+int sl_http_server_add_model(struct sl_http_server *s, const char *name,
+                             const struct sl_model *model, struct sl_sched *sched, char *err,
+                             size_t errlen)
+{
+    if (s->started || s->n_engines >= SL_MODELS_MAX || !name || !model) {
+        snprintf(err, errlen, "cannot serve model \"%s\": at most %d models, added before start",
+                 name ? name : "?", SL_MODELS_MAX);
+        return SL_EINVAL;
+    }
+    for (int i = 0; i < s->n_engines; i++)
+        if (strcmp(s->engines[i].name, name) == 0) {
+            snprintf(err, errlen, "two models are named \"%s\"", name);
+            return SL_EINVAL;
+        }
+    struct engine *e = &s->engines[s->n_engines];
+    engine_set(e, name, model, sched);
+    s->engine_names[s->n_engines++] = e->name;
+    return SL_OK;
+}
+
 int sl_http_server_port(const struct sl_http_server *s)
 {
     return s->port;
@@ -2293,6 +2576,13 @@ int sl_http_server_start(struct sl_http_server *s)
     if (s->started)
         return SL_OK;
     s->started = true;
+    /* Prompt scratch for the longest context of the models served. */
+    int seq_len = 1;
+    for (int i = 0; i < s->n_engines; i++)
+        if (sl_model_config(s->engines[i].model)->seq_len > seq_len)
+            seq_len = sl_model_config(s->engines[i].model)->seq_len;
+    for (int i = 0; i < s->n_io; i++)
+        s->io[i].ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq_len);
     for (int i = 0; i < s->n_io; i++) {
         int e = pthread_create(&s->io[i].thread, NULL, io_main, &s->io[i]);
         if (e != 0) {
@@ -2381,6 +2671,12 @@ static void keep_start_keys(struct sl_config *next, const struct sl_config *cur)
     KEEP_NUM(tls.listen_port)
 #undef KEEP_STR
 #undef KEEP_NUM
+    /* Each model has its worker and scheduler from the start. */
+    if (!sl_config_models_equal(next, cur)) {
+        sl_log(SL_LOG_WARN, "reload: \"models\" change only on restart; keeping the %d served",
+               cur->n_models);
+        sl_config_models_copy(next, cur);
+    }
 }
 
 int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
@@ -2392,11 +2688,16 @@ int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char
     struct sl_config *cur = sl_config_ref(s->cfg);
     pthread_mutex_unlock(&s->cfg_lock);
     keep_start_keys(next, cur);
-    sl_config_unref(cur);
     /* The new certificate must load before anything changes. */
     SSL_CTX *ctx = NULL;
-    if (next->tls.cert && !(ctx = sl_tls_ctx_new(next, err, errlen)))
+    if (next->tls.cert && !(ctx = sl_tls_ctx_new(next, err, errlen))) {
+        sl_config_unref(cur);
         return SL_EINVAL;
+    }
+    /* Buckets and queue counts of the tenants and tiers both configurations have carry over (a
+     * changed rate rescales a shared bucket: only once the reload can no longer fail). */
+    sl_admission_adopt(next, cur, (int64_t)sl_clock_ns());
+    sl_config_unref(cur);
     pthread_mutex_lock(&s->cfg_lock);
     struct sl_config *old = s->cfg;
     s->cfg = sl_config_ref(next);
@@ -2408,6 +2709,12 @@ int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char
         SSL_CTX_free(old_ctx);
     for (int i = 0; i < s->n_io; i++)
         event_active(s->io[i].reload_ev, EV_READ, 0);
+    /* Every model's scheduler takes the new tier table through its inbox. */
+    struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
+    int n_tiers = sl_config_sched_tiers(next, tiers, SL_SCHED_MAX_TIERS);
+    for (int i = 0; i < s->n_engines; i++)
+        if (s->engines[i].sched)
+            sl_sched_set_tiers(s->engines[i].sched, tiers, n_tiers);
     return SL_OK;
 }
 

@@ -71,17 +71,15 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char
 
 /* SIGHUP: the configuration is read again from the same command line (the file, then the flags
  * over it) and handed to the server; a configuration that fails to load keeps the old one. */
-static void reload(struct sl_http_server *http, struct sl_sched *sched, int argc, char **argv)
+static void reload(struct sl_http_server *http, int argc, char **argv)
 {
     char err[1024] = "";
     enum sl_cli_action action;
     struct sl_config *next = sl_config_new();
     int st = sl_config_from_args(next, argc, argv, &action, err, sizeof err);
-    if (st == SL_OK)
+    if (st == SL_OK) /* it hands every model's scheduler the new tiers */
         st = sl_http_server_reload(http, next, err, sizeof err);
     if (st == SL_OK) {
-        struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
-        sl_sched_set_tiers(sched, tiers, sl_config_sched_tiers(next, tiers, SL_SCHED_MAX_TIERS));
         sl_log_set_level(level_of(next->log_level));
         sl_log(SL_LOG_INFO, "SIGHUP: configuration reloaded");
     } else {
@@ -160,6 +158,8 @@ int main(int argc, char **argv)
     struct sl_worker *worker = NULL;
     struct sl_sched *sched = NULL;
     struct sl_http_server *http = NULL;
+    struct sl_engine extra[SL_MODELS_MAX]; /* models[1..]: each its own worker and scheduler */
+    int n_extra = 0;
 
     uint64_t t0 = sl_clock_ns();
     if (sl_model_load(cfg->model, cfg->tokenizer, &model, err, sizeof err) != SL_OK) {
@@ -177,7 +177,7 @@ int main(int argc, char **argv)
         .block_size = cfg->block_size,
         .max_batch_tokens = cfg->max_batch_tokens,
         .max_seqs = cfg->max_seqs,
-        .threads = cfg->threads,
+        .threads = cfg->models[0].threads >= 0 ? cfg->models[0].threads : cfg->threads,
     };
     int st = sl_worker_new(model, &sl_cpu_backend_ops, &bo, &worker);
     if (st != SL_OK) {
@@ -199,10 +199,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice: scheduler: %s\n", sl_status_str(st));
         goto out;
     }
+    for (int i = 1; i < cfg->n_models; i++, n_extra++)
+        if (sl_engine_start(cfg, i, &extra[n_extra], err, sizeof err) != SL_OK) {
+            fprintf(stderr, "sluice: %s\n", err);
+            goto out;
+        }
     if (sl_http_server_new(cfg, model, sched, &http, err, sizeof err) != SL_OK) {
         fprintf(stderr, "sluice: %s\n", err);
         goto out;
     }
+    for (int i = 0; i < n_extra; i++)
+        if (sl_http_server_add_model(http, extra[i].name, extra[i].model, extra[i].sched, err,
+                                     sizeof err) != SL_OK) {
+            fprintf(stderr, "sluice: %s\n", err);
+            goto out;
+        }
     if ((st = sl_http_server_start(http)) != SL_OK) {
         fprintf(stderr, "sluice: cannot start I/O threads: %s\n", sl_status_str(st));
         goto out;
@@ -223,7 +234,7 @@ int main(int argc, char **argv)
 
     int sig = 0;
     while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP)
-        reload(http, sched, argc, argv);
+        reload(http, argc, argv);
     /* Drain: requests in flight finish (within drain_timeout_ms), new ones are turned away. */
     sl_log(SL_LOG_INFO, "%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
     sl_http_server_drain(http, -1);
@@ -235,6 +246,8 @@ out:
     if (http)
         sl_http_server_stop(http);
     sl_sched_free(sched);
+    for (int i = 0; i < n_extra; i++)
+        sl_engine_stop(&extra[i]);
     sl_http_server_free(http);
     sl_worker_free(worker);
     sl_model_free(model);

@@ -164,7 +164,8 @@ static const char *label_name(const struct labels *t, int id)
 #define OFF_REQ (OFF_HIST + N_TIER * N_HIST * HIST_CELLS) /* (N_TIER, N_TENANT, N_OUTCOMES) */
 #define OFF_TOK (OFF_REQ + N_TIER * N_TENANT * SL_METRICS_N_OUTCOMES) /* (N_TENANT, 2) */
 #define OFF_HTTP (OFF_TOK + N_TENANT * 2)                             /* (N_ROUTE, N_CODE) */
-#define N_CELLS (OFF_HTTP + N_ROUTE * N_CODE)
+#define OFF_ADM (OFF_HTTP + N_ROUTE * N_CODE) /* (N_TIER, SL_ADM_N_DECISIONS, SL_ADM_N_REASONS) */
+#define N_CELLS (OFF_ADM + N_TIER * SL_ADM_N_DECISIONS * SL_ADM_N_REASONS)
 
 struct sl_metrics {
     int n_shards;
@@ -297,6 +298,24 @@ void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_me
     }
 }
 
+static const char *const decision_names[SL_ADM_N_DECISIONS] = {
+    [SL_ADM_ADMITTED] = "admitted",
+    [SL_ADM_DEGRADED] = "degraded",
+    [SL_ADM_REJECTED] = "rejected",
+};
+
+void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier, enum sl_adm_decision d,
+                          enum sl_adm_reason r)
+{
+    if ((int)d < 0 || d >= SL_ADM_N_DECISIONS || (int)r < 0 || r >= SL_ADM_N_REASONS)
+        return;
+    int t = label_id(&m->tiers, tier);
+    add(&shard_of(m,
+                  shard)[OFF_ADM + ((size_t)t * SL_ADM_N_DECISIONS + (size_t)d) * SL_ADM_N_REASONS +
+                         (size_t)r],
+        1);
+}
+
 void sl_metrics_http_done(struct sl_metrics *m, int shard, const char *route, int code)
 {
     int rt = label_id(&m->routes, route);
@@ -407,76 +426,158 @@ static void render_hist(struct sl_metrics *m, struct sl_str *o, enum hist_kind k
     }
 }
 
-/* One sample of a family labelled by tier only. */
-static void tier_sample(struct sl_str *o, const char *name, const char *tier, const char *value)
+/* The schedulers' gauges: one scheduler's samples carry no model label (as before models
+ * came); several schedulers' samples each carry model="NAME". */
+struct sched_src {
+    const char *const *names;
+    const struct sl_sched_stats *st;
+    int n;
+};
+
+static int tiers_of(const struct sl_sched_stats *st)
 {
-    sl_str_appendf(o, "%s{tier=\"", name);
-    append_value(o, tier);
-    sl_str_appendf(o, "\"} %s\n", value);
+    return st->n_tiers < 0                    ? 0
+           : st->n_tiers > SL_SCHED_MAX_TIERS ? SL_SCHED_MAX_TIERS
+                                              : st->n_tiers;
 }
 
-static void render_sched(struct sl_str *o, const struct sl_sched_stats *st)
+/* A sample of scheduler k, labelled by its model (when several) and by tier (when not NULL). */
+static void sched_sample(struct sl_str *o, const struct sched_src *src, int k, const char *name,
+                         const char *tier, const char *value)
+{
+    sl_str_appendf(o, "%s", name);
+    bool model = src->n > 1;
+    if (model || tier) {
+        LIT(o, "{");
+        if (model) {
+            LIT(o, "model=\"");
+            append_value(o, src->names[k] ? src->names[k] : SL_METRICS_OTHER);
+            LIT(o, "\"");
+        }
+        if (tier) {
+            if (model)
+                LIT(o, ",");
+            LIT(o, "tier=\"");
+            append_value(o, tier);
+            LIT(o, "\"");
+        }
+        LIT(o, "}");
+    }
+    sl_str_appendf(o, " %s\n", value);
+}
+
+enum sched_field {
+    F_RUNNING,
+    F_WAITING,
+    F_PROMPT_WAITING,
+    F_PREEMPTIONS,
+    F_KV_USED,
+    F_KV_TOTAL,
+    F_STEP_TOKENS,
+    F_STEP_SEQS,
+    F_STEP_SECONDS,
+    F_PREFILL_RATE,
+    F_DECODE_STEP,
+    F_STEPS,
+    F_BUSY_RATIO,
+    F_BUSY_SECONDS,
+    N_SCHED_FIELDS,
+};
+
+static const struct {
+    const char *name, *type, *help;
+    bool per_tier;
+} sched_fields[N_SCHED_FIELDS] = {
+    [F_RUNNING] = {"sluice:num_requests_running", "gauge",
+                   "Sequences running in the scheduler (holding KV blocks), by tier.", true},
+    [F_WAITING] = {"sluice:num_requests_waiting", "gauge",
+                   "Requests queued in the scheduler, not yet running, by tier.", true},
+    [F_PROMPT_WAITING] = {"sluice:num_prompt_tokens_waiting", "gauge",
+                          "Prompt tokens not yet prefilled (queued and partly prefilled "
+                          "requests), by tier.",
+                          true},
+    [F_PREEMPTIONS] = {"sluice:num_preemptions_total", "counter",
+                       "Sequences preempted (their KV blocks freed, to be recomputed), by tier.",
+                       true},
+    [F_KV_USED] = {"sluice:kv_blocks_used", "gauge", "KV cache blocks owned by sequences.", false},
+    [F_KV_TOTAL] = {"sluice:kv_blocks_total", "gauge", "KV cache blocks in the worker's pool.",
+                    false},
+    [F_STEP_TOKENS] = {"sluice:step_batch_tokens", "gauge",
+                       "Tokens (decodes and prompt chunks) in the latest scheduler step.", false},
+    [F_STEP_SEQS] = {"sluice:step_batch_sequences", "gauge",
+                     "Sequences in the latest scheduler step.", false},
+    [F_STEP_SECONDS] = {"sluice:step_duration_seconds", "gauge",
+                        "Duration of the latest scheduler step: batching, forward pass and "
+                        "sampling.",
+                        false},
+    [F_PREFILL_RATE] = {"sluice:prefill_tokens_per_second", "gauge",
+                        "Prompt tokens per second of scheduler steps that prefilled, moving "
+                        "average.",
+                        false},
+    [F_DECODE_STEP] = {"sluice:decode_step_seconds", "gauge",
+                       "Duration of scheduler steps that decoded (the time between two tokens), "
+                       "moving average.",
+                       false},
+    [F_STEPS] = {"sluice:scheduler_steps_total", "counter",
+                 "Scheduler steps that ran the worker's forward pass.", false},
+    [F_BUSY_RATIO] = {"sluice:worker_busy_ratio", "gauge",
+                      "Share of wall time in the worker's forward pass, averaged exponentially "
+                      "with a 10 s time constant.",
+                      false},
+    [F_BUSY_SECONDS] = {"sluice:worker_busy_seconds_total", "counter",
+                        "Time spent in the worker's forward pass.", false},
+};
+
+static void field_value(const struct sl_sched_stats *st, enum sched_field f, int tier, char *v,
+                        size_t n)
+{
+    const struct sl_sched_tier_stats *t = &st->tiers[tier];
+    switch (f) {
+    case F_RUNNING: snprintf(v, n, "%d", t->running); break;
+    case F_WAITING: snprintf(v, n, "%d", t->queued_requests); break;
+    case F_PROMPT_WAITING: snprintf(v, n, "%ld", t->queued_prompt_tokens); break;
+    case F_PREEMPTIONS: snprintf(v, n, "%" PRIu64, t->preemptions); break;
+    case F_KV_USED: snprintf(v, n, "%d", st->kv_blocks_used); break;
+    case F_KV_TOTAL: snprintf(v, n, "%d", st->kv_blocks_total); break;
+    case F_STEP_TOKENS: snprintf(v, n, "%d", st->last_step_rows); break;
+    case F_STEP_SEQS: snprintf(v, n, "%d", st->last_step_seqs); break;
+    case F_STEP_SECONDS: snprintf(v, n, "%.6f", st->last_step_seconds); break;
+    case F_PREFILL_RATE: snprintf(v, n, "%.3f", st->prefill_tokens_per_s); break;
+    case F_DECODE_STEP: snprintf(v, n, "%.6f", st->decode_step_seconds); break;
+    case F_STEPS: snprintf(v, n, "%" PRIu64, st->steps); break;
+    case F_BUSY_RATIO: snprintf(v, n, "%.6f", st->busy_ratio); break;
+    case F_BUSY_SECONDS: snprintf(v, n, "%.6f", st->busy_seconds); break;
+    case N_SCHED_FIELDS: v[0] = '\0'; break;
+    }
+}
+
+static void render_sched(struct sl_str *o, const struct sched_src *src)
 {
     char v[64];
-    int n = st->n_tiers < 0                    ? 0
-            : st->n_tiers > SL_SCHED_MAX_TIERS ? SL_SCHED_MAX_TIERS
-                                               : st->n_tiers;
-    family(o, "sluice:num_requests_running", "gauge",
-           "Sequences running in the scheduler (holding KV blocks), by tier.");
-    for (int i = 0; i < n; i++) {
-        snprintf(v, sizeof v, "%d", st->tiers[i].running);
-        tier_sample(o, "sluice:num_requests_running", st->tiers[i].name, v);
+    for (int f = 0; f < N_SCHED_FIELDS; f++) {
+        family(o, sched_fields[f].name, sched_fields[f].type, sched_fields[f].help);
+        for (int k = 0; k < src->n; k++) {
+            const struct sl_sched_stats *st = &src->st[k];
+            if (!sched_fields[f].per_tier) {
+                field_value(st, (enum sched_field)f, 0, v, sizeof v);
+                sched_sample(o, src, k, sched_fields[f].name, NULL, v);
+                continue;
+            }
+            for (int i = 0; i < tiers_of(st); i++) {
+                field_value(st, (enum sched_field)f, i, v, sizeof v);
+                sched_sample(o, src, k, sched_fields[f].name, st->tiers[i].name, v);
+            }
+        }
     }
-    family(o, "sluice:num_requests_waiting", "gauge",
-           "Requests queued in the scheduler, not yet running, by tier.");
-    for (int i = 0; i < n; i++) {
-        snprintf(v, sizeof v, "%d", st->tiers[i].queued_requests);
-        tier_sample(o, "sluice:num_requests_waiting", st->tiers[i].name, v);
-    }
-    family(o, "sluice:num_prompt_tokens_waiting", "gauge",
-           "Prompt tokens not yet prefilled (queued and partly prefilled requests), by tier.");
-    for (int i = 0; i < n; i++) {
-        snprintf(v, sizeof v, "%ld", st->tiers[i].queued_prompt_tokens);
-        tier_sample(o, "sluice:num_prompt_tokens_waiting", st->tiers[i].name, v);
-    }
-    family(o, "sluice:num_preemptions_total", "counter",
-           "Sequences preempted (their KV blocks freed, to be recomputed), by tier.");
-    for (int i = 0; i < n; i++) {
-        snprintf(v, sizeof v, "%" PRIu64, st->tiers[i].preemptions);
-        tier_sample(o, "sluice:num_preemptions_total", st->tiers[i].name, v);
-    }
-    family(o, "sluice:kv_blocks_used", "gauge", "KV cache blocks owned by sequences.");
-    sl_str_appendf(o, "sluice:kv_blocks_used %d\n", st->kv_blocks_used);
-    family(o, "sluice:kv_blocks_total", "gauge", "KV cache blocks in the worker's pool.");
-    sl_str_appendf(o, "sluice:kv_blocks_total %d\n", st->kv_blocks_total);
-    family(o, "sluice:step_batch_tokens", "gauge",
-           "Tokens (decodes and prompt chunks) in the latest scheduler step.");
-    sl_str_appendf(o, "sluice:step_batch_tokens %d\n", st->last_step_rows);
-    family(o, "sluice:step_batch_sequences", "gauge", "Sequences in the latest scheduler step.");
-    sl_str_appendf(o, "sluice:step_batch_sequences %d\n", st->last_step_seqs);
-    family(o, "sluice:step_duration_seconds", "gauge",
-           "Duration of the latest scheduler step: batching, forward pass and sampling.");
-    sl_str_appendf(o, "sluice:step_duration_seconds %.6f\n", st->last_step_seconds);
-    family(o, "sluice:prefill_tokens_per_second", "gauge",
-           "Prompt tokens per second of scheduler steps that prefilled, moving average.");
-    sl_str_appendf(o, "sluice:prefill_tokens_per_second %.3f\n", st->prefill_tokens_per_s);
-    family(o, "sluice:decode_step_seconds", "gauge",
-           "Duration of scheduler steps that decoded (the time between two tokens), moving "
-           "average.");
-    sl_str_appendf(o, "sluice:decode_step_seconds %.6f\n", st->decode_step_seconds);
-    family(o, "sluice:scheduler_steps_total", "counter",
-           "Scheduler steps that ran the worker's forward pass.");
-    sl_str_appendf(o, "sluice:scheduler_steps_total %" PRIu64 "\n", st->steps);
-    family(o, "sluice:worker_busy_ratio", "gauge",
-           "Share of wall time in the worker's forward pass, averaged exponentially with a "
-           "10 s time constant.");
-    sl_str_appendf(o, "sluice:worker_busy_ratio %.6f\n", st->busy_ratio);
-    family(o, "sluice:worker_busy_seconds_total", "counter",
-           "Time spent in the worker's forward pass.");
-    sl_str_appendf(o, "sluice:worker_busy_seconds_total %.6f\n", st->busy_seconds);
 }
 
 void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out)
+{
+    sl_metrics_render_models(m, NULL, st, st ? 1 : 0, out);
+}
+
+void sl_metrics_render_models(struct sl_metrics *m, const char *const *names,
+                              const struct sl_sched_stats *st, int n, struct sl_str *out)
 {
     int tiers[N_TIER], tenants[N_TENANT], routes[N_ROUTE];
     /* Names first: a cell counted under a name is never seen before the name is. */
@@ -531,6 +632,27 @@ void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, st
             else
                 sl_str_appendf(out, "\",code=\"" SL_METRICS_OTHER "\"} %" PRIu64 "\n", v);
         }
-    if (st)
-        render_sched(out, st);
+    family(out, "sluice:admission_decisions_total", "counter",
+           "Admission decisions on inference requests by the tier they were classified into, "
+           "decision (admitted, degraded, rejected) and reason (none, tenant_requests, "
+           "tenant_tokens, tier_token_rate, tier_queue_requests, tier_queue_tokens, "
+           "tier_ttft_slo).");
+    for (int t = 0; t < n_tiers; t++)
+        for (int d = 0; d < SL_ADM_N_DECISIONS; d++)
+            for (int r = 0; r < SL_ADM_N_REASONS; r++) {
+                uint64_t v = total(m, OFF_ADM +
+                                          ((size_t)tiers[t] * SL_ADM_N_DECISIONS + (size_t)d) *
+                                              SL_ADM_N_REASONS +
+                                          (size_t)r);
+                if (v == 0)
+                    continue;
+                LIT(out, "sluice:admission_decisions_total{tier=\"");
+                append_value(out, label_name(&m->tiers, tiers[t]));
+                sl_str_appendf(out, "\",decision=\"%s\",reason=\"%s\"} %" PRIu64 "\n",
+                               decision_names[d], sl_adm_reason_str((enum sl_adm_reason)r), v);
+            }
+    if (n > 0) {
+        struct sched_src src = {names, st, n};
+        render_sched(out, &src);
+    }
 }

@@ -132,7 +132,8 @@ static int decode_model(struct sl_openai_completion *c, const char *model_id,
         return SL_OK;
     if (!json_is_string(v))
         return bad_type(err, "model", "a string", v);
-    if (strcmp(json_string_value(v), model_id) != 0) {
+    c->model = json_string_value(v);
+    if (model_id && strcmp(json_string_value(v), model_id) != 0) {
         sl_openai_error_set(err, 404, "model", "model_not_found",
                             "The model '%.200s' does not exist or you do not have access to "
                             "it. This server serves '%.100s'.",
@@ -702,12 +703,20 @@ void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ide
 void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
 {
     put_lit(out, "{\"error\":{\"message\":");
-    /* Messages quote client input, which need not be valid UTF-8 once truncated by snprintf. */
-    struct sl_str clean;
-    sl_str_init(&clean);
-    sl_utf8_sanitize(&clean, e->message, strlen(e->message));
-    put_str(out, clean.p ? clean.p : "", clean.len);
-    sl_str_dispose(&clean);
+    /* Messages quote client input, which need not be valid UTF-8 once truncated by snprintf;
+     * most are plain ASCII and go as they are. */
+    size_t len = strlen(e->message), i = 0;
+    while (i < len && (unsigned char)e->message[i] < 0x80)
+        i++;
+    if (i == len) {
+        put_str(out, e->message, len);
+    } else {
+        struct sl_str clean;
+        sl_str_init(&clean);
+        sl_utf8_sanitize(&clean, e->message, len);
+        put_str(out, clean.p ? clean.p : "", clean.len);
+        sl_str_dispose(&clean);
+    }
     put_lit(out, ",\"type\":");
     put_cstr(out, sl_http_error_type(e->http));
     put_lit(out, ",\"param\":");
@@ -731,9 +740,13 @@ void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t cr
                    (long long)created);
 }
 
-void sl_openai_models_encode(struct sl_str *out, const char *model_id, int64_t created)
+void sl_openai_models_encode(struct sl_str *out, const char *const *ids, int n, int64_t created)
 {
     put_lit(out, "{\"object\":\"list\",\"data\":[");
-    sl_openai_model_encode(out, model_id, created);
+    for (int i = 0; i < n; i++) {
+        if (i)
+            put_lit(out, ",");
+        sl_openai_model_encode(out, ids[i], created);
+    }
     put_lit(out, "]}");
 }

@@ -235,6 +235,17 @@ static int unknown_tier(const struct sl_config *cfg, const char *param, const ch
     return SL_EINVAL;
 }
 
+bool sl_tier_classify_needs_body(const struct sl_config *cfg)
+{
+    for (int i = 0; i < cfg->n_classify; i++) {
+        const struct sl_tier_rule *r = &cfg->classify[i];
+        if (r->kind == SL_RULE_SERVICE_TIER ||
+            (r->kind == SL_RULE_MATCH && (r->stream >= 0 || r->max_tokens_above >= 0)))
+            return true;
+    }
+    return false;
+}
+
 int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
                      const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err)
 {
@@ -330,6 +341,20 @@ static void tenancy_dispose(struct tenancy *t)
     memset(t, 0, sizeof *t);
 }
 
+/* A tier's admission settings when the configuration gives none: no bucket, no queue caps, the
+ * SLO guard on, and an overload policy of ["reject"] answered with 503. */
+static void admission_defaults(struct sl_tier *t)
+{
+    t->token_rate = 0;
+    t->burst = 0;
+    t->max_queue_requests = -1;
+    t->max_queue_tokens = -1;
+    memset(t->overload, 0, sizeof t->overload);
+    t->overload[0].kind = SL_OVERLOAD_REJECT;
+    t->n_overload = 1;
+    t->overload_status = 503;
+}
+
 static void default_tiers(struct tenancy *t)
 {
     static const struct sl_tier defs[] = {
@@ -343,6 +368,8 @@ static void default_tiers(struct tenancy *t)
     t->n_tiers = 2;
     t->tiers = sl_xmalloc(sizeof defs);
     memcpy(t->tiers, defs, sizeof defs);
+    for (int i = 0; i < t->n_tiers; i++)
+        admission_defaults(&t->tiers[i]);
 }
 
 static int find_in(const struct tenancy *t, const char *name)
@@ -457,7 +484,151 @@ static int int_field(json_t *obj, const char *tier, const char *key, long min, l
     return SL_OK;
 }
 
-static int load_tiers(struct tenancy *t, json_t *v, char *err, size_t errlen)
+/* An optional integer key of a tier or tenant: absent leaves *out alone; null is `none` when
+ * none_ok (no limit). */
+static int opt_int(json_t *obj, const char *path, const char *key, long long min, long long max,
+                   bool none_ok, long long none, long long *out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return SL_OK;
+    if (none_ok && json_is_null(v)) {
+        *out = none;
+        return SL_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
+        FAIL("%s.%s: must be an integer from %lld to %lld%s", path, key, min, max,
+             none_ok ? ", or null for no limit" : "");
+    *out = json_integer_value(v);
+    return SL_OK;
+}
+
+static const char steps_help[] = "cap_max_tokens:N, demote:TIER, model:NAME, queue:MS, reject";
+
+/* One overload step as the file spells it; a demote target's name is kept in step->model until
+ * every tier is known. */
+static int parse_step(const char *path, int i, json_t *v, struct sl_overload_step *step,
+                      const struct sl_config *c, char *err, size_t errlen)
+{
+    char b[48];
+    if (!json_is_string(v))
+        FAIL("%s.overload[%d]: must be a string (%s)", path, i, steps_help);
+    const char *s = json_string_value(v);
+    memset(step, 0, sizeof *step);
+    const char *colon = strchr(s, ':');
+    size_t kl = colon ? (size_t)(colon - s) : strlen(s);
+    const char *arg = colon ? colon + 1 : NULL;
+    char *end;
+    if (kl == 6 && strncmp(s, "reject", 6) == 0 && !arg) {
+        step->kind = SL_OVERLOAD_REJECT;
+    } else if (kl == 14 && strncmp(s, "cap_max_tokens", 14) == 0 && arg) {
+        long n = strtol(arg, &end, 10);
+        if (!*arg || *end || n < 1 || n > (1 << 20))
+            FAIL("%s.overload[%d]: \"%s\": the cap must be an integer from 1 to %d", path, i,
+                 shown(s, b), 1 << 20);
+        step->kind = SL_OVERLOAD_CAP_MAX_TOKENS;
+        step->arg = (int)n;
+    } else if (kl == 5 && strncmp(s, "queue", 5) == 0 && arg) {
+        long n = strtol(arg, &end, 10);
+        if (!*arg || *end || n < 1 || n > 600000)
+            FAIL("%s.overload[%d]: \"%s\": the wait must be 1 to 600000 ms", path, i, shown(s, b));
+        step->kind = SL_OVERLOAD_QUEUE;
+        step->arg = (int)n;
+    } else if (kl == 6 && strncmp(s, "demote", 6) == 0 && arg) {
+        if (!valid_tier_name(arg))
+            FAIL("%s.overload[%d]: \"%s\": not a tier name", path, i, shown(s, b));
+        step->kind = SL_OVERLOAD_DEMOTE;
+        snprintf(step->model, sizeof step->model, "%s", arg);
+    } else if (kl == 5 && strncmp(s, "model", 5) == 0 && arg) {
+        int k = -1;
+        for (int m = 0; m < c->n_models && k < 0; m++)
+            if (c->models[m].name && strcmp(c->models[m].name, arg) == 0)
+                k = m;
+        if (k < 0)
+            FAIL("%s.overload[%d]: \"%s\": no model named \"%s\" in \"models\"", path, i,
+                 shown(s, b), arg);
+        step->kind = SL_OVERLOAD_MODEL;
+        snprintf(step->model, sizeof step->model, "%s", arg);
+    } else {
+        FAIL("%s.overload[%d]: unknown step \"%s\" (%s)", path, i, shown(s, b), steps_help);
+    }
+    return SL_OK;
+}
+
+/* A tier's admission keys (token_rate, burst, max_queue_requests, max_queue_tokens, overload,
+ * overload_status). Demote targets are resolved by resolve_demotes once all tiers are read. */
+static int load_tier_admission(struct sl_tier *tr, json_t *tv, const struct sl_config *c, char *err,
+                               size_t errlen)
+{
+    char path[64];
+    snprintf(path, sizeof path, "tiers.%s", tr->name);
+    admission_defaults(tr);
+    long long q = tr->max_queue_requests;
+    int st;
+    if ((st = opt_int(tv, path, "token_rate", 0, 1000000000LL, false, 0, &tr->token_rate, err,
+                      errlen)) ||
+        (st = opt_int(tv, path, "burst", 1, 1000000000000LL, false, 0, &tr->burst, err, errlen)) ||
+        (st = opt_int(tv, path, "max_queue_requests", 0, 1000000, true, -1, &q, err, errlen)) ||
+        (st = opt_int(tv, path, "max_queue_tokens", 0, 1000000000000LL, true, -1,
+                      &tr->max_queue_tokens, err, errlen)))
+        return st;
+    tr->max_queue_requests = (int)q;
+    if (tr->burst && !tr->token_rate)
+        FAIL("%s.burst: needs token_rate (the bucket's refill rate)", path);
+    if (tr->token_rate && !tr->burst)
+        tr->burst = tr->token_rate; /* a second's worth at once */
+    json_t *ov = json_object_get(tv, "overload");
+    if (ov) {
+        if (!json_is_array(ov) || json_array_size(ov) < 1 || json_array_size(ov) > SL_OVERLOAD_MAX)
+            FAIL("%s.overload: must be an array of 1 to %d steps (%s)", path, SL_OVERLOAD_MAX,
+                 steps_help);
+        tr->n_overload = 0;
+        for (size_t i = 0; i < json_array_size(ov); i++) {
+            if (tr->n_overload > 0 && tr->overload[tr->n_overload - 1].kind == SL_OVERLOAD_REJECT)
+                FAIL("%s.overload[%zu]: never reached, \"reject\" at %s.overload[%zu] ends the "
+                     "policy",
+                     path, i, path, i - 1);
+            if ((st = parse_step(path, (int)i, json_array_get(ov, i), &tr->overload[i], c, err,
+                                 errlen)))
+                return st;
+            tr->n_overload++;
+        }
+    }
+    json_t *os = json_object_get(tv, "overload_status");
+    if (os) {
+        if (!json_is_integer(os) ||
+            (json_integer_value(os) != 429 && json_integer_value(os) != 503))
+            FAIL("%s.overload_status: must be 503 (server_is_overloaded, the default) or 429",
+                 path);
+        tr->overload_status = (int)json_integer_value(os);
+    }
+    return SL_OK;
+}
+
+static int resolve_demotes(struct tenancy *t, char *err, size_t errlen)
+{
+    for (int i = 0; i < t->n_tiers; i++) {
+        struct sl_tier *tr = &t->tiers[i];
+        for (int k = 0; k < tr->n_overload; k++) {
+            struct sl_overload_step *step = &tr->overload[k];
+            if (step->kind != SL_OVERLOAD_DEMOTE)
+                continue;
+            int target = find_in(t, step->model);
+            if (target < 0)
+                FAIL("tiers.%s.overload[%d]: \"demote:%s\": no tier \"%s\" in \"tiers\"", tr->name,
+                     k, step->model, step->model);
+            if (target == i)
+                FAIL("tiers.%s.overload[%d]: \"demote:%s\" demotes the tier to itself", tr->name, k,
+                     step->model);
+            step->arg = target;
+            step->model[0] = '\0';
+        }
+    }
+    return SL_OK;
+}
+
+static int load_tiers(struct tenancy *t, json_t *v, const struct sl_config *c, char *err,
+                      size_t errlen)
 {
     char b[48];
     if (!json_is_object(v) || json_object_size(v) == 0)
@@ -488,21 +659,28 @@ static int load_tiers(struct tenancy *t, json_t *v, char *err, size_t errlen)
         snprintf(tr->name, sizeof tr->name, "%s", name);
         const char *k;
         json_t *kv;
+        static const char *const known[] = {
+            "priority", "weight",   "ttft_slo_ms",     "tpot_slo_ms",        "token_rate",
+            "burst",    "overload", "overload_status", "max_queue_requests", "max_queue_tokens",
+        };
         json_object_foreach(tv, k, kv)
         {
-            if (!is_comment(k) && strcmp(k, "priority") != 0 && strcmp(k, "weight") != 0 &&
-                strcmp(k, "ttft_slo_ms") != 0 && strcmp(k, "tpot_slo_ms") != 0)
+            bool ok = is_comment(k);
+            for (size_t i = 0; i < sizeof known / sizeof known[0] && !ok; i++)
+                ok = strcmp(k, known[i]) == 0;
+            if (!ok)
                 FAIL("tiers.%s.%s: unknown key", name, shown(k, b));
         }
         int st;
         if ((st = int_field(tv, name, "priority", 0, 1000, &tr->priority, err, errlen)) ||
             (st = int_field(tv, name, "weight", 1, 1000, &tr->weight, err, errlen)) ||
             (st = int_field(tv, name, "ttft_slo_ms", 1, 3600000, &tr->ttft_slo_ms, err, errlen)) ||
-            (st = int_field(tv, name, "tpot_slo_ms", 1, 600000, &tr->tpot_slo_ms, err, errlen)))
+            (st = int_field(tv, name, "tpot_slo_ms", 1, 600000, &tr->tpot_slo_ms, err, errlen)) ||
+            (st = load_tier_admission(tr, tv, c, err, errlen)))
             return st;
         t->n_tiers++;
     }
-    return SL_OK;
+    return resolve_demotes(t, err, errlen);
 }
 
 /* A tier name at `path` (a JSON string) resolved against t's tiers. */
@@ -538,7 +716,8 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
     json_object_foreach(v, k, kv)
     {
         if (!is_comment(k) && strcmp(k, "name") != 0 && strcmp(k, "key_sha256") != 0 &&
-            strcmp(k, "tiers") != 0 && strcmp(k, "default_tier") != 0)
+            strcmp(k, "tiers") != 0 && strcmp(k, "default_tier") != 0 && strcmp(k, "rpm") != 0 &&
+            strcmp(k, "tpm") != 0)
             FAIL("tenants[%d].%s: unknown key", i, shown(k, b));
     }
     json_t *name = json_object_get(v, "name");
@@ -586,6 +765,10 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
     if (!(tn->tiers >> tn->default_tier & 1u))
         FAIL("tenants[%d].default_tier: \"%s\" is not in tenants[%d].tiers", i,
              t->tiers[tn->default_tier].name, i);
+    snprintf(path, sizeof path, "tenants[%d]", i);
+    if ((st = opt_int(v, path, "rpm", 0, 1000000000LL, false, 0, &tn->rpm, err, errlen)) ||
+        (st = opt_int(v, path, "tpm", 0, 1000000000000LL, false, 0, &tn->tpm, err, errlen)))
+        return st;
     for (int o = 0; o < i; o++) {
         if (strcmp(t->tenants[o].name, tn->name) == 0)
             FAIL("tenants[%d].name: \"%s\" is also tenants[%d].name", i, tn->name, o);
@@ -807,7 +990,7 @@ static int build(struct tenancy *t, const struct sl_config *c, json_t *tiers, js
 {
     int st;
     if (tiers) {
-        if ((st = load_tiers(t, tiers, err, errlen)))
+        if ((st = load_tiers(t, tiers, c, err, errlen)))
             return st;
     } else {
         t->n_tiers = c->n_tiers;
@@ -898,6 +1081,28 @@ int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen)
             !(t->tiers >> t->default_tier & 1u))
             FAIL("tenants[%d].default_tier: must be one of tenants[%d].tiers", i, i);
     }
+    for (int i = 0; i < c->n_tiers; i++) {
+        const struct sl_tier *t = &c->tiers[i];
+        if (t->n_overload < 1 || t->n_overload > SL_OVERLOAD_MAX)
+            FAIL("tiers.%s.overload: 1 to %d steps", t->name, SL_OVERLOAD_MAX);
+        for (int k = 0; k < t->n_overload; k++) {
+            const struct sl_overload_step *step = &t->overload[k];
+            if (step->kind == SL_OVERLOAD_DEMOTE &&
+                (step->arg < 0 || step->arg >= c->n_tiers || step->arg == i))
+                FAIL("tiers.%s.overload[%d]: demote: must name another of \"tiers\"", t->name, k);
+            if (step->kind == SL_OVERLOAD_MODEL) {
+                bool found = false;
+                for (int m = 0; m < c->n_models && !found; m++)
+                    found = c->models[m].name && strcmp(c->models[m].name, step->model) == 0;
+                if (!found)
+                    FAIL("tiers.%s.overload[%d]: \"model:%s\": no model named \"%s\" in "
+                         "\"models\"",
+                         t->name, k, step->model, step->model);
+            }
+        }
+        if (t->overload_status != 429 && t->overload_status != 503)
+            FAIL("tiers.%s.overload_status: must be 503 or 429", t->name);
+    }
     for (int i = 0; i < c->n_classify; i++) {
         const struct sl_tier_rule *r = &c->classify[i];
         if (r->kind == SL_RULE_MATCH && (r->tier < 0 || r->tier >= c->n_tiers))
@@ -914,10 +1119,26 @@ void sl_tenancy_to_json(const struct sl_config *c, json_t *root)
     json_t *tiers = json_object();
     for (int i = 0; i < c->n_tiers; i++) {
         const struct sl_tier *t = &c->tiers[i];
-        json_object_set_new(tiers, t->name,
-                            json_pack("{s:i, s:i, s:i, s:i}", "priority", t->priority, "weight",
-                                      t->weight, "ttft_slo_ms", t->ttft_slo_ms, "tpot_slo_ms",
-                                      t->tpot_slo_ms));
+        json_t *o = json_pack("{s:i, s:i, s:i, s:i}", "priority", t->priority, "weight", t->weight,
+                              "ttft_slo_ms", t->ttft_slo_ms, "tpot_slo_ms", t->tpot_slo_ms);
+        json_object_set_new(o, "token_rate", json_integer(t->token_rate));
+        if (t->token_rate)
+            json_object_set_new(o, "burst", json_integer(t->burst));
+        json_object_set_new(o, "max_queue_requests",
+                            t->max_queue_requests < 0 ? json_null()
+                                                      : json_integer(t->max_queue_requests));
+        json_object_set_new(o, "max_queue_tokens",
+                            t->max_queue_tokens < 0 ? json_null()
+                                                    : json_integer(t->max_queue_tokens));
+        json_t *ov = json_array();
+        for (int k = 0; k < t->n_overload; k++) {
+            char step[128];
+            sl_overload_step_format(c, &t->overload[k], step, sizeof step);
+            json_array_append_new(ov, json_string(step));
+        }
+        json_object_set_new(o, "overload", ov);
+        json_object_set_new(o, "overload_status", json_integer(t->overload_status));
+        json_object_set_new(tiers, t->name, o);
     }
     json_object_set_new(root, "tiers", tiers);
 
@@ -928,9 +1149,14 @@ void sl_tenancy_to_json(const struct sl_config *c, json_t *root)
         for (int k = 0; k < c->n_tiers; k++)
             if (t->tiers >> k & 1u)
                 json_array_append_new(allowed_tiers, json_string(c->tiers[k].name));
-        json_array_append_new(tenants, json_pack("{s:s, s:s, s:o, s:s}", "name", t->name,
-                                                 "key_sha256", "<redacted>", "tiers", allowed_tiers,
-                                                 "default_tier", c->tiers[t->default_tier].name));
+        json_t *o =
+            json_pack("{s:s, s:s, s:o, s:s}", "name", t->name, "key_sha256", "<redacted>", "tiers",
+                      allowed_tiers, "default_tier", c->tiers[t->default_tier].name);
+        if (t->rpm)
+            json_object_set_new(o, "rpm", json_integer(t->rpm));
+        if (t->tpm)
+            json_object_set_new(o, "tpm", json_integer(t->tpm));
+        json_array_append_new(tenants, o);
     }
     json_object_set_new(root, "tenants", tenants);
 
@@ -965,4 +1191,20 @@ void sl_tenancy_to_json(const struct sl_config *c, json_t *root)
     json_object_set_new(root, "classify", rules);
     json_object_set_new(root, "admin_key_sha256",
                         c->has_admin_key ? json_string("<redacted>") : json_null());
+}
+
+void sl_overload_step_format(const struct sl_config *c, const struct sl_overload_step *s, char *out,
+                             size_t outlen)
+{
+    switch (s->kind) {
+    case SL_OVERLOAD_CAP_MAX_TOKENS: snprintf(out, outlen, "cap_max_tokens:%d", s->arg); return;
+    case SL_OVERLOAD_DEMOTE:
+        snprintf(out, outlen, "demote:%s",
+                 s->arg >= 0 && s->arg < c->n_tiers ? c->tiers[s->arg].name : "?");
+        return;
+    case SL_OVERLOAD_MODEL: snprintf(out, outlen, "model:%s", s->model); return;
+    case SL_OVERLOAD_QUEUE: snprintf(out, outlen, "queue:%d", s->arg); return;
+    case SL_OVERLOAD_REJECT: break;
+    }
+    snprintf(out, outlen, "reject");
 }

@@ -309,6 +309,7 @@ static void preempt(struct sl_sched_core *c, struct sl_seq *s)
         dequeue(c, s);
     s->n_computed = 0;
     enqueue(c, s, true);
+    c->tiers[s->tier].step_added += s->n_tokens;
     c->tiers[s->tier].preemptions++;
     c->preemptions++;
     if (c->sink.preempted)
@@ -534,6 +535,20 @@ static void observe(struct sl_sched_core *c, uint64_t now_ns)
             c->ema_prefill_rows = p->prompt_rows;
             c->ema_prefill_us = us;
         }
+    }
+    /* Only steps that left a backlog: otherwise a tier's rows follow its arrivals, not what it
+     * can get. Sums of rows and of time discounted by the time since (a window of time, not of
+     * steps: a tier's rows come in bursts of whole prompts between slot turnovers), so the rate
+     * is rows over time with no step weighing more than its share of the time. */
+    double keep = exp(-us / (SL_SCHED_DRAIN_WINDOW_S * 1e6));
+    for (int t = 0; t < c->n_tiers; t++) {
+        struct sl_tier_q *q = &c->tiers[t];
+        if (!q->step_backlogged)
+            continue;
+        /* A preempted sequence's recompute is queued in front of everything: work added ahead
+         * of whoever waits, so it does not count as drained. */
+        q->ema_drain_rows = q->ema_drain_rows * keep + (q->step_rows - q->step_added);
+        q->ema_drain_us = q->ema_drain_us * keep + us;
     }
 }
 
@@ -903,6 +918,10 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         if (sl_req_cancelled(c->resident[i]->req))
             seq_finish(c, c->resident[i], SL_FINISH_CANCELLED, SL_ECANCELED);
     guarantees(c);
+    for (int t = 0; t < c->n_tiers; t++) {
+        c->tiers[t].step_rows = c->tiers[t].step_added = 0;
+        c->tiers[t].step_backlogged = false;
+    }
     c->n_plan = c->n_plan_live = c->rows = 0;
     double dx[SL_SCHED_FIT_K] = {1, 0, 0, 0, 0};
     double target = plan_decodes(c, dx);
@@ -946,8 +965,10 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
     }
     for (int i = 0; i < n_seqs; i++) {
         struct sl_seq *s = c->b_seqs[i];
-        if (s->queued)
+        if (s->queued) {
             c->tiers[s->tier].prefill_tokens -= c->b_rows[i];
+            c->tiers[s->tier].step_rows += c->b_rows[i];
+        }
         s->n_computed = c->b_ctx[i];
         if (s->queued && s->n_computed == s->n_tokens) {
             dequeue(c, s); /* prompt done: it decodes from now on */
@@ -963,6 +984,10 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         int32_t tok = sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch);
         seq_accept(c, s, tok);
     }
+    /* A backlog is more than a step can take: a few prompts waiting a step or two for a slot
+     * say nothing about the rate a real backlog drains at. */
+    for (int t = 0; t < c->n_tiers; t++)
+        c->tiers[t].step_backlogged = c->tiers[t].prefill_tokens >= c->lim.max_batch_tokens;
     c->prev.left_work = c->n_seqs > 0;
     return n_rows;
 }
@@ -994,6 +1019,8 @@ void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *o
         o->priority = q->t.priority;
         o->weight = q->t.weight;
         o->preemptions = q->preemptions;
+        if (q->ema_drain_us > 0 && q->ema_drain_rows > 0)
+            o->drain_tokens_per_s = q->ema_drain_rows / q->ema_drain_us * 1e6;
         out->running += o->running;
         out->queued_requests += o->queued_requests;
         out->queued_prompt_tokens += o->queued_prompt_tokens;
@@ -1007,4 +1034,24 @@ void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *o
     if (c->ema_prefill_us > 0)
         out->prefill_tokens_per_s = c->ema_prefill_rows / c->ema_prefill_us * 1e6;
     out->decode_step_seconds = c->ema_decode_us / 1e6;
+    out->max_seqs = c->lim.max_seqs;
+    out->max_batch_tokens = c->lim.max_batch_tokens;
+    /* A step of the sequences decoding now plus prompt rows up to the budget, the chunk taken
+     * from the start of a prompt (its rows attend to positions 1..P). */
+    double x[SL_SCHED_FIT_K] = {1, 0, 0, 0, 0};
+    int d = 0;
+    for (int i = 0; i < c->n_resident && d < c->lim.max_seqs; i++) {
+        const struct sl_seq *s = c->resident[i];
+        if (s->queued)
+            continue;
+        d++;
+        features_add(x, s->n_computed, 1, true);
+    }
+    long p = c->lim.max_batch_tokens - d;
+    if (p > 0) {
+        features_add(x, 0, p, true);
+        double us = sl_sched_fit_predict(&c->fit, x);
+        if (us > 0)
+            out->prefill_capacity_tokens_per_s = (double)p / us * 1e6;
+    }
 }

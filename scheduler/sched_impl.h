@@ -72,6 +72,13 @@ struct sl_tier_q {
     int guaranteed; /* slots protected from higher tiers this step (0 when inactive) */
     int victims;    /* scratch: candidates taken while choosing victims */
     int planned;    /* scratch: decodes planned this step */
+    /* Drain rate under load (sl_sched_tier_stats.drain_tokens_per_s): the latest step's prompt
+     * rows of this tier and whether some of its prompt tokens were left after it; moving
+     * averages of rows and durations over such steps. */
+    int step_rows;
+    int step_added; /* tokens queued again by preemptions in that step (recomputes go first) */
+    bool step_backlogged;
+    double ema_drain_rows, ema_drain_us;
 };
 
 /* One sequence's part of the step being built. */

@@ -182,6 +182,11 @@ static int sim_submit(struct sim *m, struct sl_sched_core *core, int i, int32_t 
     const struct sl_sim_request *rq = &m->reqs[i];
     const struct sl_sched_tier *t = &m->cfg->lim.tiers[rq->tier];
     struct sim_req *q = &m->st[i];
+    if (m->cfg->on_arrival) {
+        struct sl_sched_stats st;
+        sl_sched_core_stats(core, &st);
+        m->cfg->on_arrival(m->cfg->on_arrival_ctx, i, &st);
+    }
     q->expect = HASH_SEED;
     for (int k = 0; k < rq->prompt_tokens; k++) {
         scratch[k] = prompt_token(i, k);

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The HTTP front end against nginx, on loopback, with the same load: wrk, one thread, 64 kept-alive
-# connections, --latency. Two pairs:
+# connections, --latency. Three pairs:
 #   1. GET /healthz               vs nginx `return 200` with the same body;
 #   2. POST /v1/completions with an API key no tenant has (sluice's 401 path, which needs the
 #      tenants of bench/http/sluice.json) vs an nginx `limit_req` location answering 429. (nginx
 #      runs `return` before limit_req, so that location serves a file instead.)
+#   3. POST /v1/completions to a tier that rejects everything (bench/http/sluice-429.json:
+#      admission's 429 path: the body decoded, classified, tokenized, refused with Retry-After)
+#      vs the same nginx `limit_req` 429.
 # Each server gets one event loop (sluice io_threads 1, nginx worker_processes 1) and logs every
 # request to a file (sluice's access log on stderr, nginx's default access_log). With 2 or more
 # CPUs the server runs on the last one and wrk on the others.
@@ -258,6 +261,32 @@ for rep in $(seq "$REPS"); do
     "http://127.0.0.1:$nginx_port/v1/completions" "$tmp/post.lua")
   stop_nginx
   row "POST /v1/completions 401 (run $rep)" sluice "$s_rps" "$s_p99" "$s_bad" "$s_cpu"
+  row "  vs nginx limit_req 429" nginx "$n_rps" "$n_p99" "$n_bad" "$n_cpu"
+  compare "$s_rps" "$s_p99" "$s_cpu" "$n_rps" "$n_p99" "$n_cpu"
+
+  # Pair 3: admission's 429 for a tier that takes nothing, against the same limit_req 429.
+  if ! "$SLUICE" --check-config bench/http/sluice-429.json >"$tmp/check.log" 2>&1; then
+    row "POST /v1/completions 429 (run $rep)" sluice "skipped" "" "" ""
+    echo "  this sluice refuses bench/http/sluice-429.json: $(tail -1 "$tmp/check.log")"
+    continue
+  fi
+  start_sluice --config bench/http/sluice-429.json
+  status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d '{"prompt":"Hello","max_tokens":1}' \
+    "http://127.0.0.1:$sluice_port/v1/completions")
+  if [ "$status" != 429 ]; then
+    stop_sluice
+    row "POST /v1/completions 429 (run $rep)" sluice "skipped" "" "" ""
+    echo "  a closed tier answered HTTP $status, not 429"
+    continue
+  fi
+  read -r s_rps s_p99 s_bad s_cpu < <(measure "$sluice_pid" \
+    "http://127.0.0.1:$sluice_port/v1/completions" "$tmp/post.lua")
+  stop_sluice
+  start_nginx
+  read -r n_rps n_p99 n_bad n_cpu < <(measure "$nginx_pid" \
+    "http://127.0.0.1:$nginx_port/v1/completions" "$tmp/post.lua")
+  stop_nginx
+  row "POST /v1/completions 429 (run $rep)" sluice "$s_rps" "$s_p99" "$s_bad" "$s_cpu"
   row "  vs nginx limit_req 429" nginx "$n_rps" "$n_p99" "$n_bad" "$n_cpu"
   compare "$s_rps" "$s_p99" "$s_cpu" "$n_rps" "$n_p99" "$n_cpu"
 done

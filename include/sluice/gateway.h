@@ -18,10 +18,25 @@
  */
 
 #define SL_TIERS_MAX 32 /* tiers in one configuration (a tenant's allowed tiers are a bit mask) */
+#define SL_MODELS_MAX 8 /* models served at once, each with its own worker and scheduler */
+#define SL_MODEL_NAME_MAX 64
 
 struct sl_tier;      /* a latency promise: priority, weight, SLOs (layout in gateway_impl.h) */
 struct sl_tenant;    /* who pays: key hash, allowed tiers, default tier */
 struct sl_tier_rule; /* one rule of the ordered classification list */
+
+/* One served model: its weights and where it runs. models[0] is also "model" and "tokenizer"
+ * (the single-model keys), which stay in step with it. */
+struct sl_config_model {
+    char *name;      /* the id requests name in "model" and /v1/models lists; NULL: the model's
+                        own id (sl_model_id), allowed only for models[0] */
+    char *spec;      /* as "model": synthetic[:SHAPE[:TYPE]], a .gguf, an HF folder, a .bin */
+    char *tokenizer; /* llama2.c tokenizer.bin for a .bin, or NULL */
+    int threads;     /* CPU kernel threads; -1: the top-level "threads" */
+    char *device;    /* where it runs: "cpu" */
+};
+
+struct sl_admission; /* runtime state of admission for one configuration (gateway/admission.c) */
 
 /* A TLS listener next to the plain one. Off when cert is NULL; then every field is unset. */
 struct sl_config_tls {
@@ -74,6 +89,15 @@ struct sl_config {
     bool has_admin_key; /* the /admin/ routes answer 403 without one */
     unsigned char
         admin_key_sha256[32]; /* SHA-256 of the admin key (the key itself is never kept) */
+
+    /* Models (at least one; start-only) and admission control (reloadable). */
+    struct sl_config_model *models;
+    int n_models;
+    bool admission; /* false: every request is admitted as it comes (no limits, no guard) */
+    /* Set once, by the server that adopts this configuration (sl_http_server_new or _reload),
+     * before any request sees it: the buckets and queue counts its tenants and tiers use, shared
+     * by name with the configuration it replaced. NULL for a configuration never served. */
+    struct sl_admission *adm;
 };
 
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */
@@ -132,13 +156,22 @@ struct sl_http_server;
  * sl_config_new). The model and scheduler must outlive the server. On failure err says why. */
 int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
                        struct sl_http_server **out, char *err, size_t errlen);
+/* Serves one more model, after sl_http_server_new and before sl_http_server_start (models[i]
+ * of the configuration, i >= 1; the first is the one sl_http_server_new was given): requests
+ * whose "model" is `name` run on `sched`, and /v1/models lists it. The model and scheduler must
+ * outlive the server. SL_EINVAL (err says why) when the name is taken, SL_MODELS_MAX are served,
+ * or the server has started. */
+int sl_http_server_add_model(struct sl_http_server *s, const char *name,
+                             const struct sl_model *model, struct sl_sched *sched, char *err,
+                             size_t errlen);
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
  * every request that starts from now on; requests in flight keep theirs. Keys that only take
  * effect at start (listen, listen_backlog, tls.listen, model, threads, KV and batch sizes,
  * io_threads) keep their running values, each change logged as needing a restart. With a TLS
  * listener the certificate and key are loaded again first: when they do not load or do not
  * match, nothing changes and SL_EINVAL says why; otherwise new TLS connections use them and open
- * ones keep theirs. Callable from any thread. */
+ * ones keep theirs. Tenant and tier budgets and queue counts carry over by name. Every model's
+ * scheduler is handed the new tier table (sl_sched_set_tiers). Callable from any thread. */
 int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
                           size_t errlen);
 /* The port actually bound (useful when cfg->listen_port is 0). */
@@ -158,6 +191,28 @@ int sl_http_server_drain(struct sl_http_server *s, int timeout_ms);
 /* Stops accepting, closes connections (cancelling their requests), joins the I/O threads. */
 void sl_http_server_stop(struct sl_http_server *s);
 void sl_http_server_free(struct sl_http_server *s);
+
+/* ---------------------------------------------------------------------------------------------
+ * Further models (gateway/engine.c)
+ */
+
+/* One served model beyond the first (which main builds itself): its weights, worker and
+ * scheduler, owned together. */
+struct sl_engine {
+    const char *name; /* the configuration's name for it (points into the configuration) */
+    struct sl_model *model;
+    struct sl_worker *worker;
+    struct sl_sched *sched;
+};
+
+/* Loads cfg->models[idx] and starts its worker (its own KV pool, sized as the first model's:
+ * max_seqs contexts within kv_cache_mib or kv_cache_fraction) and scheduler with cfg's tiers
+ * and limits. On failure e is empty and err names the model. Main thread, at start. */
+int sl_engine_start(const struct sl_config *cfg, int idx, struct sl_engine *e, char *err,
+                    size_t errlen);
+/* Stops the scheduler (its requests finish CANCELLED), frees worker and model. Call after the
+ * HTTP server has stopped and before it is freed (the scheduler posts to its outboxes). */
+void sl_engine_stop(struct sl_engine *e);
 
 /* Maps a status to the HTTP status code and OpenAI error `type` used in error objects: the one
  * place where statuses become HTTP. */

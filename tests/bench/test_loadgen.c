@@ -320,6 +320,7 @@ Test(loadgen, rejects_are_counted_by_status_when_server_answers_429_and_503)
     cr_assert_eq(jrejected(j, "429"), 3);
     cr_assert_eq(jrejected(j, "503"), 3);
     cr_assert_eq(jint(j, "retries"), 0, "retries are off by default");
+    cr_assert_eq(jint(j, "rejected_without_retry_after"), 0, "every one said when to retry");
     json_decref(j);
     cr_assert(strstr(output, "429:3 503:3"), "the table shows them:\n%s", output);
     struct stub_line lines[32];
@@ -751,6 +752,8 @@ Test(loadgen, unauthorised_requests_are_rejected_by_status_when_the_key_is_wrong
     cr_assert_eq(jint(good, "completed"), jint(good, "sent"));
     cr_assert_eq(jrejected(wrong, "401"), jint(wrong, "sent"));
     cr_assert_eq(jrejected(forb, "400"), jint(forb, "sent"), "an unknown tier is a 400");
+    cr_assert_eq(jint(wrong, "rejected_without_retry_after"), jint(wrong, "sent"),
+                 "a 401 says nothing of retrying");
     cr_assert_eq(jint(j, "sent"), 12);
     cr_assert_eq(jrejected(j, "401") + jrejected(j, "400") + jint(j, "completed"), 12);
     json_decref(j);

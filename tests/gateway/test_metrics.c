@@ -527,6 +527,7 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
         {"sluice:scheduler_steps_total", "counter"},
         {"sluice:worker_busy_ratio", "gauge"},
         {"sluice:worker_busy_seconds_total", "counter"},
+        {"sluice:admission_decisions_total", "counter"},
     };
     cr_assert_eq(x.n_fam, (int)(sizeof want / sizeof want[0]));
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

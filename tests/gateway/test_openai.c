@@ -431,7 +431,8 @@ Test(gateway, lists_the_one_model_when_models_are_listed)
 {
     struct sl_str s;
     sl_str_init(&s);
-    sl_openai_models_encode(&s, MODEL, 1234);
+    const char *ids[1] = {MODEL};
+    sl_openai_models_encode(&s, ids, 1, 1234);
     json_t *j = parse(&s);
     cr_assert_str_eq(str_at(j, "object", NULL), "list");
     json_t *data = json_object_get(j, "data");

@@ -388,8 +388,8 @@ Test(gateway, tier_errors_name_the_path_when_tiers_are_invalid)
                  "\"tpot_slo_ms\":1}}",
                  "tiers.x.priority: must be an integer");
     expect_error("\"tiers\":{\"x\":{\"priority\":0,\"weight\":1,\"ttft_slo_ms\":1,"
-                 "\"tpot_slo_ms\":1,\"burst\":3}}",
-                 "tiers.x.burst: unknown key");
+                 "\"tpot_slo_ms\":1,\"brust\":3}}",
+                 "tiers.x.brust: unknown key");
     char many[8192];
     size_t n = (size_t)snprintf(many, sizeof many, "\"tiers\":{");
     for (int i = 0; i < 33; i++)

@@ -1,0 +1,841 @@
+/* Admission control on the I/O threads: a tenant's budget, its tier's bucket and queue, the SLO
+ * guard, and the tier's overload policy, decided before a request reaches a scheduler.
+ *
+ * Order: the tenant's requests and tokens per minute first (over budget is the client's doing,
+ * answered 429 with the exact time to retry, and no overload policy applies); then the tier:
+ * its token bucket, its queue caps (counted here, exactly, from admission to the first token),
+ * and the SLO guard's prediction from the scheduler's published figures. A tier that cannot take
+ * the request walks its overload policy in order: each step changes the request (a cap, a
+ * demotion, a cheaper model) and the tier checks run again; "queue:MS" parks it on a timer of
+ * its connection (never blocking the thread) and looks again until its deadline; "reject", or
+ * the end of the list, answers 503 (or 429) with a Retry-After from the predicted drain time.
+ *
+ * Everything a request takes it gives back in one place (sl_admit_end, once): the tokens it was
+ * charged and did not use, its queue slot, its parking place; a request refused after its
+ * tenant paid gets all of it back, since the server, not the client, said no.
+ */
+#include "gateway_impl.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NS_PER_S 1000000000LL
+#define NS_PER_MS 1000000LL
+/* How often a parked request looks again when nothing says when room will come. */
+#define RECHECK_NS (25 * NS_PER_MS)
+/* Retry-After when nothing predicts a drain (a closed tier, a scheduler not measured yet). */
+#define DEFAULT_RETRY_NS NS_PER_S
+
+/* ---- cells: the state of one tenant or tier, shared across reloads by name ---- */
+
+struct cell {
+    atomic_int refs;
+    char name[SL_TENANT_NAME_MAX + 1];
+    struct sl_adm_bucket requests; /* a tenant's rpm */
+    struct sl_adm_bucket tokens;   /* a tenant's tpm, a tier's token_rate */
+    atomic_int queued[SL_MODELS_MAX];
+    atomic_long queued_tokens[SL_MODELS_MAX];
+    atomic_int parked;
+};
+
+struct sl_admission {
+    int n_tenants, n_tiers;
+    struct cell **tenants; /* (n_tenants) NULL for a tenant without limits */
+    struct cell **tiers;   /* (n_tiers) */
+};
+
+static struct cell *cell_new(const char *name, int64_t now)
+{
+    struct cell *c = sl_xcalloc(1, sizeof *c);
+    atomic_init(&c->refs, 1);
+    snprintf(c->name, sizeof c->name, "%s", name);
+    sl_adm_bucket_init(&c->requests, now);
+    sl_adm_bucket_init(&c->tokens, now);
+    for (int m = 0; m < SL_MODELS_MAX; m++) {
+        atomic_init(&c->queued[m], 0);
+        atomic_init(&c->queued_tokens[m], 0);
+    }
+    atomic_init(&c->parked, 0);
+    return c;
+}
+
+static struct cell *cell_ref(struct cell *c)
+{
+    atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+    return c;
+}
+
+static void cell_unref(struct cell *c)
+{
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+        free(c);
+}
+
+void sl_admission_free(struct sl_admission *adm)
+{
+    if (!adm)
+        return;
+    for (int i = 0; i < adm->n_tenants; i++)
+        cell_unref(adm->tenants[i]);
+    for (int i = 0; i < adm->n_tiers; i++)
+        cell_unref(adm->tiers[i]);
+    free(adm->tenants);
+    free(adm->tiers);
+    free(adm);
+}
+
+static struct sl_adm_rate per_minute(long long n)
+{
+    return (struct sl_adm_rate){.limit = n, .period_ns = 60 * NS_PER_S, .burst = n};
+}
+
+static struct sl_adm_rate tier_rate(const struct sl_tier *t)
+{
+    return (struct sl_adm_rate){.limit = t->token_rate, .period_ns = NS_PER_S, .burst = t->burst};
+}
+
+static bool has_limits(const struct sl_tenant *t)
+{
+    return t && (t->rpm > 0 || t->tpm > 0);
+}
+
+/* Name → index of the previous configuration's tenants with cells: open addressing, so a reload
+ * of 100,000 tenants does not compare every pair. */
+struct name_map {
+    int *slot; /* (cap) tenant index + 1, 0 = empty */
+    size_t cap;
+};
+
+static uint64_t hash_name(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static void map_build(struct name_map *m, const struct sl_config *prev)
+{
+    m->cap = 16;
+    while (m->cap < 2 * (size_t)prev->n_tenants)
+        m->cap *= 2;
+    m->slot = sl_xcalloc(m->cap, sizeof *m->slot);
+    for (int i = 0; i < prev->n_tenants; i++) {
+        if (!prev->adm->tenants[i])
+            continue;
+        size_t k = hash_name(prev->tenants[i].name) & (m->cap - 1);
+        while (m->slot[k])
+            k = (k + 1) & (m->cap - 1);
+        m->slot[k] = i + 1;
+    }
+}
+
+static int map_find(const struct name_map *m, const struct sl_config *prev, const char *name)
+{
+    size_t k = hash_name(name) & (m->cap - 1);
+    for (; m->slot[k]; k = (k + 1) & (m->cap - 1))
+        if (strcmp(prev->tenants[m->slot[k] - 1].name, name) == 0)
+            return m->slot[k] - 1;
+    return -1;
+}
+
+void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, int64_t now_ns)
+{
+    if (next->adm)
+        return;
+    if (prev && !prev->adm)
+        prev = NULL;
+    struct sl_admission *adm = sl_xcalloc(1, sizeof *adm);
+    adm->n_tenants = next->n_tenants;
+    adm->n_tiers = next->n_tiers;
+    adm->tenants = sl_xcalloc((size_t)(next->n_tenants ? next->n_tenants : 1), sizeof(void *));
+    adm->tiers = sl_xcalloc((size_t)next->n_tiers, sizeof(void *));
+    struct name_map map = {0};
+    if (prev)
+        map_build(&map, prev);
+    for (int i = 0; i < next->n_tenants; i++) {
+        const struct sl_tenant *t = &next->tenants[i];
+        if (!has_limits(t))
+            continue;
+        int o = prev ? map_find(&map, prev, t->name) : -1;
+        if (o < 0) {
+            adm->tenants[i] = cell_new(t->name, now_ns);
+            continue;
+        }
+        struct cell *c = cell_ref(prev->adm->tenants[o]);
+        const struct sl_tenant *pt = &prev->tenants[o];
+        /* A limit that appears starts full; one that changes keeps its debt in tokens. */
+        struct sl_adm_rate a, b;
+        if (t->rpm && pt->rpm) {
+            a = per_minute(pt->rpm), b = per_minute(t->rpm);
+            sl_adm_bucket_rescale(&c->requests, &a, &b, now_ns);
+        } else if (t->rpm) {
+            sl_adm_bucket_init(&c->requests, now_ns);
+        }
+        if (t->tpm && pt->tpm) {
+            a = per_minute(pt->tpm), b = per_minute(t->tpm);
+            sl_adm_bucket_rescale(&c->tokens, &a, &b, now_ns);
+        } else if (t->tpm) {
+            sl_adm_bucket_init(&c->tokens, now_ns);
+        }
+        adm->tenants[i] = c;
+    }
+    free(map.slot);
+    for (int i = 0; i < next->n_tiers; i++) {
+        const struct sl_tier *t = &next->tiers[i];
+        const struct sl_tier *pt = NULL;
+        struct cell *c = NULL;
+        for (int o = 0; prev && o < prev->n_tiers && !c; o++)
+            if (strcmp(prev->tiers[o].name, t->name) == 0) {
+                c = cell_ref(prev->adm->tiers[o]);
+                pt = &prev->tiers[o];
+            }
+        if (!c) {
+            c = cell_new(t->name, now_ns);
+        } else if (t->token_rate && pt->token_rate) {
+            struct sl_adm_rate a = tier_rate(pt), b = tier_rate(t);
+            sl_adm_bucket_rescale(&c->tokens, &a, &b, now_ns);
+        } else if (t->token_rate) {
+            sl_adm_bucket_init(&c->tokens, now_ns);
+        }
+        adm->tiers[i] = c;
+    }
+    next->adm = adm;
+}
+
+void sl_admission_queue(const struct sl_config *cfg, int tier, int model, int *requests,
+                        long *tokens)
+{
+    *requests = 0;
+    *tokens = 0;
+    if (!cfg->adm || tier < 0 || tier >= cfg->adm->n_tiers || model < 0 || model >= SL_MODELS_MAX)
+        return;
+    struct cell *c = cfg->adm->tiers[tier];
+    *requests = atomic_load_explicit(&c->queued[model], memory_order_relaxed);
+    *tokens = atomic_load_explicit(&c->queued_tokens[model], memory_order_relaxed);
+}
+
+/* ---- words ---- */
+
+static const char *const reason_names[SL_ADM_N_REASONS] = {
+    [SL_ADM_REASON_NONE] = "none",
+    [SL_ADM_REASON_TENANT_REQUESTS] = "tenant_requests",
+    [SL_ADM_REASON_TENANT_TOKENS] = "tenant_tokens",
+    [SL_ADM_REASON_TIER_TOKEN_RATE] = "tier_token_rate",
+    [SL_ADM_REASON_TIER_QUEUE_REQUESTS] = "tier_queue_requests",
+    [SL_ADM_REASON_TIER_QUEUE_TOKENS] = "tier_queue_tokens",
+    [SL_ADM_REASON_TIER_TTFT_SLO] = "tier_ttft_slo",
+};
+
+const char *sl_adm_reason_str(enum sl_adm_reason r)
+{
+    return (int)r >= 0 && r < SL_ADM_N_REASONS ? reason_names[r] : "none";
+}
+
+void sl_adm_duration_format(int64_t ns, char *out, size_t outlen)
+{
+    if (ns <= 0) {
+        snprintf(out, outlen, "0s");
+        return;
+    }
+    long long ms = (ns + NS_PER_MS - 1) / NS_PER_MS;
+    if (ms < 1000) {
+        snprintf(out, outlen, "%lldms", ms);
+        return;
+    }
+    long long h = ms / 3600000, m = ms / 60000 % 60, sec = ms / 1000 % 60, frac = ms % 1000;
+    char s[16];
+    if (frac == 0) {
+        snprintf(s, sizeof s, "%lld", sec);
+    } else {
+        snprintf(s, sizeof s, "%lld.%03lld", sec, frac);
+        size_t n = strlen(s);
+        while (s[n - 1] == '0')
+            s[--n] = '\0';
+    }
+    if (h)
+        snprintf(out, outlen, "%lldh%lldm%ss", h, m, s);
+    else if (m)
+        snprintf(out, outlen, "%lldm%ss", m, s);
+    else
+        snprintf(out, outlen, "%ss", s);
+}
+
+static void note_add(struct sl_admit *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Appends "; what" to the degradation note ("degraded; cap_max_tokens=256; demote=batch"). */
+static void note_add(struct sl_admit *a, const char *fmt, ...)
+{
+    size_t n = strlen(a->note);
+    if (!a->degraded) {
+        n = (size_t)snprintf(a->note, sizeof a->note, "degraded");
+        a->degraded = true;
+    }
+    if (n + 2 >= sizeof a->note)
+        return;
+    a->note[n++] = ';';
+    a->note[n++] = ' ';
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(a->note + n, sizeof a->note - n, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- the tier's checks ---- */
+
+/* The scheduler's index of the tier named like cfg's tier i (the same index unless a reload is
+ * on its way to the scheduler), or -1. */
+static int stats_tier(const struct sl_sched_stats *st, const char *name, int hint)
+{
+    if (hint >= 0 && hint < st->n_tiers && strcmp(st->tiers[hint].name, name) == 0)
+        return hint;
+    for (int i = 0; i < st->n_tiers && i < SL_SCHED_MAX_TIERS; i++)
+        if (strcmp(st->tiers[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* The guard's prediction for the request as it is now; false when there is none (no scheduler
+ * figures yet). queued_self: its own prompt is already counted in its tier's queue here. */
+static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
+                    struct sl_adm_prediction *p)
+{
+    const struct sl_config *cfg = a->cfg;
+    struct sl_sched_stats st;
+    memset(&st, 0, sizeof st);
+    env->stats(env->ctx, a->model, &st);
+    int si = stats_tier(&st, cfg->tiers[a->tier].name, a->tier);
+    if (si < 0)
+        return false;
+    /* Prompts admitted here since the scheduler's latest publication are not in its figures
+     * yet: a burst between two steps would otherwise all see the same empty queue. */
+    long q[SL_SCHED_MAX_TIERS];
+    for (int i = 0; i < st.n_tiers && i < SL_SCHED_MAX_TIERS; i++) {
+        q[i] = st.tiers[i].queued_prompt_tokens;
+        int ci = i < cfg->n_tiers && strcmp(cfg->tiers[i].name, st.tiers[i].name) == 0 ? i : -1;
+        for (int k = 0; ci < 0 && k < cfg->n_tiers; k++)
+            if (strcmp(cfg->tiers[k].name, st.tiers[i].name) == 0)
+                ci = k;
+        if (ci < 0)
+            continue;
+        struct cell *c = cfg->adm->tiers[ci];
+        long mine = atomic_load_explicit(&c->queued_tokens[a->model], memory_order_relaxed);
+        if (i == si && queued_self)
+            mine -= a->n_prompt;
+        if (mine > q[i])
+            q[i] = mine;
+    }
+    return sl_adm_predict_ttft(&st, q, si, a->n_prompt, p) == SL_OK;
+}
+
+/* Counts the request in its tier's queue for its model, within the caps. */
+static enum sl_adm_reason queue_reserve(struct cell *c, const struct sl_tier *t, int m, long n)
+{
+    if (t->max_queue_requests >= 0) {
+        int q = atomic_load_explicit(&c->queued[m], memory_order_relaxed);
+        do {
+            if (q >= t->max_queue_requests)
+                return SL_ADM_REASON_TIER_QUEUE_REQUESTS;
+        } while (!atomic_compare_exchange_weak_explicit(
+            &c->queued[m], &q, q + 1, memory_order_relaxed, memory_order_relaxed));
+    } else {
+        atomic_fetch_add_explicit(&c->queued[m], 1, memory_order_relaxed);
+    }
+    if (t->max_queue_tokens >= 0) {
+        long q = atomic_load_explicit(&c->queued_tokens[m], memory_order_relaxed);
+        do {
+            /* An empty queue takes any one prompt, so a prompt over the cap is not refused for
+             * ever. */
+            if (q > 0 && q + n > t->max_queue_tokens) {
+                atomic_fetch_sub_explicit(&c->queued[m], 1, memory_order_relaxed);
+                return SL_ADM_REASON_TIER_QUEUE_TOKENS;
+            }
+        } while (!atomic_compare_exchange_weak_explicit(
+            &c->queued_tokens[m], &q, q + n, memory_order_relaxed, memory_order_relaxed));
+    } else {
+        atomic_fetch_add_explicit(&c->queued_tokens[m], n, memory_order_relaxed);
+    }
+    return SL_ADM_REASON_NONE;
+}
+
+static void queue_release(struct cell *c, int m, long n)
+{
+    atomic_fetch_sub_explicit(&c->queued[m], 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&c->queued_tokens[m], n, memory_order_relaxed);
+}
+
+static int64_t secs_ns(double s)
+{
+    return s > 0 ? (int64_t)ceil(s * 1e9) : 0;
+}
+
+/* Whether the request, as it is now, fits its tier: the bucket, the queue caps, the guard. On
+ * success it holds the tier's tokens and a queue slot; on failure nothing, and a->retry_ns and
+ * a->why say when and why. */
+static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env *env, int64_t now)
+{
+    const struct sl_config *cfg = a->cfg;
+    const struct sl_tier *t = &cfg->tiers[a->tier];
+    struct cell *c = cfg->adm->tiers[a->tier];
+    int64_t cost = (int64_t)a->n_prompt + a->max_tokens;
+    struct sl_adm_rate rate = tier_rate(t);
+    bool took = false;
+    if (t->token_rate > 0) {
+        struct sl_adm_bucket_view v;
+        if (!sl_adm_bucket_take(&c->tokens, &rate, now, cost, &v)) {
+            a->retry_ns = v.retry_ns;
+            if (v.retry_ns < 0)
+                snprintf(a->why, sizeof a->why,
+                         "The request's %lld tokens (prompt plus max_tokens) are more than tier "
+                         "'%s' admits at once (%lld); reduce the prompt or max_tokens.",
+                         (long long)cost, t->name, t->burst);
+            else
+                snprintf(a->why, sizeof a->why,
+                         "Tier '%s' is at its token rate (%lld tokens/s) and is overloaded.",
+                         t->name, t->token_rate);
+            return SL_ADM_REASON_TIER_TOKEN_RATE;
+        }
+        took = true;
+    }
+    enum sl_adm_reason r = queue_reserve(c, t, a->model, a->n_prompt);
+    if (r != SL_ADM_REASON_NONE) {
+        if (took)
+            sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
+        /* Room comes as the queue's first tokens come: about the time the queue ahead takes. */
+        struct sl_adm_prediction p;
+        a->retry_ns = DEFAULT_RETRY_NS;
+        if (t->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
+            a->retry_ns = secs_ns(p.prefill_s);
+        snprintf(
+            a->why, sizeof a->why, "Tier '%s' has its queue full (%s) and is overloaded.", t->name,
+            r == SL_ADM_REASON_TIER_QUEUE_REQUESTS ? "max_queue_requests" : "max_queue_tokens");
+        return r;
+    }
+    struct sl_adm_prediction p;
+    if (predict(a, env, true, &p)) {
+        a->predicted_ttft_s = p.ttft_s;
+        double slo = t->ttft_slo_ms / 1e3;
+        if (p.ttft_s > slo) {
+            queue_release(c, a->model, a->n_prompt);
+            if (took)
+                sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
+            /* A request arriving later finds everything ahead that much further along. */
+            a->retry_ns = secs_ns(p.ttft_s - slo);
+            snprintf(a->why, sizeof a->why,
+                     "Tier '%s' is overloaded: the predicted time to first token, %.1f s, is over "
+                     "its objective of %.1f s.",
+                     t->name, p.ttft_s, slo);
+            return SL_ADM_REASON_TIER_TTFT_SLO;
+        }
+    }
+    a->tier_cell = c;
+    a->tier_tokens = took ? cost : 0;
+    a->queue_cell = c;
+    a->queue_model = a->model;
+    a->queue_tokens = a->n_prompt;
+    a->queued = true;
+    a->active = true;
+    return SL_ADM_REASON_NONE;
+}
+
+/* ---- giving back ---- */
+
+static void tenant_refund(struct sl_admit *a, int64_t tokens, bool request, int64_t now)
+{
+    struct cell *c = a->tenant_cell;
+    if (!c)
+        return;
+    const struct sl_tenant *t = a->tenant;
+    if (tokens > 0 && t->tpm > 0 && a->tenant_tokens > 0) {
+        if (tokens > a->tenant_tokens)
+            tokens = a->tenant_tokens;
+        struct sl_adm_rate r = per_minute(t->tpm);
+        sl_adm_bucket_refund(&c->tokens, &r, now, tokens);
+        a->tenant_tokens -= tokens;
+    }
+    if (request && a->took_request) {
+        struct sl_adm_rate r = per_minute(t->rpm);
+        sl_adm_bucket_refund(&c->requests, &r, now, 1);
+        a->took_request = false;
+    }
+}
+
+static void unpark(struct sl_admit *a)
+{
+    struct cell *c = a->park_cell;
+    if (c) {
+        atomic_fetch_sub_explicit(&c->parked, 1, memory_order_relaxed);
+        a->park_cell = NULL;
+    }
+}
+
+void sl_admit_started(struct sl_admit *a)
+{
+    if (!a->queued)
+        return;
+    a->queued = false;
+    queue_release(a->queue_cell, a->queue_model, a->queue_tokens);
+}
+
+void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)
+{
+    if (!a->active)
+        return;
+    a->active = false;
+    sl_admit_started(a);
+    unpark(a);
+    /* Tokens charged and not used; a request that never reached the engine used none and, the
+     * server having held it, does not count against the tenant's requests either. */
+    bool never_ran = n_generated < 0;
+    int64_t used = never_ran ? 0 : (int64_t)a->n_prompt + n_generated;
+    if (a->tenant_tokens > used)
+        tenant_refund(a, a->tenant_tokens - used, never_ran, now_ns);
+    else if (never_ran)
+        tenant_refund(a, 0, true, now_ns);
+    struct cell *c = a->tier_cell;
+    if (c && a->tier_tokens > used) {
+        const struct sl_tier *t = &a->cfg->tiers[a->tier];
+        struct sl_adm_rate r = tier_rate(t);
+        sl_adm_bucket_refund(&c->tokens, &r, now_ns, a->tier_tokens - used);
+    }
+    a->tier_tokens = 0;
+    a->tier_cell = NULL;
+}
+
+/* ---- decisions ---- */
+
+void sl_admit_init(struct sl_admit *a)
+{
+    memset(a, 0, sizeof *a);
+    a->predicted_ttft_s = -1;
+}
+
+static enum sl_admit_verdict admitted(struct sl_admit *a)
+{
+    a->verdict = SL_ADMIT_OK;
+    if (!a->degraded) {
+        snprintf(a->note, sizeof a->note, "admitted");
+        a->reason = SL_ADM_REASON_NONE;
+    }
+    return a->verdict;
+}
+
+static enum sl_admit_verdict overloaded(struct sl_admit *a, int64_t now)
+{
+    /* The server said no: the tenant gets back everything the request was charged. */
+    unpark(a);
+    tenant_refund(a, a->tenant_tokens, true, now);
+    a->active = false;
+    a->verdict = SL_ADMIT_OVERLOADED;
+    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_adm_reason_str(a->reason));
+    return a->verdict;
+}
+
+static int model_find(const struct sl_admit_env *env, const char *name)
+{
+    for (int i = 0; i < env->n_models; i++)
+        if (env->model_names[i] && strcmp(env->model_names[i], name) == 0)
+            return i;
+    return -1;
+}
+
+/* Applies the policy's steps from a->step until one makes the request fit, parks it, or
+ * rejects it. */
+static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env *env, int64_t now)
+{
+    const struct sl_config *cfg = a->cfg;
+    const struct sl_tier *policy = &cfg->tiers[a->policy_tier];
+    while (a->step < policy->n_overload) {
+        const struct sl_overload_step *s = &policy->overload[a->step++];
+        switch (s->kind) {
+        case SL_OVERLOAD_REJECT: return overloaded(a, now);
+        case SL_OVERLOAD_CAP_MAX_TOKENS:
+            if (a->max_tokens <= s->arg)
+                continue; /* nothing to cap: the next step */
+            tenant_refund(a, a->max_tokens - s->arg, false, now);
+            a->max_tokens = s->arg;
+            note_add(a, "cap_max_tokens=%d", s->arg);
+            break;
+        case SL_OVERLOAD_DEMOTE:
+            if (s->arg == a->tier || s->arg < 0 || s->arg >= cfg->n_tiers)
+                continue;
+            a->tier = s->arg;
+            note_add(a, "demote=%s", cfg->tiers[s->arg].name);
+            break;
+        case SL_OVERLOAD_MODEL: {
+            int m = model_find(env, s->model);
+            int n = 0;
+            if (m < 0 || m == a->model || m >= SL_MODELS_MAX ||
+                env->encode(env->ctx, m, a->max_tokens, &n) != SL_OK)
+                continue; /* not served, or the prompt does not fit it */
+            a->model = m;
+            a->n_prompt = n;
+            note_add(a, "model=%s", s->model);
+            break;
+        }
+        case SL_OVERLOAD_QUEUE: {
+            struct cell *c = cfg->adm->tiers[a->policy_tier];
+            int cap = policy->max_queue_requests;
+            int p = atomic_load_explicit(&c->parked, memory_order_relaxed);
+            bool room = true;
+            do {
+                if (cap >= 0 && p >= cap) {
+                    room = false; /* the waiting room is full too: the next step */
+                    break;
+                }
+            } while (!atomic_compare_exchange_weak_explicit(
+                &c->parked, &p, p + 1, memory_order_relaxed, memory_order_relaxed));
+            if (!room)
+                continue;
+            a->park_cell = c;
+            a->active = true;
+            a->park_start_ns = now;
+            a->deadline_ns = now + (int64_t)s->arg * NS_PER_MS;
+            int64_t wait = a->reason == SL_ADM_REASON_TIER_TOKEN_RATE && a->retry_ns > 0
+                               ? a->retry_ns
+                               : RECHECK_NS;
+            a->recheck_ns = now + wait < a->deadline_ns ? now + wait : a->deadline_ns;
+            a->verdict = SL_ADMIT_PARK;
+            if (!a->degraded) /* what the access log says if its client leaves meanwhile */
+                snprintf(a->note, sizeof a->note, "queued");
+            return a->verdict;
+        }
+        }
+        enum sl_adm_reason r = try_tier(a, env, now);
+        if (r == SL_ADM_REASON_NONE)
+            return admitted(a);
+        a->reason = r;
+    }
+    return overloaded(a, now);
+}
+
+enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_env *env,
+                                     const struct sl_config *cfg, const struct sl_tenant *t,
+                                     int tier, int model, int n_prompt, int max_tokens,
+                                     int64_t now_ns)
+{
+    a->ran = true;
+    a->cfg = cfg;
+    a->tenant = t;
+    a->tier = a->policy_tier = tier;
+    a->model = model;
+    a->n_prompt = n_prompt;
+    a->max_tokens = max_tokens;
+    a->retry_ns = 0;
+    if (!cfg->admission || !cfg->adm || model < 0 || model >= SL_MODELS_MAX)
+        return admitted(a);
+    if (has_limits(t) && t != &sl_tenant_anonymous) {
+        struct cell *c = cfg->adm->tenants[t - cfg->tenants];
+        struct sl_adm_bucket_view v;
+        if (t->rpm > 0) {
+            struct sl_adm_rate r = per_minute(t->rpm);
+            if (!sl_adm_bucket_take(&c->requests, &r, now_ns, 1, &v)) {
+                a->reason = SL_ADM_REASON_TENANT_REQUESTS;
+                a->retry_ns = v.retry_ns;
+                snprintf(a->why, sizeof a->why,
+                         "Rate limit reached for tenant '%s' on requests per minute: limit %lld. "
+                         "Please try again in %.3f s.",
+                         t->name, t->rpm, (double)v.retry_ns / 1e9);
+                goto limited;
+            }
+            a->took_request = true;
+        }
+        a->tenant_cell = c;
+        if (t->tpm > 0) {
+            int64_t cost = (int64_t)n_prompt + max_tokens;
+            struct sl_adm_rate r = per_minute(t->tpm);
+            if (!sl_adm_bucket_take(&c->tokens, &r, now_ns, cost, &v)) {
+                tenant_refund(a, 0, true, now_ns);
+                a->reason = SL_ADM_REASON_TENANT_TOKENS;
+                a->retry_ns = v.retry_ns;
+                if (v.retry_ns < 0)
+                    snprintf(a->why, sizeof a->why,
+                             "Request too large for tenant '%s' on tokens per minute: limit "
+                             "%lld, requested %lld (prompt plus max_tokens). Reduce the prompt "
+                             "or max_tokens.",
+                             t->name, t->tpm, (long long)cost);
+                else
+                    snprintf(a->why, sizeof a->why,
+                             "Rate limit reached for tenant '%s' on tokens per minute: limit "
+                             "%lld, remaining %lld, requested %lld. Please try again in %.3f s.",
+                             t->name, t->tpm, (long long)v.remaining, (long long)cost,
+                             (double)v.retry_ns / 1e9);
+                goto limited;
+            }
+            a->tenant_tokens = cost;
+        }
+        a->active = true;
+    }
+    enum sl_adm_reason r = try_tier(a, env, now_ns);
+    if (r == SL_ADM_REASON_NONE)
+        return admitted(a);
+    a->reason = r;
+    return walk(a, env, now_ns);
+
+limited:
+    a->tenant_cell = NULL;
+    a->active = false;
+    a->verdict = SL_ADMIT_RATE_LIMITED;
+    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_adm_reason_str(a->reason));
+    return a->verdict;
+}
+
+enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
+                                        const struct sl_config *cfg, const struct sl_tenant *t,
+                                        int tier, int model, int max_tokens, int64_t now_ns)
+{
+    if (!cfg->admission || !cfg->adm || has_limits(t) || model < 0 || model >= SL_MODELS_MAX)
+        return SL_ADMIT_OK;
+    const struct sl_tier *tr = &cfg->tiers[tier];
+    if (tr->max_queue_requests < 0)
+        return SL_ADMIT_OK;
+    for (int i = 0; i < tr->n_overload; i++)
+        if (tr->overload[i].kind != SL_OVERLOAD_CAP_MAX_TOKENS &&
+            tr->overload[i].kind != SL_OVERLOAD_REJECT)
+            return SL_ADMIT_OK; /* a step that may find room elsewhere: the full decision */
+    const struct cell *c = cfg->adm->tiers[tier];
+    if (atomic_load_explicit(&c->queued[model], memory_order_relaxed) < tr->max_queue_requests)
+        return SL_ADMIT_OK;
+    /* What sl_admit_begin would answer: the queue is full, and capping max_tokens does not
+     * empty it. */
+    a->ran = true;
+    a->cfg = cfg;
+    a->tenant = t;
+    a->tier = a->policy_tier = tier;
+    a->model = model;
+    a->max_tokens = max_tokens;
+    a->reason = SL_ADM_REASON_TIER_QUEUE_REQUESTS;
+    struct sl_adm_prediction p;
+    a->retry_ns = DEFAULT_RETRY_NS;
+    if (tr->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
+        a->retry_ns = secs_ns(p.prefill_s);
+    snprintf(a->why, sizeof a->why,
+             "Tier '%s' has its queue full (max_queue_requests) and is overloaded.", tr->name);
+    return overloaded(a, now_ns);
+}
+
+enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_env *env,
+                                      int64_t now_ns)
+{
+    if (a->verdict != SL_ADMIT_PARK)
+        return a->verdict;
+    enum sl_adm_reason r = try_tier(a, env, now_ns);
+    if (r == SL_ADM_REASON_NONE) {
+        unpark(a);
+        note_add(a, "queued_ms=%lld", (long long)((now_ns - a->park_start_ns) / NS_PER_MS));
+        return admitted(a);
+    }
+    a->reason = r;
+    if (now_ns < a->deadline_ns) {
+        int64_t wait =
+            r == SL_ADM_REASON_TIER_TOKEN_RATE && a->retry_ns > 0 ? a->retry_ns : RECHECK_NS;
+        a->recheck_ns = now_ns + wait < a->deadline_ns ? now_ns + wait : a->deadline_ns;
+        return a->verdict;
+    }
+    /* Waited as long as the step allows: on with the policy. */
+    unpark(a);
+    return walk(a, env, now_ns);
+}
+
+/* ---- headers ---- */
+
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+#define LIT(o, s) sl_str_append((o), (s), sizeof(s) - 1)
+
+/* Appends v in decimal (no printf: this runs on every refusal, the path a flood takes). */
+static void append_num(struct sl_str *o, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do
+        d[--i] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        d[--i] = '-';
+    sl_str_append(o, d + i, sizeof d - i);
+}
+
+void sl_admit_headers(const struct sl_admit *a, struct sl_str *out)
+{
+    if (!a->ran)
+        return;
+    LIT(out, "x-sluice-admission: ");
+    sl_str_append(out, a->note, strlen(a->note));
+    LIT(out, "\r\n");
+    if ((a->verdict == SL_ADMIT_RATE_LIMITED || a->verdict == SL_ADMIT_OVERLOADED) &&
+        a->retry_ns >= 0) {
+        int64_t ns = a->retry_ns > 0 ? a->retry_ns : 1;
+        LIT(out, "Retry-After: ");
+        append_num(out, ceil_div(ns, NS_PER_S));
+        LIT(out, "\r\nretry-after-ms: ");
+        append_num(out, ceil_div(ns, NS_PER_MS));
+        LIT(out, "\r\n");
+    }
+}
+
+void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
+                                    int64_t now_ns, struct sl_str *out)
+{
+    if (!has_limits(t) || t == &sl_tenant_anonymous || !cfg->adm || !cfg->admission)
+        return;
+    struct cell *c = cfg->adm->tenants[t - cfg->tenants];
+    if (!c)
+        return;
+    char reset[32];
+    struct sl_adm_bucket_view v;
+    if (t->rpm > 0) {
+        struct sl_adm_rate r = per_minute(t->rpm);
+        sl_adm_bucket_peek(&c->requests, &r, now_ns, &v);
+        sl_adm_duration_format(v.reset_ns, reset, sizeof reset);
+        sl_str_appendf(out,
+                       "x-ratelimit-limit-requests: %lld\r\nx-ratelimit-remaining-requests: "
+                       "%lld\r\nx-ratelimit-reset-requests: %s\r\n",
+                       t->rpm, (long long)v.remaining, reset);
+    }
+    if (t->tpm > 0) {
+        struct sl_adm_rate r = per_minute(t->tpm);
+        sl_adm_bucket_peek(&c->tokens, &r, now_ns, &v);
+        sl_adm_duration_format(v.reset_ns, reset, sizeof reset);
+        sl_str_appendf(out,
+                       "x-ratelimit-limit-tokens: %lld\r\nx-ratelimit-remaining-tokens: "
+                       "%lld\r\nx-ratelimit-reset-tokens: %s\r\n",
+                       t->tpm, (long long)v.remaining, reset);
+    }
+}
+
+void sl_admission_render(const struct sl_config *cfg, struct sl_str *out)
+{
+    static const char *const names[3] = {"sluice:admission_queued_requests",
+                                         "sluice:admission_queued_prompt_tokens",
+                                         "sluice:admission_parked_requests"};
+    static const char *const help[3] = {
+        "Requests admitted into a tier and not yet given their first token (what "
+        "max_queue_requests caps), over the models, by tier.",
+        "Prompt tokens of those requests (what max_queue_tokens caps), by tier.",
+        "Requests a queue:MS step holds while they wait for room in their tier, by tier."};
+    for (int k = 0; k < 3; k++) {
+        sl_str_appendf(out, "# HELP %s %s\n# TYPE %s gauge\n", names[k], help[k], names[k]);
+        for (int i = 0; cfg->adm && i < cfg->adm->n_tiers; i++) {
+            const struct cell *c = cfg->adm->tiers[i];
+            long v = 0;
+            if (k == 2) {
+                v = atomic_load_explicit(&c->parked, memory_order_relaxed);
+            } else {
+                for (int m = 0; m < SL_MODELS_MAX; m++)
+                    v += k == 0 ? atomic_load_explicit(&c->queued[m], memory_order_relaxed)
+                                : atomic_load_explicit(&c->queued_tokens[m], memory_order_relaxed);
+            }
+            /* Tier names are [A-Za-z0-9_.-]: nothing to escape. */
+            sl_str_appendf(out, "%s{tier=\"%s\"} %ld\n", names[k], cfg->tiers[i].name, v);
+        }
+    }
+}

@@ -1,0 +1,734 @@
+/* Admission on the gateway: its configuration (every error names its path), tenant budgets with
+ * exact 429s and refunds, tier buckets and queue caps, the SLO guard, each overload step, the
+ * headers, and budgets that carry over a reload. The scheduler's figures come from a fake, so
+ * every decision here is deterministic. */
+#include <criterion/criterion.h>
+
+#include "gateway_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SEC 1000000000LL
+#define MS 1000000LL
+#define HASH_A "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
+#define HASH_B "ca94e0a18defaf16a73804c392e6898bd1b71c8a2fdf1ec61e574517dadbedca"
+
+static int load(struct sl_config *c, const char *content, char *err, size_t errlen)
+{
+    char path[] = "/tmp/sluice-admission-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+    close(fd);
+    int st = sl_config_load_file(c, path, err, errlen);
+    unlink(path);
+    if (st == SL_OK)
+        st = sl_config_validate(c, err, errlen);
+    return st;
+}
+
+static void load_ok(struct sl_config *c, const char *content)
+{
+    char err[768] = "";
+    sl_config_init(c);
+    cr_assert_eq(load(c, content, err, sizeof err), SL_OK, "%s", err);
+}
+
+static void expect_error(const char *content, const char *want)
+{
+    struct sl_config c;
+    char err[768] = "";
+    sl_config_init(&c);
+    cr_assert_neq(load(&c, content, err, sizeof err), SL_OK, "accepted: %s", content);
+    cr_assert(strstr(err, want), "error \"%s\" does not contain \"%s\"", err, want);
+    sl_config_dispose(&c);
+}
+
+#define TIER(name, prio, weight, ttft, extra)                                                      \
+    "\"" name "\":{\"priority\":" #prio ",\"weight\":" #weight ",\"ttft_slo_ms\":" #ttft           \
+    ",\"tpot_slo_ms\":1000" extra "}"
+
+/* ---- configuration ---- */
+
+Test(gateway, admission_keys_load_with_their_defaults_when_absent)
+{
+    struct sl_config c;
+    load_ok(&c, "{\"tiers\":{" TIER("a", 0, 1, 1000, "") "}}");
+    cr_assert(c.admission);
+    cr_assert_eq(c.tiers[0].token_rate, 0);
+    cr_assert_eq(c.tiers[0].max_queue_requests, -1);
+    cr_assert_eq(c.tiers[0].max_queue_tokens, -1);
+    cr_assert_eq(c.tiers[0].n_overload, 1);
+    cr_assert_eq(c.tiers[0].overload[0].kind, SL_OVERLOAD_REJECT);
+    cr_assert_eq(c.tiers[0].overload_status, 503);
+    cr_assert_eq(c.n_models, 1);
+    cr_assert_str_eq(c.models[0].spec, "synthetic");
+    cr_assert_null(c.models[0].name);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, admission_keys_load_when_given)
+{
+    struct sl_config c;
+    load_ok(&c, "{\"models\":[{\"model\":\"synthetic\",\"name\":\"big\"},"
+                "{\"model\":\"synthetic:tiny\",\"name\":\"small\",\"threads\":1}],"
+                "\"tiers\":{" TIER(
+                    "fast", 0, 4, 1000,
+                    ",\"token_rate\":5000,\"max_queue_requests\":8,"
+                    "\"max_queue_tokens\":4096,\"overload\":[\"cap_max_tokens:64\","
+                    "\"demote:slow\",\"model:small\",\"queue:1500\",\"reject\"],"
+                    "\"overload_status\":429") "," TIER("slow", 1, 1, 60000,
+                                                        ",\"burst\":1,\"token_rate\":"
+                                                        "10") "},"
+                                                              "\"tenants\":[{\"name\":\"a\",\"key_"
+                                                              "sha256\":\"" HASH_A
+                                                              "\",\"tiers\":[\"fast\"],"
+                                                              "\"default_tier\":\"fast\",\"rpm\":"
+                                                              "60,\"tpm\":100000}],"
+                                                              "\"admission\":false}");
+    cr_assert_not(c.admission);
+    cr_assert_eq(c.n_models, 2);
+    cr_assert_str_eq(c.model, "synthetic", "models[0] is \"model\"");
+    cr_assert_str_eq(c.models[1].name, "small");
+    cr_assert_eq(c.models[1].threads, 1);
+    const struct sl_tier *f = &c.tiers[0];
+    cr_assert_eq(f->token_rate, 5000);
+    cr_assert_eq(f->burst, 5000, "a second's worth by default");
+    cr_assert_eq(f->max_queue_requests, 8);
+    cr_assert_eq(f->max_queue_tokens, 4096);
+    cr_assert_eq(f->overload_status, 429);
+    cr_assert_eq(f->n_overload, 5);
+    cr_assert_eq(f->overload[0].kind, SL_OVERLOAD_CAP_MAX_TOKENS);
+    cr_assert_eq(f->overload[0].arg, 64);
+    cr_assert_eq(f->overload[1].kind, SL_OVERLOAD_DEMOTE);
+    cr_assert_eq(f->overload[1].arg, 1);
+    cr_assert_eq(f->overload[2].kind, SL_OVERLOAD_MODEL);
+    cr_assert_str_eq(f->overload[2].model, "small");
+    cr_assert_eq(f->overload[3].kind, SL_OVERLOAD_QUEUE);
+    cr_assert_eq(f->overload[3].arg, 1500);
+    cr_assert_eq(f->overload[4].kind, SL_OVERLOAD_REJECT);
+    cr_assert_eq(c.tiers[1].burst, 1);
+    cr_assert_eq(c.tenants[0].rpm, 60);
+    cr_assert_eq(c.tenants[0].tpm, 100000);
+    /* /admin/config shows them as the file spells them. */
+    json_t *j = sl_config_to_json(&c);
+    char *s = json_dumps(j, JSON_SORT_KEYS);
+    cr_assert(strstr(s, "\"overload\": [\"cap_max_tokens:64\", \"demote:slow\", \"model:small\", "
+                        "\"queue:1500\", \"reject\"]"),
+              "%s", s);
+    cr_assert(strstr(s, "\"rpm\": 60"), "%s", s);
+    cr_assert(strstr(s, "\"admission\": false"), "%s", s);
+    cr_assert(strstr(s, "\"name\": \"small\""), "%s", s);
+    free(s);
+    json_decref(j);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, admission_errors_name_the_path_when_keys_are_wrong)
+{
+    expect_error("{\"tiers\":{" TIER("batch", 1, 1, 1000, ",\"overload\":[\"reject\"]") "," TIER(
+                     "b2", 1, 1, 1000, ",\"overload\":[\"queue:10\",\"demte:interactive\"]") "}}",
+                 "tiers.b2.overload[1]: unknown step \"demte:interactive\"");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[\"demote:nowhere\"]") "}}",
+                 "tiers.a.overload[0]: \"demote:nowhere\": no tier \"nowhere\"");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[\"demote:a\"]") "}}",
+                 "tiers.a.overload[0]: \"demote:a\" demotes the tier to itself");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[\"model:small\"]") "}}",
+                 "tiers.a.overload[0]: \"model:small\": no model named \"small\"");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[\"cap_max_tokens:0\"]") "}}",
+                 "tiers.a.overload[0]: \"cap_max_tokens:0\": the cap must be an integer");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[\"queue:x\"]") "}}",
+                 "tiers.a.overload[0]: \"queue:x\": the wait must be 1 to 600000 ms");
+    expect_error(
+        "{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[\"reject\",\"queue:5\"]") "}}",
+        "tiers.a.overload[1]: never reached");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[]") "}}",
+                 "tiers.a.overload: must be an array of 1 to 8 steps");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload\":[7]") "}}",
+                 "tiers.a.overload[0]: must be a string");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"overload_status\":500") "}}",
+                 "tiers.a.overload_status: must be 503");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"burst\":5") "}}",
+                 "tiers.a.burst: needs token_rate");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"token_rate\":-1") "}}",
+                 "tiers.a.token_rate: must be an integer from 0");
+    expect_error("{\"tiers\":{" TIER("a", 0, 1, 1000, ",\"max_queue_requests\":\"8\"") "}}",
+                 "tiers.a.max_queue_requests: must be an integer from 0 to 1000000, or null");
+    expect_error("{\"tenants\":[{\"name\":\"a\",\"key_sha256\":\"" HASH_A
+                 "\",\"tiers\":[\"batch\"],\"default_tier\":\"batch\",\"rpm\":-5}]}",
+                 "tenants[0].rpm: must be an integer from 0");
+    expect_error("{\"tenants\":[{\"name\":\"a\",\"key_sha256\":\"" HASH_A
+                 "\",\"tiers\":[\"batch\"],\"default_tier\":\"batch\",\"tpm\":1.5}]}",
+                 "tenants[0].tpm: must be an integer");
+    expect_error("{\"models\":[{\"model\":\"synthetic\"},{\"model\":\"synthetic\"}]}",
+                 "models[1].name: missing");
+    expect_error("{\"models\":[{\"model\":\"synthetic\",\"name\":\"x\"},{\"model\":\"synthetic\","
+                 "\"name\":\"x\"}]}",
+                 "models[1].name: \"x\" is also models[0].name");
+    expect_error("{\"models\":[{\"name\":\"x\"}]}", "models[0].model: missing");
+    expect_error("{\"models\":[{\"model\":\"synthetic\",\"device\":\"cuda:0\"}]}",
+                 "models[0].device: must be \"cpu\"");
+    expect_error("{\"models\":[{\"model\":\"synthetic\",\"gpu\":1}]}",
+                 "models[0]: unknown key \"gpu\"");
+    expect_error("{\"models\":[], \"x\":1}", "\"models\" must be an array of 1 to 8 models");
+    expect_error("{\"model\":\"synthetic\",\"models\":[{\"model\":\"synthetic\"}]}",
+                 "\"model\" and \"tokenizer\" name one model and \"models\" several");
+    expect_error("{\"admission\":1}", "\"admission\" must be true or false");
+}
+
+Test(gateway, model_flag_sets_the_first_model_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char *argv[] = {"sluice", "--model", "synthetic:stories15M", NULL};
+    enum sl_cli_action act;
+    char err[256];
+    cr_assert_eq(sl_config_from_args(&c, 3, argv, &act, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(c.n_models, 1);
+    cr_assert_str_eq(c.models[0].spec, "synthetic:stories15M");
+    sl_config_dispose(&c);
+}
+
+/* ---- a fake engine ---- */
+
+struct fake {
+    struct sl_sched_stats st[2];
+    int n_prompt_of[2]; /* what a re-encode for each model gives; < 0: does not fit */
+    int encodes;
+};
+
+static void fake_stats(void *ctx, int model, struct sl_sched_stats *out)
+{
+    struct fake *f = ctx;
+    *out = f->st[model];
+}
+
+static int fake_encode(void *ctx, int model, int max_tokens, int *n_prompt)
+{
+    (void)max_tokens;
+    struct fake *f = ctx;
+    f->encodes++;
+    if (f->n_prompt_of[model] < 0)
+        return SL_ERANGE;
+    *n_prompt = f->n_prompt_of[model];
+    return SL_OK;
+}
+
+static const char *const model_names[2] = {"big", "small"};
+
+static struct sl_admit_env env_of(struct fake *f)
+{
+    return (struct sl_admit_env){.n_models = 2,
+                                 .model_names = model_names,
+                                 .ctx = f,
+                                 .stats = fake_stats,
+                                 .encode = fake_encode};
+}
+
+/* Two tiers as the scheduler publishes them; `rate` tokens/s of prefill, nothing queued. */
+static void fake_init(struct fake *f, double rate)
+{
+    memset(f, 0, sizeof *f);
+    for (int m = 0; m < 2; m++) {
+        struct sl_sched_stats *st = &f->st[m];
+        st->n_tiers = 2;
+        st->max_batch_tokens = 512;
+        st->prefill_capacity_tokens_per_s = rate;
+        snprintf(st->tiers[0].name, sizeof st->tiers[0].name, "interactive");
+        st->tiers[0].weight = 4;
+        snprintf(st->tiers[1].name, sizeof st->tiers[1].name, "batch");
+        st->tiers[1].weight = 1;
+        f->n_prompt_of[m] = 100;
+    }
+}
+
+#define MODELS2                                                                                    \
+    "\"models\":[{\"model\":\"synthetic\",\"name\":\"big\"},{\"model\":\"synthetic\","             \
+    "\"name\":\"small\"}]"
+
+static void world(struct sl_config *c, const char *interactive_extra, const char *batch_extra,
+                  const char *tenant_extra)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf,
+             "{" MODELS2 ",\"tiers\":{\"interactive\":{\"priority\":0,\"weight\":4,"
+             "\"ttft_slo_ms\":1000,\"tpot_slo_ms\":100%s},\"batch\":{\"priority\":1,"
+             "\"weight\":1,\"ttft_slo_ms\":60000,\"tpot_slo_ms\":1000%s}},"
+             "\"tenants\":[{\"name\":\"a\",\"key_sha256\":\"" HASH_A "\",\"tiers\":"
+             "[\"interactive\",\"batch\"],\"default_tier\":\"interactive\"%s},"
+             "{\"name\":\"b\",\"key_sha256\":\"" HASH_B "\",\"tiers\":[\"interactive\","
+             "\"batch\"],\"default_tier\":\"interactive\"}]}",
+             interactive_extra, batch_extra, tenant_extra);
+    load_ok(c, buf);
+    sl_admission_adopt(c, NULL, 0);
+}
+
+static enum sl_admit_verdict begin(struct sl_admit *a, struct fake *f, const struct sl_config *c,
+                                   int tenant, int tier, int model, int n_prompt, int max_tokens,
+                                   int64_t now)
+{
+    struct sl_admit_env env = env_of(f);
+    sl_admit_init(a);
+    return sl_admit_begin(a, &env, c, &c->tenants[tenant], tier, model, n_prompt, max_tokens, now);
+}
+
+static const char *header(const struct sl_admit *a, const struct sl_config *c,
+                          const struct sl_tenant *t, int64_t now, const char *name, char *buf,
+                          size_t len)
+{
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_admit_headers(a, &s);
+    sl_admission_ratelimit_headers(c, t, now, &s);
+    const char *p = s.p ? strstr(s.p, name) : NULL;
+    buf[0] = '\0';
+    if (p) {
+        p += strlen(name) + 2;
+        size_t n = strcspn(p, "\r");
+        snprintf(buf, len, "%.*s", (int)n, p);
+    }
+    sl_str_dispose(&s);
+    return p ? buf : NULL;
+}
+
+/* ---- tenants ---- */
+
+Test(gateway, admission_answers_429_with_exact_retry_when_a_tenant_is_over_its_requests)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"rpm\":3");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a;
+    char h[64];
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 10, 10, 0), SL_ADMIT_OK);
+        cr_assert_str_eq(a.note, "admitted");
+        sl_admit_end(&a, 10, 0);
+    }
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "0");
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-limit-requests", h, sizeof h),
+                     "3");
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-reset-requests", h, sizeof h),
+                     "1m0s");
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 10, 10, 5 * SEC), SL_ADMIT_RATE_LIMITED);
+    cr_assert_eq(a.reason, SL_ADM_REASON_TENANT_REQUESTS);
+    cr_assert_eq(a.retry_ns, 15 * SEC, "one request every 20 s, 5 s gone");
+    cr_assert_str_eq(a.note, "rejected; reason=tenant_requests");
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 5 * SEC, "Retry-After", h, sizeof h), "15");
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 5 * SEC, "retry-after-ms", h, sizeof h),
+                     "15000");
+    cr_assert(strstr(a.why, "Rate limit reached for tenant 'a' on requests per minute"));
+    /* Another tenant is not touched, and has no rate headers (it has no limits). */
+    cr_assert_eq(begin(&a, &f, &c, 1, 0, 0, 10, 10, 5 * SEC), SL_ADMIT_OK);
+    cr_assert_null(header(&a, &c, &c.tenants[1], 5 * SEC, "x-ratelimit", h, sizeof h));
+    sl_admit_end(&a, 10, 5 * SEC);
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 10, 10, 20 * SEC), SL_ADMIT_OK, "and on time");
+    sl_admit_end(&a, 10, 20 * SEC);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, admission_refunds_unused_tokens_exactly_once_when_requests_end)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"tpm\":1000");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a, b;
+    char h[64];
+    /* Charged prompt + max_tokens = 100 + 500. */
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_OK);
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "400");
+    cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_RATE_LIMITED);
+    cr_assert_eq(b.reason, SL_ADM_REASON_TENANT_TOKENS);
+    cr_assert_eq(b.retry_ns, 12 * SEC, "200 tokens short at 1000 a minute");
+    /* It generated 50 of its 500: 450 come back, once however often the end is reported. */
+    sl_admit_end(&a, 50, 0);
+    sl_admit_end(&a, 50, 0);
+    sl_admit_end(&a, 0, 0);
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "850");
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-reset-tokens", h, sizeof h),
+                     "9s");
+    /* A request cut short (its client left after 20 tokens) pays for what it used. */
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_OK);
+    sl_admit_end(&a, 20, 0);
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "730");
+    /* A request that never reached the engine pays nothing. */
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_OK);
+    sl_admit_end(&a, -1, 0);
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "730");
+    /* One larger than the whole budget is refused for good: no retry time. */
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 900, 200, 0), SL_ADMIT_RATE_LIMITED);
+    cr_assert_eq(a.retry_ns, -1);
+    cr_assert(strstr(a.why, "Request too large"), "%s", a.why);
+    cr_assert_null(header(&a, &c, &c.tenants[0], 0, "Retry-After", h, sizeof h));
+    sl_config_dispose(&c);
+}
+
+/* ---- the tier ---- */
+
+Test(gateway, admission_counts_the_tier_queue_until_the_first_token_when_capped)
+{
+    struct sl_config c;
+    world(&c, "", ",\"max_queue_requests\":2,\"max_queue_tokens\":250", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a[4];
+    cr_assert_eq(begin(&a[0], &f, &c, 0, 1, 0, 100, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(begin(&a[1], &f, &c, 0, 1, 0, 100, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 10, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(a[2].reason, SL_ADM_REASON_TIER_QUEUE_REQUESTS);
+    cr_assert_str_eq(a[2].note, "rejected; reason=tier_queue_requests");
+    cr_assert_gt(a[2].retry_ns, 0);
+    /* Each model's scheduler has a queue of its own. */
+    cr_assert_eq(begin(&a[3], &f, &c, 0, 1, 1, 100, 10, 0), SL_ADMIT_OK);
+    sl_admit_end(&a[3], 1, 0);
+    int n;
+    long tok;
+    sl_admission_queue(&c, 1, 0, &n, &tok);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(tok, 200);
+    sl_admit_started(&a[0]);
+    sl_admit_started(&a[0]);
+    sl_admission_queue(&c, 1, 0, &n, &tok);
+    cr_assert_eq(n, 1, "a first token leaves the queue, once");
+    cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 200, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(a[2].reason, SL_ADM_REASON_TIER_QUEUE_TOKENS, "100 + 200 over 250");
+    cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 150, 10, 0), SL_ADMIT_OK);
+    for (int i = 0; i < 3; i++)
+        sl_admit_end(&a[i], 5, 0);
+    sl_admission_queue(&c, 1, 0, &n, &tok);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(tok, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, admission_tier_bucket_refuses_with_its_retry_time_when_empty)
+{
+    struct sl_config c;
+    world(&c, "", ",\"token_rate\":100,\"burst\":300", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a, b;
+    cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 100, 150, 0), SL_ADMIT_OK);
+    cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 50, 50, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TOKEN_RATE);
+    cr_assert_eq(b.retry_ns, 500 * MS, "50 tokens short at 100 a second");
+    /* The first used 10 of its 150 max_tokens: 140 back, and the second fits. */
+    sl_admit_end(&a, 10, 0);
+    cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 50, 50, 0), SL_ADMIT_OK);
+    sl_admit_end(&b, 50, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, admission_guard_rejects_with_the_drain_time_when_the_objective_would_break)
+{
+    struct sl_config c;
+    world(&c, "", "", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    /* 12,000 interactive prompt tokens queued: 1.2 s at 10,000 tokens/s, over 1 s. */
+    f.st[0].tiers[0].queued_prompt_tokens = 12000;
+    struct sl_admit a;
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(a.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    cr_assert_str_eq(a.note, "rejected; reason=tier_ttft_slo");
+    cr_assert_float_eq(a.predicted_ttft_s, 1.21, 1e-9);
+    cr_assert_eq(a.retry_ns, 210 * MS);
+    char h[64];
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "Retry-After", h, sizeof h), "1");
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "retry-after-ms", h, sizeof h), "210");
+    cr_assert(strstr(a.why, "predicted time to first token, 1.2 s"), "%s", a.why);
+    /* Prompts admitted here and not yet in the scheduler's figures count too. */
+    f.st[0].tiers[0].queued_prompt_tokens = 0;
+    struct sl_admit held[9];
+    for (int i = 0; i < 9; i++)
+        cr_assert_eq(begin(&held[i], &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OK, "%d", i);
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OK, "10,000 is 1.0 s");
+    struct sl_admit over;
+    cr_assert_eq(begin(&over, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OVERLOADED);
+    /* Admission off: everything goes, as it comes. */
+    c.admission = false;
+    cr_assert_eq(begin(&over, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OK);
+    cr_assert_str_eq(over.note, "admitted");
+    cr_assert_not(over.active);
+    c.admission = true;
+    for (int i = 0; i < 9; i++)
+        sl_admit_end(&held[i], 1, 0);
+    sl_admit_end(&a, 1, 0);
+    sl_config_dispose(&c);
+}
+
+/* ---- the overload steps ---- */
+
+Test(gateway, overload_cap_max_tokens_admits_degraded_when_the_cap_makes_it_fit)
+{
+    struct sl_config c;
+    world(&c, "",
+          ",\"token_rate\":100,\"burst\":400,\"overload\":[\"cap_max_tokens:64\","
+          "\"reject\"]",
+          ",\"tpm\":100000");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a, b;
+    cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 100, 200, 0), SL_ADMIT_OK);
+    /* 100 + 256 does not fit the 100 left; 100 + 64 still does not; rejected. */
+    cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 100, 256, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TOKEN_RATE);
+    /* 36 + 256 → 36 + 64 = 100 fits exactly. */
+    cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 36, 256, 0), SL_ADMIT_OK);
+    cr_assert_str_eq(b.note, "degraded; cap_max_tokens=64");
+    cr_assert_eq(b.max_tokens, 64);
+    cr_assert(b.degraded);
+    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TOKEN_RATE);
+    char h[64];
+    cr_assert_str_eq(header(&b, &c, &c.tenants[0], 0, "x-sluice-admission", h, sizeof h),
+                     "degraded; cap_max_tokens=64");
+    /* The tenant was charged 36 + 256 and got the 192 above the cap back at once: with a's 300,
+     * 364 of 100,000 are used. */
+    cr_assert_str_eq(header(&b, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "99600");
+    sl_admit_end(&a, 200, 0);
+    sl_admit_end(&b, 64, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, overload_demote_runs_in_the_lower_tier_when_it_has_room)
+{
+    struct sl_config c;
+    world(&c, ",\"max_queue_requests\":1,\"overload\":[\"demote:batch\",\"reject\"]",
+          ",\"max_queue_requests\":1", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a, b, d;
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 10, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 10, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(b.tier, 1);
+    cr_assert_eq(b.policy_tier, 0);
+    cr_assert_str_eq(b.note, "degraded; demote=batch");
+    /* Both full now. */
+    cr_assert_eq(begin(&d, &f, &c, 0, 0, 0, 10, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(d.reason, SL_ADM_REASON_TIER_QUEUE_REQUESTS);
+    sl_admit_end(&a, 1, 0);
+    sl_admit_end(&b, 1, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, overload_model_step_moves_to_the_cheaper_model_when_it_has_room)
+{
+    struct sl_config c;
+    world(&c, ",\"overload\":[\"model:small\",\"reject\"]", "", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    f.st[0].tiers[0].queued_prompt_tokens = 20000; /* big: 2 s of prompts queued */
+    f.n_prompt_of[1] = 120;                        /* small's tokenizer makes 120 of them */
+    struct sl_admit a;
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(a.model, 1);
+    cr_assert_eq(a.n_prompt, 120);
+    cr_assert_str_eq(a.note, "degraded; model=small");
+    cr_assert_eq(a.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    int n;
+    long tok;
+    sl_admission_queue(&c, 0, 1, &n, &tok);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(tok, 120, "queued on small's scheduler, in small's tokens");
+    sl_admit_end(&a, 1, 0);
+    /* A prompt that does not fit the cheaper model skips the step. */
+    f.n_prompt_of[1] = -1;
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(a.model, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, overload_queue_parks_then_admits_when_room_comes_before_the_deadline)
+{
+    struct sl_config c;
+    world(&c, "", ",\"max_queue_requests\":1,\"overload\":[\"queue:1000\",\"reject\"]", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit_env env = env_of(&f);
+    struct sl_admit a, b;
+    cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 10, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 10, 10, 0), SL_ADMIT_PARK);
+    cr_assert(b.active, "a parked request holds its place");
+    cr_assert_eq(b.deadline_ns, 1000 * MS);
+    cr_assert_gt(b.recheck_ns, 0);
+    cr_assert_leq(b.recheck_ns, b.deadline_ns);
+    cr_assert_eq(sl_admit_resume(&b, &env, 100 * MS), SL_ADMIT_PARK, "still full");
+    sl_admit_started(&a); /* a's first token: the queue has room */
+    cr_assert_eq(sl_admit_resume(&b, &env, 300 * MS), SL_ADMIT_OK);
+    cr_assert_str_eq(b.note, "degraded; queued_ms=300");
+    sl_admit_end(&a, 10, 0);
+    sl_admit_end(&b, 10, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, overload_queue_goes_on_with_the_policy_when_the_deadline_passes)
+{
+    struct sl_config c;
+    world(&c, "", ",\"max_queue_requests\":1,\"overload\":[\"queue:500\",\"reject\"]", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit_env env = env_of(&f);
+    struct sl_admit a, b, d;
+    cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 10, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 10, 10, 0), SL_ADMIT_PARK);
+    /* The waiting room holds max_queue_requests too: the next one goes straight on. */
+    cr_assert_eq(begin(&d, &f, &c, 0, 1, 0, 10, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(sl_admit_resume(&b, &env, 500 * MS), SL_ADMIT_OVERLOADED);
+    cr_assert_str_eq(b.note, "rejected; reason=tier_queue_requests");
+    cr_assert_not(b.active);
+    /* Its place in the waiting room is free again. */
+    cr_assert_eq(begin(&d, &f, &c, 0, 1, 0, 10, 10, 600 * MS), SL_ADMIT_PARK);
+    sl_admit_end(&d, -1, 700 * MS); /* its client left while it waited */
+    cr_assert_not(d.active);
+    cr_assert_eq(begin(&d, &f, &c, 0, 1, 0, 10, 10, 800 * MS), SL_ADMIT_PARK);
+    sl_admit_end(&d, -1, 900 * MS);
+    sl_admit_end(&a, 10, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, overload_reject_refunds_the_tenant_when_the_server_says_no)
+{
+    struct sl_config c;
+    world(&c, ",\"max_queue_requests\":0", "", ",\"rpm\":2,\"tpm\":1000");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a;
+    char h[64];
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 100, 0), SL_ADMIT_OVERLOADED);
+        cr_assert_eq(a.reason, SL_ADM_REASON_TIER_QUEUE_REQUESTS);
+        cr_assert_eq(a.retry_ns, SEC, "a closed tier predicts no drain: 1 s");
+        sl_admit_end(&a, -1, 0);
+    }
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "2");
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "1000");
+    sl_config_dispose(&c);
+}
+
+Test(gateway, overload_policy_ends_in_a_rejection_when_no_step_helps)
+{
+    struct sl_config c;
+    world(&c, "", ",\"max_queue_requests\":0,\"overload\":[\"cap_max_tokens:8\"]", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a;
+    cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 10, 100, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_str_eq(a.note, "rejected; reason=tier_queue_requests");
+    sl_config_dispose(&c);
+}
+
+/* ---- headers and reloads ---- */
+
+Test(gateway, durations_are_written_as_openai_writes_them)
+{
+    static const struct {
+        int64_t ns;
+        const char *want;
+    } cases[] = {
+        {0, "0s"},
+        {1, "1ms"},
+        {120 * MS, "120ms"},
+        {999 * MS, "999ms"},
+        {SEC, "1s"},
+        {1500 * MS, "1.5s"},
+        {17280 * MS, "17.28s"},
+        {360 * SEC, "6m0s"},
+        {(2 * 60 + 59) * SEC + 560 * MS, "2m59.56s"},
+        {3723 * SEC, "1h2m3s"},
+        {3600 * SEC, "1h0m0s"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[32];
+        sl_adm_duration_format(cases[i].ns, out, sizeof out);
+        cr_assert_str_eq(out, cases[i].want, "%lld ns", (long long)cases[i].ns);
+    }
+}
+
+Test(gateway, admission_budgets_carry_over_a_reload_when_the_names_stay)
+{
+    struct sl_config a, b, d;
+    world(&a, "", ",\"token_rate\":100,\"burst\":100", ",\"rpm\":10");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit x[10];
+    for (int i = 0; i < 10; i++)
+        cr_assert_eq(begin(&x[i], &f, &a, 0, 0, 0, 1, 1, 0), SL_ADMIT_OK);
+    struct sl_admit batch;
+    cr_assert_eq(begin(&batch, &f, &a, 1, 1, 0, 50, 50, 0), SL_ADMIT_OK);
+    /* The same tenant and tier, the rpm doubled: still 10 short, now refilling at 20 a minute. */
+    world(&b, "", ",\"token_rate\":100,\"burst\":100", ",\"rpm\":20");
+    sl_admission_free(b.adm);
+    b.adm = NULL;
+    sl_admission_adopt(&b, &a, 0);
+    char h[64];
+    cr_assert_str_eq(
+        header(&x[0], &b, &b.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "10");
+    cr_assert_str_eq(header(&x[0], &b, &b.tenants[0], 0, "x-ratelimit-reset-requests", h, sizeof h),
+                     "30s");
+    struct sl_admit y;
+    cr_assert_eq(begin(&y, &f, &b, 1, 1, 0, 50, 50, 0), SL_ADMIT_OVERLOADED,
+                 "the tier's bucket is the same bucket");
+    /* A request of the old configuration ends after the reload: its refund reaches the bucket the
+     * new one uses. */
+    sl_admit_end(&batch, 0, 0); /* 50 of its 100 come back */
+    cr_assert_eq(begin(&y, &f, &b, 1, 1, 0, 25, 25, 0), SL_ADMIT_OK);
+    sl_admit_end(&y, 50, 0);
+    /* A tenant renamed away starts afresh. */
+    world(&d, "", "", "");
+    sl_admission_free(d.adm);
+    d.adm = NULL;
+    snprintf(d.tenants[0].name, sizeof d.tenants[0].name, "a2");
+    d.tenants[0].rpm = 10;
+    sl_admission_adopt(&d, &b, 0);
+    cr_assert_str_eq(
+        header(&x[0], &d, &d.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "10");
+    for (int i = 0; i < 10; i++)
+        sl_admit_end(&x[i], 1, 0);
+    sl_config_dispose(&a);
+    sl_config_dispose(&b);
+    sl_config_dispose(&d);
+}
+
+Test(gateway, admission_refuses_before_tokenizing_when_the_tier_takes_nothing_anyway)
+{
+    struct sl_config c;
+    world(&c, ",\"max_queue_requests\":0,\"overload\":[\"cap_max_tokens:4\",\"reject\"]",
+          ",\"max_queue_requests\":0,\"overload\":[\"queue:100\",\"reject\"]", ",\"rpm\":5");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit_env env = env_of(&f);
+    struct sl_admit a;
+    sl_admit_init(&a);
+    /* Tenant b (no budgets), interactive (closed, nothing but a cap before the rejection). */
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 0, 0, 100, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_str_eq(a.note, "rejected; reason=tier_queue_requests");
+    cr_assert_eq(a.retry_ns, SEC);
+    cr_assert_not(a.active);
+    /* The same request through sl_admit_begin gets the same answer. */
+    struct sl_admit b;
+    cr_assert_eq(begin(&b, &f, &c, 1, 0, 0, 10, 100, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_str_eq(b.note, a.note);
+    cr_assert_eq(b.retry_ns, a.retry_ns);
+    /* A tier whose policy may still find room (queue:MS), a tenant with budgets to charge, a
+     * tier with room: the full decision, after tokenizing. */
+    sl_admit_init(&a);
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 1, 0, 100, 0), SL_ADMIT_OK);
+    cr_assert_not(a.ran);
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[0], 0, 0, 100, 0), SL_ADMIT_OK);
+    c.tiers[0].max_queue_requests = 1;
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 0, 0, 100, 0), SL_ADMIT_OK);
+    sl_config_dispose(&c);
+}
