@@ -110,8 +110,9 @@ int32_t sl_tok_special_id(const struct sl_tok *t, const char *s, size_t len);
  * is released, the stop string itself is not, and *stopped becomes true. */
 struct sl_detok;
 
-/* stops: n_stops NUL-terminated strings (copied; empty strings are ignored). `prev` is the
- * last prompt token (for the after-BOS space rule). */
+/* stops: n_stops NUL-terminated strings (copied; empty strings and strings that are not valid
+ * UTF-8, which cannot occur in the text, are ignored). `prev` is the last prompt token (for the
+ * after-BOS space rule). */
 struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *const *stops,
                               int n_stops);
 void sl_detok_free(struct sl_detok *d);
