@@ -316,8 +316,15 @@ static enum sl_http_parse run(struct sl_http_parser *p)
             }
             continue;
         }
-        if (e != HPE_OK)
+        if (e != HPE_OK) {
+            /* Pieces are checked against the head limit as they arrive, so a bad byte past the
+             * limit is never reached when the head comes in small pieces: it must not turn the
+             * 431 into a 400 when the same head comes in one piece. */
+            size_t at = (size_t)(llhttp_get_error_pos(&p->ll) - p->buf.p);
+            if (!p->headers_complete && at > p->max_header_bytes)
+                return parse_error(p, 431, too_big);
             return parse_error(p, 400, "The request is not valid HTTP/1.1.");
+        }
         p->parsed = p->buf.len;
         if (!p->headers_complete) {
             if (p->parsed > p->max_header_bytes)
