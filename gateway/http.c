@@ -199,6 +199,12 @@ static int on_headers_complete(llhttp_t *ll)
     p->method = llhttp_get_method(ll);
     p->http_major = llhttp_get_http_major(ll);
     p->http_minor = llhttp_get_http_minor(ll);
+    /* llhttp also takes HTTP/0.9 ("GET /\r\n", even "CONNECT \n" with no URL at all) and any
+     * other version number; sluice speaks HTTP/1.0 and 1.1 only. */
+    if (p->http_major != 1 || p->url.len == 0) {
+        fail(p, 400, "The request is not valid HTTP/1.1.");
+        return -1;
+    }
     /* Refuse a declared body before buffering any of it. */
     if ((ll->flags & F_CONTENT_LENGTH) && ll->content_length > p->max_body_bytes) {
         fail(p, 413, "The request body is too large.");

@@ -406,6 +406,32 @@ Test(gateway, answers_400_when_the_request_is_not_http)
     }
 }
 
+/* Found by tests/fuzz/fuzz_http_parser: llhttp took "CONNECT \n\n" as a finished HTTP/0.9
+ * request without a URL, and HTTP/0.9 or 2.0 request lines as requests to answer in HTTP/1.1. */
+Test(gateway, answers_400_when_the_request_is_not_http_1)
+{
+    const char *bad[] = {
+        "CONNECT \n\n",
+        "CONNECT \r\n\r\n",
+        "GET /\r\n\r\n",
+        "GET /healthz HTTP/2.0\r\n\r\n",
+        "GET /healthz HTTP/0.9\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        for (int bytewise = 0; bytewise < 2; bytewise++) {
+            struct sl_http_parser p;
+            init(&p);
+            size_t len = strlen(bad[i]);
+            enum sl_http_parse st = SL_HTTP_PARSE_MORE;
+            for (size_t k = 0; k < len && st == SL_HTTP_PARSE_MORE; k += bytewise ? 1 : len)
+                st = sl_http_parser_feed(&p, bad[i] + k, bytewise ? 1 : len);
+            cr_assert_eq(st, SL_HTTP_PARSE_ERROR, "%s", bad[i]);
+            cr_assert_eq(p.error_code, 400, "%s", bad[i]);
+            sl_http_parser_dispose(&p);
+        }
+    }
+}
+
 Test(gateway, ignores_later_bytes_when_the_request_is_done)
 {
     struct sl_http_parser p;
