@@ -193,6 +193,10 @@ struct sl_backend_ops {
 };
 
 extern const struct sl_backend_ops sl_cpu_backend_ops;
+/* Test builds only (worker/fault_backend.c, linked into tests/integration's sluice-fault, never
+ * into sluice): the CPU backend whose forward fails with SL_EBACKEND on the calls that the
+ * environment variable SLUICE_FAULT_FORWARD lists ("3,7": the third and seventh, from 1). */
+extern const struct sl_backend_ops sl_fault_backend_ops;
 
 /* Bytes one KV block takes for this model (keys and values, all layers, fp32). */
 size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size);
