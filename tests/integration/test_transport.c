@@ -459,6 +459,75 @@ Test(transport, serves_tls_and_reloads_the_certificate_when_sighup_brings_a_new_
     server_stop(&srv);
 }
 
+/* A client that offers only the given TLS 1.2 cipher suites; NULL when this OpenSSL cannot even
+ * offer them. */
+static SSL_CTX *weak_client(const char *ciphers)
+{
+    SSL_CTX *ctx = client_ctx(TLS1_2_VERSION);
+    if (SSL_CTX_set_cipher_list(ctx, ciphers) != 1) {
+        SSL_CTX_free(ctx);
+        ERR_clear_error();
+        return NULL;
+    }
+    return ctx;
+}
+
+Test(transport, refuses_weak_ciphers_and_compression_when_serving_tls,
+     .init = no_system_openssl_conf, .fini = remove_dir, .timeout = 300)
+{
+    EVP_PKEY *k = key_new();
+    X509 *c = cert_new(k, "ciphers.sluice.test", 3);
+    write_pem("cert.pem", c, NULL);
+    write_pem("key.pem", NULL, k);
+    char json[512];
+    snprintf(
+        json, sizeof json,
+        "{\"tls\":{\"listen\":\"127.0.0.1:0\",\"cert\":\"%s/cert.pem\",\"key\":\"%s/key.pem\"}}",
+        dir, dir);
+    const char *cfg = write_file("sluice.json", json);
+    const char *args[] = {"--config", cfg, NULL};
+    server_start(&srv, args);
+    int tls_port = tls_port_of(&srv);
+
+    /* No encryption, no authentication, 3DES, RC4: the server's cipher list has none of them. */
+    static const char *const weak[] = {"eNULL:@SECLEVEL=0", "aNULL:@SECLEVEL=0",
+                                       "DES-CBC3-SHA:@SECLEVEL=0", "RC4:@SECLEVEL=0"};
+    int offered = 0;
+    for (size_t i = 0; i < sizeof weak / sizeof weak[0]; i++) {
+        SSL_CTX *ctx = weak_client(weak[i]);
+        if (!ctx)
+            continue; /* this OpenSSL has no such cipher to offer */
+        offered++;
+        ERR_clear_error();
+        struct peer *p = peer_tls(ctx, tls_port);
+        cr_assert_null(p, "the server accepted a client offering only %s (got %s)", weak[i],
+                       p ? SSL_get_cipher_name(p->ssl) : "");
+        ERR_clear_error();
+        SSL_CTX_free(ctx);
+    }
+    cr_assert_geq(offered, 2, "the client could offer none of the weak suites");
+    cr_log_info("TLS: %d weak cipher lists offered, all refused", offered);
+
+    /* What a default client gets: an authenticated cipher of at least 128 bits, no compression. */
+    for (int v = 0; v < 2; v++) {
+        SSL_CTX *ctx = client_ctx(v ? TLS1_3_VERSION : TLS1_2_VERSION);
+        struct peer *p = peer_tls(ctx, tls_port);
+        cr_assert_not_null(p, "handshake failed: %s",
+                           ERR_reason_error_string(ERR_peek_last_error()));
+        cr_assert_null(SSL_get_current_compression(p->ssl), "TLS compression is on");
+        const SSL_CIPHER *cipher = SSL_get_current_cipher(p->ssl);
+        cr_assert_geq(SSL_CIPHER_get_bits(cipher, NULL), 128, "%s", SSL_CIPHER_get_name(cipher));
+        cr_assert(SSL_CIPHER_is_aead(cipher), "%s is not an AEAD cipher",
+                  SSL_CIPHER_get_name(cipher));
+        assert_healthy(p);
+        peer_close(p);
+        SSL_CTX_free(ctx);
+    }
+    X509_free(c);
+    EVP_PKEY_free(k);
+    server_stop(&srv);
+}
+
 /* Runs `sluice --check-config FILE`; returns the exit status and what it printed. */
 static int check_config(const char *file, char *out, size_t outlen)
 {
