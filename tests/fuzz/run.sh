@@ -44,15 +44,26 @@ dict_of() {
   esac
 }
 
+# Longest input for the targets whose inputs need not be long (shorter inputs run faster);
+# libFuzzer's default (the longest seed, at least 4096) otherwise.
+max_len_of() {
+  case $1 in
+    tok_spm) echo 1024 ;;
+    tok_hf) echo 2048 ;;
+  esac
+}
+
 out=$build/fuzz
 mkdir -p "$out/logs" "$out/artifacts"
 run_one() {
-  local t=$1 exe=$build/tests/fuzz/fuzz_$1 dict
+  local t=$1 exe=$build/tests/fuzz/fuzz_$1 dict max_len
   dict=$(dict_of "$t")
+  max_len=$(max_len_of "$t")
   mkdir -p "$out/corpus/$t"
   local args=(-timeout=30 -rss_limit_mb=4096 -print_final_stats=1
               -artifact_prefix="$out/artifacts/$t-")
   [ -n "$dict" ] && args+=(-dict="$dict")
+  [ -n "$max_len" ] && args+=(-max_len="$max_len")
   if ((runs > 0)); then args+=(-runs="$runs"); else args+=(-max_total_time="$seconds"); fi
   # Leaks fail the run (LeakSanitizer, on by default with ASan); UBSan stops at its first report.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=0 \
