@@ -199,6 +199,12 @@ static int on_headers_complete(llhttp_t *ll)
     p->method = llhttp_get_method(ll);
     p->http_major = llhttp_get_http_major(ll);
     p->http_minor = llhttp_get_http_minor(ll);
+    /* llhttp also takes HTTP/0.9 ("GET /\r\n", even "CONNECT \n" with no URL at all) and any
+     * other version number; sluice speaks HTTP/1.0 and 1.1 only. */
+    if (p->http_major != 1 || p->url.len == 0) {
+        fail(p, 400, "The request is not valid HTTP/1.1.");
+        return -1;
+    }
     /* Refuse a declared body before buffering any of it. */
     if ((ll->flags & F_CONTENT_LENGTH) && ll->content_length > p->max_body_bytes) {
         fail(p, 413, "The request body is too large.");
@@ -316,8 +322,15 @@ static enum sl_http_parse run(struct sl_http_parser *p)
             }
             continue;
         }
-        if (e != HPE_OK)
+        if (e != HPE_OK) {
+            /* Pieces are checked against the head limit as they arrive, so a bad byte past the
+             * limit is never reached when the head comes in small pieces: it must not turn the
+             * 431 into a 400 when the same head comes in one piece. */
+            size_t at = (size_t)(llhttp_get_error_pos(&p->ll) - p->buf.p);
+            if (!p->headers_complete && at > p->max_header_bytes)
+                return parse_error(p, 431, too_big);
             return parse_error(p, 400, "The request is not valid HTTP/1.1.");
+        }
         p->parsed = p->buf.len;
         if (!p->headers_complete) {
             if (p->parsed > p->max_header_bytes)

@@ -179,7 +179,13 @@ int main(int argc, char **argv)
         .max_seqs = cfg->max_seqs,
         .threads = cfg->models[0].threads >= 0 ? cfg->models[0].threads : cfg->threads,
     };
-    int st = sl_worker_new(model, &sl_cpu_backend_ops, &bo, &worker);
+#ifdef SL_FAULT_INJECTION
+    /* tests/integration's sluice-fault: forward fails where SLUICE_FAULT_FORWARD says. */
+    const struct sl_backend_ops *backend = &sl_fault_backend_ops;
+#else
+    const struct sl_backend_ops *backend = &sl_cpu_backend_ops;
+#endif
+    int st = sl_worker_new(model, backend, &bo, &worker);
     if (st != SL_OK) {
         fprintf(stderr, "sluice: worker: %s\n", sl_status_str(st));
         goto out;

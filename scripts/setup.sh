@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 pkgs=(gcc libc6-dev pkg-config meson ninja-build libevent-dev libjansson-dev libssl-dev
       libcriterion-dev node-llhttp clang-format git)
+# The fuzz build (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
+pkgs+=(clang libclang-rt-14-dev)
 # The SDK test (tests/sdk) runs the official OpenAI client under Node: Debian's nodejs and npm,
 # unless a node or npm is already installed some other way (NodeSource, nvm).
 if ! command -v node >/dev/null 2>&1; then pkgs+=(nodejs); fi

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds, and runs the whole test suite twice: the normal build (build/) and an
-# AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/), where any report fails the
-# run. Tests that need ../shared/models skip with a message when it is absent.
+# AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/, LeakSanitizer on), where any
+# report fails the run; then builds the libFuzzer targets with clang (build-fuzz/) and runs each
+# for SLUICE_FUZZ_SECONDS (default 45) seconds, where a crash fails the run (tests/fuzz/README.md).
+# Tests that need ../shared/models skip with a message when it is absent.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
@@ -15,6 +17,21 @@ fi
 ninja -C build-asan || exit 1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   meson test -C build-asan --print-errorlogs --num-processes 1 -t 4 || rc=1
+# criterion counts a test whose process LeakSanitizer reports at exit as passed (it only warns
+# that the test "crashed during its setup or teardown"), so reports are looked for in the log.
+if grep -E 'ERROR: (LeakSanitizer|AddressSanitizer)|SUMMARY: UndefinedBehaviorSanitizer|runtime error:|crashed during its setup or teardown' \
+  build-asan/meson-logs/testlog.txt; then
+  echo "asan: the sanitizer reports above fail the run"
+  rc=1
+fi
+
+# Fuzzing: every target of tests/fuzz for a bounded time, two at a time (tests/fuzz/run.sh).
+if [ ! -f build-fuzz/build.ninja ]; then
+  CC=clang meson setup build-fuzz -Dfuzz=true -Dtests=false -Db_sanitize=address,undefined \
+    -Db_lundef=false || exit 1
+fi
+ninja -C build-fuzz || exit 1
+tests/fuzz/run.sh -t "${SLUICE_FUZZ_SECONDS:-45}" build-fuzz || rc=1
 
 # Formatting is part of the suite (.clang-format at the root).
 if ! git ls-files -z '*.c' '*.h' | xargs -0 clang-format --dry-run --Werror; then

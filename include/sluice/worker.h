@@ -110,8 +110,9 @@ int32_t sl_tok_special_id(const struct sl_tok *t, const char *s, size_t len);
  * is released, the stop string itself is not, and *stopped becomes true. */
 struct sl_detok;
 
-/* stops: n_stops NUL-terminated strings (copied; empty strings are ignored). `prev` is the
- * last prompt token (for the after-BOS space rule). */
+/* stops: n_stops NUL-terminated strings (copied; empty strings and strings that are not valid
+ * UTF-8, which cannot occur in the text, are ignored). `prev` is the last prompt token (for the
+ * after-BOS space rule). */
 struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *const *stops,
                               int n_stops);
 void sl_detok_free(struct sl_detok *d);
@@ -192,6 +193,10 @@ struct sl_backend_ops {
 };
 
 extern const struct sl_backend_ops sl_cpu_backend_ops;
+/* Test builds only (worker/fault_backend.c, linked into tests/integration's sluice-fault, never
+ * into sluice): the CPU backend whose forward fails with SL_EBACKEND on the calls that the
+ * environment variable SLUICE_FAULT_FORWARD lists ("3,7": the third and seventh, from 1). */
+extern const struct sl_backend_ops sl_fault_backend_ops;
 
 /* Bytes one KV block takes for this model (keys and values, all layers, fp32). */
 size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size);

@@ -2,8 +2,13 @@
  * (avx2.c), the thread pool and the split of matmuls over it. */
 #include "cpu_impl.h"
 
+#if SL_CPU_HAVE_AVX2
+#include <cpuid.h>
+#endif
+
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -176,9 +181,11 @@ static _Atomic int g_isa = -1; /* enum sl_cpu_isa once chosen */
 enum sl_cpu_isa sl_cpu_isa_best(void)
 {
 #if SL_CPU_HAVE_AVX2
+    /* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c". */
+    unsigned int eax, ebx, ecx = 0, edx;
+    bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
         return SL_CPU_ISA_AVX2;
 #endif
     return SL_CPU_ISA_SCALAR;

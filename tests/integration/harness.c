@@ -4,15 +4,19 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -86,9 +90,14 @@ int server_wait_log_any(struct server *s, const char *const *needles)
 
 void server_start(struct server *s, const char *const *args)
 {
-    memset(s, 0, sizeof *s);
     const char *bin = getenv("SLUICE_BIN");
     cr_assert_not_null(bin, "SLUICE_BIN is not set (run through meson test)");
+    server_start_bin(s, bin, args);
+}
+
+void server_start_bin(struct server *s, const char *bin, const char *const *args)
+{
+    memset(s, 0, sizeof *s);
     int pipefd[2];
     cr_assert_eq(pipe(pipefd), 0);
     const char *argv[32];
@@ -455,4 +464,129 @@ size_t client_read_some(int fd, char *buf, size_t max)
     memcpy(buf, rb.data + rb.start, take);
     rb.start += take;
     return take;
+}
+
+/* ---- the server's log under load, its memory and descriptors ---- */
+
+static struct {
+    pthread_t thread;
+    atomic_bool stop;
+    struct server *s;
+    bool running;
+} pump;
+
+static void *pump_main(void *arg)
+{
+    (void)arg;
+    struct server *s = pump.s;
+    while (!atomic_load(&pump.stop)) {
+        if (s->log_len > sizeof s->log / 2) {
+            /* Keep the newest quarter, so the capture never fills. */
+            size_t keep = sizeof s->log / 4;
+            memmove(s->log, s->log + s->log_len - keep, keep);
+            s->log_len = keep;
+            s->log[keep] = '\0';
+        }
+        struct pollfd p = {.fd = s->err_fd, .events = POLLIN};
+        if (poll(&p, 1, 50) <= 0)
+            continue;
+        char buf[65536];
+        ssize_t n = read(s->err_fd, buf, sizeof buf);
+        if (n <= 0)
+            break;
+        size_t room = sizeof s->log - 1 - s->log_len;
+        size_t take = (size_t)n < room ? (size_t)n : room;
+        memcpy(s->log + s->log_len, buf, take);
+        s->log_len += take;
+        s->log[s->log_len] = '\0';
+    }
+    return NULL;
+}
+
+void server_log_pump(struct server *s, bool on)
+{
+    if (on && !pump.running) {
+        pump.s = s;
+        atomic_store(&pump.stop, false);
+        cr_assert_eq(pthread_create(&pump.thread, NULL, pump_main, NULL), 0);
+        pump.running = true;
+    } else if (!on && pump.running) {
+        atomic_store(&pump.stop, true);
+        pthread_join(pump.thread, NULL);
+        pump.running = false;
+    }
+}
+
+size_t server_rss(const struct server *s)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)s->pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %zu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib << 10;
+}
+
+int server_fd_count(const struct server *s)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)s->pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    int n = 0;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n - 2; /* . and .. */
+}
+
+double metrics_sum(const char *text, const char *name)
+{
+    size_t nl = strlen(name);
+    double sum = 0;
+    bool found = false;
+    for (const char *p = text; *p;) {
+        /* A sample line: NAME VALUE or NAME{LABELS} VALUE. */
+        if (strncmp(p, name, nl) == 0 && (p[nl] == ' ' || p[nl] == '{')) {
+            const char *v = p[nl] == '{' ? strchr(p, '}') : p + nl;
+            if (v) {
+                sum += strtod(v + (p[nl] == '{'), NULL);
+                found = true;
+            }
+        }
+        const char *eol = strchr(p, '\n');
+        if (!eol)
+            break;
+        p = eol + 1;
+    }
+    return found ? sum : -1;
+}
+
+double metrics_fetch_sum(int port, const char *name)
+{
+    static __thread char out[1 << 18];
+    if (client_try_request(port, "GET", "/metrics", NULL, NULL, out, sizeof out) != 200)
+        return -1;
+    const char *body = strstr(out, "\r\n\r\n");
+    return body ? metrics_sum(body + 4, name) : -1;
+}
+
+long raise_nofile(long want)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return -1;
+    if (rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur < want) {
+        rl.rlim_cur =
+            rl.rlim_max == RLIM_INFINITY || (long)rl.rlim_max >= want ? (rlim_t)want : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    return rl.rlim_cur == RLIM_INFINITY ? want : (long)rl.rlim_cur;
 }

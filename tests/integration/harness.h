@@ -1,5 +1,11 @@
 /* Integration harness: runs the real sluice binary on a loopback port and talks HTTP/1.1 to it
- * over real sockets. */
+ * over real sockets.
+ *
+ * Every test that sets a criterion timeout uses .timeout = 300. criterion's sandbox (boxfort)
+ * keeps pending timeouts in a list sorted by deadline and, when a test with an earlier deadline
+ * starts while another runs (criterion runs tests in parallel), drops the rest of the list: the
+ * other test loses its timeout and LeakSanitizer reports the lost entries at exit. With equal
+ * timeouts deadlines come in start order and nothing is dropped. */
 #ifndef SLUICE_TEST_HARNESS_H
 #define SLUICE_TEST_HARNESS_H
 
@@ -18,6 +24,17 @@ struct server {
 /* Starts build/sluice (SLUICE_BIN) with the given extra arguments and --listen 127.0.0.1:0, and
  * waits for its "listening on" line. Fails the test when it exits first. */
 void server_start(struct server *s, const char *const *args);
+/* The same with another executable (a test build of sluice, such as SLUICE_FAULT_BIN). */
+void server_start_bin(struct server *s, const char *bin, const char *const *args);
+/* A busy server writes an access line per request; while the test makes many requests without
+ * looking at the log, a thread reads it so the server never blocks on a full pipe (the newest
+ * part is kept in s->log). Between on and off the test must not call the other server_* log
+ * functions. */
+void server_log_pump(struct server *s, bool on);
+/* The server's resident set size in bytes (VmRSS), or 0 when it cannot be read. */
+size_t server_rss(const struct server *s);
+/* Open file descriptors of the server process. */
+int server_fd_count(const struct server *s);
 /* Sends SIGTERM, waits for the exit and asserts it was clean (status 0). */
 void server_stop(struct server *s);
 /* Reads the server's log until it ends (keeping the server from blocking on a full pipe), then
@@ -73,5 +90,15 @@ const char *response_header(const struct response *r, const char *name);
 size_t client_read_some(int fd, char *buf, size_t max);
 /* Reads from fd until `needle` has appeared in what was read (bounded by max bytes). */
 bool client_read_until(int fd, const char *needle, char *buf, size_t max);
+
+/* The sum of every sample of the Prometheus family `name` (over all label sets) in a /metrics
+ * text, or -1 when the family has none. */
+double metrics_sum(const char *text, const char *name);
+/* GET /metrics on a new connection: the sum of `name` as metrics_sum says, or -1 on failure. No
+ * criterion assertion: any thread may call it. */
+double metrics_fetch_sum(int port, const char *name);
+/* Raises the soft RLIMIT_NOFILE to at least `want` (up to the hard limit). Returns the limit now
+ * in effect. */
+long raise_nofile(long want);
 
 #endif

@@ -238,9 +238,6 @@ static const char *write_file(const char *name, const char *content)
 
 /* ---- back-pressure ---- */
 
-static const char *stream_body =
-    "{\"prompt\":\"Once upon a time\",\"max_tokens\":480,\"stream\":true,\"seed\":3}";
-
 Test(transport, cancels_the_stream_and_closes_when_a_slow_reader_passes_the_hard_cap,
      .init = make_dir, .fini = remove_dir, .timeout = 300)
 {
@@ -462,6 +459,75 @@ Test(transport, serves_tls_and_reloads_the_certificate_when_sighup_brings_a_new_
     server_stop(&srv);
 }
 
+/* A client that offers only the given TLS 1.2 cipher suites; NULL when this OpenSSL cannot even
+ * offer them. */
+static SSL_CTX *weak_client(const char *ciphers)
+{
+    SSL_CTX *ctx = client_ctx(TLS1_2_VERSION);
+    if (SSL_CTX_set_cipher_list(ctx, ciphers) != 1) {
+        SSL_CTX_free(ctx);
+        ERR_clear_error();
+        return NULL;
+    }
+    return ctx;
+}
+
+Test(transport, refuses_weak_ciphers_and_compression_when_serving_tls,
+     .init = no_system_openssl_conf, .fini = remove_dir, .timeout = 300)
+{
+    EVP_PKEY *k = key_new();
+    X509 *c = cert_new(k, "ciphers.sluice.test", 3);
+    write_pem("cert.pem", c, NULL);
+    write_pem("key.pem", NULL, k);
+    char json[512];
+    snprintf(
+        json, sizeof json,
+        "{\"tls\":{\"listen\":\"127.0.0.1:0\",\"cert\":\"%s/cert.pem\",\"key\":\"%s/key.pem\"}}",
+        dir, dir);
+    const char *cfg = write_file("sluice.json", json);
+    const char *args[] = {"--config", cfg, NULL};
+    server_start(&srv, args);
+    int tls_port = tls_port_of(&srv);
+
+    /* No encryption, no authentication, 3DES, RC4: the server's cipher list has none of them. */
+    static const char *const weak[] = {"eNULL:@SECLEVEL=0", "aNULL:@SECLEVEL=0",
+                                       "DES-CBC3-SHA:@SECLEVEL=0", "RC4:@SECLEVEL=0"};
+    int offered = 0;
+    for (size_t i = 0; i < sizeof weak / sizeof weak[0]; i++) {
+        SSL_CTX *ctx = weak_client(weak[i]);
+        if (!ctx)
+            continue; /* this OpenSSL has no such cipher to offer */
+        offered++;
+        ERR_clear_error();
+        struct peer *p = peer_tls(ctx, tls_port);
+        cr_assert_null(p, "the server accepted a client offering only %s (got %s)", weak[i],
+                       p ? SSL_get_cipher_name(p->ssl) : "");
+        ERR_clear_error();
+        SSL_CTX_free(ctx);
+    }
+    cr_assert_geq(offered, 2, "the client could offer none of the weak suites");
+    cr_log_info("TLS: %d weak cipher lists offered, all refused", offered);
+
+    /* What a default client gets: an authenticated cipher of at least 128 bits, no compression. */
+    for (int v = 0; v < 2; v++) {
+        SSL_CTX *ctx = client_ctx(v ? TLS1_3_VERSION : TLS1_2_VERSION);
+        struct peer *p = peer_tls(ctx, tls_port);
+        cr_assert_not_null(p, "handshake failed: %s",
+                           ERR_reason_error_string(ERR_peek_last_error()));
+        cr_assert_null(SSL_get_current_compression(p->ssl), "TLS compression is on");
+        const SSL_CIPHER *cipher = SSL_get_current_cipher(p->ssl);
+        cr_assert_geq(SSL_CIPHER_get_bits(cipher, NULL), 128, "%s", SSL_CIPHER_get_name(cipher));
+        cr_assert(SSL_CIPHER_is_aead(cipher), "%s is not an AEAD cipher",
+                  SSL_CIPHER_get_name(cipher));
+        assert_healthy(p);
+        peer_close(p);
+        SSL_CTX_free(ctx);
+    }
+    X509_free(c);
+    EVP_PKEY_free(k);
+    server_stop(&srv);
+}
+
 /* Runs `sluice --check-config FILE`; returns the exit status and what it printed. */
 static int check_config(const char *file, char *out, size_t outlen)
 {
@@ -521,24 +587,38 @@ Test(transport, readyz_answers_ready_when_the_model_is_loaded, .fini = stop)
     peer_close(p);
 }
 
-#define N_STREAMS 3
+#define N_STREAMS 40 /* more than max_seqs (32): some wait in the queue */
+#define N_WHOLE 8
+#define N_IDLE 4
 
-Test(transport, finishes_streams_and_refuses_new_work_when_sigterm_drains, .init = make_dir,
-     .fini = remove_dir, .timeout = 300)
+Test(transport, finishes_every_accepted_request_and_refuses_new_work_when_sigterm_drains_under_load,
+     .init = make_dir, .fini = remove_dir, .timeout = 300)
 {
     /* Small kernel buffers: a stream cannot be done while its client does not read, so the
-     * streams are surely in progress when SIGTERM comes. */
-    const char *cfg = write_file("sluice.json", "{\"tcp_send_buffer_bytes\":4096}");
+     * streams are surely in progress when SIGTERM comes. The drain may take as long as the
+     * slowest (sanitized) build needs: what is asserted is that everything completes. */
+    const char *cfg =
+        write_file("sluice.json", "{\"tcp_send_buffer_bytes\":4096,\"drain_timeout_ms\":300000}");
     const char *args[] = {"--config", cfg, NULL};
     server_start(&srv, args);
-    struct peer *s[N_STREAMS];
+    struct peer *s[N_STREAMS], *whole[N_WHOLE], *idle[N_IDLE];
     for (int i = 0; i < N_STREAMS; i++) {
         s[i] = peer_plain(srv.port, 2048);
-        peer_request(s[i], "POST", "/v1/completions", stream_body);
-        cr_assert(peer_read_until(s[i], "data: {"), "stream %d started", i);
+        peer_request(s[i], "POST", "/v1/completions",
+                     "{\"prompt\":\"Once upon a time\",\"max_tokens\":160,\"stream\":true}");
     }
-    struct peer *idle = peer_plain(srv.port, 0);
-    assert_healthy(idle);
+    /* Whole completions on their own connections, read only after the drain began. */
+    for (int i = 0; i < N_WHOLE; i++) {
+        whole[i] = peer_plain(srv.port, 2048);
+        peer_request(whole[i], "POST", "/v1/completions",
+                     "{\"prompt\":\"Once upon a time\",\"max_tokens\":160,\"seed\":5}");
+    }
+    for (int i = 0; i < N_STREAMS; i++)
+        cr_assert(peer_read_until(s[i], "data: {"), "stream %d started", i);
+    for (int i = 0; i < N_IDLE; i++) {
+        idle[i] = peer_plain(srv.port, 0);
+        assert_healthy(idle[i]);
+    }
 
     kill(srv.pid, SIGTERM);
     server_wait_log(&srv, "draining: not accepting");
@@ -549,15 +629,22 @@ Test(transport, finishes_streams_and_refuses_new_work_when_sigterm_drains, .init
     cr_assert_neq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connected while draining");
     cr_assert_eq(errno, ECONNREFUSED, "%s", strerror(errno));
     close(fd);
-    /* The open keep-alive connection is told the server is not ready, and to go elsewhere. */
-    peer_request(idle, "GET", "/readyz", NULL);
+    /* Every open keep-alive connection is told the server is not ready, and to go elsewhere;
+     * a completion sent on one is refused the same way. */
     struct reply *r = malloc(sizeof *r);
-    cr_assert(peer_read_reply(idle, r));
-    cr_assert_eq(r->status, 503, "%s", r->body);
-    cr_assert(strstr(r->head, "\r\nRetry-After: 1\r\n"), "%s", r->head);
-    cr_assert(strstr(r->head, "\r\nConnection: close\r\n"), "%s", r->head);
-    cr_assert_str_eq(error_code(r->body), "draining");
-    /* Each stream in flight completes. */
+    for (int i = 0; i < N_IDLE; i++) {
+        if (i % 2)
+            peer_request(idle[i], "POST", "/v1/completions", "{\"prompt\":\"Hi\"}");
+        else
+            peer_request(idle[i], "GET", "/readyz", NULL);
+        cr_assert(peer_read_reply(idle[i], r), "idle connection %d", i);
+        cr_assert_eq(r->status, 503, "%s", r->body);
+        cr_assert(strstr(r->head, "\r\nRetry-After: 1\r\n"), "%s", r->head);
+        cr_assert(strstr(r->head, "\r\nConnection: close\r\n"), "%s", r->head);
+        cr_assert_str_eq(error_code(r->body), "draining");
+        peer_close(idle[i]);
+    }
+    /* Each request in flight or queued completes. */
     for (int i = 0; i < N_STREAMS; i++) {
         cr_assert(peer_read_reply(s[i], r), "stream %d", i);
         cr_assert_eq(r->status, 200);
@@ -565,8 +652,13 @@ Test(transport, finishes_streams_and_refuses_new_work_when_sigterm_drains, .init
         cr_assert_null(strstr(r->body, "\"error\""), "stream %d: %s", i, r->body);
         peer_close(s[i]);
     }
+    for (int i = 0; i < N_WHOLE; i++) {
+        cr_assert(peer_read_reply(whole[i], r), "completion %d", i);
+        cr_assert_eq(r->status, 200, "completion %d: %s", i, r->body);
+        cr_assert(strstr(r->body, "\"finish_reason\":"), "completion %d: %s", i, r->body);
+        peer_close(whole[i]);
+    }
     free(r);
-    peer_close(idle);
     int status = server_wait_exit(&srv);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d:\n%s", status,
               srv.log);

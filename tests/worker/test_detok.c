@@ -175,6 +175,26 @@ Test(worker, detok_stops_when_stop_string_is_non_ascii, .init = setup, .fini = t
     sl_str_dispose(&out);
 }
 
+/* Found by tests/fuzz/fuzz_tok_spm: the stop "\xA9" matched the second byte of "é" and the
+ * text before it, ending in a lone 0xC3, was released. */
+Test(worker, detok_ignores_stop_string_when_it_is_not_utf8, .init = setup, .fini = teardown)
+{
+    const char *stops[] = {"\xA9", "\xC3"};
+    struct sl_detok *d = sl_detok_new(tok, 42, stops, 2);
+    struct sl_str out;
+    sl_str_init(&out);
+    bool stopped = false;
+    sl_detok_push(d, piece("a"), &out, &stopped);
+    sl_detok_push(d, byte_tok(0xC3), &out, &stopped);
+    sl_detok_push(d, byte_tok(0xA9), &out, &stopped);
+    sl_detok_push(d, piece("!"), &out, &stopped);
+    sl_detok_finish(d, &out);
+    cr_assert(!stopped);
+    cr_assert_str_eq(out.p, "a\xC3\xA9!");
+    sl_detok_free(d);
+    sl_str_dispose(&out);
+}
+
 Test(worker, detok_drops_leading_space_when_prompt_ends_with_bos, .init = setup, .fini = teardown)
 {
     struct sl_detok *d = sl_detok_new(tok, 1, NULL, 0);
