@@ -367,7 +367,8 @@ Test(tenants, request_keeps_its_config_and_next_one_gets_new_when_reloaded)
     /* A long stream of bob's, started before the reload that removes bob. */
     int fd = client_connect(srv.port);
     client_request_h(fd, "POST", "/v1/completions", AUTH(BOB),
-                     "{\"prompt\":\"Once\",\"max_tokens\":480,\"stream\":true}", true);
+                     "{\"prompt\":\"Once\",\"max_tokens\":480,\"stream\":true,\"temperature\":0}",
+                     true);
     size_t cap = 1 << 20, len = 0;
     char *stream = calloc(1, cap);
     read_into(fd, stream, &len, cap, "data: {");
