@@ -149,6 +149,20 @@ size_t sl_sample_scratch_size(int vocab);
  * scratch: at least sl_sample_scratch_size(vocab) bytes. Never allocates. */
 int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct sl_rng *rng,
                   void *scratch);
+/* sl_sample in two halves, for a backend that samples on its device: the coin sl_sample would
+ * draw from rng (it draws one only when p is not greedy and vocab > 1; otherwise 0, rng
+ * untouched), then the pick from logits with that coin. For any logits,
+ * sl_sample(l, v, p, rng, s) == sl_sample_with_coin(l, v, p, sl_sample_coin(p, v, rng), s), and
+ * rng ends in the same state. */
+float sl_sample_coin(const struct sl_sampling *p, int vocab, struct sl_rng *rng);
+int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *p, float coin,
+                            void *scratch);
+
+/* A logit row to be sampled by the backend (struct sl_backend_ops.forward_sample). */
+struct sl_sample_row {
+    struct sl_sampling p;
+    float coin; /* sl_sample_coin(&p, vocab, the sequence's rng) */
+};
 
 /* ---------------------------------------------------------------------------------------------
  * Batches and backends (see DESIGN.md "The worker interface")
