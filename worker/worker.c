@@ -41,6 +41,19 @@ int sl_worker_forward(struct sl_worker *w, const struct sl_batch *b, float *logi
     return w->ops->forward(w->ctx, b, logits);
 }
 
+bool sl_worker_can_sample(const struct sl_worker *w)
+{
+    return w->ops->forward_sample != NULL;
+}
+
+int sl_worker_forward_sample(struct sl_worker *w, const struct sl_batch *b,
+                             const struct sl_sample_row *rows, int32_t *ids)
+{
+    if (!w->ops->forward_sample)
+        return SL_EINVAL;
+    return w->ops->forward_sample(w->ctx, b, rows, ids);
+}
+
 const struct sl_model *sl_worker_model(const struct sl_worker *w)
 {
     return w->m;

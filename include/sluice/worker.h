@@ -163,6 +163,20 @@ struct sl_sample_row {
     struct sl_sampling p;
     float coin; /* sl_sample_coin(&p, vocab, the sequence's rng) */
 };
+/* sl_sample in two halves, for a backend that samples on its device: the coin sl_sample would
+ * draw from rng (it draws one only when p is not greedy and vocab > 1; otherwise 0, rng
+ * untouched), then the pick from logits with that coin. For any logits,
+ * sl_sample(l, v, p, rng, s) == sl_sample_with_coin(l, v, p, sl_sample_coin(p, v, rng), s), and
+ * rng ends in the same state. */
+float sl_sample_coin(const struct sl_sampling *p, int vocab, struct sl_rng *rng);
+int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *p, float coin,
+                            void *scratch);
+
+/* A logit row to be sampled by the backend (struct sl_backend_ops.forward_sample). */
+struct sl_sample_row {
+    struct sl_sampling p;
+    float coin; /* sl_sample_coin(&p, vocab, the sequence's rng) */
+};
 
 /* ---------------------------------------------------------------------------------------------
  * Batches and backends (see DESIGN.md "The worker interface")
@@ -200,6 +214,13 @@ struct sl_backend_ops {
     /* Runs the batch, writing KV for every row and logits (n_logits, vocab) for logit_rows.
      * Allocates nothing. Returns SL_OK, SL_EINVAL for a batch over the limits, SL_EBACKEND. */
     int (*forward)(void *ctx, const struct sl_batch *b, float *logits);
+    /* Optional (NULL when the backend only returns logits; the caller then samples them): runs
+     * the batch as forward does, then samples row logit_rows[i] with rows[i] where the logits
+     * are, writing ids (n_logits): only ids leave the device. n_logits <= max_seqs. The ids are
+     * what sl_sample_with_coin(row's logits, vocab, &rows[i].p, rows[i].coin) gives, but for a
+     * coin within rounding of the boundary between two tokens. Returns as forward does. */
+    int (*forward_sample)(void *ctx, const struct sl_batch *b, const struct sl_sample_row *rows,
+                          int32_t *ids);
     void (*free)(void *ctx);
     /* Bytes of KV storage allocated. */
     size_t (*kv_bytes)(void *ctx);
@@ -216,6 +237,11 @@ int sl_worker_new(const struct sl_model *m, const struct sl_backend_ops *ops,
                   const struct sl_backend_opts *o, struct sl_worker **out);
 void sl_worker_free(struct sl_worker *w);
 int sl_worker_forward(struct sl_worker *w, const struct sl_batch *b, float *logits);
+/* True when the worker's backend samples on its device (forward_sample). */
+bool sl_worker_can_sample(const struct sl_worker *w);
+/* The backend's forward_sample; SL_EINVAL when it has none. */
+int sl_worker_forward_sample(struct sl_worker *w, const struct sl_batch *b,
+                             const struct sl_sample_row *rows, int32_t *ids);
 const struct sl_model *sl_worker_model(const struct sl_worker *w);
 const struct sl_backend_opts *sl_worker_opts(const struct sl_worker *w);
 size_t sl_worker_kv_bytes(const struct sl_worker *w);
