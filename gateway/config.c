@@ -17,6 +17,7 @@ void sl_config_init(struct sl_config *c)
     c->listen_backlog = 4096;
     c->model = sl_xstrdup("synthetic");
     c->tokenizer = NULL;
+    c->device = sl_xstrdup("auto");
     c->io_threads = 1;
     c->threads = 0;
     c->max_seqs = 32;
@@ -51,6 +52,7 @@ void sl_config_dispose(struct sl_config *c)
     free(c->listen_host);
     free(c->model);
     free(c->tokenizer);
+    free(c->device);
     free(c->chat_template);
     free(c->log_level);
     sl_tenancy_dispose(c);
@@ -157,6 +159,7 @@ static const struct key keys[] = {
     {"tls", K_TLS, 0, 0, 0},
     {"model", K_STR, OFF(model), 0, 0},
     {"tokenizer", K_STR_OR_NULL, OFF(tokenizer), 0, 0},
+    {"device", K_STR, OFF(device), 0, 0},
     {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
     {"io_threads", K_INT, OFF(io_threads), 1, 64},
     {"threads", K_INT, OFF(threads), 0, 1024},
@@ -379,6 +382,12 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
                  "\"chat_template\" must be null (the model's own) or one of plain, chatml, "
                  "llama2, llama3, mistral, zephyr, gemma, phi3, not \"%.40s\"",
                  c->chat_template);
+        return SL_EINVAL;
+    }
+    if (sl_worker_device_parse(c->device, NULL) != SL_OK) {
+        snprintf(err, errlen,
+                 "\"device\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", not \"%.40s\"",
+                 c->device);
         return SL_EINVAL;
     }
     if (check_log_level(c->log_level) < 0) {

@@ -37,19 +37,22 @@ static size_t mem_available(void)
 }
 
 /* KV pool: enough blocks for max_seqs full contexts, capped by kv_cache_mib or, when set,
- * kv_cache_fraction of the memory available now. */
-static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char *err,
-                     size_t errlen)
+ * kv_cache_fraction of the memory available now (on a CUDA device: its free memory less what the
+ * weights and activations will take). */
+static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m,
+                     const struct sl_worker_device *dev, char *err, size_t errlen)
 {
     const struct sl_model_config *mc = sl_model_config(m);
     long per_seq = (mc->seq_len + cfg->block_size - 1) / cfg->block_size;
     long want = per_seq * cfg->max_seqs;
-    size_t block_bytes = sl_model_kv_block_bytes(m, cfg->block_size);
+    size_t block_bytes = dev->ops->kv_block_bytes(m, cfg->block_size);
     size_t cap_bytes = (size_t)cfg->kv_cache_mib << 20;
     const char *what = "\"kv_cache_mib\"";
     if (cfg->kv_cache_fraction > 0) {
-        size_t avail = mem_available();
-        if (avail == 0) {
+        size_t avail = dev->index >= 0
+                           ? sl_worker_device_kv_room(dev, m, cfg->max_batch_tokens, cfg->max_seqs)
+                           : mem_available();
+        if (avail == 0 && dev->index < 0) {
             snprintf(err, errlen,
                      "\"kv_cache_fraction\": available memory is unknown "
                      "(no MemAvailable in /proc/meminfo); set \"kv_cache_mib\"");
@@ -162,12 +165,17 @@ int main(int argc, char **argv)
     struct sl_http_server *http = NULL;
 
     uint64_t t0 = sl_clock_ns();
+    struct sl_worker_device dev;
+    if (sl_worker_device_select(cfg->device, &dev, err, sizeof err) != SL_OK) {
+        fprintf(stderr, "sluice: %s\n", err);
+        goto out;
+    }
     if (sl_model_load(cfg->model, cfg->tokenizer, &model, err, sizeof err) != SL_OK) {
         fprintf(stderr, "sluice: model: %s\n", err);
         goto out;
     }
     const struct sl_model_config *mc = sl_model_config(model);
-    int n_blocks = kv_blocks(cfg, model, err, sizeof err);
+    int n_blocks = kv_blocks(cfg, model, &dev, err, sizeof err);
     if (n_blocks < 0) {
         fprintf(stderr, "sluice: %s\n", err);
         goto out;
@@ -178,8 +186,9 @@ int main(int argc, char **argv)
         .max_batch_tokens = cfg->max_batch_tokens,
         .max_seqs = cfg->max_seqs,
         .threads = cfg->threads,
+        .device = dev.index,
     };
-    int st = sl_worker_new(model, &sl_cpu_backend_ops, &bo, &worker);
+    int st = sl_worker_new(model, dev.ops, &bo, &worker);
     if (st != SL_OK) {
         fprintf(stderr, "sluice: worker: %s\n", sl_status_str(st));
         goto out;

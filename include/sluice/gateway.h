@@ -38,6 +38,7 @@ struct sl_config {
     struct sl_config_tls tls; /* the TLS listener, if any */
     char *model;              /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
     char *tokenizer;          /* llama2.c tokenizer.bin path, or NULL */
+    char *device;             /* "auto" (default), "cpu", "cuda" or "cuda:N" */
     char *chat_template;      /* a builtin chat template's name, or NULL: the model's own */
     int io_threads;           /* event loops (default 1) */
     int threads;              /* CPU kernel threads (0 = all cores) */

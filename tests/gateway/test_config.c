@@ -334,3 +334,30 @@ Test(gateway, chat_template_is_a_builtin_name_or_null_when_configured)
     cr_assert(strstr(err, "\"chat_template\""), "%s", err);
     sl_config_dispose(&c);
 }
+
+Test(gateway, device_is_auto_cpu_or_cuda_when_configured)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_str_eq(c.device, "auto");
+    const char *ok[] = {"{\"device\":\"cpu\"}", "{\"device\":\"cuda\"}", "{\"device\":\"cuda:0\"}",
+                        "{\"device\":\"cuda:7\"}", "{\"device\":\"auto\"}"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        cr_assert_eq(load(&c, ok[i], err, sizeof err), SL_OK, "%s: %s", ok[i], err);
+        cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s: %s", ok[i], err);
+    }
+    cr_assert_str_eq(c.device, "auto");
+    /* A device the server could never use is refused before anything starts. */
+    const char *bad[] = {"{\"device\":\"gpu\"}", "{\"device\":\"cuda:\"}",
+                         "{\"device\":\"cuda:-1\"}", "{\"device\":\"cuda:1024\"}",
+                         "{\"device\":\"cuda:0x1\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(load(&c, bad[i], err, sizeof err), SL_OK, "%s: %s", bad[i], err);
+        cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL, "%s", bad[i]);
+        cr_assert(strstr(err, "\"device\""), "%s", err);
+    }
+    cr_assert_eq(load(&c, "{\"device\":0}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"device\""), "%s", err);
+    sl_config_dispose(&c);
+}
