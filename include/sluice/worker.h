@@ -39,8 +39,10 @@ struct sl_model;
  *   "synthetic:NAME[:TYPE]" deterministic random weights of a named shape: "tiny"
  *                          (dim 64, hidden 172, 5 layers, 8 heads, 4 kv heads, vocab 512,
  *                          seq 512), "stories15M" (dim 288, hidden 768, 6 layers, 6 heads,
- *                          6 kv heads, vocab 32000, seq 256) or "llama-1b" (dim 2048, hidden
- *                          8192, 16 layers, 32 heads, 8 kv heads, vocab 32000, seq 2048); TYPE is
+ *                          6 kv heads, vocab 32000, seq 256), "llama-1b" (dim 2048, hidden
+ *                          8192, 16 layers, 32 heads, 8 kv heads, vocab 32000, seq 2048) or
+ *                          "llama-8b" (dim 4096, hidden 14336, 32 layers, 32 heads, 8 kv heads,
+ *                          vocab 128256, seq 8192, RoPE theta 500000); TYPE is
  *                          f32 (default), f16, bf16 or q8_0 for the projections; with the
  *                          synthetic tokenizer of the same vocab size (round-trips any UTF-8)
  *   a path to a llama2.c checkpoint (.bin, legacy fp32 format, mmap'd); `tokenizer_path` is its
@@ -163,34 +165,6 @@ struct sl_sample_row {
     struct sl_sampling p;
     float coin; /* sl_sample_coin(&p, vocab, the sequence's rng) */
 };
-/* sl_sample in two halves, for a backend that samples on its device: the coin sl_sample would
- * draw from rng (it draws one only when p is not greedy and vocab > 1; otherwise 0, rng
- * untouched), then the pick from logits with that coin. For any logits,
- * sl_sample(l, v, p, rng, s) == sl_sample_with_coin(l, v, p, sl_sample_coin(p, v, rng), s), and
- * rng ends in the same state. */
-float sl_sample_coin(const struct sl_sampling *p, int vocab, struct sl_rng *rng);
-int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *p, float coin,
-                            void *scratch);
-
-/* A logit row to be sampled by the backend (struct sl_backend_ops.forward_sample). */
-struct sl_sample_row {
-    struct sl_sampling p;
-    float coin; /* sl_sample_coin(&p, vocab, the sequence's rng) */
-};
-/* sl_sample in two halves, for a backend that samples on its device: the coin sl_sample would
- * draw from rng (it draws one only when p is not greedy and vocab > 1; otherwise 0, rng
- * untouched), then the pick from logits with that coin. For any logits,
- * sl_sample(l, v, p, rng, s) == sl_sample_with_coin(l, v, p, sl_sample_coin(p, v, rng), s), and
- * rng ends in the same state. */
-float sl_sample_coin(const struct sl_sampling *p, int vocab, struct sl_rng *rng);
-int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *p, float coin,
-                            void *scratch);
-
-/* A logit row to be sampled by the backend (struct sl_backend_ops.forward_sample). */
-struct sl_sample_row {
-    struct sl_sampling p;
-    float coin; /* sl_sample_coin(&p, vocab, the sequence's rng) */
-};
 
 /* ---------------------------------------------------------------------------------------------
  * Batches and backends (see DESIGN.md "The worker interface")
@@ -263,11 +237,6 @@ int sl_worker_new(const struct sl_model *m, const struct sl_backend_ops *ops,
                   const struct sl_backend_opts *o, struct sl_worker **out);
 void sl_worker_free(struct sl_worker *w);
 int sl_worker_forward(struct sl_worker *w, const struct sl_batch *b, float *logits);
-/* True when the worker's backend samples on its device (forward_sample). */
-bool sl_worker_can_sample(const struct sl_worker *w);
-/* The backend's forward_sample; SL_EINVAL when it has none. */
-int sl_worker_forward_sample(struct sl_worker *w, const struct sl_batch *b,
-                             const struct sl_sample_row *rows, int32_t *ids);
 /* True when the worker's backend samples on its device (forward_sample). */
 bool sl_worker_can_sample(const struct sl_worker *w);
 /* The backend's forward_sample; SL_EINVAL when it has none. */
