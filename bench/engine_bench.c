@@ -1,4 +1,5 @@
-/* engine-bench: throughput of the CPU engine against this machine's own ceilings.
+/* engine-bench: throughput of the engine against this machine's own ceilings, on the CPU or
+ * (--device cuda[:N]) on a CUDA device.
  *
  * Prints one JSON object: prefill and decode tokens/s of a model (default synthetic:stories15M)
  * through the real worker interface (paged KV, varlen batches), and, measured in the same run,
@@ -8,8 +9,20 @@
  *   FMA ceiling            = fma_gflops / (2 · weights multiplied per token)
  * A decode token multiplies every layer matrix and the classifier; a prefill token multiplies the
  * layer matrices only (the classifier runs for the prompt's last row alone). Attention is left
- * out of both (about 3 % of decode flops at context 128 for stories15M). */
+ * out of both (about 3 % of decode flops at context 128 for stories15M).
+ *
+ * On a CUDA device the same loops run through the CUDA backend, decode steps sampling greedily on
+ * the device (only ids come back, as when serving), at batch 1, 16, 64 and 256; the ceilings are
+ * the device's, measured in the same run: HBM bandwidth by a copy kernel (bytes read + written
+ * over time) and dense BF16 GEMM throughput by cuBLAS (8192³, fp32 accumulate). Without a device
+ * it fails at once with the reason. */
 #include "worker_impl.h"
+
+#include "sl_build_config.h"
+
+#if SL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,11 +30,13 @@
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: engine-bench [--model SPEC] [--threads N] [--prompt N] [--ctx N]\n"
-                    "                    [--isa scalar|avx2] [--reps N]\n"
+    fprintf(stderr, "usage: engine-bench [--model SPEC] [--device cpu|cuda[:N]] [--threads N]\n"
+                    "                    [--prompt N] [--ctx N] [--isa scalar|avx2] [--reps N]\n"
                     "  --model   model spec (default synthetic:stories15M)\n"
+                    "  --device  cpu (default) or a CUDA device: decode at batch 1, 16, 64, 256\n"
+                    "            against the device's copy bandwidth and BF16 GEMM ceilings\n"
                     "  --threads kernel threads, 0 = all cores (default 0)\n"
-                    "  --prompt  prefill prompt length (default min(512, seq_len))\n"
+                    "  --prompt  prefill prompt length (default min(512, seq_len); 2048 on CUDA)\n"
                     "  --ctx     context of each decoding sequence (default 128)\n"
                     "  --isa     force the kernels' instruction set\n"
                     "  --reps    timed repetitions per figure, best reported (default 5)\n"
@@ -70,6 +85,100 @@ static double measure_fma(struct sl_cpu_pool *p, int reps)
     return best;
 }
 
+#if SL_HAVE_CUDA
+/* Milliseconds between two events recorded around `reps` launches of fn, best of 3 rounds. */
+static double time_device(cudaStream_t st, int reps, int (*fn)(void *arg), void *arg)
+{
+    cudaEvent_t a, b;
+    if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess)
+        return 0;
+    double best = 1e30;
+    for (int round = 0; round < 4; round++) {
+        cudaEventRecord(a, st);
+        for (int i = 0; i < reps; i++)
+            if (fn(arg) != SL_OK)
+                return 0;
+        cudaEventRecord(b, st);
+        float ms = 0;
+        if (cudaEventSynchronize(b) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, a, b) != cudaSuccess)
+            return 0;
+        if (round > 0 && ms / reps < best) /* round 0 warms up */
+            best = ms / reps;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return best;
+}
+
+struct copy_arg {
+    void *dst, *src;
+    size_t bytes;
+    cudaStream_t st;
+};
+
+static int copy_once(void *arg)
+{
+    struct copy_arg *c = arg;
+    return sl_cuda_bench_copy(c->dst, c->src, c->bytes, c->st);
+}
+
+struct gemm_arg {
+    struct sl_cuda_blas *blas;
+    float *out;
+    void *x, *w;
+    int n;
+};
+
+static int gemm_once(void *arg)
+{
+    struct gemm_arg *g = arg;
+    return sl_cuda_gemm(g->blas, g->out, g->x, g->w, SL_DTYPE_BF16, g->n, g->n, g->n);
+}
+
+/* The device's ceilings: copy bandwidth in GB/s (2 GiB read and written) and dense BF16 GEMM
+ * TFLOP/s (8192³). Returns false, with a message, when the device cannot run them. */
+static bool device_ceilings(int device, double *gbs, double *tflops)
+{
+    cudaStream_t st;
+    size_t bytes = (size_t)2 << 30;
+    int n = 8192;
+    void *a = NULL, *b = NULL, *x = NULL, *w = NULL;
+    float *out = NULL;
+    struct sl_cuda_blas *blas = NULL;
+    bool ok = cudaSetDevice(device) == cudaSuccess && cudaStreamCreate(&st) == cudaSuccess &&
+              cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess &&
+              cudaMemset(a, 0, bytes) == cudaSuccess;
+    if (ok) {
+        struct copy_arg c = {b, a, bytes, st};
+        double ms = time_device(st, 10, copy_once, &c);
+        *gbs = ms > 0 ? 2.0 * (double)bytes / (ms * 1e-3) / 1e9 : 0;
+        ok = ms > 0;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    size_t sq = (size_t)n * n;
+    ok = ok && cudaMalloc(&x, sq * 2) == cudaSuccess && cudaMalloc(&w, sq * 2) == cudaSuccess &&
+         cudaMalloc((void **)&out, sq * 4) == cudaSuccess &&
+         cudaMemset(x, 0x3c, sq * 2) == cudaSuccess && cudaMemset(w, 0x3c, sq * 2) == cudaSuccess &&
+         sl_cuda_blas_new(st, &blas) == SL_OK;
+    if (ok) {
+        struct gemm_arg g = {blas, out, x, w, n};
+        double ms = time_device(st, 10, gemm_once, &g);
+        *tflops = ms > 0 ? 2.0 * (double)sq * n / (ms * 1e-3) / 1e12 : 0;
+        ok = ms > 0;
+    }
+    sl_cuda_blas_free(blas);
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(out);
+    if (!ok)
+        fprintf(stderr, "engine-bench: device ceilings: %s / %s\n",
+                cudaGetErrorString(cudaGetLastError()), sl_cuda_last_error());
+    return ok;
+}
+#endif
+
 struct mat_sums {
     double bytes;  /* bytes read per decode step */
     double layer;  /* layer-matrix weights */
@@ -99,11 +208,11 @@ static struct mat_sums weight_sums(const struct sl_model *m)
 }
 
 #define BLOCK 16
-#define MAX_B 64
+#define NB 5 /* decode batch sizes measured */
 
 int main(int argc, char **argv)
 {
-    const char *spec = "synthetic:stories15M";
+    const char *spec = "synthetic:stories15M", *device = "cpu";
     int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -111,6 +220,8 @@ int main(int argc, char **argv)
             usage();
         if (strcmp(a, "--model") == 0)
             spec = v;
+        else if (strcmp(a, "--device") == 0)
+            device = v;
         else if (strcmp(a, "--threads") == 0)
             threads = atoi(v);
         else if (strcmp(a, "--prompt") == 0)
@@ -131,8 +242,18 @@ int main(int argc, char **argv)
             usage();
         i++;
     }
-    struct sl_model *m = NULL;
     char err[512];
+    struct sl_worker_device dev;
+    if (sl_worker_device_select(device, &dev, err, sizeof err) != SL_OK) {
+        fprintf(stderr, "engine-bench: %s\n", err);
+        return 1;
+    }
+    bool cuda = dev.index >= 0;
+    /* Decode batch sizes: the CPU's up to 64, a GPU's up to 256. */
+    static const int cpu_batches[NB] = {1, 4, 16, 32, 64}, gpu_batches[NB] = {1, 16, 64, 256, 0};
+    const int *batches = cuda ? gpu_batches : cpu_batches;
+    int MAX_B = cuda ? 256 : 64;
+    struct sl_model *m = NULL;
     double t_load = now_s();
     if (sl_model_load(spec, NULL, &m, err, sizeof(err)) != SL_OK) {
         fprintf(stderr, "engine-bench: %s\n", err);
@@ -140,18 +261,33 @@ int main(int argc, char **argv)
     }
     t_load = now_s() - t_load;
     const struct sl_model_config *cfg = sl_model_config(m);
-    if (prompt <= 0)
-        prompt = cfg->seq_len < 512 ? cfg->seq_len : 512;
+    if (prompt <= 0) {
+        int want = cuda ? 2048 : 512;
+        prompt = cfg->seq_len < want ? cfg->seq_len : want;
+    }
     if (prompt > cfg->seq_len || ctx < 1 || ctx > cfg->seq_len) {
         fprintf(stderr, "engine-bench: --prompt and --ctx must be within seq_len %d\n",
                 cfg->seq_len);
         return 1;
     }
 
-    struct sl_cpu_pool *pool = sl_cpu_pool_new(threads);
-    int nth = sl_cpu_pool_threads(pool);
-    double bw = only ? 0 : measure_bw(pool, reps), gflops = only ? 0 : measure_fma(pool, reps);
-    sl_cpu_pool_free(pool);
+    int nth = 0;
+    double bw = 0, gflops = 0;
+    if (cuda) {
+#if SL_HAVE_CUDA
+        /* bw: GB/s of the copy kernel; gflops: GFLOP/s of the BF16 GEMM. */
+        double tflops = 0;
+        if (!only && !device_ceilings(dev.index, &bw, &tflops))
+            return 1;
+        gflops = tflops * 1e3;
+#endif
+    } else {
+        struct sl_cpu_pool *pool = sl_cpu_pool_new(threads);
+        nth = sl_cpu_pool_threads(pool);
+        bw = only ? 0 : measure_bw(pool, reps);
+        gflops = only ? 0 : measure_fma(pool, reps);
+        sl_cpu_pool_free(pool);
+    }
 
     /* Sequence s owns blocks [s·per_seq, (s+1)·per_seq); the prefill sequence comes after. */
     int per_seq = (ctx + BLOCK - 1) / BLOCK, prompt_blocks = (prompt + BLOCK - 1) / BLOCK;
@@ -160,9 +296,10 @@ int main(int argc, char **argv)
                                 .block_size = BLOCK,
                                 .max_batch_tokens = cap,
                                 .max_seqs = MAX_B,
-                                .threads = threads};
+                                .threads = threads,
+                                .device = dev.index};
     struct sl_worker *w = NULL;
-    int rc = sl_worker_new(m, &sl_cpu_backend_ops, &o, &w);
+    int rc = sl_worker_new(m, dev.ops, &o, &w);
     if (rc != SL_OK) {
         fprintf(stderr, "engine-bench: worker: %s\n", sl_status_str(rc));
         return 1;
@@ -171,8 +308,11 @@ int main(int argc, char **argv)
     int32_t *tokens = malloc((size_t)cap * 4), *pos = malloc((size_t)cap * 4);
     int32_t *seq = malloc((size_t)cap * 4), *rows = malloc((size_t)cap * 4);
     int32_t *tables = malloc((size_t)(MAX_B + 1) * (size_t)(per_seq + prompt_blocks) * 4);
-    const int32_t *tab[MAX_B];
-    int32_t ctx_len[MAX_B];
+    const int32_t **tab = malloc((size_t)MAX_B * sizeof(*tab));
+    int32_t *ctx_len = malloc((size_t)MAX_B * sizeof(int32_t)), *ids = malloc((size_t)MAX_B * 4);
+    struct sl_sample_row *greedy = calloc((size_t)MAX_B, sizeof(*greedy));
+    for (int i = 0; i < MAX_B; i++)
+        greedy[i].p = (struct sl_sampling){.temperature = 0.0f, .top_p = 1.0f};
     float *logits = malloc((size_t)cap * (size_t)V * sizeof(float));
     uint64_t rng = 0x5eed;
     for (int i = 0; i < cap; i++) {
@@ -245,11 +385,10 @@ int main(int argc, char **argv)
             return 1;
         s0 += ns;
     }
-    static const int batches[] = {1, 4, 16, 32, 64};
-    double dec[5], dec_worst[5];
-    for (int bi = 0; bi < 5; bi++) {
+    double dec[NB] = {0}, dec_worst[NB] = {0};
+    for (int bi = 0; bi < NB; bi++) {
         int B = batches[bi];
-        if (only && B != only) {
+        if (B == 0 || (only && B != only)) {
             dec[bi] = dec_worst[bi] = 0;
             continue;
         }
@@ -269,11 +408,15 @@ int main(int argc, char **argv)
                              .ctx_len = ctx_len,
                              .n_logits = B,
                              .logit_rows = rows};
+        /* On a device, decode steps sample there (ids only come back), as when serving. The
+         * first two steps also capture the step as a CUDA graph. */
+#define STEP()                                                                                     \
+    (cuda ? sl_worker_forward_sample(w, &b, greedy, ids) : sl_worker_forward(w, &b, logits))
         /* Steps per repetition: about 0.3 s of work at the expected rate, at least 3. */
-        if (sl_worker_forward(w, &b, logits) != SL_OK)
+        if (STEP() != SL_OK || STEP() != SL_OK)
             return 1;
         double t0 = now_s();
-        if (sl_worker_forward(w, &b, logits) != SL_OK)
+        if (STEP() != SL_OK)
             return 1;
         double one = now_s() - t0;
         int steps = (int)((only ? 3.0 : 0.3) / (one > 1e-6 ? one : 1e-6));
@@ -282,49 +425,95 @@ int main(int argc, char **argv)
         for (int r = 0; r < reps; r++) {
             t0 = now_s();
             for (int i = 0; i < steps; i++)
-                if (sl_worker_forward(w, &b, logits) != SL_OK)
+                if (STEP() != SL_OK)
                     return 1;
             double t = (now_s() - t0) / steps;
             bt = t < bt ? t : bt;
             wt = t > wt ? t : wt;
         }
+#undef STEP
         dec[bi] = B / bt;
         dec_worst[bi] = B / wt;
     }
 
     struct mat_sums ws = weight_sums(m);
-    double bw_ceiling = bw * 1e9 / ws.bytes;
-    double fma_decode = gflops * 1e9 / (2 * ws.decode);
-    double fma_prefill = gflops * 1e9 / (2 * ws.layer);
-    printf("{\n");
-    printf("  \"model\": \"%s\",\n", sl_model_id(m));
-    printf("  \"weight_type\": \"%s\",\n", sl_dtype_name(m->w.layers[0].wq.type));
-    printf("  \"isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa()));
-    printf("  \"threads\": %d,\n", nth);
-    printf("  \"load_s\": %.3f,\n", t_load);
-    printf("  \"prompt_tokens\": %d,\n", prompt);
-    printf("  \"decode_context\": %d,\n", ctx);
-    printf("  \"prefill_tok_s\": %.1f,\n", prefill);
-    printf("  \"prefill_tok_s_worst\": %.1f,\n", prefill_worst);
-    printf("  \"decode_tok_s\": {");
-    for (int bi = 0; bi < 5; bi++)
-        printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec[bi]);
-    printf("},\n  \"decode_tok_s_worst\": {");
-    for (int bi = 0; bi < 5; bi++)
-        printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec_worst[bi]);
-    printf("},\n");
-    printf("  \"mem_bw_gbs\": %.2f,\n", bw);
-    printf("  \"fma_gflops\": %.1f,\n", gflops);
-    printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
-    printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
-    printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
-    printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
-    printf("  \"decode_fma_ceiling_tok_s\": %.1f,\n", fma_decode);
-    printf("  \"prefill_fma_ceiling_tok_s\": %.1f,\n", fma_prefill);
-    printf("  \"ratios\": {\"decode_1_vs_bw\": %.3f, \"decode_32_vs_fma\": %.3f, "
-           "\"decode_64_vs_fma\": %.3f, \"prefill_vs_fma\": %.3f}\n",
-           dec[0] / bw_ceiling, dec[3] / fma_decode, dec[4] / fma_decode, prefill / fma_prefill);
-    printf("}\n");
+    if (cuda) {
+        /* The device holds an all-F32 model as F32 and any other as 16-bit values; its KV
+         * blocks are in the same type, which tells which. */
+        bool f32 = dev.ops->kv_block_bytes(m, 1) == sl_model_kv_block_bytes(m, 1);
+        ws.bytes = (ws.decode) * (f32 ? 4 : 2);
+        double bw_ceiling = bw * 1e9 / ws.bytes;
+        double flops_decode = gflops * 1e9 / (2 * ws.decode);
+        double flops_prefill = gflops * 1e9 / (2 * ws.layer);
+        printf("{\n");
+        printf("  \"model\": \"%s\",\n", sl_model_id(m));
+        printf("  \"device\": \"%s\",\n", dev.name);
+        printf("  \"weight_type\": \"%s\",\n", f32 ? "f32" : sl_dtype_name(m->w.layers[0].wq.type));
+        printf("  \"load_s\": %.3f,\n", t_load);
+        printf("  \"prompt_tokens\": %d,\n", prompt);
+        printf("  \"decode_context\": %d,\n", ctx);
+        printf("  \"prefill_tok_s\": %.1f,\n", prefill);
+        printf("  \"prefill_tok_s_worst\": %.1f,\n", prefill_worst);
+        printf("  \"decode_tok_s\": {");
+        for (int bi = 0; bi < 4; bi++)
+            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec[bi]);
+        printf("},\n  \"decode_tok_s_worst\": {");
+        for (int bi = 0; bi < 4; bi++)
+            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec_worst[bi]);
+        printf("},\n");
+        printf("  \"hbm_copy_gbs\": %.1f,\n", bw);
+        printf("  \"bf16_gemm_tflops\": %.1f,\n", gflops / 1e3);
+        printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
+        printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
+        printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
+        /* Batch B decodes cannot beat reading the weights once per step (B · bw ceiling) nor
+         * the GEMM rate (flops ceiling): the lower of the two. */
+        printf("  \"decode_ceiling_tok_s\": {");
+        for (int bi = 0; bi < 4; bi++) {
+            double c = batches[bi] * bw_ceiling;
+            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi],
+                   c < flops_decode ? c : flops_decode);
+        }
+        printf("},\n");
+        printf("  \"prefill_gemm_ceiling_tok_s\": %.1f,\n", flops_prefill);
+        printf("  \"ratios\": {\"decode_1_vs_bw\": %.3f, \"prefill_vs_gemm\": %.3f}\n",
+               dec[0] / bw_ceiling, prefill / flops_prefill);
+        printf("}\n");
+    } else {
+        double bw_ceiling = bw * 1e9 / ws.bytes;
+        double fma_decode = gflops * 1e9 / (2 * ws.decode);
+        double fma_prefill = gflops * 1e9 / (2 * ws.layer);
+        printf("{\n");
+        printf("  \"model\": \"%s\",\n", sl_model_id(m));
+        printf("  \"weight_type\": \"%s\",\n", sl_dtype_name(m->w.layers[0].wq.type));
+        printf("  \"isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa()));
+        printf("  \"threads\": %d,\n", nth);
+        printf("  \"load_s\": %.3f,\n", t_load);
+        printf("  \"prompt_tokens\": %d,\n", prompt);
+        printf("  \"decode_context\": %d,\n", ctx);
+        printf("  \"prefill_tok_s\": %.1f,\n", prefill);
+        printf("  \"prefill_tok_s_worst\": %.1f,\n", prefill_worst);
+        printf("  \"decode_tok_s\": {");
+        for (int bi = 0; bi < NB; bi++)
+            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec[bi]);
+        printf("},\n  \"decode_tok_s_worst\": {");
+        for (int bi = 0; bi < NB; bi++)
+            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec_worst[bi]);
+        printf("},\n");
+        printf("  \"mem_bw_gbs\": %.2f,\n", bw);
+        printf("  \"fma_gflops\": %.1f,\n", gflops);
+        printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
+        printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
+        printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
+        printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
+        printf("  \"decode_fma_ceiling_tok_s\": %.1f,\n", fma_decode);
+        printf("  \"prefill_fma_ceiling_tok_s\": %.1f,\n", fma_prefill);
+        printf("  \"ratios\": {\"decode_1_vs_bw\": %.3f, \"decode_32_vs_fma\": %.3f, "
+               "\"decode_64_vs_fma\": %.3f, \"prefill_vs_fma\": %.3f}\n",
+               dec[0] / bw_ceiling, dec[3] / fma_decode, dec[4] / fma_decode,
+               prefill / fma_prefill);
+        printf("}\n");
+    }
     sl_worker_free(w);
     sl_model_free(m);
     free(tokens);
@@ -333,5 +522,9 @@ int main(int argc, char **argv)
     free(rows);
     free(tables);
     free(logits);
+    free(tab);
+    free(ctx_len);
+    free(ids);
+    free(greedy);
     return 0;
 }

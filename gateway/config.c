@@ -17,6 +17,7 @@ void sl_config_init(struct sl_config *c)
     c->listen_backlog = 4096;
     c->model = sl_xstrdup("synthetic");
     c->tokenizer = NULL;
+    c->device = sl_xstrdup("auto");
     c->io_threads = 1;
     c->threads = 0;
     c->max_seqs = 32;
@@ -37,8 +38,7 @@ void sl_config_init(struct sl_config *c)
     c->n_models = 1;
     c->models = sl_xcalloc(1, sizeof *c->models);
     c->models[0].spec = sl_xstrdup(c->model);
-    c->models[0].threads = -1;
-    c->models[0].device = sl_xstrdup("cpu");
+    c->models[0].threads = -1; /* device NULL: "device" */
     c->admission = true;
     sl_tenancy_init(c);
 }
@@ -62,14 +62,23 @@ static void models_free(struct sl_config_model *m, int n)
     free(m);
 }
 
+static void devices_free(char **d, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(d[i]);
+    free(d);
+}
+
 void sl_config_dispose(struct sl_config *c)
 {
     sl_admission_free(c->adm);
     models_free(c->models, c->n_models);
+    devices_free(c->devices, c->n_devices);
     tls_clear(&c->tls);
     free(c->listen_host);
     free(c->model);
     free(c->tokenizer);
+    free(c->device);
     free(c->chat_template);
     free(c->log_level);
     sl_tenancy_dispose(c);
@@ -171,6 +180,7 @@ enum key_type {
     K_TLS,
     K_BOOL,
     K_MODELS,
+    K_DEVICES,
 };
 
 struct key {
@@ -187,6 +197,7 @@ static const struct key keys[] = {
     {"tls", K_TLS, 0, 0, 0},
     {"model", K_STR, OFF(model), 0, 0},
     {"tokenizer", K_STR_OR_NULL, OFF(tokenizer), 0, 0},
+    {"device", K_STR, OFF(device), 0, 0},
     {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
     {"io_threads", K_INT, OFF(io_threads), 1, 64},
     {"threads", K_INT, OFF(threads), 0, 1024},
@@ -207,6 +218,7 @@ static const struct key keys[] = {
     {"drain_timeout_ms", K_INT, OFF(drain_timeout_ms), 0, 3600000},
     {"log_level", K_LOG_LEVEL, OFF(log_level), 0, 0},
     {"models", K_MODELS, 0, 0, 0},
+    {"devices", K_DEVICES, 0, 0, 0},
     {"admission", K_BOOL, OFF(admission), 0, 0},
 };
 
@@ -297,7 +309,6 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
     for (int i = 0; i < n && st == SL_OK; i++) {
         json_t *e = json_array_get(v, (size_t)i);
         m[i].threads = -1;
-        m[i].device = sl_xstrdup("cpu");
         if (!json_is_object(e)) {
             snprintf(err, errlen, "%s: models[%d]: must be an object with \"name\" and \"model\"",
                      where, i);
@@ -352,12 +363,15 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
                     m[i].threads = (int)json_integer_value(x);
                 }
             } else if (strcmp(k, "device") == 0) {
-                if (!json_is_string(x) || strcmp(json_string_value(x), "cpu") != 0) {
+                if (!json_is_string(x) ||
+                    sl_worker_device_parse(json_string_value(x), NULL) != SL_OK) {
                     snprintf(err, errlen,
-                             "%s: models[%d].device: must be \"cpu\" (the only backend of this "
-                             "build)",
+                             "%s: models[%d].device: must be \"auto\", \"cpu\", \"cuda\" or "
+                             "\"cuda:N\"",
                              where, i);
                     st = SL_EINVAL;
+                } else {
+                    replace(&m[i].device, json_string_value(x));
                 }
             } else {
                 snprintf(err, errlen,
@@ -400,6 +414,45 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
     return SL_OK;
 }
 
+/* "devices": [0, 1, "cuda:2", "cpu", ...], 1 to SL_REPLICAS_MAX entries: an integer N is
+ * "cuda:N", a string is as "device". Each model without a "device" of its own runs one worker and
+ * scheduler on each. */
+static int parse_devices(struct sl_config *c, json_t *v, char *err, size_t errlen,
+                         const char *where)
+{
+    if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > SL_REPLICAS_MAX) {
+        snprintf(err, errlen,
+                 "%s: \"devices\" must be an array of 1 to %d devices (CUDA ordinals, or strings "
+                 "as \"device\")",
+                 where, SL_REPLICAS_MAX);
+        return SL_EINVAL;
+    }
+    int n = (int)json_array_size(v);
+    char **d = sl_xcalloc((size_t)n, sizeof *d);
+    for (int i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, (size_t)i);
+        char buf[32];
+        if (json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < 1024) {
+            snprintf(buf, sizeof buf, "cuda:%d", (int)json_integer_value(e));
+            d[i] = sl_xstrdup(buf);
+        } else if (json_is_string(e) &&
+                   sl_worker_device_parse(json_string_value(e), NULL) == SL_OK) {
+            d[i] = sl_xstrdup(json_string_value(e));
+        } else {
+            snprintf(err, errlen,
+                     "%s: devices[%d]: must be a CUDA ordinal from 0 to 1023 or \"auto\", "
+                     "\"cpu\", \"cuda\" or \"cuda:N\"",
+                     where, i);
+            devices_free(d, n);
+            return SL_EINVAL;
+        }
+    }
+    devices_free(c->devices, c->n_devices);
+    c->devices = d;
+    c->n_devices = n;
+    return SL_OK;
+}
+
 void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src)
 {
     struct sl_config_model *m = sl_xcalloc((size_t)src->n_models, sizeof *m);
@@ -414,12 +467,21 @@ void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src)
     models_free(dst->models, dst->n_models);
     dst->models = m;
     dst->n_models = src->n_models;
+    char **d = src->n_devices ? sl_xcalloc((size_t)src->n_devices, sizeof *d) : NULL;
+    for (int i = 0; i < src->n_devices; i++)
+        d[i] = sl_xstrdup(src->devices[i]);
+    devices_free(dst->devices, dst->n_devices);
+    dst->devices = d;
+    dst->n_devices = src->n_devices;
 }
 
 bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b)
 {
-    if (a->n_models != b->n_models)
+    if (a->n_models != b->n_models || a->n_devices != b->n_devices)
         return false;
+    for (int i = 0; i < a->n_devices; i++)
+        if (strcmp(a->devices[i], b->devices[i]) != 0)
+            return false;
     for (int i = 0; i < a->n_models; i++) {
         const struct sl_config_model *x = &a->models[i], *y = &b->models[i];
         const char *xs[4] = {x->name, x->spec, x->tokenizer, x->device};
@@ -498,6 +560,7 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
     }
     case K_TLS: return parse_tls(c, v, err, errlen, where);
     case K_MODELS: return parse_models(c, v, err, errlen, where);
+    case K_DEVICES: return parse_devices(c, v, err, errlen, where);
     case K_BOOL:
         if (!json_is_boolean(v)) {
             snprintf(err, errlen, "%s: \"%s\" must be true or false", where, k->name);
@@ -574,6 +637,12 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
                  path);
         st = SL_EINVAL;
     }
+    if (st == SL_OK && json_object_get(root, "devices") && json_object_get(root, "device")) {
+        snprintf(err, errlen,
+                 "%s: \"device\" names one device and \"devices\" several: give one or the other",
+                 path);
+        st = SL_EINVAL;
+    }
     if (st == SL_OK)
         models_sync(c);
     char why[768];
@@ -598,6 +667,12 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
                  "\"chat_template\" must be null (the model's own) or one of plain, chatml, "
                  "llama2, llama3, mistral, zephyr, gemma, phi3, not \"%.40s\"",
                  c->chat_template);
+        return SL_EINVAL;
+    }
+    if (sl_worker_device_parse(c->device, NULL) != SL_OK) {
+        snprintf(err, errlen,
+                 "\"device\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", not \"%.40s\"",
+                 c->device);
         return SL_EINVAL;
     }
     if (check_log_level(c->log_level) < 0) {
@@ -671,8 +746,9 @@ json_t *sl_config_to_json(const struct sl_config *c)
             for (int i = 0; i < c->n_models; i++) {
                 const struct sl_config_model *m = &c->models[i];
                 json_t *o =
-                    json_pack("{s:s, s:s, s:s}", "model", m->spec, "device",
-                              m->device ? m->device : "cpu", "name", m->name ? m->name : "");
+                    json_pack("{s:s, s:s}", "model", m->spec, "name", m->name ? m->name : "");
+                /* null: on "devices", or else "device" */
+                json_object_set_new(o, "device", m->device ? json_string(m->device) : json_null());
                 if (!m->name)
                     json_object_set_new(o, "name", json_null());
                 json_object_set_new(o, "tokenizer",
@@ -681,6 +757,11 @@ json_t *sl_config_to_json(const struct sl_config *c)
                                     m->threads >= 0 ? json_integer(m->threads) : json_null());
                 json_array_append_new(v, o);
             }
+            break;
+        case K_DEVICES:
+            v = c->n_devices ? json_array() : json_null();
+            for (int i = 0; i < c->n_devices; i++)
+                json_array_append_new(v, json_string(c->devices[i]));
             break;
         case K_TLS:
             if (!c->tls.cert) {

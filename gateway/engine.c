@@ -22,65 +22,71 @@ static size_t mem_available(void)
     return (size_t)kib << 10;
 }
 
-/* The KV pool as main.c sizes the first model's: max_seqs full contexts, capped by kv_cache_mib
- * or kv_cache_fraction (each model has a pool of its own). */
-static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char *err,
-                     size_t errlen)
+/* The KV pool of one model: enough blocks for max_seqs full contexts, capped by kv_cache_mib or,
+ * when set, kv_cache_fraction of the memory available now (on a CUDA device: its free memory less
+ * what the weights and activations will take). Each model has a pool of its own. */
+static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m,
+                     const struct sl_worker_device *dev, char *err, size_t errlen)
 {
     const struct sl_model_config *mc = sl_model_config(m);
     long per_seq = (mc->seq_len + cfg->block_size - 1) / cfg->block_size;
     long want = per_seq * cfg->max_seqs;
-    size_t block_bytes = sl_model_kv_block_bytes(m, cfg->block_size);
+    size_t block_bytes = dev->ops->kv_block_bytes(m, cfg->block_size);
     size_t cap_bytes = (size_t)cfg->kv_cache_mib << 20;
+    const char *what = "\"kv_cache_mib\"";
     if (cfg->kv_cache_fraction > 0) {
-        size_t avail = mem_available();
-        if (avail == 0) {
-            snprintf(err, errlen, "\"kv_cache_fraction\": available memory is unknown");
+        size_t avail = dev->index >= 0
+                           ? sl_worker_device_kv_room(dev, m, cfg->max_batch_tokens, cfg->max_seqs)
+                           : mem_available();
+        if (avail == 0 && dev->index < 0) {
+            snprintf(err, errlen,
+                     "\"kv_cache_fraction\": available memory is unknown "
+                     "(no MemAvailable in /proc/meminfo); set \"kv_cache_mib\"");
             return -1;
         }
         cap_bytes = (size_t)((double)avail * cfg->kv_cache_fraction);
+        what = "\"kv_cache_fraction\"";
     }
     long cap = (long)(cap_bytes / block_bytes);
     if (cap < per_seq) {
-        snprintf(err, errlen, "the KV cap allows %ld blocks of %d tokens, fewer than one context",
-                 cap, cfg->block_size);
+        snprintf(err, errlen,
+                 "%s allows %.1f MiB: %ld blocks of %d tokens, fewer than one full context of %d "
+                 "tokens needs (%ld)",
+                 what, (double)cap_bytes / (1 << 20), cap, cfg->block_size, mc->seq_len, per_seq);
         return -1;
     }
     return (int)(want < cap ? want : cap);
 }
 
-int sl_engine_start(const struct sl_config *cfg, int idx, struct sl_engine *e, char *err,
-                    size_t errlen)
+/* Starts replica r of e on the device spec names: its worker (with its own KV pool) and its
+ * scheduler. */
+static int replica_start(const struct sl_config *cfg, const struct sl_config_model *cm,
+                         const char *spec, const struct sl_backend_ops *cpu_ops,
+                         struct sl_engine *e, int r, char *err, size_t errlen)
 {
-    memset(e, 0, sizeof *e);
-    if (idx < 0 || idx >= cfg->n_models) {
-        snprintf(err, errlen, "models[%d]: no such model", idx);
-        return SL_EINVAL;
-    }
-    const struct sl_config_model *cm = &cfg->models[idx];
-    char why[512] = "";
-    int st = sl_model_load(cm->spec, cm->tokenizer, &e->model, why, sizeof why);
-    if (st != SL_OK) {
-        snprintf(err, errlen, "models[%d] (%s): %s", idx, cm->name ? cm->name : cm->spec, why);
+    struct sl_worker_device dev;
+    int st = sl_worker_device_select(spec, &dev, err, errlen);
+    if (st != SL_OK)
         return st;
-    }
-    e->name = cm->name ? cm->name : sl_model_id(e->model);
-    int n_blocks = kv_blocks(cfg, e->model, why, sizeof why);
-    if (n_blocks < 0) {
-        snprintf(err, errlen, "models[%d] (%s): %s", idx, e->name, why);
-        sl_engine_stop(e);
+    if (dev.index < 0 && cpu_ops)
+        dev.ops = cpu_ops;
+    if (dev.index >= 0)
+        snprintf(e->device[r], sizeof e->device[r], "cuda:%d", dev.index);
+    else
+        snprintf(e->device[r], sizeof e->device[r], "cpu");
+    int n_blocks = kv_blocks(cfg, e->model, &dev, err, errlen);
+    if (n_blocks < 0)
         return SL_EINVAL;
-    }
     struct sl_backend_opts bo = {
         .n_kv_blocks = n_blocks,
         .block_size = cfg->block_size,
         .max_batch_tokens = cfg->max_batch_tokens,
         .max_seqs = cfg->max_seqs,
         .threads = cm->threads >= 0 ? cm->threads : cfg->threads,
+        .device = dev.index,
     };
-    if ((st = sl_worker_new(e->model, &sl_cpu_backend_ops, &bo, &e->worker)) != SL_OK) {
-        snprintf(err, errlen, "models[%d] (%s): worker: %s", idx, e->name, sl_status_str(st));
-        sl_engine_stop(e);
+    if ((st = sl_worker_new(e->model, dev.ops, &bo, &e->worker[r])) != SL_OK) {
+        snprintf(err, errlen, "worker on %s: %s", e->device[r], sl_status_str(st));
         return st;
     }
     const struct sl_model_config *mc = sl_model_config(e->model);
@@ -95,23 +101,64 @@ int sl_engine_start(const struct sl_config *cfg, int idx, struct sl_engine *e, c
         .tiers = tiers,
         .n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS),
     };
-    if ((st = sl_sched_new(e->worker, &lim, &e->sched)) != SL_OK) {
-        snprintf(err, errlen, "models[%d] (%s): scheduler: %s", idx, e->name, sl_status_str(st));
-        sl_engine_stop(e);
+    if ((st = sl_sched_new(e->worker[r], &lim, &e->sched[r])) != SL_OK) {
+        snprintf(err, errlen, "scheduler on %s: %s", e->device[r], sl_status_str(st));
         return st;
     }
+    sl_log(SL_LOG_INFO, "model %s on %s (threads %d): KV %d blocks of %d (%.1f MiB)", e->name,
+           dev.name, bo.threads, n_blocks, cfg->block_size,
+           (double)sl_worker_kv_bytes(e->worker[r]) / (1 << 20));
+    return SL_OK;
+}
+
+int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backend_ops *cpu_ops,
+                    struct sl_engine *e, char *err, size_t errlen)
+{
+    memset(e, 0, sizeof *e);
+    uint64_t t0 = sl_clock_ns();
+    if (idx < 0 || idx >= cfg->n_models) {
+        snprintf(err, errlen, "models[%d]: no such model", idx);
+        return SL_EINVAL;
+    }
+    const struct sl_config_model *cm = &cfg->models[idx];
+    /* Its own device, else one replica per entry of "devices", else "device". */
+    const char *const *specs = (const char *const *)&cm->device;
+    int n = 1;
+    if (!cm->device && cfg->n_devices > 0) {
+        specs = (const char *const *)cfg->devices;
+        n = cfg->n_devices;
+    } else if (!cm->device) {
+        specs = (const char *const *)&cfg->device;
+    }
+    char why[512] = "";
+    int st = sl_model_load(cm->spec, cm->tokenizer, &e->model, why, sizeof why);
+    if (st != SL_OK) {
+        snprintf(err, errlen, "models[%d] (%s): %s", idx, cm->name ? cm->name : cm->spec, why);
+        return st;
+    }
+    e->name = cm->name ? cm->name : sl_model_id(e->model);
+    for (int r = 0; r < n; r++, e->n_replicas++)
+        if ((st = replica_start(cfg, cm, specs[r], cpu_ops, e, r, why, sizeof why)) != SL_OK) {
+            snprintf(err, errlen, "models[%d] (%s): %s", idx, e->name, why);
+            e->n_replicas++; /* what replica_start made is freed with the rest */
+            sl_engine_stop(e);
+            return st;
+        }
+    const struct sl_model_config *mc = sl_model_config(e->model);
     sl_log(SL_LOG_INFO,
-           "model %s (%s): dim %d, %d layers, vocab %d, context %d; KV %d blocks (%.1f MiB), "
-           "%d threads",
-           e->name, sl_model_id(e->model), mc->dim, mc->n_layers, mc->vocab_size, mc->seq_len,
-           n_blocks, (double)sl_worker_kv_bytes(e->worker) / (1 << 20), bo.threads);
+           "model %s (%s): dim %d, %d layers, %d heads (%d kv), vocab %d, context %d; %d "
+           "worker%s; loaded in %.0f ms",
+           e->name, sl_model_id(e->model), mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads,
+           mc->vocab_size, mc->seq_len, n, n == 1 ? "" : "s", (double)(sl_clock_ns() - t0) / 1e6);
     return SL_OK;
 }
 
 void sl_engine_stop(struct sl_engine *e)
 {
-    sl_sched_free(e->sched);
-    sl_worker_free(e->worker);
+    for (int r = 0; r < e->n_replicas; r++) {
+        sl_sched_free(e->sched[r]);
+        sl_worker_free(e->worker[r]);
+    }
     sl_model_free(e->model);
     memset(e, 0, sizeof *e);
 }

@@ -633,9 +633,10 @@ void sl_metrics_http_done(struct sl_metrics *m, int shard, const char *route, in
 /* Appends the whole exposition: every family with # HELP and # TYPE, then the scheduler's gauges
  * from st (omitted when st is NULL). Any thread; concurrent recording may or may not be seen. */
 void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out);
-/* The same with the gauges of n schedulers, one per served model (names[i] labels st[i] as
- * model="NAME" when n > 1; one scheduler's gauges carry no model label). */
-void sl_metrics_render_models(struct sl_metrics *m, const char *const *names,
+/* The same with the gauges of n schedulers, one per served model and replica (names[i] labels
+ * st[i] as model="NAME" when n > 1; one scheduler's gauges carry no model label; replicas, when
+ * not NULL, adds replica="R", the scheduler's index among its model's). */
+void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, const int *replicas,
                               const struct sl_sched_stats *st, int n, struct sl_str *out);
 /* One admission decision on a request classified into `tier`:
  * sluice:admission_decisions_total{tier, decision, reason}. */

@@ -466,6 +466,7 @@ struct conn {
      * queue:MS step parks it, its decoded request and the timer that looks again. */
     struct sl_admit adm;
     int engine;
+    int replica; /* of engines[engine] running it (counted in its in_flight while creq is set) */
     struct sl_openai_completion oc;
     bool has_oc;
     bool parked;             /* a queue:MS step holds it: no scheduler has it yet */
@@ -515,7 +516,12 @@ struct io {
 struct engine {
     char name[SL_MODEL_NAME_MAX + 1];
     const struct sl_model *model;
-    struct sl_sched *sched;              /* NULL: no engine (tests of the front end alone) */
+    /* Its replicas, one per device, each with its scheduler; sched[0] NULL: no engine (tests of
+     * the front end alone). in_flight counts the requests each holds, from submit to their end:
+     * a request goes to the replica with the fewest (then the fewest queued prompt tokens). */
+    struct sl_sched *sched[SL_REPLICAS_MAX];
+    atomic_int in_flight[SL_REPLICAS_MAX];
+    int n_replicas;
     enum sl_chat_template chat_template; /* the model's, when the config names none */
 };
 
@@ -838,8 +844,12 @@ static void log_access(struct conn *c, const char *finish, int n_completion)
     if (c->creq || finish) {
         str_add(l, ",\"model\":\"");
         str_add(l, c->io->srv->engines[c->engine].name);
-        sl_str_appendf(l, "\",\"id\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d",
-                       c->ident.id, c->n_prompt, n_completion);
+        if (c->creq && c->io->srv->engines[c->engine].n_replicas > 1)
+            sl_str_appendf(l, "\",\"replica\":%d,\"id", c->replica);
+        else
+            str_add(l, "\",\"id");
+        sl_str_appendf(l, "\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d", c->ident.id,
+                       c->n_prompt, n_completion);
         sl_str_appendf(l, ",\"finish\":\"%s\"", finish ? finish : "none");
         if (c->t_first_ns) {
             str_add(l, ",\"ttft_ms\":");
@@ -931,11 +941,13 @@ static void drop_request(struct conn *c, bool cancel)
     admit_release(c, c->creq ? c->n_gen : -1);
     if (!c->creq)
         return;
+    struct engine *en = &c->io->srv->engines[c->engine];
     if (cancel) {
         c->status = 499; /* nginx's "client closed request" */
         log_access(c, "cancelled", c->n_gen);
-        sl_sched_cancel(c->io->srv->engines[c->engine].sched, c->creq);
+        sl_sched_cancel(en->sched[c->replica], c->creq);
     }
+    atomic_fetch_sub_explicit(&en->in_flight[c->replica], 1, memory_order_relaxed);
     /* Events still on their way find no connection and are just freed. */
     sl_req_set_user(c->creq, NULL);
     sl_req_unref(c->creq);
@@ -1116,19 +1128,46 @@ static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, 
 
 /* ---- admission ---- */
 
+/* The replica of engine en a request goes to now: the fewest requests in flight, then the
+ * fewest queued prompt tokens, then the lowest index. out (when not NULL) gets its stats. */
+static int pick_replica(struct engine *en, struct sl_sched_stats *out)
+{
+    if (en->n_replicas == 1) {
+        if (out)
+            sl_sched_stats(en->sched[0], out);
+        return 0;
+    }
+    struct sl_sched_stats tmp, best_st;
+    int best = 0, best_n = INT_MAX;
+    for (int r = 0; r < en->n_replicas; r++) {
+        int n = atomic_load_explicit(&en->in_flight[r], memory_order_relaxed);
+        if (n > best_n)
+            continue;
+        sl_sched_stats(en->sched[r], &tmp);
+        if (n < best_n || tmp.queued_prompt_tokens < best_st.queued_prompt_tokens) {
+            best = r;
+            best_n = n;
+            best_st = tmp;
+        }
+    }
+    if (out)
+        *out = best_st;
+    return best;
+}
+
 static void admit_env_stats(void *ctx, int model, struct sl_sched_stats *out)
 {
     struct conn *c = ctx;
     struct sl_http_server *srv = c->io->srv;
-    if (model >= 0 && model < srv->n_engines && srv->engines[model].sched)
-        sl_sched_stats(srv->engines[model].sched, out);
+    if (model >= 0 && model < srv->n_engines && srv->engines[model].sched[0])
+        pick_replica(&srv->engines[model], out);
 }
 
 static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt)
 {
     struct conn *c = ctx;
     struct sl_openai_error err;
-    if (model < 0 || model >= c->io->srv->n_engines || !c->io->srv->engines[model].sched)
+    if (model < 0 || model >= c->io->srv->n_engines || !c->io->srv->engines[model].sched[0])
         return SL_ENOENT;
     return encode_prompt(c, &c->oc, model, max_tokens, n_prompt, &err);
 }
@@ -1167,7 +1206,7 @@ static void submit(struct conn *c)
         }
     }
     c->engine = a->model;
-    const struct engine *en = &srv->engines[c->engine];
+    struct engine *en = &srv->engines[c->engine];
     if (a->tier != c->tier) {
         /* Demoted: it runs, and says it runs, in the tier admission chose. */
         const struct sl_tier *t = &c->cfg->tiers[a->tier];
@@ -1190,7 +1229,8 @@ static void submit(struct conn *c)
     c->has_oc = false;
 
     sl_req_set_user(r, c);
-    int st = sl_sched_submit(en->sched, r, io->outbox);
+    c->replica = pick_replica(en, NULL);
+    int st = sl_sched_submit(en->sched[c->replica], r, io->outbox);
     if (st != SL_OK) {
         sl_req_set_user(r, NULL);
         sl_req_unref(r);
@@ -1202,6 +1242,7 @@ static void submit(struct conn *c)
         return;
     }
     c->creq = r;
+    atomic_fetch_add_explicit(&en->in_flight[c->replica], 1, memory_order_relaxed);
     c->n_prompt = n_prompt;
     c->head_sent = false;
     /* HTTP/1.0 has no chunked encoding: the stream then ends with the connection. */
@@ -1324,7 +1365,7 @@ static void serve_completion(struct conn *c)
         send_error(c, &err, NULL);
         return;
     }
-    if (!srv->engines[e].sched) {
+    if (!srv->engines[e].sched[0]) {
         admit_release(c, -1);
         sl_openai_error_set(&err, 503, NULL, NULL, "This server has no engine to run completions.");
         send_error(c, &err, NULL);
@@ -1537,17 +1578,21 @@ static void not_allowed(struct conn *c, const char *allow)
 static void serve_metrics(struct conn *c)
 {
     struct sl_http_server *srv = c->io->srv;
-    struct sl_sched_stats st[SL_MODELS_MAX];
-    const char *names[SL_MODELS_MAX];
+    struct sl_sched_stats st[SL_MODELS_MAX * SL_REPLICAS_MAX];
+    const char *names[SL_MODELS_MAX * SL_REPLICAS_MAX];
     int n = 0;
+    int replicas[SL_MODELS_MAX * SL_REPLICAS_MAX];
+    bool several = false;
     for (int i = 0; i < srv->n_engines; i++)
-        if (srv->engines[i].sched) {
-            sl_sched_stats(srv->engines[i].sched, &st[n]);
-            names[n++] = srv->engines[i].name;
+        for (int r = 0; r < srv->engines[i].n_replicas; r++) {
+            sl_sched_stats(srv->engines[i].sched[r], &st[n]);
+            names[n] = srv->engines[i].name;
+            replicas[n++] = r;
+            several |= r > 0;
         }
     struct sl_str *b = &c->io->out;
     sl_str_clear(b);
-    sl_metrics_render_models(srv->metrics, names, st, n, b);
+    sl_metrics_render_models(srv->metrics, names, several ? replicas : NULL, st, n, b);
     sl_admission_render(c->cfg, b);
     send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }
@@ -1696,6 +1741,7 @@ static void conn_begin(struct conn *c)
     admit_release(c, -1); /* nothing is held between requests; this only makes sure */
     sl_admit_init(&c->adm);
     c->engine = 0;
+    c->replica = 0;
     c->ident.id[0] = '\0';
     if (c->cfg != c->io->cfg) {
         /* Reloaded since this connection's last request: keys, tiers and limits apply from this
@@ -2276,7 +2322,7 @@ static void serve_ready(struct conn *c)
     struct sl_openai_error err;
     if (c->io->draining || atomic_load(&s->draining)) {
         sl_openai_error_set(&err, 503, NULL, "draining", "The server is shutting down.");
-    } else if (!s->engines[0].model || !s->engines[0].sched) {
+    } else if (!s->engines[0].model || !s->engines[0].sched[0]) {
         sl_openai_error_set(&err, 503, NULL, "not_ready",
                             "This server has no engine to run completions.");
     } else {
@@ -2321,8 +2367,7 @@ static void on_drain_cancel(evutil_socket_t fd, short what, void *arg)
         }
         if (c->closed || !c->creq)
             continue;
-        if (io->srv->engines[c->engine].sched)
-            sl_sched_cancel(io->srv->engines[c->engine].sched, c->creq);
+        sl_sched_cancel(io->srv->engines[c->engine].sched[c->replica], c->creq);
         struct sl_out_event e = {.req = c->creq,
                                  .kind = SL_OUT_DONE,
                                  .finish = SL_FINISH_CANCELLED,
@@ -2489,7 +2534,10 @@ static void engine_set(struct engine *e, const char *name, const struct sl_model
 {
     snprintf(e->name, sizeof e->name, "%s", name);
     e->model = model;
-    e->sched = sched;
+    e->sched[0] = sched;
+    e->n_replicas = sched ? 1 : 0;
+    for (int r = 0; r < SL_REPLICAS_MAX; r++)
+        atomic_init(&e->in_flight[r], 0);
     e->chat_template = sl_chat_template_of_model(model);
 }
 
@@ -2572,6 +2620,25 @@ int sl_http_server_add_model(struct sl_http_server *s, const char *name,
     engine_set(e, name, model, sched);
     s->engine_names[s->n_engines++] = e->name;
     return SL_OK;
+}
+
+int sl_http_server_add_replica(struct sl_http_server *s, const char *name, struct sl_sched *sched,
+                               char *err, size_t errlen)
+{
+    for (int i = 0; i < s->n_engines && !s->started; i++) {
+        struct engine *e = &s->engines[i];
+        if (strcmp(e->name, name) != 0)
+            continue;
+        if (e->n_replicas < 1 || e->n_replicas >= SL_REPLICAS_MAX || !sched)
+            break;
+        e->sched[e->n_replicas++] = sched;
+        return SL_OK;
+    }
+    snprintf(err, errlen,
+             "cannot add a replica of model \"%s\": not served, at most %d replicas, added "
+             "before start",
+             name ? name : "?", SL_REPLICAS_MAX);
+    return SL_EINVAL;
 }
 
 int sl_http_server_port(const struct sl_http_server *s)
@@ -2661,6 +2728,7 @@ static void keep_start_keys(struct sl_config *next, const struct sl_config *cur)
     KEEP_NUM(listen_backlog)
     KEEP_STR(model)
     KEEP_STR(tokenizer)
+    KEEP_STR(device)
     KEEP_NUM(io_threads)
     KEEP_NUM(threads)
     KEEP_NUM(max_seqs)
@@ -2726,8 +2794,8 @@ int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char
     struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
     int n_tiers = sl_config_sched_tiers(next, tiers, SL_SCHED_MAX_TIERS);
     for (int i = 0; i < s->n_engines; i++)
-        if (s->engines[i].sched)
-            sl_sched_set_tiers(s->engines[i].sched, tiers, n_tiers);
+        for (int r = 0; r < s->engines[i].n_replicas; r++)
+            sl_sched_set_tiers(s->engines[i].sched[r], tiers, n_tiers);
     return SL_OK;
 }
 

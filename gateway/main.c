@@ -21,54 +21,6 @@ static enum sl_log_level level_of(const char *name)
     return SL_LOG_INFO;
 }
 
-/* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
-static size_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f)
-        return 0;
-    char line[256];
-    unsigned long long kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
-            break;
-    fclose(f);
-    return (size_t)kib << 10;
-}
-
-/* KV pool: enough blocks for max_seqs full contexts, capped by kv_cache_mib or, when set,
- * kv_cache_fraction of the memory available now. */
-static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m, char *err,
-                     size_t errlen)
-{
-    const struct sl_model_config *mc = sl_model_config(m);
-    long per_seq = (mc->seq_len + cfg->block_size - 1) / cfg->block_size;
-    long want = per_seq * cfg->max_seqs;
-    size_t block_bytes = sl_model_kv_block_bytes(m, cfg->block_size);
-    size_t cap_bytes = (size_t)cfg->kv_cache_mib << 20;
-    const char *what = "\"kv_cache_mib\"";
-    if (cfg->kv_cache_fraction > 0) {
-        size_t avail = mem_available();
-        if (avail == 0) {
-            snprintf(err, errlen,
-                     "\"kv_cache_fraction\": available memory is unknown "
-                     "(no MemAvailable in /proc/meminfo); set \"kv_cache_mib\"");
-            return -1;
-        }
-        cap_bytes = (size_t)((double)avail * cfg->kv_cache_fraction);
-        what = "\"kv_cache_fraction\"";
-    }
-    long cap = (long)(cap_bytes / block_bytes);
-    if (cap < per_seq) {
-        snprintf(err, errlen,
-                 "%s allows %.1f MiB: %ld blocks of %d tokens, fewer than one full context of %d "
-                 "tokens needs (%ld)",
-                 what, (double)cap_bytes / (1 << 20), cap, cfg->block_size, mc->seq_len, per_seq);
-        return -1;
-    }
-    return (int)(want < cap ? want : cap);
-}
-
 /* SIGHUP: the configuration is read again from the same command line (the file, then the flags
  * over it) and handed to the server; a configuration that fails to load keeps the old one. */
 static void reload(struct sl_http_server *http, int argc, char **argv)
@@ -154,82 +106,44 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     int rc = 1;
-    struct sl_model *model = NULL;
-    struct sl_worker *worker = NULL;
-    struct sl_sched *sched = NULL;
     struct sl_http_server *http = NULL;
-    struct sl_engine extra[SL_MODELS_MAX]; /* models[1..]: each its own worker and scheduler */
-    int n_extra = 0;
-
-    uint64_t t0 = sl_clock_ns();
-    if (sl_model_load(cfg->model, cfg->tokenizer, &model, err, sizeof err) != SL_OK) {
-        fprintf(stderr, "sluice: model: %s\n", err);
-        goto out;
-    }
-    const struct sl_model_config *mc = sl_model_config(model);
-    int n_blocks = kv_blocks(cfg, model, err, sizeof err);
-    if (n_blocks < 0) {
-        fprintf(stderr, "sluice: %s\n", err);
-        goto out;
-    }
-    struct sl_backend_opts bo = {
-        .n_kv_blocks = n_blocks,
-        .block_size = cfg->block_size,
-        .max_batch_tokens = cfg->max_batch_tokens,
-        .max_seqs = cfg->max_seqs,
-        .threads = cfg->models[0].threads >= 0 ? cfg->models[0].threads : cfg->threads,
-    };
+    struct sl_engine engines[SL_MODELS_MAX]; /* cfg->models: each its own worker and scheduler */
+    int n_engines = 0;
 #ifdef SL_FAULT_INJECTION
     /* tests/integration's sluice-fault: forward fails where SLUICE_FAULT_FORWARD says. */
-    const struct sl_backend_ops *backend = &sl_fault_backend_ops;
+    const struct sl_backend_ops *cpu_ops = &sl_fault_backend_ops;
 #else
-    const struct sl_backend_ops *backend = &sl_cpu_backend_ops;
+    const struct sl_backend_ops *cpu_ops = NULL;
 #endif
-    int st = sl_worker_new(model, backend, &bo, &worker);
-    if (st != SL_OK) {
-        fprintf(stderr, "sluice: worker: %s\n", sl_status_str(st));
-        goto out;
-    }
-    struct sl_sched_limits lim = {
-        .vocab = mc->vocab_size,
-        .max_ctx = mc->seq_len,
-        .max_seqs = cfg->max_seqs,
-        .max_batch_tokens = cfg->max_batch_tokens,
-        .n_blocks = n_blocks,
-        .block_size = cfg->block_size,
-    };
-    struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
-    lim.tiers = tiers;
-    lim.n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS);
-    if ((st = sl_sched_new(worker, &lim, &sched)) != SL_OK) {
-        fprintf(stderr, "sluice: scheduler: %s\n", sl_status_str(st));
-        goto out;
-    }
-    for (int i = 1; i < cfg->n_models; i++, n_extra++)
-        if (sl_engine_start(cfg, i, &extra[n_extra], err, sizeof err) != SL_OK) {
+
+    for (int i = 0; i < cfg->n_models; i++, n_engines++)
+        if (sl_engine_start(cfg, i, cpu_ops, &engines[i], err, sizeof err) != SL_OK) {
             fprintf(stderr, "sluice: %s\n", err);
             goto out;
         }
-    if (sl_http_server_new(cfg, model, sched, &http, err, sizeof err) != SL_OK) {
+    if (sl_http_server_new(cfg, engines[0].model, engines[0].sched[0], &http, err, sizeof err) !=
+        SL_OK) {
         fprintf(stderr, "sluice: %s\n", err);
         goto out;
     }
-    for (int i = 0; i < n_extra; i++)
-        if (sl_http_server_add_model(http, extra[i].name, extra[i].model, extra[i].sched, err,
-                                     sizeof err) != SL_OK) {
+    for (int i = 0; i < n_engines; i++) {
+        const struct sl_engine *e = &engines[i];
+        if (i > 0 && sl_http_server_add_model(http, e->name, e->model, e->sched[0], err,
+                                              sizeof err) != SL_OK) {
             fprintf(stderr, "sluice: %s\n", err);
             goto out;
         }
-    if ((st = sl_http_server_start(http)) != SL_OK) {
+        for (int r = 1; r < e->n_replicas; r++)
+            if (sl_http_server_add_replica(http, e->name, e->sched[r], err, sizeof err) != SL_OK) {
+                fprintf(stderr, "sluice: %s\n", err);
+                goto out;
+            }
+    }
+    int st = sl_http_server_start(http);
+    if (st != SL_OK) {
         fprintf(stderr, "sluice: cannot start I/O threads: %s\n", sl_status_str(st));
         goto out;
     }
-    sl_log(SL_LOG_INFO,
-           "model %s: dim %d, %d layers, %d heads (%d kv), vocab %d, context %d; "
-           "KV %d blocks of %d (%.1f MiB); loaded in %.0f ms",
-           sl_model_id(model), mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
-           mc->seq_len, n_blocks, cfg->block_size, (double)sl_worker_kv_bytes(worker) / (1 << 20),
-           (double)(sl_clock_ns() - t0) / 1e6);
     sl_log(SL_LOG_INFO, "listening on http://%s%s%s:%d", strchr(cfg->listen_host, ':') ? "[" : "",
            cfg->listen_host, strchr(cfg->listen_host, ':') ? "]" : "", sl_http_server_port(http));
     if (cfg->tls.cert) {
@@ -251,12 +165,9 @@ out:
      * outboxes the scheduler posts to are freed only after it has stopped. */
     if (http)
         sl_http_server_stop(http);
-    sl_sched_free(sched);
-    for (int i = 0; i < n_extra; i++)
-        sl_engine_stop(&extra[i]);
+    for (int i = 0; i < n_engines; i++)
+        sl_engine_stop(&engines[i]);
     sl_http_server_free(http);
-    sl_worker_free(worker);
-    sl_model_free(model);
     sl_config_unref(cfg);
     return rc;
 }

@@ -430,6 +430,7 @@ static void render_hist(struct sl_metrics *m, struct sl_str *o, enum hist_kind k
  * came); several schedulers' samples each carry model="NAME". */
 struct sched_src {
     const char *const *names;
+    const int *replicas; /* NULL: one scheduler per model */
     const struct sl_sched_stats *st;
     int n;
 };
@@ -441,7 +442,8 @@ static int tiers_of(const struct sl_sched_stats *st)
                                               : st->n_tiers;
 }
 
-/* A sample of scheduler k, labelled by its model (when several) and by tier (when not NULL). */
+/* A sample of scheduler k, labelled by its model (when several), its replica (when a model has
+ * several) and by tier (when not NULL). */
 static void sched_sample(struct sl_str *o, const struct sched_src *src, int k, const char *name,
                          const char *tier, const char *value)
 {
@@ -454,6 +456,8 @@ static void sched_sample(struct sl_str *o, const struct sched_src *src, int k, c
             append_value(o, src->names[k] ? src->names[k] : SL_METRICS_OTHER);
             LIT(o, "\"");
         }
+        if (src->replicas)
+            sl_str_appendf(o, ",replica=\"%d\"", src->replicas[k]);
         if (tier) {
             if (model)
                 LIT(o, ",");
@@ -573,10 +577,10 @@ static void render_sched(struct sl_str *o, const struct sched_src *src)
 
 void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out)
 {
-    sl_metrics_render_models(m, NULL, st, st ? 1 : 0, out);
+    sl_metrics_render_models(m, NULL, NULL, st, st ? 1 : 0, out);
 }
 
-void sl_metrics_render_models(struct sl_metrics *m, const char *const *names,
+void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, const int *replicas,
                               const struct sl_sched_stats *st, int n, struct sl_str *out)
 {
     int tiers[N_TIER], tenants[N_TENANT], routes[N_ROUTE];
@@ -652,7 +656,7 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names,
                                decision_names[d], sl_adm_reason_str((enum sl_adm_reason)r), v);
             }
     if (n > 0) {
-        struct sched_src src = {names, st, n};
+        struct sched_src src = {names, replicas, st, n};
         render_sched(out, &src);
     }
 }

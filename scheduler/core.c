@@ -258,6 +258,8 @@ struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
     c->b_logit_seqs = sl_xmalloc(sizeof(*c->b_logit_seqs) * ns);
     c->logits = sl_xmalloc(sizeof(float) * ns * (size_t)lim->vocab);
     c->sample_scratch = sl_xmalloc(sl_sample_scratch_size(lim->vocab));
+    c->sample_rows = sl_xmalloc(sizeof(*c->sample_rows) * ns);
+    c->sampled = sl_xmalloc(sizeof(int32_t) * ns);
     return c;
 }
 
@@ -358,6 +360,8 @@ void sl_sched_core_free(struct sl_sched_core *c)
     free(c->b_logit_seqs);
     free(c->logits);
     free(c->sample_scratch);
+    free(c->sample_rows);
+    free(c->sampled);
     free(c);
 }
 
@@ -956,7 +960,21 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         .n_logits = n_logits,
         .logit_rows = c->b_logit_rows,
     };
-    int st = c->worker.forward(c->worker.ctx, &b, c->logits);
+    int st;
+    if (c->worker.forward_sample) {
+        /* The worker samples where the logits are; each sequence's rng is drawn here, exactly as
+         * sl_sample would draw it, so a seed gives the same tokens on any worker. */
+        for (int i = 0; i < n_logits; i++) {
+            struct sl_seq *s = c->b_logit_seqs[i];
+            const struct sl_req_params *rp = &s->req->params;
+            struct sl_sampling sp = {rp->temperature, rp->top_p, rp->top_k, rp->min_p};
+            c->sample_rows[i] =
+                (struct sl_sample_row){sp, sl_sample_coin(&sp, c->lim.vocab, &s->rng)};
+        }
+        st = c->worker.forward_sample(c->worker.ctx, &b, c->sample_rows, c->sampled);
+    } else {
+        st = c->worker.forward(c->worker.ctx, &b, c->logits);
+    }
     if (st != SL_OK) {
         for (int i = 0; i < n_seqs; i++)
             seq_finish(c, c->b_seqs[i], SL_FINISH_ERROR, st);
@@ -981,7 +999,9 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         const struct sl_req_params *rp = &s->req->params;
         struct sl_sampling sp = {rp->temperature, rp->top_p, rp->top_k, rp->min_p};
         float *row = c->logits + (size_t)i * (size_t)c->lim.vocab;
-        int32_t tok = sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch);
+        int32_t tok = c->worker.forward_sample
+                          ? c->sampled[i]
+                          : sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch);
         seq_accept(c, s, tok);
     }
     /* A backlog is more than a step can take: a few prompts waiting a step or two for a slot

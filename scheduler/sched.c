@@ -151,6 +151,16 @@ static int worker_forward(void *ctx, const struct sl_batch *b, float *logits)
     return st;
 }
 
+static int worker_forward_sample(void *ctx, const struct sl_batch *b,
+                                 const struct sl_sample_row *rows, int32_t *ids)
+{
+    struct sl_sched *s = ctx;
+    uint64_t t0 = sl_clock_ns();
+    int st = sl_worker_forward_sample(s->worker, b, rows, ids);
+    s->step_busy_ns += sl_clock_ns() - t0;
+    return st;
+}
+
 static bool worker_is_stop(void *ctx, int32_t token)
 {
     struct sl_sched *s = ctx;
@@ -265,8 +275,11 @@ int sl_sched_new(struct sl_worker *w, const struct sl_sched_limits *lim, struct 
 {
     struct sl_sched *s = sl_xcalloc(1, sizeof *s);
     s->worker = w;
-    struct sl_sched_worker wi = {
-        .ctx = s, .forward = worker_forward, .is_stop_token = worker_is_stop};
+    struct sl_sched_worker wi = {.ctx = s,
+                                 .forward = worker_forward,
+                                 .forward_sample =
+                                     sl_worker_can_sample(w) ? worker_forward_sample : NULL,
+                                 .is_stop_token = worker_is_stop};
     struct sl_sched_sink sink = {.ctx = s, .token = sink_token, .done = sink_done};
     s->core = sl_sched_core_new(lim, &wi, &sink);
     if (!s->core) {

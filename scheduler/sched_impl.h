@@ -148,6 +148,10 @@ struct sl_sched_core {
     float *logits;                /* (max_seqs, vocab) */
     void *sample_scratch;         /* sl_sample_scratch_size(vocab) */
 
+    /* When the worker samples (forward_sample): each logit row's parameters, and its ids. */
+    struct sl_sample_row *sample_rows; /* (max_seqs) */
+    int32_t *sampled;                  /* (max_seqs) */
+
     /* Time, from the `now` of consecutive steps. */
     struct sl_step_shape prev;
     struct sl_sched_fit fit;

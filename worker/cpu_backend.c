@@ -122,45 +122,6 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     return SL_OK;
 }
 
-/* Everything a forward reads is checked before any of it is used: a bad batch changes nothing. */
-static int check_batch(const struct sl_cpu_ctx *c, const struct sl_batch *b)
-{
-    if (!b || b->n_tokens < 1 || b->n_tokens > c->o.max_batch_tokens || b->n_seqs < 1 ||
-        b->n_seqs > c->o.max_seqs || b->n_logits < 0 || b->n_logits > b->n_tokens)
-        return SL_EINVAL;
-    if (!b->tokens || !b->pos || !b->seq || !b->block_tables || !b->ctx_len ||
-        (b->n_logits > 0 && !b->logit_rows))
-        return SL_EINVAL;
-    int bs = c->o.block_size;
-    for (int s = 0; s < b->n_seqs; s++) {
-        int32_t len = b->ctx_len[s];
-        if (len < 0 || len > c->cfg.seq_len)
-            return SL_EINVAL;
-        if (len == 0)
-            continue;
-        const int32_t *bt = b->block_tables[s];
-        if (!bt)
-            return SL_EINVAL;
-        for (int i = 0; i < (len + bs - 1) / bs; i++)
-            if (bt[i] < 0 || bt[i] >= c->o.n_kv_blocks)
-                return SL_EINVAL;
-    }
-    for (int r = 0; r < b->n_tokens; r++) {
-        if (b->tokens[r] < 0 || b->tokens[r] >= c->cfg.vocab_size)
-            return SL_EINVAL;
-        if (b->seq[r] < 0 || b->seq[r] >= b->n_seqs)
-            return SL_EINVAL;
-        if (b->pos[r] < 0 || b->pos[r] >= b->ctx_len[b->seq[r]])
-            return SL_EINVAL;
-    }
-    for (int i = 0; i < b->n_logits; i++) {
-        int32_t r = b->logit_rows[i];
-        if (r < 0 || r >= b->n_tokens || (i > 0 && r <= b->logit_rows[i - 1]))
-            return SL_EINVAL;
-    }
-    return SL_OK;
-}
-
 /* Offset of (block, layer, KV head, slot) in a cache array, in floats. A block holds, per layer,
  * each KV head's rows together: (n_layers, n_kv_heads, block_size, head_size). Attention over one
  * head then reads one contiguous run per block instead of a slice of every row. */
@@ -244,7 +205,7 @@ static void attn_task(void *arg, int ith, int nth)
 static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
 {
     struct sl_cpu_ctx *c = vctx;
-    int rc = check_batch(c, b);
+    int rc = sl_worker_batch_check(b, &c->cfg, &c->o);
     if (rc != SL_OK)
         return rc;
     if (b->n_logits > 0 && !logits)
@@ -319,4 +280,5 @@ const struct sl_backend_ops sl_cpu_backend_ops = {
     .forward = cpu_forward,
     .free = cpu_free,
     .kv_bytes = cpu_kv_bytes,
+    .kv_block_bytes = sl_model_kv_block_bytes,
 };

@@ -90,4 +90,5 @@ const struct sl_backend_ops sl_fault_backend_ops = {
     .forward = fault_forward,
     .free = fault_free,
     .kv_bytes = fault_kv_bytes,
+    .kv_block_bytes = sl_model_kv_block_bytes, /* the CPU backend's layout */
 };

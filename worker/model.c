@@ -365,6 +365,9 @@ static const struct {
     {"stories15M", {288, 768, 6, 6, 6, 32000, 256, 1e-5f, 10000.0f, true}},
     /* Llama-3.2-1B-like width and depth with a llama2-sized vocabulary, for scale tests. */
     {"llama-1b", {2048, 8192, 16, 32, 8, 32000, 2048, 1e-5f, 10000.0f, true}},
+    /* Llama-3-8B's shape (its vocabulary and RoPE base; tied here, which changes no step's
+     * work), for GPU benchmarks: 8 G values, 16 GB as bf16. */
+    {"llama-8b", {4096, 14336, 32, 32, 8, 128256, 8192, 1e-5f, 500000.0f, true}},
 };
 
 /* name is "SHAPE" or "SHAPE:TYPE" with TYPE one of f32 (default), f16, bf16, q8_0: projections,
@@ -399,8 +402,10 @@ static int load_synthetic(struct sl_model *m, const char *name, char *err, size_
             known = true;
         }
     if (!known) {
-        set_err(err, errlen,
-                "synthetic:%s: unknown synthetic model (known: tiny, stories15M, llama-1b)", name);
+        set_err(
+            err, errlen,
+            "synthetic:%s: unknown synthetic model (known: tiny, stories15M, llama-1b, llama-8b)",
+            name);
         return SL_EINVAL;
     }
     if (t == SL_DTYPE_Q8_0 && (c->dim % SL_Q8_0_BLOCK || c->hidden_dim % SL_Q8_0_BLOCK)) {

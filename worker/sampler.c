@@ -139,17 +139,26 @@ static int32_t sample_filtered(const float *probs, int n, const struct sl_sampli
     return c[k - taken].id; /* rounding: the last kept candidate */
 }
 
-int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct sl_rng *rng,
-                  void *scratch)
+static bool greedy(const struct sl_sampling *p)
+{
+    return !(p->temperature > 0.0f) || !(p->top_p > 0.0f) || p->top_k == 1;
+}
+
+float sl_sample_coin(const struct sl_sampling *p, int vocab, struct sl_rng *rng)
+{
+    return vocab <= 1 || greedy(p) ? 0.0f : sl_rng_f32(rng);
+}
+
+int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *p, float coin,
+                            void *scratch)
 {
     if (vocab <= 1)
         return 0;
-    if (!(p->temperature > 0.0f) || !(p->top_p > 0.0f) || p->top_k == 1)
+    if (greedy(p))
         return argmax(logits, vocab);
     for (int i = 0; i < vocab; i++)
         logits[i] /= p->temperature;
     sl_cpu_softmax(logits, vocab);
-    float coin = sl_rng_f32(rng);
     if (p->top_p < 1.0f || p->top_k > 0 || p->min_p > 0.0f)
         return sample_filtered(logits, vocab, p, coin, scratch);
     float acc = 0.0f;
@@ -162,4 +171,13 @@ int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct 
             return i;
     }
     return last; /* rounding left the sum just below coin */
+}
+
+int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct sl_rng *rng,
+                  void *scratch)
+{
+    /* The coin is drawn before the softmax rather than after it as it once was: nothing between
+     * reads the rng, so the draws are the same. */
+    float coin = sl_sample_coin(p, vocab, rng);
+    return sl_sample_with_coin(logits, vocab, p, coin, scratch);
 }

@@ -200,6 +200,21 @@ struct sl_mat sl_model_mat_place(struct sl_model *m, enum sl_dtype t, const void
 /* A norm weight (n) as aligned fp32: data itself when it already is, else a model-owned copy. */
 const float *sl_model_norm_f32(struct sl_model *m, enum sl_dtype t, const void *data, int n);
 
+/* Checks everything a forward reads before any of it is used, so that a bad batch changes
+ * nothing: SL_OK, or SL_EINVAL for a batch over the limits of o or of the model (shared by the
+ * backends). */
+int sl_worker_batch_check(const struct sl_batch *b, const struct sl_model_config *cfg,
+                          const struct sl_backend_opts *o);
+
+/* CUDA backend helpers (worker/cuda_backend.c; only in a build with CUDA). */
+/* Checks that CUDA device `index` exists and can run this build's code; fills out (when not
+ * NULL) with its backend, name and free memory. Otherwise returns SL_ENOENT with the reason in
+ * why, starting "no CUDA device" when the driver or device is absent. */
+int sl_cuda_device_probe(int index, struct sl_worker_device *out, char *why, size_t whylen);
+/* Device bytes the CUDA backend allocates for m with these limits, KV pool excepted, plus a
+ * margin for the CUDA context. */
+size_t sl_cuda_backend_mem_need(const struct sl_model *m, int max_batch_tokens, int max_seqs);
+
 /* The CPU backend's context. Every buffer is sized at init from sl_backend_opts. */
 struct sl_cpu_ctx {
     const struct sl_model *m;

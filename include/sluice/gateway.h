@@ -17,8 +17,9 @@
  * Configuration (conf/sluice.json documents every key)
  */
 
-#define SL_TIERS_MAX 32 /* tiers in one configuration (a tenant's allowed tiers are a bit mask) */
-#define SL_MODELS_MAX 8 /* models served at once, each with its own worker and scheduler */
+#define SL_TIERS_MAX 32   /* tiers in one configuration (a tenant's allowed tiers are a bit mask) */
+#define SL_MODELS_MAX 8   /* models served at once, each with its own worker and scheduler */
+#define SL_REPLICAS_MAX 8 /* workers (and schedulers) of one model, one per device of "devices" */
 #define SL_MODEL_NAME_MAX 64
 
 struct sl_tier;      /* a latency promise: priority, weight, SLOs (layout in gateway_impl.h) */
@@ -33,7 +34,7 @@ struct sl_config_model {
     char *spec;      /* as "model": synthetic[:SHAPE[:TYPE]], a .gguf, an HF folder, a .bin */
     char *tokenizer; /* llama2.c tokenizer.bin for a .bin, or NULL */
     int threads;     /* CPU kernel threads; -1: the top-level "threads" */
-    char *device;    /* where it runs: "cpu" */
+    char *device;    /* where it runs (as "device"); NULL: "device" */
 };
 
 struct sl_admission; /* runtime state of admission for one configuration (gateway/admission.c) */
@@ -53,6 +54,9 @@ struct sl_config {
     struct sl_config_tls tls; /* the TLS listener, if any */
     char *model;              /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
     char *tokenizer;          /* llama2.c tokenizer.bin path, or NULL */
+    char *device;             /* "auto" (default), "cpu", "cuda" or "cuda:N" */
+    char **devices;           /* (n_devices) as "device", one replica of each model per entry */
+    int n_devices;            /* 0: "device" */
     char *chat_template;      /* a builtin chat template's name, or NULL: the model's own */
     int io_threads;           /* event loops (default 1) */
     int threads;              /* CPU kernel threads (0 = all cores) */
@@ -164,6 +168,11 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
 int sl_http_server_add_model(struct sl_http_server *s, const char *name,
                              const struct sl_model *model, struct sl_sched *sched, char *err,
                              size_t errlen);
+/* Serves model `name` (the first model or one added) on one more scheduler: a replica of the same
+ * weights on another device ("devices"). Each completion goes to the replica with the fewest
+ * requests in flight. Before sl_http_server_start; at most SL_REPLICAS_MAX per model. */
+int sl_http_server_add_replica(struct sl_http_server *s, const char *name, struct sl_sched *sched,
+                               char *err, size_t errlen);
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
  * every request that starts from now on; requests in flight keep theirs. Keys that only take
  * effect at start (listen, listen_backlog, tls.listen, model, threads, KV and batch sizes,
@@ -193,23 +202,28 @@ void sl_http_server_stop(struct sl_http_server *s);
 void sl_http_server_free(struct sl_http_server *s);
 
 /* ---------------------------------------------------------------------------------------------
- * Further models (gateway/engine.c)
+ * Served models (gateway/engine.c)
  */
 
-/* One served model beyond the first (which main builds itself): its weights, worker and
- * scheduler, owned together. */
+/* One served model: its weights, worker and scheduler, owned together. */
 struct sl_engine {
-    const char *name; /* the configuration's name for it (points into the configuration) */
-    struct sl_model *model;
-    struct sl_worker *worker;
-    struct sl_sched *sched;
+    const char *name; /* the configuration's name for it (points into the configuration), or the
+                         model's own id */
+    struct sl_model *model; /* shared by the replicas */
+    int n_replicas;         /* one per device: models[i].device, else "devices", else "device" */
+    struct sl_worker *worker[SL_REPLICAS_MAX];
+    struct sl_sched *sched[SL_REPLICAS_MAX];
+    char device[SL_REPLICAS_MAX][16]; /* "cpu" or "cuda:N" */
 };
 
-/* Loads cfg->models[idx] and starts its worker (its own KV pool, sized as the first model's:
- * max_seqs contexts within kv_cache_mib or kv_cache_fraction) and scheduler with cfg's tiers
- * and limits. On failure e is empty and err names the model. Main thread, at start. */
-int sl_engine_start(const struct sl_config *cfg, int idx, struct sl_engine *e, char *err,
-                    size_t errlen);
+/* Loads cfg->models[idx] once and starts a worker on each of its devices (models[idx].device,
+ * else each of "devices", else "device": sl_worker_device_select), each with its own KV pool
+ * (max_seqs contexts within kv_cache_mib or kv_cache_fraction) and its own scheduler with cfg's
+ * tiers and limits. cpu_ops, when not NULL,
+ * replaces the CPU backend (the fault-injection test build); NULL in sluice. On failure e is
+ * empty and err names the model. Main thread, at start. */
+int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backend_ops *cpu_ops,
+                    struct sl_engine *e, char *err, size_t errlen);
 /* Stops the scheduler (its requests finish CANCELLED), frees worker and model. Call after the
  * HTTP server has stopped and before it is freed (the scheduler posts to its outboxes). */
 void sl_engine_stop(struct sl_engine *e);

@@ -1,4 +1,4 @@
-/* sluice — kernels: the math of a forward pass on the CPU.
+/* sluice — kernels: the math of a forward pass, on the CPU and (when built) on CUDA devices.
  *
  * Pure functions over caller-owned buffers: no allocation, no logging, no knowledge of requests
  * or models. Shapes are given as (rows, cols), row-major; a weight matrix is stored (out, in) like
@@ -209,5 +209,143 @@ float sl_cpu_bench_read(struct sl_cpu_pool *p, const float *buf, size_t bytes);
 /* Runs `iters` rounds of independent fp32 FMAs on every thread; returns the flops done (2 per
  * lane per FMA), 0 when the ISA has no FMA. */
 double sl_cpu_bench_fma(struct sl_cpu_pool *p, long iters);
+
+/* ---------------------------------------------------------------------------------------------
+ * CUDA kernels (kernels/cuda/; built when sl_build_config.h has SL_HAVE_CUDA 1, else these
+ * symbols do not exist)
+ *
+ * Pointers are device pointers unless said; `stream` is a cudaStream_t. Each function checks its
+ * arguments, enqueues its work on the stream and returns at once: SL_OK, SL_EINVAL for a shape or
+ * type it does not take (nothing is enqueued then), or SL_EBACKEND when the launch fails
+ * (sl_cuda_last_error() says why). Nothing here synchronizes, allocates device memory or logs.
+ * The functions are reentrant; the shapes of a launch depend only on the arguments, never on
+ * device data, so a sequence of them can be captured in a CUDA graph and replayed with new data.
+ *
+ * "Typed" buffers (weights, KV cache, GEMM inputs) hold SL_DTYPE_F32, SL_DTYPE_F16 or
+ * SL_DTYPE_BF16 values; activations are fp32 unless said. Results follow the CPU kernels'
+ * formulas (kernels/cpu/ops.c) in fp32, but not their order of summation: they agree within a
+ * rounding bound, not bit for bit (tests/kernels/test_cuda.c has the bounds).
+ */
+
+/* Positions one split-K partition of sl_cuda_attention_decode covers. */
+#define SL_CUDA_ATTN_PART 256
+/* Query rows one tile of sl_cuda_attention_prefill covers. */
+#define SL_CUDA_PREFILL_ROWS 16
+/* Largest head size the attention kernels take (even sizes only). */
+#define SL_CUDA_MAX_HEAD 256
+
+/* A static description of the last failure of a sl_cuda_ function on this thread ("swiglu:
+ * invalid configuration argument"); "" when none. */
+const char *sl_cuda_last_error(void);
+
+/* dst (rows, cols) in type dt (F32, F16 or BF16) = src (rows, cols) in type st (any sl_dtype,
+ * rows of sl_dtype_row_bytes(st, cols) bytes), rounded to nearest even: the values
+ * sl_cpu_mat_row then sl_cpu_f32_to_f16/bf16 give. src is device memory, 4-byte aligned. */
+int sl_cuda_convert(void *dst, enum sl_dtype dt, const void *src, enum sl_dtype st, size_t rows,
+                    int cols, void *stream);
+
+/* x (n, dim) = rows tokens[i] of table (vocab, dim), typed. A token outside [0, vocab) gives a
+ * row of zeros. tokens: (n) device ids. */
+int sl_cuda_embed(float *x, const void *table, enum sl_dtype t, int vocab, int dim,
+                  const int32_t *tokens, int n, void *stream);
+
+/* RMSNorm fused with the residual add. For i in [0, n), with r = rows ? rows[i] : i:
+ *   x[r] (dim) += y[r] (when y is not NULL); out[i] (dim, type ot) = sl_cpu_rmsnorm(x[r], w).
+ * x, y: (rows, dim) fp32; w: (dim) fp32; rows: (n) device row ids, distinct, or NULL. */
+int sl_cuda_add_rmsnorm(void *out, enum sl_dtype ot, float *x, const float *y, const float *w,
+                        const int32_t *rows, int n, int dim, float eps, void *stream);
+
+/* The paged KV cache of one layer as the attention kernels read it: position t of sequence s
+ * lives in block b = block_tables[s * max_blocks + t / block_size], slot t % block_size, at
+ * k + ((b * n_kv_heads + g) * block_size + slot) * head_size for KV head g (likewise v). A block
+ * id outside [0, n_blocks) is never read or written (its rows count as absent). */
+struct sl_cuda_kv {
+    void *k;                     /* (n_blocks, n_kv_heads, block_size, head_size) typed */
+    void *v;                     /* (n_blocks, n_kv_heads, block_size, head_size) typed */
+    enum sl_dtype type;          /* F32, F16 or BF16 */
+    int n_blocks;                /* blocks in the pool */
+    int block_size;              /* positions per block */
+    int n_kv_heads;              /* KV heads */
+    int head_size;               /* even, at most SL_CUDA_MAX_HEAD */
+    const int32_t *block_tables; /* (n_seqs, max_blocks) device block ids of each sequence */
+    int max_blocks;              /* entries per sequence in block_tables */
+};
+
+/* RoPE of one step's queries and keys, then the keys and values into the cache. qkv (n,
+ * (n_heads + 2 * n_kv_heads) * head_size) fp32 holds each row's q, k and v heads side by side (a
+ * fused projection); q and k are rotated in place at pos[r] (sl_cpu_rope_table's angles with
+ * theta), then k and v of row r are stored at position pos[r] of sequence seq[r] in kv. pos, seq:
+ * (n) device. */
+int sl_cuda_rope_kv(float *qkv, int n, int n_heads, float theta, const int32_t *pos,
+                    const int32_t *seq, const struct sl_cuda_kv *kv, void *stream);
+
+/* Floats of workspace sl_cuda_attention_decode needs for n_rows rows. */
+size_t sl_cuda_attention_decode_ws(int n_rows, int n_heads, int head_size, int max_ctx);
+
+/* Paged attention of single query rows (decodes), grouped-query heads, split-K. For each listed
+ * row r = rows[i] (i < n_rows) and query head h (KV head h / (n_heads / n_kv_heads)): out[r] head h
+ * (type ot) = sl_cpu_attention(q of row r head h, positions 0..pos[r] of sequence seq[r]). q is
+ * read from qkv laid out as for sl_cuda_rope_kv; out is (rows, n_heads * head_size). The context is
+ * cut into SL_CUDA_ATTN_PART-position partitions, each attended by its own thread block, then
+ * merged (flash-decoding); the grid covers ceil(max_ctx / SL_CUDA_ATTN_PART) partitions whatever
+ * the lengths, so a captured graph stays valid as contexts grow. pos[r] < max_ctx. ws:
+ * sl_cuda_attention_decode_ws(n_rows, ...) floats. */
+int sl_cuda_attention_decode(void *out, enum sl_dtype ot, const float *qkv, const int32_t *rows,
+                             int n_rows, const int32_t *pos, const int32_t *seq,
+                             const struct sl_cuda_kv *kv, int n_heads, int max_ctx, float *ws,
+                             void *stream);
+
+/* Causal attention of prefill chunks (varlen): tiles (n_tiles, 2) device pairs (first row, row
+ * count <= SL_CUDA_PREFILL_ROWS) of consecutive rows of one sequence. Each tile's rows attend,
+ * head by head, to positions 0..pos[r] of their sequence through the cache (which already holds
+ * the chunk's own keys), key tile by key tile with an online softmax. Same result and layouts as
+ * sl_cuda_attention_decode. */
+int sl_cuda_attention_prefill(void *out, enum sl_dtype ot, const float *qkv, const int32_t *tiles,
+                              int n_tiles, const int32_t *pos, const int32_t *seq,
+                              const struct sl_cuda_kv *kv, int n_heads, void *stream);
+
+/* out (n, hidden) type ot = sl_cpu_swiglu of h13 (n, 2 * hidden) fp32: the gate's columns
+ * [0, hidden) and the up projection's [hidden, 2 * hidden) of one fused product. */
+int sl_cuda_swiglu(void *out, enum sl_dtype ot, const float *h13, int n, int hidden, void *stream);
+
+/* Projections through cuBLAS: one handle bound to one stream, with its own workspace (so that
+ * its calls can be captured in a graph). Belongs to one thread at a time. */
+struct sl_cuda_blas;
+/* On the current device. Returns SL_OK, or SL_EBACKEND when cuBLAS or the workspace cannot be
+ * had (sl_cuda_last_error() says why). */
+int sl_cuda_blas_new(void *stream, struct sl_cuda_blas **out);
+void sl_cuda_blas_free(struct sl_cuda_blas *b);
+/* out (n, rows) fp32 = x (n, cols) · Wᵀ, W (rows, cols) row-major as in struct sl_mat; x and W
+ * both in type t (F32, F16 or BF16), products accumulated in fp32 (no TF32). */
+int sl_cuda_gemm(struct sl_cuda_blas *b, float *out, const void *x, const void *w, enum sl_dtype t,
+                 int n, int rows, int cols);
+
+/* One row's sampling on the device: sl_sample's parameters and the coin it would draw. */
+struct sl_cuda_sample_row {
+    float temperature; /* <= 0: greedy */
+    float top_p;       /* (0, 1]; 1 = off */
+    float min_p;       /* 0 = off */
+    float coin;        /* uniform in [0, 1) */
+    int32_t top_k;     /* 0 = off, 1 = greedy */
+    int32_t unused;    /* keeps the row 8 bytes aligned; 0 */
+};
+
+/* Bytes of workspace sl_cuda_sample needs for up to max_rows rows of vocab logits; 0 when the
+ * sizes overflow or the device cannot be asked. */
+size_t sl_cuda_sample_ws_bytes(int max_rows, int vocab);
+
+/* ids (n) = the token sl_sample would pick from each row of logits (n, vocab) with rows[i] and
+ * coin rows[i].coin: greedy rows the argmax (lowest id on ties); others softmax(logits /
+ * temperature), then min-p, top-k and top-p in that order, each candidate set ordered by
+ * probability then id, and one draw with the coin. logits are overwritten. `filtered`: whether
+ * any row uses min-p, top-k or top-p (the host knows; only then are rows sorted). rows: (n)
+ * device. ws: ws_bytes >= sl_cuda_sample_ws_bytes(n, vocab). */
+int sl_cuda_sample(int32_t *ids, float *logits, int n, int vocab,
+                   const struct sl_cuda_sample_row *rows, bool filtered, void *ws, size_t ws_bytes,
+                   void *stream);
+
+/* Device bandwidth probe: dst = src, bytes a multiple of 16, both 16-byte aligned, read and
+ * written once by a grid-stride kernel. */
+int sl_cuda_bench_copy(void *dst, const void *src, size_t bytes, void *stream);
 
 #endif

@@ -134,6 +134,12 @@ struct sl_sched_worker {
     void *ctx;
     /* Runs the batch and writes logits (b->n_logits, vocab). See struct sl_batch. */
     int (*forward)(void *ctx, const struct sl_batch *b, float *logits);
+    /* Optional: runs the batch and samples its logit rows where the logits are (see struct
+     * sl_backend_ops.forward_sample), writing ids (b->n_logits). When set, the core calls it
+     * instead of forward, with each row's sampling parameters and the coin drawn from its
+     * sequence's rng. */
+    int (*forward_sample)(void *ctx, const struct sl_batch *b, const struct sl_sample_row *rows,
+                          int32_t *ids);
     /* True when sampling `token` ends the sequence (EOS/BOS rules of the model). */
     bool (*is_stop_token)(void *ctx, int32_t token);
 };

@@ -39,8 +39,10 @@ struct sl_model;
  *   "synthetic:NAME[:TYPE]" deterministic random weights of a named shape: "tiny"
  *                          (dim 64, hidden 172, 5 layers, 8 heads, 4 kv heads, vocab 512,
  *                          seq 512), "stories15M" (dim 288, hidden 768, 6 layers, 6 heads,
- *                          6 kv heads, vocab 32000, seq 256) or "llama-1b" (dim 2048, hidden
- *                          8192, 16 layers, 32 heads, 8 kv heads, vocab 32000, seq 2048); TYPE is
+ *                          6 kv heads, vocab 32000, seq 256), "llama-1b" (dim 2048, hidden
+ *                          8192, 16 layers, 32 heads, 8 kv heads, vocab 32000, seq 2048) or
+ *                          "llama-8b" (dim 4096, hidden 14336, 32 layers, 32 heads, 8 kv heads,
+ *                          vocab 128256, seq 8192, RoPE theta 500000); TYPE is
  *                          f32 (default), f16, bf16 or q8_0 for the projections; with the
  *                          synthetic tokenizer of the same vocab size (round-trips any UTF-8)
  *   a path to a llama2.c checkpoint (.bin, legacy fp32 format, mmap'd); `tokenizer_path` is its
@@ -150,6 +152,20 @@ size_t sl_sample_scratch_size(int vocab);
  * scratch: at least sl_sample_scratch_size(vocab) bytes. Never allocates. */
 int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct sl_rng *rng,
                   void *scratch);
+/* sl_sample in two halves, for a backend that samples on its device: the coin sl_sample would
+ * draw from rng (it draws one only when p is not greedy and vocab > 1; otherwise 0, rng
+ * untouched), then the pick from logits with that coin. For any logits,
+ * sl_sample(l, v, p, rng, s) == sl_sample_with_coin(l, v, p, sl_sample_coin(p, v, rng), s), and
+ * rng ends in the same state. */
+float sl_sample_coin(const struct sl_sampling *p, int vocab, struct sl_rng *rng);
+int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *p, float coin,
+                            void *scratch);
+
+/* A logit row to be sampled by the backend (struct sl_backend_ops.forward_sample). */
+struct sl_sample_row {
+    struct sl_sampling p;
+    float coin; /* sl_sample_coin(&p, vocab, the sequence's rng) */
+};
 
 /* ---------------------------------------------------------------------------------------------
  * Batches and backends (see DESIGN.md "The worker interface")
@@ -177,6 +193,8 @@ struct sl_backend_opts {
     int max_batch_tokens; /* most rows in one forward */
     int max_seqs;         /* most sequences in one forward */
     int threads;          /* CPU threads for kernels (0 = all cores) */
+    int device;           /* CUDA device ordinal (the CPU backend ignores it) */
+    bool eager;           /* CUDA: never capture decode steps as CUDA graphs (tests, profiling) */
 };
 
 /* A backend: a static table of functions over an opaque context (ggml-backend style). */
@@ -187,9 +205,19 @@ struct sl_backend_ops {
     /* Runs the batch, writing KV for every row and logits (n_logits, vocab) for logit_rows.
      * Allocates nothing. Returns SL_OK, SL_EINVAL for a batch over the limits, SL_EBACKEND. */
     int (*forward)(void *ctx, const struct sl_batch *b, float *logits);
+    /* Optional (NULL when the backend only returns logits; the caller then samples them): runs
+     * the batch as forward does, then samples row logit_rows[i] with rows[i] where the logits
+     * are, writing ids (n_logits): only ids leave the device. n_logits <= max_seqs. The ids are
+     * what sl_sample_with_coin(row's logits, vocab, &rows[i].p, rows[i].coin) gives, but for a
+     * coin within rounding of the boundary between two tokens. Returns as forward does. */
+    int (*forward_sample)(void *ctx, const struct sl_batch *b, const struct sl_sample_row *rows,
+                          int32_t *ids);
     void (*free)(void *ctx);
     /* Bytes of KV storage allocated. */
     size_t (*kv_bytes)(void *ctx);
+    /* Bytes one KV block of block_size positions takes on this backend for this model (keys and
+     * values, all layers), before init: for sizing the pool. */
+    size_t (*kv_block_bytes)(const struct sl_model *m, int block_size);
 };
 
 extern const struct sl_backend_ops sl_cpu_backend_ops;
@@ -197,6 +225,13 @@ extern const struct sl_backend_ops sl_cpu_backend_ops;
  * into sluice): the CPU backend whose forward fails with SL_EBACKEND on the calls that the
  * environment variable SLUICE_FAULT_FORWARD lists ("3,7": the third and seventh, from 1). */
 extern const struct sl_backend_ops sl_fault_backend_ops;
+/* The CUDA backend: present when the build has CUDA (sl_build_config.h: SL_HAVE_CUDA 1). Weights
+ * are uploaded once at init, converted for cuBLAS: projections from F32 sources stay F32, F16 and
+ * BF16 stay as they are, Q8_0 becomes F16; the KV cache holds the same type (F32 or 16-bit). One
+ * stream per worker; decode-only steps are captured as CUDA graphs the second time their shape
+ * comes (unless opts.eager). Rows depend on their batch within rounding (cuBLAS picks its kernels
+ * by shape), not bit for bit as on the CPU. forward_sample is implemented. */
+extern const struct sl_backend_ops sl_cuda_backend_ops;
 
 /* Bytes one KV block takes for this model (keys and values, all layers, fp32). */
 size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size);
@@ -207,8 +242,44 @@ int sl_worker_new(const struct sl_model *m, const struct sl_backend_ops *ops,
                   const struct sl_backend_opts *o, struct sl_worker **out);
 void sl_worker_free(struct sl_worker *w);
 int sl_worker_forward(struct sl_worker *w, const struct sl_batch *b, float *logits);
+/* True when the worker's backend samples on its device (forward_sample). */
+bool sl_worker_can_sample(const struct sl_worker *w);
+/* The backend's forward_sample; SL_EINVAL when it has none. */
+int sl_worker_forward_sample(struct sl_worker *w, const struct sl_batch *b,
+                             const struct sl_sample_row *rows, int32_t *ids);
 const struct sl_model *sl_worker_model(const struct sl_worker *w);
 const struct sl_backend_opts *sl_worker_opts(const struct sl_worker *w);
 size_t sl_worker_kv_bytes(const struct sl_worker *w);
+
+/* ---------------------------------------------------------------------------------------------
+ * Devices: where a worker runs (configuration key "device")
+ */
+
+struct sl_worker_device {
+    const struct sl_backend_ops *ops; /* &sl_cpu_backend_ops or &sl_cuda_backend_ops */
+    int index;                        /* CUDA device ordinal; -1 for the CPU */
+    char name[160];                   /* "cpu", or "cuda:0 (NVIDIA H200, compute 9.0, 139.8 GiB)" */
+    size_t mem_free;                  /* device memory free at selection, bytes; 0 for the CPU */
+};
+
+/* Parses a device spec: "auto", "cpu", "cuda" (= "cuda:0") or "cuda:N" (N a decimal ordinal
+ * below 1024). Sets *index (when index is not NULL) to -2 for auto, -1 for cpu, else N. Returns
+ * SL_OK or SL_EINVAL. Touches no device. */
+int sl_worker_device_parse(const char *spec, int *index);
+
+/* Resolves a device spec to a backend: "cpu" is the CPU; "cuda:N" is CUDA device N, or SL_ENOENT
+ * with err saying why ("no CUDA device: cudaGetDeviceCount: CUDA driver version is insufficient
+ * …", "this build has no CUDA support", a device too old for the build's sm_90 code);
+ * "auto" is CUDA device 0 when it can be used, else the CPU, saying why in one log line. A bad
+ * spec is SL_EINVAL. Logs the device chosen. Call from the thread that starts the workers. */
+int sl_worker_device_select(const char *spec, struct sl_worker_device *out, char *err,
+                            size_t errlen);
+
+/* Bytes a KV pool may take on d for model m with these step limits when sized as a fraction of
+ * free memory: for CUDA, the device memory free at selection less what the backend will
+ * allocate for the weights, activations, workspaces and a margin for the CUDA context; 0 for
+ * the CPU (the caller reads MemAvailable). */
+size_t sl_worker_device_kv_room(const struct sl_worker_device *d, const struct sl_model *m,
+                                int max_batch_tokens, int max_seqs);
 
 #endif

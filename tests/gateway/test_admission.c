@@ -169,8 +169,10 @@ Test(gateway, admission_errors_name_the_path_when_keys_are_wrong)
                  "\"name\":\"x\"}]}",
                  "models[1].name: \"x\" is also models[0].name");
     expect_error("{\"models\":[{\"name\":\"x\"}]}", "models[0].model: missing");
-    expect_error("{\"models\":[{\"model\":\"synthetic\",\"device\":\"cuda:0\"}]}",
-                 "models[0].device: must be \"cpu\"");
+    expect_error("{\"models\":[{\"model\":\"synthetic\",\"device\":\"gpu0\"}]}",
+                 "models[0].device: must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"");
+    expect_error("{\"models\":[{\"model\":\"synthetic\",\"device\":\"cuda:x\"}]}",
+                 "models[0].device: must be");
     expect_error("{\"models\":[{\"model\":\"synthetic\",\"gpu\":1}]}",
                  "models[0]: unknown key \"gpu\"");
     expect_error("{\"models\":[], \"x\":1}", "\"models\" must be an array of 1 to 8 models");

@@ -1,5 +1,8 @@
 #include <criterion/criterion.h>
+#include <jansson.h>
 #include <sluice/gateway.h>
+
+#include "gateway_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,5 +335,69 @@ Test(gateway, chat_template_is_a_builtin_name_or_null_when_configured)
     cr_assert(strstr(err, "llama3"), "%s", err);
     cr_assert_eq(load(&c, "{\"chat_template\":3}", err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "\"chat_template\""), "%s", err);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, device_is_auto_cpu_or_cuda_when_configured)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_str_eq(c.device, "auto");
+    const char *ok[] = {"{\"device\":\"cpu\"}", "{\"device\":\"cuda\"}", "{\"device\":\"cuda:0\"}",
+                        "{\"device\":\"cuda:7\"}", "{\"device\":\"auto\"}"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        cr_assert_eq(load(&c, ok[i], err, sizeof err), SL_OK, "%s: %s", ok[i], err);
+        cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s: %s", ok[i], err);
+    }
+    cr_assert_str_eq(c.device, "auto");
+    /* A device the server could never use is refused before anything starts. */
+    const char *bad[] = {"{\"device\":\"gpu\"}", "{\"device\":\"cuda:\"}",
+                         "{\"device\":\"cuda:-1\"}", "{\"device\":\"cuda:1024\"}",
+                         "{\"device\":\"cuda:0x1\"}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(load(&c, bad[i], err, sizeof err), SL_OK, "%s: %s", bad[i], err);
+        cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL, "%s", bad[i]);
+        cr_assert(strstr(err, "\"device\""), "%s", err);
+    }
+    cr_assert_eq(load(&c, "{\"device\":0}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"device\""), "%s", err);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, devices_list_one_replica_per_entry_when_configured)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    char err[256] = "";
+    cr_assert_eq(c.n_devices, 0);
+    cr_assert_eq(load(&c, "{\"devices\":[0,1,\"cuda:3\",\"cpu\"]}", err, sizeof err), SL_OK, "%s",
+                 err);
+    cr_assert_eq(c.n_devices, 4);
+    cr_assert_str_eq(c.devices[0], "cuda:0");
+    cr_assert_str_eq(c.devices[1], "cuda:1");
+    cr_assert_str_eq(c.devices[2], "cuda:3");
+    cr_assert_str_eq(c.devices[3], "cpu");
+    /* /admin/config shows them as loaded. */
+    json_t *j = sl_config_to_json(&c);
+    char *dump = json_dumps(json_object_get(j, "devices"), JSON_COMPACT);
+    cr_assert_str_eq(dump, "[\"cuda:0\",\"cuda:1\",\"cuda:3\",\"cpu\"]");
+    free(dump);
+    json_decref(j);
+    struct {
+        const char *json, *err;
+    } bad[] = {
+        {"{\"devices\":[]}", "\"devices\" must be an array of 1 to 8 devices"},
+        {"{\"devices\":[0,1,2,3,4,5,6,7,8]}", "\"devices\" must be an array of 1 to 8 devices"},
+        {"{\"devices\":\"cuda:0\"}", "\"devices\" must be an array"},
+        {"{\"devices\":[0,-1]}", "devices[1]: must be a CUDA ordinal from 0 to 1023"},
+        {"{\"devices\":[\"gpu\"]}", "devices[0]: must be a CUDA ordinal"},
+        {"{\"devices\":[0],\"device\":\"cuda:1\"}",
+         "\"device\" names one device and \"devices\" several"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(load(&c, bad[i].json, err, sizeof err), SL_EINVAL, "%s", bad[i].json);
+        cr_assert(strstr(err, bad[i].err), "%s: %s", bad[i].json, err);
+    }
     sl_config_dispose(&c);
 }

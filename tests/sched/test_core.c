@@ -17,6 +17,7 @@
 #define STOP_NONE -1
 
 struct fake {
+    bool soft; /* logits spread over the vocabulary (for sampling) instead of one-hot */
     int n_blocks, block_size;
     int32_t *kv;        /* (n_blocks, block_size) token ids written, -1 when empty */
     int32_t stop_token; /* is_stop_token() says yes to this one */
@@ -69,9 +70,11 @@ static int fake_forward(void *ctx, const struct sl_batch *b, float *logits)
                 prefix[p] = f->kv[pb * f->block_size + p % f->block_size];
             }
             float *row = logits + (size_t)li * VOCAB;
+            uint32_t h = prefix_hash(prefix, pos + 1);
             for (int v = 0; v < VOCAB; v++)
-                row[v] = 0.f;
-            row[next_of(prefix, pos + 1)] = 1.f;
+                row[v] = f->soft ? (float)((h * (uint32_t)(2 * v + 1)) >> 24) / 64.f : 0.f;
+            if (!f->soft)
+                row[next_of(prefix, pos + 1)] = 1.f;
             li++;
         }
     }
@@ -884,4 +887,90 @@ Test(sched, one_stalled_step_barely_moves_the_step_time_fit_when_steps_are_stead
     cr_assert_gt(st.decode_step_seconds, 0.1, "the average sees the real time");
     run_until_idle(&e, 100);
     env_dispose(&e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * A worker that samples where its logits are (the CUDA backend's forward_sample) gets each
+ * sequence's parameters and the coin its rng would give sl_sample, so seeded output is the same
+ * as when the core samples the logits itself.
+ */
+
+static struct sl_sampling seen_params;
+static int sampled_rows;
+
+static int fake_forward_sample(void *ctx, const struct sl_batch *b,
+                               const struct sl_sample_row *rows, int32_t *ids)
+{
+    float *logits = malloc(sizeof(float) * VOCAB * (size_t)(b->n_logits ? b->n_logits : 1));
+    int st = fake_forward(ctx, b, logits);
+    void *scratch = malloc(sl_sample_scratch_size(VOCAB));
+    for (int i = 0; st == SL_OK && i < b->n_logits; i++) {
+        ids[i] = sl_sample_with_coin(logits + (size_t)i * VOCAB, VOCAB, &rows[i].p, rows[i].coin,
+                                     scratch);
+        seen_params = rows[i].p;
+        sampled_rows++;
+    }
+    free(scratch);
+    free(logits);
+    return st;
+}
+
+/* Runs requests 0..n-1 (temperature sampling, seeds 100+i) to the end; on the sampling worker
+ * when `sampling`. */
+static void run_sampled(struct env *e, int n, bool sampling)
+{
+    memset(e, 0, sizeof *e);
+    e->fake.n_blocks = 64;
+    e->fake.block_size = 4;
+    e->fake.soft = true;
+    e->fake.kv = malloc(sizeof(int32_t) * 64 * 4);
+    e->fake.stop_token = STOP_NONE;
+    e->lim = (struct sl_sched_limits){.vocab = VOCAB,
+                                      .max_ctx = 256,
+                                      .max_seqs = 3,
+                                      .max_batch_tokens = 16,
+                                      .n_blocks = 64,
+                                      .block_size = 4};
+    struct sl_sched_worker w = {.ctx = &e->fake,
+                                .forward = fake_forward,
+                                .forward_sample = sampling ? fake_forward_sample : NULL,
+                                .is_stop_token = fake_is_stop};
+    struct sl_sched_sink sk = {
+        .ctx = &e->rec, .token = sink_token, .done = sink_done, .preempted = sink_preempted};
+    e->core = sl_sched_core_new(&e->lim, &w, &sk);
+    cr_assert_not_null(e->core);
+    for (int i = 0; i < n; i++) {
+        int32_t prompt[8] = {1, 5 + i, 6, 7, 8, 9, 10, 11};
+        struct sl_req_params p = {.max_tokens = 12,
+                                  .temperature = 0.8f,
+                                  .top_p = i % 2 ? 0.9f : 1.f,
+                                  .top_k = i % 3 == 2 ? 7 : 0,
+                                  .seed = 100 + (uint64_t)i};
+        e->rec.reqs[i] = sl_req_new(prompt, 3 + i, &p);
+        cr_assert_eq(sl_sched_core_submit(e->core, e->rec.reqs[i], 0), SL_OK);
+    }
+    run_until_idle(e, 200);
+}
+
+Test(sched, sampling_worker_gives_the_seeded_tokens_when_it_samples_on_its_device)
+{
+    enum { N = 5 };
+    struct env a, b;
+    sampled_rows = 0;
+    run_sampled(&a, N, false);
+    cr_assert_eq(sampled_rows, 0, "forward_sample is not called when the worker has none");
+    run_sampled(&b, N, true);
+    cr_assert_eq(sampled_rows, N * 12, "every token was sampled by the worker");
+    cr_assert_float_eq(seen_params.temperature, 0.8f, 1e-6);
+    bool varied = false;
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(b.rec.n_out[i], 12);
+        cr_assert_eq(memcmp(a.rec.out[i], b.rec.out[i], 12 * sizeof(int32_t)), 0,
+                     "request %d: the worker's samples differ from the core's", i);
+        for (int g = 1; g < 12; g++)
+            varied |= a.rec.out[i][g] != a.rec.out[i][0];
+    }
+    cr_assert(varied, "temperature sampling produced varied tokens");
+    env_dispose(&a);
+    env_dispose(&b);
 }

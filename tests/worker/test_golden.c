@@ -46,8 +46,14 @@ static int32_t argmax(const float *l, int n)
 /* Runs every sequence to completion, in steps that mix prefills and decodes: step 1 prefills all
  * prompts at once, every later step decodes one token per live sequence. Stopping is llama2.c's:
  * at most `steps` positions including BOS, or when BOS is sampled. */
-static void generate(struct sl_worker *w, struct gen *g, int n)
+static void generate(struct sl_worker *w, struct gen *g, int n, bool on_device)
 {
+    /* A backend that samples on its device picks the greedy ids itself (only ids come back). */
+    cr_assert(!on_device || sl_worker_can_sample(w));
+    struct sl_sample_row greedy[MAX_SEQS];
+    int32_t ids[MAX_SEQS];
+    for (int i = 0; i < MAX_SEQS; i++)
+        greedy[i] = (struct sl_sample_row){{.temperature = 0.0f, .top_p = 1.0f}, 0.0f};
     const struct sl_model_config *c = sl_model_config(sl_worker_model(w));
     int V = c->vocab_size, cap = sl_worker_opts(w)->max_batch_tokens;
     int32_t *tokens = malloc((size_t)cap * sizeof(int32_t)), *pos = malloc((size_t)cap * 4);
@@ -90,10 +96,13 @@ static void generate(struct sl_worker *w, struct gen *g, int n)
                              .ctx_len = ctx,
                              .n_logits = ns,
                              .logit_rows = rows};
-        cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
+        if (on_device)
+            cr_assert_eq(sl_worker_forward_sample(w, &b, greedy, ids), SL_OK);
+        else
+            cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
         for (int i = 0; i < ns; i++) {
             struct gen *q = &g[owner[i]];
-            int32_t next = argmax(logits + (size_t)i * V, V);
+            int32_t next = on_device ? ids[i] : argmax(logits + (size_t)i * V, V);
             q->pos++;
             if (q->stops ? sl_model_is_stop_token(q->stops, next) : next == 1) {
                 q->done = true;
@@ -123,6 +132,12 @@ static void ids_from_json(json_t *a, int32_t *out, int *n)
  * their steps, so both rules must give the golden's full length. */
 static void check_golden(const char *model, const char *tokfile, const char *golden, bool batched,
                          bool model_stops)
+{
+    wt_check_golden(&sl_cpu_backend_ops, false, model, tokfile, golden, batched, model_stops);
+}
+
+void wt_check_golden(const struct sl_backend_ops *ops, bool on_device, const char *model,
+                     const char *tokfile, const char *golden, bool batched, bool model_stops)
 {
     WT_REQUIRE_MODELS(dir);
     char *mp = wt_path(dir, model), *tp = tokfile ? wt_path(dir, tokfile) : NULL;
@@ -156,15 +171,15 @@ static void check_golden(const char *model, const char *tokfile, const char *gol
         g[i].stops = model_stops ? m : NULL;
         if (!batched) {
             struct sl_worker *w = NULL;
-            cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
-            generate(w, &g[i], 1);
+            cr_assert_eq(sl_worker_new(m, ops, &o, &w), SL_OK);
+            generate(w, &g[i], 1, on_device);
             sl_worker_free(w);
         }
     }
     if (batched) {
         struct sl_worker *w = NULL;
-        cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
-        generate(w, g, (int)n_cases);
+        cr_assert_eq(sl_worker_new(m, ops, &o, &w), SL_OK);
+        generate(w, g, (int)n_cases, on_device);
         sl_worker_free(w);
     }
     for (size_t i = 0; i < n_cases; i++) {
@@ -261,7 +276,7 @@ Test(worker, greedy_text_matches_llamacpp_when_model_is_stories260k_gguf)
         g->stops = m;
         struct sl_worker *w = NULL;
         cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
-        generate(w, g, 1);
+        generate(w, g, 1, false);
         sl_worker_free(w);
         cr_assert_eq(g->n_out, n_predict);
         struct sl_str s;

@@ -181,3 +181,44 @@ Test(worker, min_p_drops_tokens_below_fraction_of_best_when_set)
     cr_assert(fabs(f[0] - 0.5 / 0.92) < 0.02 && fabs(f[2] - 0.12 / 0.92) < 0.02, "%g %g", f[0],
               f[2]);
 }
+
+/* A backend that samples on its device gets the coin from sl_sample_coin: the two halves must be
+ * sl_sample exactly, rng state included, for every kind of parameters. */
+Test(worker, sample_with_coin_equals_sample_when_coin_is_drawn_first)
+{
+    enum { V = 257, N = 200 };
+    const struct sl_sampling ps[] = {
+        {.temperature = 0.0f, .top_p = 1.0f},
+        {.temperature = 0.7f, .top_p = 1.0f},
+        {.temperature = 1.0f, .top_p = 0.9f},
+        {.temperature = 1.3f, .top_p = 1.0f, .top_k = 20},
+        {.temperature = 1.0f, .top_p = 0.5f, .top_k = 5},
+        {.temperature = 0.9f, .top_p = 1.0f, .min_p = 0.05f},
+        {.temperature = 1.0f, .top_p = 1.0f, .top_k = 1},
+        {.temperature = 1.0f, .top_p = 0.0f},
+    };
+    void *scratch = scratch_for(V);
+    for (size_t k = 0; k < sizeof ps / sizeof ps[0]; k++) {
+        struct sl_rng lr, a, b;
+        sl_rng_seed(&lr, 99 + k);
+        sl_rng_seed(&a, 5);
+        sl_rng_seed(&b, 5);
+        for (int i = 0; i < N; i++) {
+            float l1[V], l2[V];
+            random_logits(l1, V, &lr);
+            memcpy(l2, l1, sizeof l1);
+            int32_t want = sl_sample(l1, V, &ps[k], &a, scratch);
+            float coin = sl_sample_coin(&ps[k], V, &b);
+            int32_t got = sl_sample_with_coin(l2, V, &ps[k], coin, scratch);
+            cr_assert_eq(got, want, "params %zu step %d", k, i);
+            cr_assert_eq(a.state, b.state, "params %zu step %d: rng drifted", k, i);
+        }
+    }
+    /* One-entry vocabularies draw nothing. */
+    struct sl_rng r;
+    sl_rng_seed(&r, 1);
+    uint64_t before = r.state;
+    cr_assert_eq(sl_sample_coin(&ps[1], 1, &r), 0.0f);
+    cr_assert_eq(r.state, before);
+    free(scratch);
+}

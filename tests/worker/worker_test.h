@@ -79,4 +79,11 @@ static inline char *wt_write_temp(const void *data, size_t len)
     return path;
 }
 
+/* The golden end-to-end check of test_golden.c on any backend: greedy ids of `model` (a file in
+ * the models folder, with `tokfile` or NULL) equal `golden`'s, each prompt alone or all in one
+ * batch; stopping on the model's stop tokens or on BOS only. on_device: the ids come from the
+ * backend's forward_sample instead of an argmax of its logits. */
+void wt_check_golden(const struct sl_backend_ops *ops, bool on_device, const char *model,
+                     const char *tokfile, const char *golden, bool batched, bool model_stops);
+
 #endif

@@ -1,0 +1,330 @@
+/* Attention over the paged KV cache: decode rows (split-K over the context, one thread block per
+ * (row, KV head, partition), the grouped query heads of a KV head together) and prefill tiles
+ * (a tile of query rows of one sequence against key tiles, online softmax). Both compute
+ * sl_cpu_attention's softmax(q · Kᵀ / sqrt(hs)) · V in fp32; only the order of the sums differs.
+ * Simple shared-memory layouts, one role per loop: correctness first. */
+#include "cuda_impl.cuh"
+
+#define DEC_THREADS 128
+#define DEC_WARPS (DEC_THREADS / 32)
+#define PF_THREADS 128
+#define PF_Q SL_CUDA_PREFILL_ROWS
+#define PF_K 32 /* key positions per tile */
+
+/* Block id of position t of a sequence whose table is `table`, or -1 when it is not in range. */
+__device__ __forceinline__ int32_t kv_block(const struct sl_cuda_kv &kv, const int32_t *table,
+                                            int t)
+{
+    int bi = t / kv.block_size;
+    int32_t b = bi < kv.max_blocks ? table[bi] : -1;
+    return b >= 0 && b < kv.n_blocks ? b : -1;
+}
+
+/* Offset of (block b, KV head g, slot of position t) in a layer's cache. */
+__device__ __forceinline__ size_t kv_off(const struct sl_cuda_kv &kv, int32_t b, int g, int t)
+{
+    return (((size_t)b * kv.n_kv_heads + g) * kv.block_size + t % kv.block_size) *
+           (size_t)kv.head_size;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Decode: partial results per partition, then a merge
+ */
+
+/* Block (i, g, part): row rows[i], the kv_mul query heads of KV head g, positions
+ * [part·P, min((part+1)·P, n_ctx)). Writes, per head, the partition's max score m, its sum of
+ * exp(score − m) l, and o = Σ exp(score − m) · v (hs); an empty partition writes l = 0.
+ * Shared: q (kv_mul, hs), then scores (kv_mul, P). */
+template <typename K>
+__global__ void decode_part_kernel(const float *qkv, const int32_t *rows, const int32_t *pos,
+                                   const int32_t *seq, struct sl_cuda_kv kv, int n_heads,
+                                   int max_ctx, int n_parts, float *ws_o, float *ws_ml)
+{
+    extern __shared__ float smem[];
+    int i = blockIdx.x, g = blockIdx.y, part = blockIdx.z;
+    int hs = kv.head_size, nkv = kv.n_kv_heads, kv_mul = n_heads / nkv;
+    float *q_sh = smem, *s_sh = smem + (size_t)kv_mul * hs;
+    int r = rows[i];
+    int n_ctx = pos[r] + 1;
+    n_ctx = n_ctx > max_ctx ? max_ctx : n_ctx;
+    int t0 = part * SL_CUDA_ATTN_PART;
+    int t1 = t0 + SL_CUDA_ATTN_PART < n_ctx ? t0 + SL_CUDA_ATTN_PART : n_ctx;
+    size_t head0 = (size_t)i * n_heads + (size_t)g * kv_mul; /* (row, first head of the group) */
+    if (t0 >= t1) {
+        for (int j = threadIdx.x; j < kv_mul; j += blockDim.x) {
+            size_t idx = (head0 + j) * n_parts + part;
+            ws_ml[2 * idx] = -INFINITY;
+            ws_ml[2 * idx + 1] = 0.0f;
+        }
+        return;
+    }
+    const float *q = qkv + (size_t)r * (n_heads + 2 * nkv) * hs + (size_t)g * kv_mul * hs;
+    for (int idx = threadIdx.x; idx < kv_mul * hs; idx += blockDim.x)
+        q_sh[idx] = q[idx];
+    __syncthreads();
+
+    const K *kc = (const K *)kv.k, *vc = (const K *)kv.v;
+    const int32_t *table = kv.block_tables + (size_t)seq[r] * kv.max_blocks;
+    float scale = sqrtf((float)hs);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    /* Scores: one warp per position (a warp-uniform loop, so every lane reaches the shuffles),
+     * lanes split the head dimension. */
+    for (int t = t0 + warp; t < t1; t += DEC_WARPS) {
+        int32_t b = kv_block(kv, table, t);
+        size_t off = b >= 0 ? kv_off(kv, b, g, t) : 0;
+        for (int j = 0; j < kv_mul; j++) {
+            float acc = 0.0f;
+            if (b >= 0)
+                for (int d = lane; d < hs; d += 32)
+                    acc += q_sh[j * hs + d] * sl_ld(kc, off + d);
+            acc = sl_warp_sum(acc);
+            if (lane == 0)
+                s_sh[j * SL_CUDA_ATTN_PART + (t - t0)] = b >= 0 ? acc / scale : -INFINITY;
+        }
+    }
+    __syncthreads();
+    /* Softmax numerators of each head: one warp per head. */
+    int len = t1 - t0;
+    for (int j = warp; j < kv_mul; j += DEC_WARPS) {
+        float *sj = s_sh + j * SL_CUDA_ATTN_PART;
+        float m = -INFINITY;
+        for (int t = lane; t < len; t += 32)
+            m = fmaxf(m, sj[t]);
+        m = sl_warp_max(m);
+        float sum = 0.0f;
+        for (int t = lane; t < len; t += 32) {
+            float e = m == -INFINITY ? 0.0f : expf(sj[t] - m);
+            sj[t] = e;
+            sum += e;
+        }
+        sum = sl_warp_sum(sum);
+        if (lane == 0) {
+            size_t idx = (head0 + j) * n_parts + part;
+            ws_ml[2 * idx] = m;
+            ws_ml[2 * idx + 1] = sum;
+        }
+    }
+    __syncthreads();
+    /* Weighted values: one thread per (head, dimension), positions in order. */
+    for (int idx = threadIdx.x; idx < kv_mul * hs; idx += blockDim.x) {
+        int j = idx / hs, d = idx % hs;
+        const float *sj = s_sh + j * SL_CUDA_ATTN_PART;
+        float acc = 0.0f;
+        for (int t = t0; t < t1; t++) {
+            int32_t b = kv_block(kv, table, t);
+            if (b >= 0)
+                acc += sj[t - t0] * sl_ld(vc, kv_off(kv, b, g, t) + d);
+        }
+        ws_o[((head0 + j) * n_parts + part) * hs + d] = acc;
+    }
+}
+
+/* Block (i, h): merges the partitions of row rows[i], head h into out. */
+template <typename O>
+__global__ void decode_merge_kernel(O *out, const int32_t *rows, int n_heads, int hs, int n_parts,
+                                    const float *ws_o, const float *ws_ml)
+{
+    int i = blockIdx.x, h = blockIdx.y;
+    int r = rows[i];
+    size_t base = ((size_t)i * n_heads + h) * n_parts;
+    float M = -INFINITY, L = 0.0f;
+    for (int p = 0; p < n_parts; p++)
+        if (ws_ml[2 * (base + p) + 1] > 0.0f)
+            M = fmaxf(M, ws_ml[2 * (base + p)]);
+    for (int p = 0; p < n_parts; p++) {
+        float l = ws_ml[2 * (base + p) + 1];
+        if (l > 0.0f)
+            L += l * expf(ws_ml[2 * (base + p)] - M);
+    }
+    for (int d = threadIdx.x; d < hs; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int p = 0; p < n_parts; p++) {
+            float l = ws_ml[2 * (base + p) + 1];
+            if (l > 0.0f)
+                acc += ws_o[(base + p) * hs + d] * expf(ws_ml[2 * (base + p)] - M);
+        }
+        sl_st(out, (size_t)r * n_heads * hs + (size_t)h * hs + d, L > 0.0f ? acc / L : 0.0f);
+    }
+}
+
+static int n_parts_of(int max_ctx)
+{
+    return (max_ctx + SL_CUDA_ATTN_PART - 1) / SL_CUDA_ATTN_PART;
+}
+
+extern "C" size_t sl_cuda_attention_decode_ws(int n_rows, int n_heads, int head_size, int max_ctx)
+{
+    if (n_rows < 0 || n_heads < 1 || head_size < 1 || max_ctx < 1)
+        return 0;
+    return (size_t)n_rows * n_heads * (size_t)n_parts_of(max_ctx) * ((size_t)head_size + 2);
+}
+
+static bool heads_ok(const struct sl_cuda_kv *kv, int n_heads)
+{
+    return n_heads >= 1 && n_heads <= 65535 && n_heads % kv->n_kv_heads == 0 &&
+           kv->n_kv_heads <= 65535;
+}
+
+extern "C" int sl_cuda_attention_decode(void *out, enum sl_dtype ot, const float *qkv,
+                                        const int32_t *rows, int n_rows, const int32_t *pos,
+                                        const int32_t *seq, const struct sl_cuda_kv *kv,
+                                        int n_heads, int max_ctx, float *ws, void *stream)
+{
+    if (!out || !qkv || !rows || n_rows < 0 || !pos || !seq || !sl_cuda_kv_ok(kv) ||
+        !heads_ok(kv, n_heads) || max_ctx < 1 || !ws || n_parts_of(max_ctx) > 65535)
+        return sl_cuda_invalid("attention_decode: bad arguments");
+    if (n_rows == 0)
+        return SL_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    int hs = kv->head_size, kv_mul = n_heads / kv->n_kv_heads, n_parts = n_parts_of(max_ctx);
+    size_t smem = (size_t)kv_mul * (hs + SL_CUDA_ATTN_PART) * sizeof(float);
+    float *ws_o = ws, *ws_ml = ws + (size_t)n_rows * n_heads * n_parts * hs;
+    struct sl_cuda_kv k = *kv;
+    dim3 grid((unsigned)n_rows, (unsigned)kv->n_kv_heads, (unsigned)n_parts);
+    int rc = SL_CUDA_DISPATCH(kv->type, K, {
+        int st = sl_cuda_smem(decode_part_kernel<K>, smem, "attention_decode");
+        if (st != SL_OK)
+            return st;
+        decode_part_kernel<K><<<grid, DEC_THREADS, smem, s>>>(qkv, rows, pos, seq, k, n_heads,
+                                                              max_ctx, n_parts, ws_o, ws_ml);
+        return sl_cuda_launched("attention_decode");
+    });
+    if (rc != SL_OK)
+        return rc;
+    dim3 mgrid((unsigned)n_rows, (unsigned)n_heads);
+    return SL_CUDA_DISPATCH(ot, O, {
+        decode_merge_kernel<O>
+            <<<mgrid, 128, 0, s>>>((O *)out, rows, n_heads, hs, n_parts, ws_o, ws_ml);
+        return sl_cuda_launched("attention_decode merge");
+    });
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Prefill: a tile of query rows against key tiles, online softmax
+ */
+
+/* Block (tile, h): rows tiles[2·tile] .. + tiles[2·tile+1] of one sequence, query head h.
+ * Shared: Q (PF_Q, hs), K and V (PF_K, hs), scores (PF_Q, PF_K), O (PF_Q, hs), then per query
+ * row its running max m, sum l and the rescale c of the current key tile. */
+template <typename K, typename O>
+__global__ void prefill_kernel(O *out, const float *qkv, const int32_t *tiles, const int32_t *pos,
+                               const int32_t *seq, struct sl_cuda_kv kv, int n_heads)
+{
+    extern __shared__ float smem[];
+    __shared__ int qpos[PF_Q];
+    int hs = kv.head_size, nkv = kv.n_kv_heads, kv_mul = n_heads / nkv;
+    int tile = blockIdx.x, h = blockIdx.y, g = h / kv_mul;
+    int r0 = tiles[2 * tile], nq = tiles[2 * tile + 1];
+    nq = nq < 0 ? 0 : nq > PF_Q ? PF_Q : nq;
+    float *Qs = smem, *Ks = Qs + PF_Q * hs, *Vs = Ks + PF_K * hs, *S = Vs + PF_K * hs;
+    float *Os = S + PF_Q * PF_K, *m = Os + PF_Q * hs, *l = m + PF_Q, *c = l + PF_Q;
+    size_t stride = (size_t)(n_heads + 2 * nkv) * hs;
+    for (int idx = threadIdx.x; idx < PF_Q * hs; idx += blockDim.x) {
+        int i = idx / hs, d = idx % hs;
+        Qs[idx] = i < nq ? qkv[(size_t)(r0 + i) * stride + (size_t)h * hs + d] : 0.0f;
+        Os[idx] = 0.0f;
+    }
+    for (int i = threadIdx.x; i < PF_Q; i += blockDim.x) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        qpos[i] = i < nq ? pos[r0 + i] : -1;
+    }
+    __syncthreads();
+    int maxp = -1; /* the same in every thread: the loop below is block-uniform */
+    for (int i = 0; i < nq; i++)
+        maxp = qpos[i] > maxp ? qpos[i] : maxp;
+    if (nq == 0)
+        return;
+    const K *kc = (const K *)kv.k, *vc = (const K *)kv.v;
+    const int32_t *table = kv.block_tables + (size_t)seq[r0] * kv.max_blocks;
+    float scale = sqrtf((float)hs);
+    for (int j0 = 0; j0 <= maxp; j0 += PF_K) {
+        for (int idx = threadIdx.x; idx < PF_K * hs; idx += blockDim.x) {
+            int t = j0 + idx / hs, d = idx % hs;
+            float kx = 0.0f, vx = 0.0f;
+            int32_t b = t <= maxp ? kv_block(kv, table, t) : -1;
+            if (b >= 0) {
+                size_t off = kv_off(kv, b, g, t) + d;
+                kx = sl_ld(kc, off);
+                vx = sl_ld(vc, off);
+            }
+            Ks[idx] = kx;
+            Vs[idx] = vx;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < PF_Q * PF_K; idx += blockDim.x) {
+            int i = idx / PF_K, jj = idx % PF_K;
+            float sc = -INFINITY;
+            if (i < nq && j0 + jj <= qpos[i]) {
+                float acc = 0.0f;
+                for (int d = 0; d < hs; d++)
+                    acc += Qs[i * hs + d] * Ks[jj * hs + d];
+                sc = acc / scale;
+            }
+            S[idx] = sc;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < PF_Q; i += blockDim.x) {
+            float *si = S + i * PF_K;
+            float mx = m[i];
+            for (int jj = 0; jj < PF_K; jj++)
+                mx = fmaxf(mx, si[jj]);
+            if (mx == -INFINITY) { /* nothing visible yet (or a padding row) */
+                c[i] = 1.0f;
+                for (int jj = 0; jj < PF_K; jj++)
+                    si[jj] = 0.0f;
+                continue;
+            }
+            float sum = 0.0f;
+            for (int jj = 0; jj < PF_K; jj++) {
+                float e = si[jj] == -INFINITY ? 0.0f : expf(si[jj] - mx);
+                si[jj] = e;
+                sum += e;
+            }
+            c[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
+            l[i] = l[i] * c[i] + sum;
+            m[i] = mx;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < PF_Q * hs; idx += blockDim.x) {
+            int i = idx / hs, d = idx % hs;
+            float acc = Os[idx] * c[i];
+            for (int jj = 0; jj < PF_K; jj++)
+                acc += S[i * PF_K + jj] * Vs[jj * hs + d];
+            Os[idx] = acc;
+        }
+        __syncthreads();
+    }
+    for (int idx = threadIdx.x; idx < nq * hs; idx += blockDim.x) {
+        int i = idx / hs, d = idx % hs;
+        sl_st(out, (size_t)(r0 + i) * n_heads * hs + (size_t)h * hs + d,
+              l[i] > 0.0f ? Os[idx] / l[i] : 0.0f);
+    }
+}
+
+extern "C" int sl_cuda_attention_prefill(void *out, enum sl_dtype ot, const float *qkv,
+                                         const int32_t *tiles, int n_tiles, const int32_t *pos,
+                                         const int32_t *seq, const struct sl_cuda_kv *kv,
+                                         int n_heads, void *stream)
+{
+    if (!out || !qkv || !tiles || n_tiles < 0 || !pos || !seq || !sl_cuda_kv_ok(kv) ||
+        !heads_ok(kv, n_heads))
+        return sl_cuda_invalid("attention_prefill: bad arguments");
+    if (n_tiles == 0)
+        return SL_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    int hs = kv->head_size;
+    size_t smem = ((size_t)(2 * PF_Q + 2 * PF_K) * hs + PF_Q * PF_K + 3 * PF_Q) * sizeof(float);
+    struct sl_cuda_kv k = *kv;
+    dim3 grid((unsigned)n_tiles, (unsigned)n_heads);
+    return SL_CUDA_DISPATCH(kv->type, K, {
+        return SL_CUDA_DISPATCH(ot, O, {
+            int st = sl_cuda_smem(prefill_kernel<K, O>, smem, "attention_prefill");
+            if (st != SL_OK)
+                return st;
+            prefill_kernel<K, O>
+                <<<grid, PF_THREADS, smem, s>>>((O *)out, qkv, tiles, pos, seq, k, n_heads);
+            return sl_cuda_launched("attention_prefill");
+        });
+    });
+}
