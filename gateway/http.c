@@ -199,20 +199,10 @@ static int on_headers_complete(llhttp_t *ll)
     p->method = llhttp_get_method(ll);
     p->http_major = llhttp_get_http_major(ll);
     p->http_minor = llhttp_get_http_minor(ll);
-    /* llhttp also takes HTTP/0.9 ("GET /\r\n", even "CONNECT \n" with no URL at all) and any
-     * other version number; sluice speaks HTTP/1.0 and 1.1 only. */
-    if (p->http_major != 1 || p->url.len == 0) {
-        fail(p, 400, "The request is not valid HTTP/1.1.");
-        return -1;
-    }
-    /* Refuse a declared body before buffering any of it. */
-    if ((ll->flags & F_CONTENT_LENGTH) && ll->content_length > p->max_body_bytes) {
-        fail(p, 413, "The request body is too large.");
-        return -1;
-    }
     p->expect_continue = p->http_major == 1 && p->http_minor >= 1 && p->expect.len &&
                          sl_http_span_eq(p, p->expect, "100-continue");
-    /* Pause so that run() learns exactly where the head ends (llhttp's error position). */
+    /* Pause so that run() learns exactly where the head ends (llhttp's error position), and
+     * checks the head there before any of the body is read (head_checked). */
     return HPE_PAUSED;
 }
 
@@ -293,6 +283,23 @@ static enum sl_http_parse parse_error(struct sl_http_parser *p, int code, const 
     return p->state;
 }
 
+/* The head is complete and ends at head_end. Its size comes first: a head that arrives in pieces
+ * is refused as too large as soon as it crosses the limit, before whatever else it says is
+ * known, so a head that arrives whole must get the same answer. Then what else it says: llhttp
+ * also takes HTTP/0.9 ("GET /\r\n", even "CONNECT \n" with no URL at all) and any version
+ * number, and sluice speaks HTTP/1.0 and 1.1 only; and a declared body is refused before any of
+ * it is buffered. */
+static enum sl_http_parse head_checked(struct sl_http_parser *p)
+{
+    if (p->head_end > p->max_header_bytes)
+        return parse_error(p, 431, "The request line and headers are too large.");
+    if (p->http_major != 1 || p->url.len == 0)
+        return parse_error(p, 400, "The request is not valid HTTP/1.1.");
+    if ((p->ll.flags & F_CONTENT_LENGTH) && p->ll.content_length > p->max_body_bytes)
+        return parse_error(p, 413, "The request body is too large.");
+    return SL_HTTP_PARSE_MORE;
+}
+
 static enum sl_http_parse run(struct sl_http_parser *p)
 {
     static const char *const too_big = "The request line and headers are too large.";
@@ -315,8 +322,9 @@ static enum sl_http_parse run(struct sl_http_parser *p)
             if (p->state == SL_HTTP_PARSE_MORE) {
                 /* Paused by on_headers_complete: the head ends here. */
                 p->head_end = p->parsed;
-                if (p->head_end > p->max_header_bytes)
-                    return parse_error(p, 431, too_big);
+                enum sl_http_parse st = head_checked(p);
+                if (st != SL_HTTP_PARSE_MORE)
+                    return st;
                 llhttp_resume(&p->ll);
                 resumed = true;
             }

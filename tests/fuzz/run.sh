@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets of a fuzz build (meson -Dfuzz=true, see tests/fuzz/README.md), each
-# from its seeds in tests/fuzz/corpus/<target>/ plus what earlier runs in the same build folder
-# found (BUILD/fuzz/corpus/<target>/), for a bounded time or number of executions. A crash, a
+# from its seeds in tests/fuzz/corpus/<target>/, the inputs of bugs found before
+# (tests/fuzz/regressions/<target>/) and what earlier runs in the same build folder found
+# (BUILD/fuzz/corpus/<target>/), for a bounded time or number of executions. A crash, a
 # leak, a sanitizer report or a hang fails the run; its input is kept as
 # BUILD/fuzz/artifacts/<target>-crash-* and the log as BUILD/fuzz/logs/<target>.log.
 #
@@ -68,7 +69,9 @@ run_one() {
   # Leaks fail the run (LeakSanitizer, on by default with ASan); UBSan stops at its first report.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=0 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    "$exe" "${args[@]}" "$out/corpus/$t" "tests/fuzz/corpus/$t" >"$out/logs/$t.log" 2>&1
+    "$exe" "${args[@]}" "$out/corpus/$t" "tests/fuzz/corpus/$t" \
+    $([ -d "tests/fuzz/regressions/$t" ] && echo "tests/fuzz/regressions/$t") \
+    >"$out/logs/$t.log" 2>&1
 }
 
 rc=0

@@ -312,6 +312,53 @@ Test(gateway, answers_431_whatever_the_pieces_when_a_bad_byte_lies_past_the_limi
     free(s);
 }
 
+/* The status of a head fed whole and fed a byte at a time. */
+static void both_ways(const char *s, size_t len, int *whole, int *bytes)
+{
+    struct sl_http_parser p;
+    init(&p);
+    *whole = sl_http_parser_feed(&p, s, len) == SL_HTTP_PARSE_ERROR ? p.error_code : 0;
+    sl_http_parser_dispose(&p);
+    init(&p);
+    enum sl_http_parse st = SL_HTTP_PARSE_MORE;
+    for (size_t k = 0; k < len && st == SL_HTTP_PARSE_MORE; k++)
+        st = sl_http_parser_feed(&p, s + k, 1);
+    *bytes = st == SL_HTTP_PARSE_ERROR ? p.error_code : 0;
+    sl_http_parser_dispose(&p);
+}
+
+/* Found by tests/fuzz/fuzz_http_parser: a head that crossed the limit only in bytes no header
+ * span covers (its final line break) got 431 fed a byte at a time but 413 (its Content-Length
+ * too large) or 400 (an HTTP/0.9 line) fed whole, because those were checked before the head's
+ * size. */
+Test(gateway, answers_431_whatever_else_the_head_says_when_it_ends_past_the_limit)
+{
+    char s[MAX_HEAD + 64];
+    for (int end = MAX_HEAD - 4; end <= MAX_HEAD + 4; end++) {
+        /* A head of exactly `end` bytes with a Content-Length over the body limit. */
+        const char *pre = "POST / HTTP/1.1\r\nContent-Length: 99999999\r\nX: ";
+        size_t n = strlen(pre);
+        memcpy(s, pre, n);
+        memset(s + n, 'v', (size_t)end - 4 - n);
+        memcpy(s + end - 4, "\r\n\r\n", 4);
+        int whole, bytes;
+        both_ways(s, (size_t)end, &whole, &bytes);
+        cr_assert_eq(whole, bytes, "head of %d bytes: %d whole, %d byte by byte", end, whole,
+                     bytes);
+        cr_assert_eq(whole, end > MAX_HEAD ? 431 : 413, "head of %d bytes: %d", end, whole);
+        /* An HTTP/0.9 request line (no version) and a blank line: a head of `end` bytes. */
+        const char *line = "CONNECT ";
+        n = strlen(line);
+        memcpy(s, line, n);
+        memset(s + n, 'k', (size_t)end - 4 - n);
+        memcpy(s + end - 4, "\r\n\r\n", 4);
+        both_ways(s, (size_t)end, &whole, &bytes);
+        cr_assert_eq(whole, bytes, "0.9 line of %d bytes: %d whole, %d byte by byte", end, whole,
+                     bytes);
+        cr_assert_eq(whole, end > MAX_HEAD ? 431 : 400, "0.9 line of %d bytes: %d", end, whole);
+    }
+}
+
 Test(gateway, answers_431_when_a_header_line_never_ends)
 {
     struct sl_http_parser p;
