@@ -49,29 +49,6 @@ static float *alloc_f32(uint64_t n, bool *ok)
     return p;
 }
 
-static bool mat_ok(const struct sl_mat *w, int rows, int cols)
-{
-    return w->data && w->rows == rows && w->cols == cols && sl_dtype_row_bytes(w->type, cols) != 0;
-}
-
-/* The kernels take any weight type; what they cannot take is a matrix of the wrong shape. */
-static bool weights_ok(const struct sl_model *m, int kv_dim)
-{
-    const struct sl_model_config *c = &m->cfg;
-    const struct sl_model_weights *w = &m->w;
-    int dim = c->dim, hid = c->hidden_dim;
-    if (!mat_ok(&w->token_embedding, c->vocab_size, dim) || !mat_ok(&w->wcls, c->vocab_size, dim))
-        return false;
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct sl_layer_weights *L = &w->layers[l];
-        if (!mat_ok(&L->wq, dim, dim) || !mat_ok(&L->wk, kv_dim, dim) ||
-            !mat_ok(&L->wv, kv_dim, dim) || !mat_ok(&L->wo, dim, dim) ||
-            !mat_ok(&L->w1, hid, dim) || !mat_ok(&L->w2, dim, hid) || !mat_ok(&L->w3, hid, dim))
-            return false;
-    }
-    return true;
-}
-
 static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, void **out)
 {
     if (o->n_kv_blocks < 1 || o->block_size < 1 || o->max_batch_tokens < 1 || o->max_seqs < 1 ||
@@ -79,7 +56,7 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
         return SL_EINVAL;
     const struct sl_model_config *cfg = sl_model_config(m);
     int head_size = cfg->dim / cfg->n_heads;
-    if (!weights_ok(m, head_size * cfg->n_kv_heads))
+    if (!sl_model_weights_ok(m))
         return SL_EINVAL;
     struct sl_cpu_ctx *c = sl_xcalloc(1, sizeof(*c));
     c->m = m;

@@ -303,28 +303,6 @@ static void cuda_free(void *vctx)
  * Weights
  */
 
-static bool mat_ok(const struct sl_mat *w, int rows, int cols)
-{
-    return w->data && w->rows == rows && w->cols == cols && sl_dtype_row_bytes(w->type, cols) != 0;
-}
-
-static bool weights_ok(const struct sl_model *m, int kv_dim)
-{
-    const struct sl_model_config *c = &m->cfg;
-    const struct sl_model_weights *w = &m->w;
-    int dim = c->dim, hid = c->hidden_dim;
-    if (!mat_ok(&w->token_embedding, c->vocab_size, dim) || !mat_ok(&w->wcls, c->vocab_size, dim))
-        return false;
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct sl_layer_weights *L = &w->layers[l];
-        if (!mat_ok(&L->wq, dim, dim) || !mat_ok(&L->wk, kv_dim, dim) ||
-            !mat_ok(&L->wv, kv_dim, dim) || !mat_ok(&L->wo, dim, dim) ||
-            !mat_ok(&L->w1, hid, dim) || !mat_ok(&L->w2, dim, hid) || !mat_ok(&L->w3, hid, dim))
-            return false;
-    }
-    return true;
-}
-
 struct stage {
     unsigned char *h; /* (STAGE_BYTES) pinned */
     void *d;          /* (STAGE_BYTES) device */
@@ -454,7 +432,7 @@ static int cuda_init(const struct sl_model *m, const struct sl_backend_opts *o, 
                o->device, cfg->n_heads, head_size, cfg->n_kv_heads, SL_CUDA_MAX_HEAD);
         return SL_EINVAL;
     }
-    if (!weights_ok(m, head_size * cfg->n_kv_heads))
+    if (!sl_model_weights_ok(m))
         return SL_EINVAL;
     struct sl_cuda_ctx *c = sl_xcalloc(1, sizeof(*c));
     c->m = m;

@@ -583,3 +583,25 @@ size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size)
     size_t kv = (size_t)(c->dim / c->n_heads) * (size_t)c->n_kv_heads;
     return 2 * (size_t)c->n_layers * (size_t)block_size * kv * sizeof(float);
 }
+
+static bool mat_ok(const struct sl_mat *w, int rows, int cols)
+{
+    return w->data && w->rows == rows && w->cols == cols && sl_dtype_row_bytes(w->type, cols) != 0;
+}
+
+bool sl_model_weights_ok(const struct sl_model *m)
+{
+    const struct sl_model_config *c = &m->cfg;
+    const struct sl_model_weights *w = &m->w;
+    int dim = c->dim, hid = c->hidden_dim, kv_dim = dim / c->n_heads * c->n_kv_heads;
+    if (!mat_ok(&w->token_embedding, c->vocab_size, dim) || !mat_ok(&w->wcls, c->vocab_size, dim))
+        return false;
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct sl_layer_weights *L = &w->layers[l];
+        if (!mat_ok(&L->wq, dim, dim) || !mat_ok(&L->wk, kv_dim, dim) ||
+            !mat_ok(&L->wv, kv_dim, dim) || !mat_ok(&L->wo, dim, dim) ||
+            !mat_ok(&L->w1, hid, dim) || !mat_ok(&L->w2, dim, hid) || !mat_ok(&L->w3, hid, dim))
+            return false;
+    }
+    return true;
+}

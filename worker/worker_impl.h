@@ -77,6 +77,9 @@ int sl_model_map_file(struct sl_model *m, const char *path, size_t min_len, char
 /* Reads a whole file of at most max_len bytes into a NUL-terminated buffer the caller frees. */
 int sl_model_read_file(const char *path, size_t max_len, char **data, size_t *len, char *err,
                        size_t errlen);
+/* True when every weight matrix has the shape the config says (any element type): what a
+ * backend checks before it runs the model. */
+bool sl_model_weights_ok(const struct sl_model *m);
 /* The served id of a model file: its base name without `suffix` ("a/b.gguf" → "b"). */
 char *sl_model_id_from_path(const char *path, const char *suffix);
 
