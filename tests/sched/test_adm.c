@@ -4,6 +4,8 @@
 #include <criterion/logging.h>
 #include <sluice/sched.h>
 
+#include "sim_trace.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -172,57 +174,6 @@ Test(sched, adm_bucket_counts_refunds_exactly_when_hammered)
 
 /* ---- the guard against the simulator ---- */
 
-static const struct sl_sched_tier tiers[2] = {
-    {.name = "interactive", .priority = 0, .weight = 4, .ttft_slo_ms = 1000, .tpot_slo_ms = 100},
-    {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000, .tpot_slo_ms = 1000},
-};
-enum { INTERACTIVE, BATCH };
-
-static struct sl_sim_config sim_config(void)
-{
-    struct sl_sim_config c = {
-        .lim = {.max_ctx = 8192,
-                .max_seqs = 32,
-                .max_batch_tokens = 512,
-                .block_size = 16,
-                .tiers = tiers,
-                .n_tiers = 2},
-        .cost = sl_sim_cost_stories15m_cpu,
-    };
-    c.lim.n_blocks = (int)((512u << 20) / (c.cost.kv_bytes_per_token * 16));
-    return c;
-}
-
-struct trace {
-    struct sl_sim_request *r;
-    int n, cap;
-    uint64_t rng;
-};
-
-static double uniform(struct trace *t)
-{
-    t->rng = t->rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(t->rng >> 11) / 9007199254740992.0;
-}
-
-static int between(struct trace *t, int lo, int hi)
-{
-    return lo + (int)(uniform(t) * (hi - lo + 1));
-}
-
-static void poisson(struct trace *t, double from, double to, double rate, int tier, int p_lo,
-                    int p_hi, int o_lo, int o_hi)
-{
-    for (double at = from - log(1 - uniform(t)) / rate; at < to; at -= log(1 - uniform(t)) / rate) {
-        if (t->n == t->cap) {
-            t->cap = t->cap ? 2 * t->cap : 256;
-            t->r = realloc(t->r, sizeof *t->r * (size_t)t->cap);
-        }
-        t->r[t->n++] =
-            (struct sl_sim_request){at, tier, 0, between(t, p_lo, p_hi), between(t, o_lo, o_hi)};
-    }
-}
-
 struct predictions {
     const struct trace *t;
     double *pred_s;
@@ -258,7 +209,7 @@ static void check_guard(const char *what, const struct trace *t, double until_s)
     struct sl_sim_report rep;
     cr_assert_eq(sl_sim_run(&c, t->r, t->n, res, &rep), SL_OK);
     for (int tier = 0; tier < 2; tier++) {
-        double slo = tiers[tier].ttft_slo_ms / 1e3;
+        double slo = sim_tiers[tier].ttft_slo_ms / 1e3;
         int n = 0, agree = 0, near = 0, same_side = 0, cold = 0;
         double worst = 0;
         for (int i = 0; i < t->n; i++) {
@@ -280,13 +231,13 @@ static void check_guard(const char *what, const struct trace *t, double until_s)
         }
         cr_log_info("%s, %s: %d predictions (%d before any measurement), %.1f %% agree, worst "
                     "off by %.2f s; near the %.0f s objective %d, on the same side %d",
-                    what, tiers[tier].name, n, cold, 100.0 * agree / (n ? n : 1), worst, slo, near,
-                    same_side);
-        cr_assert_gt(n, 20, "%s %s: enough requests to judge", what, tiers[tier].name);
-        cr_assert_geq(agree, AGREE_SHARE * n, "%s %s: %d of %d agree", what, tiers[tier].name,
+                    what, sim_tiers[tier].name, n, cold, 100.0 * agree / (n ? n : 1), worst, slo,
+                    near, same_side);
+        cr_assert_gt(n, 20, "%s %s: enough requests to judge", what, sim_tiers[tier].name);
+        cr_assert_geq(agree, AGREE_SHARE * n, "%s %s: %d of %d agree", what, sim_tiers[tier].name,
                       agree, n);
         cr_assert_geq(same_side, SIDE_SHARE * near, "%s %s: %d of %d on the same side", what,
-                      tiers[tier].name, same_side, near);
+                      sim_tiers[tier].name, same_side, near);
     }
     free(res);
     free(p.pred_s);
@@ -297,8 +248,8 @@ static void check_guard(const char *what, const struct trace *t, double until_s)
 Test(sched, adm_guard_agrees_with_the_simulator_when_batch_floods)
 {
     struct trace t = {.rng = 7};
-    poisson(&t, 0, 60, 3 * 4.19, BATCH, 256, 1024, 64, 256);
-    poisson(&t, 0, 60, 0.3 * 20.1, INTERACTIVE, 32, 256, 16, 128);
+    trace_poisson(&t, 0, 60, 3 * 4.19, BATCH, 256, 1024, 64, 256);
+    trace_poisson(&t, 0, 60, 0.3 * 20.1, INTERACTIVE, 32, 256, 16, 128);
     check_guard("flood", &t, 60);
     free(t.r);
 }
@@ -308,8 +259,8 @@ Test(sched, adm_guard_agrees_with_the_simulator_when_batch_floods)
 Test(sched, adm_guard_agrees_with_the_simulator_when_prefill_is_the_bottleneck)
 {
     struct trace t = {.rng = 9};
-    poisson(&t, 0, 60, 8, BATCH, 1000, 3000, 1, 4);
-    poisson(&t, 0, 60, 4, INTERACTIVE, 200, 1500, 1, 8);
+    trace_poisson(&t, 0, 60, 8, BATCH, 1000, 3000, 1, 4);
+    trace_poisson(&t, 0, 60, 4, INTERACTIVE, 200, 1500, 1, 8);
     check_guard("prefill-bound", &t, 60);
     free(t.r);
 }
@@ -318,8 +269,8 @@ Test(sched, adm_guard_agrees_with_the_simulator_when_prefill_is_the_bottleneck)
 Test(sched, adm_guard_agrees_with_the_simulator_when_load_is_steady)
 {
     struct trace t = {.rng = 8};
-    poisson(&t, 0, 60, 0.4 * 4.19, BATCH, 256, 1024, 64, 256);
-    poisson(&t, 0, 60, 0.4 * 20.1, INTERACTIVE, 32, 256, 16, 128);
+    trace_poisson(&t, 0, 60, 0.4 * 4.19, BATCH, 256, 1024, 64, 256);
+    trace_poisson(&t, 0, 60, 0.4 * 20.1, INTERACTIVE, 32, 256, 16, 128);
     check_guard("steady", &t, 60);
     free(t.r);
 }

@@ -6,68 +6,12 @@
 #include <criterion/logging.h>
 #include <sluice/sched.h>
 
+#include "sim_trace.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* conf/sluice.json's tiers. */
-static const struct sl_sched_tier tiers[2] = {
-    {.name = "interactive", .priority = 0, .weight = 4, .ttft_slo_ms = 1000, .tpot_slo_ms = 100},
-    {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000, .tpot_slo_ms = 1000},
-};
-enum { INTERACTIVE, BATCH };
-
-/* conf/sluice.json's limits, the 512 MiB KV cap over stories15M's 13.5 KiB per token, and a
- * longer context than stories15M's so that long prompts can be tried. */
-static struct sl_sim_config config(void)
-{
-    struct sl_sim_config c = {
-        .lim = {.max_ctx = 8192,
-                .max_seqs = 32,
-                .max_batch_tokens = 512,
-                .block_size = 16,
-                .tiers = tiers,
-                .n_tiers = 2},
-        .cost = sl_sim_cost_stories15m_cpu,
-    };
-    c.lim.n_blocks = (int)((512u << 20) / (c.cost.kv_bytes_per_token * 16));
-    return c;
-}
-
-struct trace {
-    struct sl_sim_request *r;
-    int n, cap;
-    uint64_t rng;
-};
-
-static double uniform(struct trace *t)
-{
-    t->rng = t->rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(t->rng >> 11) / 9007199254740992.0;
-}
-
-static int between(struct trace *t, int lo, int hi)
-{
-    return lo + (int)(uniform(t) * (hi - lo + 1));
-}
-
-static void add(struct trace *t, double at, int tier, int prompt, int output)
-{
-    if (t->n == t->cap) {
-        t->cap = t->cap ? 2 * t->cap : 256;
-        t->r = realloc(t->r, sizeof *t->r * (size_t)t->cap);
-    }
-    t->r[t->n++] = (struct sl_sim_request){at, tier, 0, prompt, output};
-}
-
-/* Poisson arrivals at `rate` per second over [from, to). */
-static void poisson(struct trace *t, double from, double to, double rate, int tier, int p_lo,
-                    int p_hi, int o_lo, int o_hi)
-{
-    for (double at = from - log(1 - uniform(t)) / rate; at < to; at -= log(1 - uniform(t)) / rate)
-        add(t, at, tier, between(t, p_lo, p_hi), between(t, o_lo, o_hi));
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -87,10 +31,10 @@ static struct sl_sim_report run(const struct sl_sim_config *c, const struct trac
 /* Requests of one shape per second the machine sustains: a backlog run to its end. */
 static double capacity_rps(int tier, int p_lo, int p_hi, int o_lo, int o_hi)
 {
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     struct trace t = {.rng = 99};
     for (int i = 0; i < 400; i++)
-        add(&t, 0, tier, between(&t, p_lo, p_hi), between(&t, o_lo, o_hi));
+        trace_add(&t, 0, tier, trace_between(&t, p_lo, p_hi), trace_between(&t, o_lo, o_hi));
     struct sl_sim_report rep = run(&c, &t, NULL);
     free(t.r);
     return rep.tiers[tier].completed / rep.makespan_s;
@@ -98,11 +42,11 @@ static double capacity_rps(int tier, int p_lo, int p_hi, int o_lo, int o_hi)
 
 Test(sched, sim_run_is_deterministic_and_lossless_when_repeated)
 {
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     c.lim.n_blocks = 200; /* small enough to preempt */
     struct trace t = {.rng = 1};
-    poisson(&t, 0, 20, 6, INTERACTIVE, 8, 300, 4, 200);
-    poisson(&t, 0, 20, 3, BATCH, 100, 1000, 50, 400);
+    trace_poisson(&t, 0, 20, 6, INTERACTIVE, 8, 300, 4, 200);
+    trace_poisson(&t, 0, 20, 3, BATCH, 100, 1000, 50, 400);
     struct sl_sim_result *a = calloc((size_t)t.n, sizeof *a), *b = calloc((size_t)t.n, sizeof *b);
     struct sl_sim_report ra = run(&c, &t, a), rb = run(&c, &t, b);
     cr_assert(memcmp(a, b, sizeof *a * (size_t)t.n) == 0, "same trace, same results");
@@ -123,12 +67,12 @@ Test(sched, sim_run_is_deterministic_and_lossless_when_repeated)
 
 Test(sched, sim_continuous_batching_beats_static_batching_when_lengths_are_mixed)
 {
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     struct trace t = {.rng = 2};
     /* Outputs as they come: mostly short, a few long (a static batch runs as long as its
      * longest member, with its slots emptying as the others finish). */
-    poisson(&t, 0, 30, 32, BATCH, 8, 128, 4, 32);
-    poisson(&t, 0, 30, 8, BATCH, 8, 128, 128, 512);
+    trace_poisson(&t, 0, 30, 32, BATCH, 8, 128, 4, 32);
+    trace_poisson(&t, 0, 30, 8, BATCH, 8, 128, 128, 512);
     struct sl_sim_report cont = run(&c, &t, NULL);
     c.static_batching = true;
     struct sl_sim_report stat = run(&c, &t, NULL);
@@ -146,13 +90,13 @@ Test(sched, sim_continuous_batching_beats_static_batching_when_lengths_are_mixed
 static double worst_decode_gap_ms(const struct sl_sched_tier *tt, int max_batch_tokens,
                                   double *long_ttft_ms)
 {
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     c.lim.tiers = tt;
     c.lim.max_batch_tokens = max_batch_tokens;
     struct trace t = {.rng = 3};
     for (int i = 0; i < 16; i++)
-        add(&t, 0.01 * i, INTERACTIVE, 64, 600);
-    add(&t, 2.0, INTERACTIVE, 4096, 16);
+        trace_add(&t, 0.01 * i, INTERACTIVE, 64, 600);
+    trace_add(&t, 2.0, INTERACTIVE, 4096, 16);
     struct sl_sim_result res[17];
     run(&c, &t, res);
     double worst = 0;
@@ -171,18 +115,18 @@ static double worst_decode_gap_ms(const struct sl_sched_tier *tt, int max_batch_
 Test(sched, sim_long_prompt_keeps_decode_gaps_within_tpot_when_it_arrives_mid_run)
 {
     double ttft;
-    double guarded = worst_decode_gap_ms(tiers, 512, &ttft);
+    double guarded = worst_decode_gap_ms(sim_tiers, 512, &ttft);
     cr_log_info("4096-token prompt mid-run: worst decode gap %.1f ms (objective 100), its TTFT "
                 "%.0f ms",
                 guarded, ttft);
-    cr_assert_leq(guarded, tiers[INTERACTIVE].tpot_slo_ms);
+    cr_assert_leq(guarded, sim_tiers[INTERACTIVE].tpot_slo_ms);
     /* The guard cuts chunks by itself: a budget as large as the prompt changes nothing. */
-    double unused, big = worst_decode_gap_ms(tiers, 8192, &unused);
+    double unused, big = worst_decode_gap_ms(sim_tiers, 8192, &unused);
     cr_log_info("the same with max_batch_tokens 8192: worst gap %.1f ms", big);
-    cr_assert_leq(big, tiers[INTERACTIVE].tpot_slo_ms);
+    cr_assert_leq(big, sim_tiers[INTERACTIVE].tpot_slo_ms);
     /* The check has teeth: with no objective to guard, 512-token chunks late in the prompt (whose
      * rows attend to thousands of positions) stall the decodes, and unchunked far more. */
-    struct sl_sched_tier free_tiers[2] = {tiers[0], tiers[1]};
+    struct sl_sched_tier free_tiers[2] = {sim_tiers[0], sim_tiers[1]};
     free_tiers[0].tpot_slo_ms = free_tiers[1].tpot_slo_ms = 0;
     double unguarded = worst_decode_gap_ms(free_tiers, 512, &unused);
     double whole = worst_decode_gap_ms(free_tiers, 8192, &unused);
@@ -197,15 +141,15 @@ Test(sched, sim_long_prompt_keeps_decode_gaps_within_tpot_when_it_arrives_mid_ru
  * objective), which holds interactive TPOT within its 100 ms. */
 static void tpot_guard_run(const struct sl_sched_tier *tt, double *i_tpot_ms, double *b_itl_ms)
 {
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     c.lim.tiers = tt;
     c.lim.max_seqs = 64;
     c.lim.n_blocks = 12000;
     struct trace t = {.rng = 8};
     for (int i = 0; i < 48; i++)
-        add(&t, 0, BATCH, 100, 3000);
+        trace_add(&t, 0, BATCH, 100, 3000);
     for (int i = 0; i < 4; i++)
-        add(&t, 200 + 0.1 * i, INTERACTIVE, 16, 150);
+        trace_add(&t, 200 + 0.1 * i, INTERACTIVE, 16, 150);
     struct sl_sim_result res[52];
     struct sl_sim_report rep = run(&c, &t, res);
     for (int i = 0; i < 48; i++)
@@ -218,20 +162,20 @@ static void tpot_guard_run(const struct sl_sched_tier *tt, double *i_tpot_ms, do
 Test(sched, sim_batch_decodes_pause_when_interactive_tpot_is_at_risk)
 {
     double paused, batch_gap;
-    tpot_guard_run(tiers, &paused, &batch_gap);
+    tpot_guard_run(sim_tiers, &paused, &batch_gap);
     cr_log_info("TPOT guard: interactive p99 TPOT %.1f ms (objective 100) with batch decodes "
                 "pausing; batch's longest gap %.0f ms (objective 1000)",
                 paused, batch_gap);
-    cr_assert_leq(paused, tiers[INTERACTIVE].tpot_slo_ms);
-    cr_assert_leq(batch_gap, SL_SCHED_GUARD_FRACTION * tiers[BATCH].tpot_slo_ms,
+    cr_assert_leq(paused, sim_tiers[INTERACTIVE].tpot_slo_ms);
+    cr_assert_leq(batch_gap, SL_SCHED_GUARD_FRACTION * sim_tiers[BATCH].tpot_slo_ms,
                   "a paused batch sequence still keeps its own objective");
     /* With batch's objective as tight as interactive's, nothing may pause: it is missed. */
-    struct sl_sched_tier same[2] = {tiers[0], tiers[1]};
+    struct sl_sched_tier same[2] = {sim_tiers[0], sim_tiers[1]};
     same[BATCH].tpot_slo_ms = same[INTERACTIVE].tpot_slo_ms;
     double unpaused;
     tpot_guard_run(same, &unpaused, &batch_gap);
     cr_log_info("no looser tier to pause: interactive p99 TPOT %.1f ms", unpaused);
-    cr_assert_gt(unpaused, tiers[INTERACTIVE].tpot_slo_ms);
+    cr_assert_gt(unpaused, sim_tiers[INTERACTIVE].tpot_slo_ms);
 }
 
 /* The interactive and batch shapes of bench/traces/flood.jsonl. */
@@ -241,10 +185,10 @@ Test(sched, sim_batch_decodes_pause_when_interactive_tpot_is_at_risk)
 Test(sched, sim_interactive_p99_ttft_holds_when_batch_floods_at_three_times_capacity)
 {
     double cap_b = capacity_rps(BATCH, B_SHAPE), cap_i = capacity_rps(INTERACTIVE, I_SHAPE);
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     struct trace t = {.rng = 4};
-    poisson(&t, 0, 60, 3 * cap_b, BATCH, B_SHAPE);
-    poisson(&t, 0, 60, 0.3 * cap_i, INTERACTIVE, I_SHAPE);
+    trace_poisson(&t, 0, 60, 3 * cap_b, BATCH, B_SHAPE);
+    trace_poisson(&t, 0, 60, 0.3 * cap_i, INTERACTIVE, I_SHAPE);
     struct sl_sim_report rep = run(&c, &t, NULL);
     const struct sl_sim_tier_report *i = &rep.tiers[INTERACTIVE], *b = &rep.tiers[BATCH];
     cr_log_info("flood: capacity %.2f batch rps, %.2f interactive rps; %d batch + %d "
@@ -255,8 +199,8 @@ Test(sched, sim_interactive_p99_ttft_holds_when_batch_floods_at_three_times_capa
                 i->ttft_ms[0], i->ttft_ms[2], i->tpot_ms[2], i->slo_attainment, b->ttft_ms[2],
                 b->slo_attainment, b->throughput_rps, b->preemptions + i->preemptions);
     cr_assert_gt(b->requests, 2.5 * 60 * cap_b, "the flood is there");
-    cr_assert_leq(i->ttft_ms[2], tiers[INTERACTIVE].ttft_slo_ms);
-    cr_assert_leq(i->tpot_ms[2], tiers[INTERACTIVE].tpot_slo_ms);
+    cr_assert_leq(i->ttft_ms[2], sim_tiers[INTERACTIVE].ttft_slo_ms);
+    cr_assert_leq(i->tpot_ms[2], sim_tiers[INTERACTIVE].tpot_slo_ms);
     cr_assert_eq(i->completed, i->requests);
 
     /* Without tiers (one queue, first come first served) the same traffic misses by far. */
@@ -277,7 +221,7 @@ Test(sched, sim_interactive_p99_ttft_holds_when_batch_floods_at_three_times_capa
     qsort(ttft, (size_t)n_i, sizeof *ttft, cmp_double);
     double p99 = ttft[(int)ceil(0.99 * n_i) - 1];
     cr_log_info("flood, one FCFS queue: interactive TTFT p99 %.0f ms", p99);
-    cr_assert_gt(p99, 10 * tiers[INTERACTIVE].ttft_slo_ms);
+    cr_assert_gt(p99, 10 * sim_tiers[INTERACTIVE].ttft_slo_ms);
     free(ttft);
     free(res);
     free(flat.r);
@@ -297,22 +241,24 @@ static long tokens_by(const struct trace *t, const struct sl_sim_result *res, in
 Test(sched, sim_batch_keeps_its_share_when_interactive_load_exceeds_capacity)
 {
     double cap_i = capacity_rps(INTERACTIVE, I_SHAPE);
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     /* A batch backlog, alone and then under interactive load from a third of capacity to four
      * times it. Its throughput: output tokens of batch requests done within the 60 s. */
     struct trace alone = {.rng = 5};
     for (int k = 0; k < 600; k++)
-        add(&alone, 0, BATCH, between(&alone, 256, 1024), between(&alone, 64, 256));
+        trace_add(&alone, 0, BATCH, trace_between(&alone, 256, 1024),
+                  trace_between(&alone, 64, 256));
     struct sl_sim_result *ra = calloc((size_t)alone.n, sizeof *ra);
     run(&c, &alone, ra);
     long solo = tokens_by(&alone, ra, BATCH, 60);
-    double share = (double)tiers[BATCH].weight / (tiers[BATCH].weight + tiers[INTERACTIVE].weight);
+    double share =
+        (double)sim_tiers[BATCH].weight / (sim_tiers[BATCH].weight + sim_tiers[INTERACTIVE].weight);
     static const double loads[] = {0.3, 1, 2, 4};
     for (int k = 0; k < 4; k++) {
         struct trace mixed = alone;
         mixed.r = malloc(sizeof *mixed.r * (size_t)alone.cap);
         memcpy(mixed.r, alone.r, sizeof *mixed.r * (size_t)alone.n);
-        poisson(&mixed, 0, 60, loads[k] * cap_i, INTERACTIVE, I_SHAPE);
+        trace_poisson(&mixed, 0, 60, loads[k] * cap_i, INTERACTIVE, I_SHAPE);
         struct sl_sim_result *rm = calloc((size_t)mixed.n, sizeof *rm);
         run(&c, &mixed, rm);
         long shared = tokens_by(&mixed, rm, BATCH, 60);
@@ -329,11 +275,11 @@ Test(sched, sim_batch_keeps_its_share_when_interactive_load_exceeds_capacity)
 
 Test(sched, sim_kv_exhaustion_never_deadlocks_when_requests_outgrow_the_pool)
 {
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     c.lim.n_blocks = 64; /* 1,024 positions for everyone */
     struct trace t = {.rng = 6};
-    poisson(&t, 0, 30, 4, INTERACTIVE, 8, 200, 50, 700);
-    poisson(&t, 0, 30, 4, BATCH, 100, 500, 100, 500);
+    trace_poisson(&t, 0, 30, 4, INTERACTIVE, 8, 200, 50, 700);
+    trace_poisson(&t, 0, 30, 4, BATCH, 100, 500, 100, 500);
     struct sl_sim_result *res = calloc((size_t)t.n, sizeof *res);
     struct sl_sim_report rep = run(&c, &t, res);
     long preempted = 0;
@@ -351,11 +297,11 @@ Test(sched, sim_kv_exhaustion_never_deadlocks_when_requests_outgrow_the_pool)
 
 Test(sched, sim_request_that_can_never_fit_is_refused_when_submitted)
 {
-    struct sl_sim_config c = config();
+    struct sl_sim_config c = sim_config();
     c.lim.n_blocks = 8; /* 128 positions */
     struct trace t = {.rng = 7};
-    add(&t, 0, BATCH, 100, 100);
-    add(&t, 0, BATCH, 50, 20);
+    trace_add(&t, 0, BATCH, 100, 100);
+    trace_add(&t, 0, BATCH, 50, 20);
     struct sl_sim_result res[2];
     struct sl_sim_report rep = run(&c, &t, res);
     cr_assert_eq(res[0].finish, SL_FINISH_ERROR);
