@@ -7,8 +7,11 @@
  *   decode batch-1 ceiling = mem_bw / bytes of weights read per step
  *   FMA ceiling            = fma_gflops / (2 · weights multiplied per token)
  * A decode token multiplies every layer matrix and the classifier; a prefill token multiplies the
- * layer matrices only (the classifier runs for the prompt's last row alone). Attention is left
- * out of both (about 3 % of decode flops at context 128 for stories15M). */
+ * layer matrices only (the classifier runs for the prompt's last row alone). Both also pay for
+ * attention: a row attending c positions does 2·c·head_size multiply-adds per query head and
+ * layer (scores, then values), 4·c·dim flops per layer. A decode row at context C attends C
+ * positions; prompt row p attends p + 1, (P + 1) / 2 on average. Softmax, norms and the other
+ * element-wise work are not counted. */
 #include "worker_impl.h"
 
 #include <stdio.h>
@@ -25,7 +28,8 @@ static void usage(void)
                     "  --ctx     context of each decoding sequence (default 128)\n"
                     "  --isa     force the kernels' instruction set\n"
                     "  --reps    timed repetitions per figure, best reported (default 5)\n"
-                    "  --only-decode B  run only decode at batch B, for a profiler\n");
+                    "  --only-decode B  run only decode at batch B, for a profiler\n"
+                    "  --only-prefill N run only N prefills of the prompt, for a profiler\n");
     exit(2);
 }
 
@@ -104,7 +108,7 @@ static struct mat_sums weight_sums(const struct sl_model *m)
 int main(int argc, char **argv)
 {
     const char *spec = "synthetic:stories15M";
-    int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0;
+    int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -119,6 +123,8 @@ int main(int argc, char **argv)
             ctx = atoi(v);
         else if (strcmp(a, "--only-decode") == 0)
             only = atoi(v);
+        else if (strcmp(a, "--only-prefill") == 0)
+            only_prefill = atoi(v) > 0 ? atoi(v) : 1;
         else if (strcmp(a, "--reps") == 0)
             reps = atoi(v) > 0 ? atoi(v) : 1;
         else if (strcmp(a, "--isa") == 0) {
@@ -150,7 +156,8 @@ int main(int argc, char **argv)
 
     struct sl_cpu_pool *pool = sl_cpu_pool_new(threads);
     int nth = sl_cpu_pool_threads(pool);
-    double bw = only ? 0 : measure_bw(pool, reps), gflops = only ? 0 : measure_fma(pool, reps);
+    bool skip = only || only_prefill;
+    double bw = skip ? 0 : measure_bw(pool, reps), gflops = skip ? 0 : measure_fma(pool, reps);
     sl_cpu_pool_free(pool);
 
     /* Sequence s owns blocks [s·per_seq, (s+1)·per_seq); the prefill sequence comes after. */
@@ -212,6 +219,14 @@ int main(int argc, char **argv)
         }
     }
     double prefill = prompt / best, prefill_worst = prompt / worst;
+    if (only_prefill) {
+        double t0 = now_s();
+        for (int r = 0; r < only_prefill; r++)
+            if (sl_worker_forward(w, &pb, logits) != SL_OK)
+                return 1;
+        printf("{\"prefill_tok_s\": %.1f}\n", prompt * only_prefill / (now_s() - t0));
+        return 0;
+    }
 
     /* Decode contexts: every sequence prefilled to ctx - 1 positions, a few at a time. */
     for (int s = 0; s < MAX_B; s++)
@@ -293,9 +308,12 @@ int main(int argc, char **argv)
     }
 
     struct mat_sums ws = weight_sums(m);
+    double attn = 4.0 * cfg->dim * cfg->n_layers; /* flops per attended position of a row */
+    double flops_decode = 2 * ws.decode + attn * ctx;
+    double flops_prefill = 2 * ws.layer + attn * (prompt + 1) / 2.0;
     double bw_ceiling = bw * 1e9 / ws.bytes;
-    double fma_decode = gflops * 1e9 / (2 * ws.decode);
-    double fma_prefill = gflops * 1e9 / (2 * ws.layer);
+    double fma_decode = gflops * 1e9 / flops_decode;
+    double fma_prefill = gflops * 1e9 / flops_prefill;
     printf("{\n");
     printf("  \"model\": \"%s\",\n", sl_model_id(m));
     printf("  \"weight_type\": \"%s\",\n", sl_dtype_name(m->w.layers[0].wq.type));
@@ -318,6 +336,8 @@ int main(int argc, char **argv)
     printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
     printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
     printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
+    printf("  \"flops_per_decode_token\": %.0f,\n", flops_decode);
+    printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill);
     printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
     printf("  \"decode_fma_ceiling_tok_s\": %.1f,\n", fma_decode);
     printf("  \"prefill_fma_ceiling_tok_s\": %.1f,\n", fma_prefill);
