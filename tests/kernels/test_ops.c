@@ -144,6 +144,35 @@ Test(kernels, matmul_matches_reference_when_matrix_exceeds_the_caches)
     }
 }
 
+/* The far-prefetch path (4 × 3 register tiles) and the small-batch paths (3 × 4 tiles, 1 or 2
+ * rows) must give a row the same bits. */
+Test(kernels, matmul_is_bitwise_equal_when_a_large_matrix_takes_other_paths)
+{
+    FOR_EACH_ISA(isa)
+    {
+        int n = 37, d = 8003, k = 291;
+        float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k);
+        struct sl_mat w = {SL_DTYPE_F32, src, d, k};
+        float *all = malloc((size_t)n * d * sizeof(float));
+        float *part = malloc((size_t)n * d * sizeof(float));
+        sl_cpu_matmul(all, x, &w, n);
+        int groups[] = {1, 2, 7, 24};
+        for (int g = 0; g < LEN(groups); g++) {
+            for (int r = 0; r < n; r += groups[g]) {
+                int m = n - r < groups[g] ? n - r : groups[g];
+                sl_cpu_matmul(part + (size_t)r * d, x + (size_t)r * k, &w, m);
+            }
+            cr_assert(memcmp(all, part, (size_t)n * d * sizeof(float)) == 0,
+                      "%s: rows in groups of %d differ from one batch", sl_cpu_isa_name(isa),
+                      groups[g]);
+        }
+        free(x);
+        free(src);
+        free(all);
+        free(part);
+    }
+}
+
 /* The batch-invariance contract: a row's outputs are the same bits whether it is computed alone,
  * in a batch of any size at any offset, and a typed matrix gives the bits of its dequantized fp32
  * twin. */
