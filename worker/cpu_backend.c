@@ -18,35 +18,31 @@ static void cpu_free(void *vctx)
     if (!c)
         return;
     sl_cpu_pool_free(c->pool);
-    free(c->x);
-    free(c->xb);
-    free(c->xb2);
-    free(c->q);
-    free(c->k);
-    free(c->v);
-    free(c->hb);
-    free(c->hb2);
-    free(c->att);
+    for (int i = 0; i < c->n_bufs; i++)
+        free(c->bufs[i]);
     free(c->attn_rows);
-    free(c->rope);
-    free(c->xl);
-    free(c->key_cache);
-    free(c->value_cache);
     free(c);
 }
 
-static float *alloc_f32(uint64_t n, bool *ok)
+/* n zeroed floats at a cache-line boundary (rows that straddle cache lines slow every vector
+ * load down), owned by c. */
+static float *alloc_f32(struct sl_cpu_ctx *c, uint64_t n, bool *ok)
 {
     /* Plain calloc, not sl_xcalloc: the pool size comes from configuration, and running out is a
-     * start-up error to report, not an abort. */
-    if (n == 0 || n > SIZE_MAX / sizeof(float)) {
+     * start-up error to report, not an abort. calloc rather than an aligned allocator, which
+     * would have to zero the pool itself: fresh pages come zeroed, and untouched ones cost no
+     * memory. */
+    if (n == 0 || n > (SIZE_MAX - 64) / sizeof(float) || c->n_bufs == SL_CPU_MAX_BUFS) {
         *ok = false;
         return NULL;
     }
-    float *p = calloc((size_t)n, sizeof(float));
-    if (!p)
+    char *p = calloc(1, (size_t)n * sizeof(float) + 64);
+    if (!p) {
         *ok = false;
-    return p;
+        return NULL;
+    }
+    c->bufs[c->n_bufs++] = p;
+    return (float *)(p + (64 - (uintptr_t)p % 64));
 }
 
 static bool mat_ok(const struct sl_mat *w, int rows, int cols)
@@ -96,23 +92,23 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     uint64_t T = (uint64_t)o->max_batch_tokens, dim = (uint64_t)cfg->dim;
     uint64_t hid = (uint64_t)cfg->hidden_dim, kv = (uint64_t)c->kv_dim;
     bool ok = true;
-    c->x = alloc_f32(T * dim, &ok);
-    c->xb = alloc_f32(T * dim, &ok);
-    c->xb2 = alloc_f32(T * dim, &ok);
-    c->q = alloc_f32(T * dim, &ok);
-    c->k = alloc_f32(T * kv, &ok);
-    c->v = alloc_f32(T * kv, &ok);
-    c->hb = alloc_f32(T * hid, &ok);
-    c->hb2 = alloc_f32(T * hid, &ok);
-    c->att = alloc_f32((uint64_t)c->n_threads * SL_CPU_ATTN_MAX_Q * (uint64_t)cfg->seq_len, &ok);
+    c->x = alloc_f32(c, T * dim, &ok);
+    c->xb = alloc_f32(c, T * dim, &ok);
+    c->xb2 = alloc_f32(c, T * dim, &ok);
+    c->q = alloc_f32(c, T * dim, &ok);
+    c->k = alloc_f32(c, T * kv, &ok);
+    c->v = alloc_f32(c, T * kv, &ok);
+    c->hb = alloc_f32(c, T * hid, &ok);
+    c->hb2 = alloc_f32(c, T * hid, &ok);
+    c->att = alloc_f32(c, (uint64_t)c->n_threads * SL_CPU_ATTN_MAX_Q * (uint64_t)cfg->seq_len, &ok);
     c->attn_rows = calloc((size_t)T + 1, sizeof(int));
     ok = ok && c->attn_rows;
-    c->rope = alloc_f32(T * (uint64_t)head_size, &ok);
-    c->xl = alloc_f32(T * dim, &ok);
+    c->rope = alloc_f32(c, T * (uint64_t)head_size, &ok);
+    c->xl = alloc_f32(c, T * dim, &ok);
     uint64_t cache =
         (uint64_t)o->n_kv_blocks * (uint64_t)cfg->n_layers * (uint64_t)o->block_size * kv;
-    c->key_cache = alloc_f32(cache, &ok);
-    c->value_cache = alloc_f32(cache, &ok);
+    c->key_cache = alloc_f32(c, cache, &ok);
+    c->value_cache = alloc_f32(c, cache, &ok);
     if (!ok) {
         cpu_free(c);
         return SL_ENOMEM;

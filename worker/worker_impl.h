@@ -201,6 +201,8 @@ struct sl_mat sl_model_mat_place(struct sl_model *m, enum sl_dtype t, const void
 const float *sl_model_norm_f32(struct sl_model *m, enum sl_dtype t, const void *data, int n);
 
 /* The CPU backend's context. Every buffer is sized at init from sl_backend_opts. */
+#define SL_CPU_MAX_BUFS 16
+
 struct sl_cpu_ctx {
     const struct sl_model *m;
     struct sl_model_config cfg;
@@ -226,6 +228,8 @@ struct sl_cpu_ctx {
     float *key_cache;   /* (n_kv_blocks, layer, block_size, kv_dim) */
     float *value_cache; /* (n_kv_blocks, layer, block_size, kv_dim) */
     size_t kv_bytes;
+    void *bufs[SL_CPU_MAX_BUFS]; /* the allocations behind the buffers above (aligned within) */
+    int n_bufs;
 };
 
 #endif
