@@ -212,12 +212,11 @@ INLINE void tile_rows(const enum sl_dtype t, const int RM, const int RN, float *
  *   weight slices of SLICE rows (SLICE · KC_MAX floats stay in L2 across all activation rows, so
  *   each weight is read from memory once per call),
  *     k blocks,
- *       activation blocks of ROWS rows (ROWS · KC_MAX floats, 18 KiB, stay in L1),
- *         RN-row weight tiles (from L2, each reused by ROWS / RM register tiles),
+ *       activation blocks of ROWS = 3 · RM rows (at most 12 · KC_MAX floats, 18 KiB, in L1),
+ *         RN-row weight tiles (from L2, each reused by the 3 register tiles of the block),
  *           RM-row activation tiles.
  * RM × RN is 3 × 4 or 4 × 3, 12 accumulators either way (see matmul_t). */
 #define SLICE 96
-#define ROWS 12
 #ifndef PF_AHEAD
 #define PF_AHEAD 8192
 #endif
@@ -241,6 +240,7 @@ INLINE void slices(const enum sl_dtype t, const int RM, const int RN, const bool
             int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
             size_t pf0 = (size_t)j0 / 16 * pf16;
             int tiles = (s1 - s0 + RN - 1) / RN, n1 = d1 - s1 < SLICE ? d1 : s1 + SLICE;
+            const int ROWS = 3 * RM;
             for (int r0 = 0, pass = 0; r0 < n; r0 += ROWS, pass++) {
                 int r1 = n - r0 < ROWS ? n : r0 + ROWS;
                 int i = s0;
@@ -313,15 +313,17 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
     }
     /* A matrix far larger than the caches (the classifier) comes from memory at the rate the
      * first pass over a slice uses it, which is bandwidth-bound when only 12 activation rows
-     * share it. With three passes or more, spread the fetch of the next slice over every pass
-     * of this one instead (into L2), a weight row per tile: the 32-row classifier went from 64 %
-     * to 77 % of peak on one thread. With fewer passes, or a smaller matrix, the short-distance
-     * prefetch measured as fast or faster. */
-    bool ahead = n > 2 * ROWS && (size_t)m->rows * wrb >= ((size_t)4 << 20);
+     * share it. With three passes or more (more than 24 rows in blocks of 12), spread the fetch
+     * of the next slice over every pass of this one instead (into L2), a weight row per tile:
+     * the 32-row classifier went from 64 % to 77 % of peak on one thread. With fewer passes, or
+     * a smaller matrix, the short-distance prefetch measured as fast or faster. */
+    bool ahead = n > 24 && (size_t)m->rows * wrb >= ((size_t)4 << 20);
     /* 3 activation rows × 4 weight rows fill all four lanes of each reduce4 where 4 × 3 fill
      * three, and at k = 288 the reduction is about a tenth of a tile: the prefill shapes went
-     * from 87-88 % to 91-92 % of peak on one thread. The streamed classifier keeps 4 × 3: its
-     * 3 weight loads per k step leave L2 room for the far prefetch (77 % against 69 %). */
+     * from 87-88 % to 91-92 % of peak on one thread. Its activation blocks of 9 rows rather
+     * than 12 leave L1 more room for the weight tiles passing through: w2 (k = 768, blocks of
+     * 384) went from 81 % to 85 %. The streamed classifier keeps 4 × 3 in blocks of 12: its 3
+     * weight loads per k step leave L2 room for the far prefetch (77 % against 69 %). */
     if (ahead)
         slices(t, 4, 3, true, out, x, m, n, d0, d1, kc, nb);
     else
