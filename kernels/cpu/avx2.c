@@ -698,7 +698,8 @@ INLINE void multi_scores(const int NQ, const float *const *qs, const int *n_ctx,
 }
 
 /* outs[i][j0 .. j0 + 8·NV) (=, or += when !first) Σ_{t in [t0, t1)} att_i[t] · v_t, continuing
- * each lane's FMA chain in t order; NQ·NV <= 12 accumulators. */
+ * each lane's FMA chain in t order; NQ·NV <= 9 accumulators (with the NV value vectors and a
+ * broadcast, at most 16 registers). */
 INLINE void multi_values(const int NQ, const int NV, float *const *outs, const float *att,
                          size_t stride, const struct sl_cpu_pages *v, int t0, int t1, int j0,
                          bool first)
@@ -756,11 +757,13 @@ INLINE void attention_multi_t(const int NQ, float *const *outs, const float *con
     multi_scores(NQ, qs, n_ctx, k, 0, n_max, hs, att, stride);
     for (int i = 0; i < NQ; i++)
         sl_cpu_avx2_softmax(att + (size_t)i * stride, n_ctx[i]);
+    /* 24 lanes at a time: 3 queries × 4 vectors plus the 4 value vectors and a broadcast are
+     * 17 registers, and the accumulator that spilled put a store and a reload in every
+     * position's FMA chain (a fifth of the kernel's time). */
     int h8 = hs & ~7, j0 = 0;
-    for (; j0 + 32 <= h8; j0 += 32)
-        multi_values_all(NQ, 4, outs, att, stride, v, n_ctx, n_min, j0);
+    for (; j0 + 24 <= h8; j0 += 24)
+        multi_values_all(NQ, 3, outs, att, stride, v, n_ctx, n_min, j0);
     switch ((h8 - j0) / 8) {
-    case 3: multi_values_all(NQ, 3, outs, att, stride, v, n_ctx, n_min, j0); break;
     case 2: multi_values_all(NQ, 2, outs, att, stride, v, n_ctx, n_min, j0); break;
     case 1: multi_values_all(NQ, 1, outs, att, stride, v, n_ctx, n_min, j0); break;
     default: break;
