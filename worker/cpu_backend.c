@@ -213,28 +213,25 @@ struct attn_job {
     const struct sl_batch *b;
     int layer;
     int n_groups;     /* row groups, c->attn_rows[0 .. n_groups] */
-    int chunk;        /* tasks per grab */
-    _Atomic int next; /* next (row group, KV head) task to hand out */
+    _Atomic int next; /* (row group, KV head) tasks handed out, last group first */
 };
 
-/* (row group, KV head) tasks are grabbed a chunk at a time, so a thread that loses its core to
- * another process does not hold the others up. */
+/* (row group, KV head) tasks are grabbed in shrinking chunks (sl_cpu_grab), so a thread that
+ * loses its core to another process does not hold the others up. The last row groups go first:
+ * in a prompt chunk they attend the most positions, and the cheap early rows then even out the
+ * end of the job. */
 static void attn_task(void *arg, int ith, int nth)
 {
-    (void)nth;
     struct attn_job *j = arg;
     struct sl_cpu_ctx *c = j->c;
-    int nkv = c->cfg.n_kv_heads, tasks = j->n_groups * nkv;
+    int nkv = c->cfg.n_kv_heads, tasks = j->n_groups * nkv, end;
     const int *rows = c->attn_rows;
     float *att = c->att + (size_t)ith * SL_CPU_ATTN_MAX_Q * (size_t)c->cfg.seq_len;
-    for (;;) {
-        int t0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (t0 >= tasks)
-            return;
-        int t1 = t0 + j->chunk < tasks ? t0 + j->chunk : tasks;
-        for (int t = t0; t < t1; t++)
+    for (int t0; (t0 = sl_cpu_grab(&j->next, tasks, nth, 1, &end)) < tasks;)
+        for (int u = t0; u < end; u++) {
+            int t = tasks - 1 - u;
             attend(c, j->b, j->layer, rows[t / nkv], rows[t / nkv + 1], t % nkv, att);
-    }
+        }
 }
 
 static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
@@ -282,8 +279,6 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
             }
         }
         struct attn_job aj = {.c = c, .b = b, .layer = l, .n_groups = n_groups};
-        int tasks = n_groups * cfg->n_kv_heads;
-        aj.chunk = tasks / (4 * c->n_threads) > 0 ? tasks / (4 * c->n_threads) : 1;
         atomic_store_explicit(&aj.next, 0, memory_order_relaxed);
         sl_cpu_pool_run(c->pool, attn_task, &aj);
         sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, &L->wo, n);

@@ -5,6 +5,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -563,6 +564,46 @@ static void count_task(void *arg, int ith, int nth)
     struct count_job *j = arg;
     cr_assert(ith >= 0 && ith < nth && nth <= 8);
     __atomic_fetch_add(&j->hits[ith], 1, __ATOMIC_RELAXED);
+}
+
+struct grab_job {
+    _Atomic int next;
+    int total, min_chunk;
+    _Atomic int hits[1000];
+    _Atomic int bad; /* chunks below min_chunk that were not the job's last items */
+};
+
+static void grab_task(void *arg, int ith, int nth)
+{
+    (void)ith;
+    struct grab_job *j = arg;
+    int end;
+    for (int a; (a = sl_cpu_grab(&j->next, j->total, nth, j->min_chunk, &end)) < j->total;) {
+        if (end <= a || (end - a < j->min_chunk && end != j->total))
+            atomic_fetch_add(&j->bad, 1);
+        for (int i = a; i < end; i++)
+            atomic_fetch_add(&j->hits[i], 1);
+    }
+}
+
+Test(kernels, grab_hands_out_every_item_once_when_threads_compete)
+{
+    int totals[] = {0, 1, 7, 72, 1000};
+    for (int th = 1; th <= 4; th++)
+        for (int t = 0; t < LEN(totals); t++)
+            for (int mc = 1; mc <= 5; mc += 4) {
+                struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+                struct grab_job *j = calloc(1, sizeof(*j));
+                j->total = totals[t];
+                j->min_chunk = mc;
+                sl_cpu_pool_run(p, grab_task, j);
+                cr_assert_eq(j->bad, 0);
+                for (int i = 0; i < j->total; i++)
+                    cr_assert_eq(j->hits[i], 1, "threads %d total %d item %d: %d", th, j->total, i,
+                                 j->hits[i]);
+                free(j);
+                sl_cpu_pool_free(p);
+            }
 }
 
 Test(kernels, pool_runs_every_part_once_when_jobs_come_fast_or_slow)
