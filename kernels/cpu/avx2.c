@@ -427,6 +427,28 @@ TARGET void sl_cpu_avx2_swiglu(float *h, const float *g, int n)
     }
 }
 
+/* (v0, v1) -> (v0·c − v1·s, v0·s + v1·c) for each interleaved pair: the scalar kernel's
+ * products and sums, unfused, so the bits are the same. */
+TARGET void sl_cpu_avx2_rope_apply(float *x, int n_heads, int head_size, const float *cs)
+{
+    int h8 = head_size & ~7;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_size;
+        for (int i = 0; i < h8; i += 8) {
+            __m256 xv = _mm256_loadu_ps(v + i), t = _mm256_loadu_ps(cs + i);
+            __m256 sw = _mm256_permute_ps(xv, 0xb1);             /* (v1, v0) in each pair */
+            __m256 a = _mm256_mul_ps(xv, _mm256_moveldup_ps(t)); /* (v0·c, v1·c) */
+            __m256 b = _mm256_mul_ps(sw, _mm256_movehdup_ps(t)); /* (v1·s, v0·s) */
+            _mm256_storeu_ps(v + i, _mm256_addsub_ps(a, b));
+        }
+        for (int i = h8; i < head_size; i += 2) {
+            float fcr = cs[i], fci = cs[i + 1], v0 = v[i], v1 = v[i + 1];
+            v[i] = v0 * fcr - v1 * fci;
+            v[i + 1] = v0 * fci + v1 * fcr;
+        }
+    }
+}
+
 TARGET void sl_cpu_avx2_softmax(float *x, int n)
 {
     int n8 = n & ~7;

@@ -371,6 +371,12 @@ void sl_cpu_rope_table(float *cs, int head_size, int pos, float theta)
 
 void sl_cpu_rope_apply(float *x, int n_heads, int head_size, const float *cs)
 {
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_rope_apply(x, n_heads, head_size, cs);
+        return;
+    }
+#endif
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_size;
         for (int i = 0; i < head_size; i += 2) {

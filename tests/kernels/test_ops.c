@@ -468,32 +468,37 @@ Test(kernels, softmax_matches_reference_when_values_are_large)
 
 Test(kernels, rope_matches_complex_rotation_when_heads_vary)
 {
-    int heads[] = {1, 3, 8}, sizes[] = {2, 8, 16, 48}, positions[] = {0, 1, 7, 255, 511};
-    for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 4; b++)
-            for (int c = 0; c < 5; c++) {
-                int nh = heads[a], hs = sizes[b], pos = positions[c];
-                float *x = rand_vec((size_t)nh * hs), *y = malloc((size_t)nh * hs * 4);
-                memcpy(y, x, (size_t)nh * hs * 4);
-                double *ref = malloc((size_t)nh * hs * sizeof(double));
-                for (int h = 0; h < nh; h++)
-                    for (int i = 0; i < hs; i += 2) {
-                        double ang = pos * pow(10000.0, -(double)i / hs);
-                        double re = x[h * hs + i], im = x[h * hs + i + 1];
-                        ref[h * hs + i] = re * cos(ang) - im * sin(ang);
-                        ref[h * hs + i + 1] = re * sin(ang) + im * cos(ang);
-                    }
-                sl_cpu_rope(x, nh, hs, pos, 10000.0f);
-                /* fp32 angles at position 511 are only good to ~1e-4 radians. */
-                assert_close(x, ref, (size_t)nh * hs, 2e-4, "rope", SL_CPU_ISA_SCALAR);
-                float cs[48];
-                sl_cpu_rope_table(cs, hs, pos, 10000.0f);
-                sl_cpu_rope_apply(y, nh, hs, cs);
-                cr_assert(memcmp(x, y, (size_t)nh * hs * 4) == 0, "table differs from rope");
-                free(x);
-                free(y);
-                free(ref);
-            }
+    FOR_EACH_ISA(isa)
+    {
+        int heads[] = {1, 3, 8}, sizes[] = {2, 6, 8, 10, 16, 48, 64},
+            positions[] = {0, 1, 7, 255, 511};
+        for (int a = 0; a < LEN(heads); a++)
+            for (int b = 0; b < LEN(sizes); b++)
+                for (int c = 0; c < 5; c++) {
+                    int nh = heads[a], hs = sizes[b], pos = positions[c];
+                    float *x = rand_vec((size_t)nh * hs), *y = malloc((size_t)nh * hs * 4);
+                    memcpy(y, x, (size_t)nh * hs * 4);
+                    double *ref = malloc((size_t)nh * hs * sizeof(double));
+                    for (int h = 0; h < nh; h++)
+                        for (int i = 0; i < hs; i += 2) {
+                            double ang = pos * pow(10000.0, -(double)i / hs);
+                            double re = x[h * hs + i], im = x[h * hs + i + 1];
+                            ref[h * hs + i] = re * cos(ang) - im * sin(ang);
+                            ref[h * hs + i + 1] = re * sin(ang) + im * cos(ang);
+                        }
+                    sl_cpu_rope(x, nh, hs, pos, 10000.0f);
+                    /* fp32 angles at position 511 are only good to ~1e-4 radians. */
+                    assert_close(x, ref, (size_t)nh * hs, 2e-4, "rope", SL_CPU_ISA_SCALAR);
+                    float cs[64];
+                    sl_cpu_rope_table(cs, hs, pos, 10000.0f);
+                    sl_cpu_rope_apply(y, nh, hs, cs);
+                    cr_assert(memcmp(x, y, (size_t)nh * hs * 4) == 0, "%s: table differs from rope",
+                              sl_cpu_isa_name(isa));
+                    free(x);
+                    free(y);
+                    free(ref);
+                }
+    }
 }
 
 Test(kernels, attention_matches_reference_when_pages_are_scattered)
