@@ -315,9 +315,13 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
      * first pass over a slice uses it, which is bandwidth-bound when only 12 activation rows
      * share it. With three passes or more (more than 24 rows in blocks of 12), spread the fetch
      * of the next slice over every pass of this one instead (into L2), a weight row per tile:
-     * the 32-row classifier went from 64 % to 77 % of peak on one thread. With fewer passes, or
-     * a smaller matrix, the short-distance prefetch measured as fast or faster. */
-    bool ahead = n > 24 && (size_t)m->rows * wrb >= ((size_t)4 << 20);
+     * the 32-row classifier went from 64 % to 77 % of peak on one thread. A decode batch's
+     * layer matrices are as cold: a step streams every weight once, the classifier's 37 MB and
+     * the KV reads between two uses of a layer, so with at most 64 rows they take the same path
+     * (their two-thread time in a batch-32 decode fell by a quarter). With fewer passes, or
+     * more rows of a matrix that stays in cache (a prompt), the short-distance prefetch
+     * measured as fast or faster. */
+    bool ahead = n > 24 && (n <= 64 || (size_t)m->rows * wrb >= ((size_t)4 << 20));
     /* 3 activation rows × 4 weight rows fill all four lanes of each reduce4 where 4 × 3 fill
      * three, and at k = 288 the reduction is about a tenth of a tile: the prefill shapes went
      * from 87-88 % to 91-92 % of peak on one thread. Its activation blocks of 9 rows rather
