@@ -327,9 +327,13 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
      * from 87-88 % to 91-92 % of peak on one thread. Its activation blocks of 9 rows rather
      * than 12 leave L1 more room for the weight tiles passing through: w2 (k = 768, blocks of
      * 384) went from 81 % to 85 %. The streamed classifier keeps 4 × 3 in blocks of 12: its 3
-     * weight loads per k step leave L2 room for the far prefetch (77 % against 69 %). */
+     * weight loads per k step leave L2 room for the far prefetch (77 % against 69 %). So do
+     * small decode batches: 4 or 16 rows are whole 4-row tiles, where 3-row tiles leave a 1-row
+     * tile that loads every weight vector for a single FMA. */
     if (ahead)
         slices(t, 4, 3, true, out, x, m, n, d0, d1, kc, nb);
+    else if (n <= 16)
+        slices(t, 4, 3, false, out, x, m, n, d0, d1, kc, nb);
     else
         slices(t, 3, 4, false, out, x, m, n, d0, d1, kc, nb);
 }
