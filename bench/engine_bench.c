@@ -8,8 +8,11 @@
  *   decode batch-1 ceiling = mem_bw / bytes of weights read per step
  *   FMA ceiling            = fma_gflops / (2 · weights multiplied per token)
  * A decode token multiplies every layer matrix and the classifier; a prefill token multiplies the
- * layer matrices only (the classifier runs for the prompt's last row alone). Attention is left
- * out of both (about 3 % of decode flops at context 128 for stories15M).
+ * layer matrices only (the classifier runs for the prompt's last row alone). Both also pay for
+ * attention: a row attending c positions does 2·c·head_size multiply-adds per query head and
+ * layer (scores, then values), 4·c·dim flops per layer. A decode row at context C attends C
+ * positions; prompt row p attends p + 1, (P + 1) / 2 on average. Softmax, norms and the other
+ * element-wise work are not counted.
  *
  * On a CUDA device the same loops run through the CUDA backend, decode steps sampling greedily on
  * the device (only ids come back, as when serving), at batch 1, 16, 64 and 256; the ceilings are
@@ -30,17 +33,20 @@
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: engine-bench [--model SPEC] [--device cpu|cuda[:N]] [--threads N]\n"
-                    "                    [--prompt N] [--ctx N] [--isa scalar|avx2] [--reps N]\n"
-                    "  --model   model spec (default synthetic:stories15M)\n"
-                    "  --device  cpu (default) or a CUDA device: decode at batch 1, 16, 64, 256\n"
-                    "            against the device's copy bandwidth and BF16 GEMM ceilings\n"
-                    "  --threads kernel threads, 0 = all cores (default 0)\n"
-                    "  --prompt  prefill prompt length (default min(512, seq_len); 2048 on CUDA)\n"
-                    "  --ctx     context of each decoding sequence (default 128)\n"
-                    "  --isa     force the kernels' instruction set\n"
-                    "  --reps    timed repetitions per figure, best reported (default 5)\n"
-                    "  --only-decode B  run only decode at batch B, for a profiler\n");
+    fprintf(stderr,
+            "usage: engine-bench [--model SPEC] [--device cpu|cuda[:N]] [--threads N]\n"
+            "                    [--prompt N] [--ctx N] [--isa scalar|avx2] [--reps N]\n"
+            "  --model   model spec (default synthetic:stories15M)\n"
+            "  --device  cpu (default) or a CUDA device: decode at batch 1, 16, 64, 256\n"
+            "            against the device's copy bandwidth and BF16 GEMM ceilings\n"
+            "  --threads kernel threads, 0 = all cores (default 0)\n"
+            "  --prompt  prefill prompt length (default min(512, seq_len); 2048 on CUDA)\n"
+            "  --ctx     context of each decoding sequence (default 128)\n"
+            "  --isa     force the kernels' instruction set\n"
+            "  --reps    timed repetitions per figure, best reported (default 5)\n"
+            "  --only-decode B  run only decode at batch B, for a profiler\n"
+            "  --only-prefill N run only N prefills of the prompt (mean and fastest), for a\n"
+            "                   profiler or an A/B comparison\n");
     exit(2);
 }
 
@@ -213,7 +219,7 @@ static struct mat_sums weight_sums(const struct sl_model *m)
 int main(int argc, char **argv)
 {
     const char *spec = "synthetic:stories15M", *device = "cpu";
-    int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0;
+    int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -230,6 +236,8 @@ int main(int argc, char **argv)
             ctx = atoi(v);
         else if (strcmp(a, "--only-decode") == 0)
             only = atoi(v);
+        else if (strcmp(a, "--only-prefill") == 0)
+            only_prefill = atoi(v) > 0 ? atoi(v) : 1;
         else if (strcmp(a, "--reps") == 0)
             reps = atoi(v) > 0 ? atoi(v) : 1;
         else if (strcmp(a, "--isa") == 0) {
@@ -277,15 +285,16 @@ int main(int argc, char **argv)
 #if SL_HAVE_CUDA
         /* bw: GB/s of the copy kernel; gflops: GFLOP/s of the BF16 GEMM. */
         double tflops = 0;
-        if (!only && !device_ceilings(dev.index, &bw, &tflops))
+        if (!only && !only_prefill && !device_ceilings(dev.index, &bw, &tflops))
             return 1;
         gflops = tflops * 1e3;
 #endif
     } else {
         struct sl_cpu_pool *pool = sl_cpu_pool_new(threads);
         nth = sl_cpu_pool_threads(pool);
-        bw = only ? 0 : measure_bw(pool, reps);
-        gflops = only ? 0 : measure_fma(pool, reps);
+        bool skip = only || only_prefill;
+        bw = skip ? 0 : measure_bw(pool, reps);
+        gflops = skip ? 0 : measure_fma(pool, reps);
         sl_cpu_pool_free(pool);
     }
 
@@ -352,6 +361,19 @@ int main(int argc, char **argv)
         }
     }
     double prefill = prompt / best, prefill_worst = prompt / worst;
+    if (only_prefill) {
+        double t0 = now_s(), fastest = 1e30;
+        for (int r = 0; r < only_prefill; r++) {
+            double t1 = now_s();
+            if (sl_worker_forward(w, &pb, logits) != SL_OK)
+                return 1;
+            t1 = now_s() - t1;
+            fastest = t1 < fastest ? t1 : fastest;
+        }
+        printf("{\"prefill_tok_s\": %.1f, \"prefill_tok_s_best\": %.1f}\n",
+               prompt * only_prefill / (now_s() - t0), prompt / fastest);
+        return 0;
+    }
 
     /* Decode contexts: every sequence prefilled to ctx - 1 positions, a few at a time. */
     for (int s = 0; s < MAX_B; s++)
@@ -437,14 +459,17 @@ int main(int argc, char **argv)
     }
 
     struct mat_sums ws = weight_sums(m);
+    double attn = 4.0 * cfg->dim * cfg->n_layers; /* flops per attended position of a row */
+    double flops_decode_tok = 2 * ws.decode + attn * ctx;
+    double flops_prefill_tok = 2 * ws.layer + attn * (prompt + 1) / 2.0;
     if (cuda) {
         /* The device holds an all-F32 model as F32 and any other as 16-bit values; its KV
          * blocks are in the same type, which tells which. */
         bool f32 = dev.ops->kv_block_bytes(m, 1) == sl_model_kv_block_bytes(m, 1);
         ws.bytes = (ws.decode) * (f32 ? 4 : 2);
         double bw_ceiling = bw * 1e9 / ws.bytes;
-        double flops_decode = gflops * 1e9 / (2 * ws.decode);
-        double flops_prefill = gflops * 1e9 / (2 * ws.layer);
+        double flops_decode = gflops * 1e9 / flops_decode_tok;
+        double flops_prefill = gflops * 1e9 / flops_prefill_tok;
         printf("{\n");
         printf("  \"model\": \"%s\",\n", sl_model_id(m));
         printf("  \"device\": \"%s\",\n", dev.name);
@@ -466,6 +491,8 @@ int main(int argc, char **argv)
         printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
         printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
         printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
+        printf("  \"flops_per_decode_token\": %.0f,\n", flops_decode_tok);
+        printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
         /* Batch B decodes cannot beat reading the weights once per step (B · bw ceiling) nor
          * the GEMM rate (flops ceiling): the lower of the two. */
         printf("  \"decode_ceiling_tok_s\": {");
@@ -481,8 +508,8 @@ int main(int argc, char **argv)
         printf("}\n");
     } else {
         double bw_ceiling = bw * 1e9 / ws.bytes;
-        double fma_decode = gflops * 1e9 / (2 * ws.decode);
-        double fma_prefill = gflops * 1e9 / (2 * ws.layer);
+        double fma_decode = gflops * 1e9 / flops_decode_tok;
+        double fma_prefill = gflops * 1e9 / flops_prefill_tok;
         printf("{\n");
         printf("  \"model\": \"%s\",\n", sl_model_id(m));
         printf("  \"weight_type\": \"%s\",\n", sl_dtype_name(m->w.layers[0].wq.type));
@@ -505,6 +532,8 @@ int main(int argc, char **argv)
         printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
         printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
         printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
+        printf("  \"flops_per_decode_token\": %.0f,\n", flops_decode_tok);
+        printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
         printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
         printf("  \"decode_fma_ceiling_tok_s\": %.1f,\n", fma_decode);
         printf("  \"prefill_fma_ceiling_tok_s\": %.1f,\n", fma_prefill);

@@ -128,6 +128,14 @@ void *sl_xcalloc(size_t n, size_t size)
     return p;
 }
 
+void *sl_xmalloc_aligned(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 1) != 0)
+        oom(n);
+    return p;
+}
+
 void *sl_xrealloc(void *p, size_t n)
 {
     void *q = realloc(p, n ? n : 1);

@@ -3,8 +3,9 @@
  * Every projection is one matrix-matrix product over all rows of the step (kernels/cpu), split
  * over the pool by weight rows; attention is split over the pool by (row group, KV head). Per step
  * the pool runs five jobs per layer (QKV, attention, output, gate/up + SwiGLU, down) plus the
- * classifier; the cheap row-wise glue (norms, residual adds, RoPE of K, KV writes) stays on the
- * calling thread. */
+ * classifier; the cheap row-wise glue (embedding, RoPE tables, residual adds with the norms after
+ * them, RoPE of K, KV writes) is split over the pool by rows for a prompt chunk and stays on the
+ * calling thread for a decode batch. */
 #include "worker_impl.h"
 
 #include <math.h>
@@ -18,35 +19,31 @@ static void cpu_free(void *vctx)
     if (!c)
         return;
     sl_cpu_pool_free(c->pool);
-    free(c->x);
-    free(c->xb);
-    free(c->xb2);
-    free(c->q);
-    free(c->k);
-    free(c->v);
-    free(c->hb);
-    free(c->hb2);
-    free(c->att);
+    for (int i = 0; i < c->n_bufs; i++)
+        free(c->bufs[i]);
     free(c->attn_rows);
-    free(c->rope);
-    free(c->xl);
-    free(c->key_cache);
-    free(c->value_cache);
     free(c);
 }
 
-static float *alloc_f32(uint64_t n, bool *ok)
+/* n zeroed floats at a cache-line boundary (rows that straddle cache lines slow every vector
+ * load down), owned by c. */
+static float *alloc_f32(struct sl_cpu_ctx *c, uint64_t n, bool *ok)
 {
     /* Plain calloc, not sl_xcalloc: the pool size comes from configuration, and running out is a
-     * start-up error to report, not an abort. */
-    if (n == 0 || n > SIZE_MAX / sizeof(float)) {
+     * start-up error to report, not an abort. calloc rather than an aligned allocator, which
+     * would have to zero the pool itself: fresh pages come zeroed, and untouched ones cost no
+     * memory. */
+    if (n == 0 || n > (SIZE_MAX - 64) / sizeof(float) || c->n_bufs == SL_CPU_MAX_BUFS) {
         *ok = false;
         return NULL;
     }
-    float *p = calloc((size_t)n, sizeof(float));
-    if (!p)
+    char *p = calloc(1, (size_t)n * sizeof(float) + 64);
+    if (!p) {
         *ok = false;
-    return p;
+        return NULL;
+    }
+    c->bufs[c->n_bufs++] = p;
+    return (float *)(p + (64 - (uintptr_t)p % 64));
 }
 
 static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, void **out)
@@ -73,23 +70,23 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     uint64_t T = (uint64_t)o->max_batch_tokens, dim = (uint64_t)cfg->dim;
     uint64_t hid = (uint64_t)cfg->hidden_dim, kv = (uint64_t)c->kv_dim;
     bool ok = true;
-    c->x = alloc_f32(T * dim, &ok);
-    c->xb = alloc_f32(T * dim, &ok);
-    c->xb2 = alloc_f32(T * dim, &ok);
-    c->q = alloc_f32(T * dim, &ok);
-    c->k = alloc_f32(T * kv, &ok);
-    c->v = alloc_f32(T * kv, &ok);
-    c->hb = alloc_f32(T * hid, &ok);
-    c->hb2 = alloc_f32(T * hid, &ok);
-    c->att = alloc_f32((uint64_t)c->n_threads * SL_CPU_ATTN_MAX_Q * (uint64_t)cfg->seq_len, &ok);
+    c->x = alloc_f32(c, T * dim, &ok);
+    c->xb = alloc_f32(c, T * dim, &ok);
+    c->xb2 = alloc_f32(c, T * dim, &ok);
+    c->q = alloc_f32(c, T * dim, &ok);
+    c->k = alloc_f32(c, T * kv, &ok);
+    c->v = alloc_f32(c, T * kv, &ok);
+    c->hb = alloc_f32(c, T * hid, &ok);
+    c->hb2 = alloc_f32(c, T * hid, &ok);
+    c->att = alloc_f32(c, (uint64_t)c->n_threads * SL_CPU_ATTN_MAX_Q * (uint64_t)cfg->seq_len, &ok);
     c->attn_rows = calloc((size_t)T + 1, sizeof(int));
     ok = ok && c->attn_rows;
-    c->rope = alloc_f32(T * (uint64_t)head_size, &ok);
-    c->xl = alloc_f32(T * dim, &ok);
+    c->rope = alloc_f32(c, T * (uint64_t)head_size, &ok);
+    c->xl = alloc_f32(c, T * dim, &ok);
     uint64_t cache =
         (uint64_t)o->n_kv_blocks * (uint64_t)cfg->n_layers * (uint64_t)o->block_size * kv;
-    c->key_cache = alloc_f32(cache, &ok);
-    c->value_cache = alloc_f32(cache, &ok);
+    c->key_cache = alloc_f32(c, cache, &ok);
+    c->value_cache = alloc_f32(c, cache, &ok);
     if (!ok) {
         cpu_free(c);
         return SL_ENOMEM;
@@ -155,28 +152,97 @@ struct attn_job {
     const struct sl_batch *b;
     int layer;
     int n_groups;     /* row groups, c->attn_rows[0 .. n_groups] */
-    int chunk;        /* tasks per grab */
-    _Atomic int next; /* next (row group, KV head) task to hand out */
+    _Atomic int next; /* (row group, KV head) tasks handed out, last group first */
 };
 
-/* (row group, KV head) tasks are grabbed a chunk at a time, so a thread that loses its core to
- * another process does not hold the others up. */
+/* (row group, KV head) tasks are grabbed in shrinking chunks (sl_cpu_grab), so a thread that
+ * loses its core to another process does not hold the others up. The last row groups go first:
+ * in a prompt chunk they attend the most positions, and the cheap early rows then even out the
+ * end of the job. */
 static void attn_task(void *arg, int ith, int nth)
 {
-    (void)nth;
     struct attn_job *j = arg;
     struct sl_cpu_ctx *c = j->c;
-    int nkv = c->cfg.n_kv_heads, tasks = j->n_groups * nkv;
+    int nkv = c->cfg.n_kv_heads, tasks = j->n_groups * nkv, end;
     const int *rows = c->attn_rows;
     float *att = c->att + (size_t)ith * SL_CPU_ATTN_MAX_Q * (size_t)c->cfg.seq_len;
-    for (;;) {
-        int t0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (t0 >= tasks)
-            return;
-        int t1 = t0 + j->chunk < tasks ? t0 + j->chunk : tasks;
-        for (int t = t0; t < t1; t++)
+    for (int t0; (t0 = sl_cpu_grab(&j->next, tasks, nth, 1, &end)) < tasks;)
+        for (int u = t0; u < end; u++) {
+            int t = tasks - 1 - u;
             attend(c, j->b, j->layer, rows[t / nkv], rows[t / nkv + 1], t % nkv, att);
+        }
+}
+
+/* The row-wise work between the matmuls, which two rows never share. */
+enum glue_op {
+    GLUE_EMBED, /* token embedding and RoPE table of each row */
+    GLUE_NORM,  /* x += xb2 when add, then xb = rmsnorm(x) · norm */
+    GLUE_KV,    /* RoPE of K, then K and V into the cache */
+};
+
+struct glue_job {
+    struct sl_cpu_ctx *c;
+    const struct sl_batch *b;
+    enum glue_op op;
+    int layer;
+    bool add;
+    const float *norm; /* (dim) GLUE_NORM's weights */
+};
+
+static void glue_rows(const struct glue_job *j, int r0, int r1)
+{
+    struct sl_cpu_ctx *c = j->c;
+    const struct sl_batch *b = j->b;
+    const struct sl_model_config *cfg = &c->cfg;
+    int dim = cfg->dim, kv = c->kv_dim, hs = c->head_size, bs = c->o.block_size;
+    for (int r = r0; r < r1; r++) {
+        size_t xo = (size_t)r * dim;
+        switch (j->op) {
+        case GLUE_EMBED:
+            sl_cpu_mat_row(c->x + xo, &c->m->w.token_embedding, b->tokens[r]);
+            /* RoPE angles depend only on the position: computed once per step, not per layer. */
+            sl_cpu_rope_table(c->rope + (size_t)r * hs, hs, b->pos[r], cfg->rope_theta);
+            break;
+        case GLUE_NORM:
+            if (j->add)
+                sl_cpu_add(c->x + xo, c->xb2 + xo, dim);
+            sl_cpu_rmsnorm(c->xb + xo, c->x + xo, j->norm, 1, dim, cfg->rms_eps);
+            break;
+        case GLUE_KV: {
+            int32_t pos = b->pos[r];
+            sl_cpu_rope_apply(c->k + (size_t)r * kv, cfg->n_kv_heads, hs, c->rope + (size_t)r * hs);
+            int32_t block = b->block_tables[b->seq[r]][pos / bs];
+            for (int g = 0; g < cfg->n_kv_heads; g++) {
+                size_t off = kv_off(c, block, j->layer, g, pos % bs),
+                       src = (size_t)r * kv + (size_t)g * hs;
+                memcpy(c->key_cache + off, c->k + src, (size_t)hs * sizeof(float));
+                memcpy(c->value_cache + off, c->v + src, (size_t)hs * sizeof(float));
+            }
+            break;
+        }
+        }
     }
+}
+
+static void glue_task(void *arg, int ith, int nth)
+{
+    const struct glue_job *j = arg;
+    int n = j->b->n_tokens;
+    glue_rows(j, n * ith / nth, n * (ith + 1) / nth);
+}
+
+/* Rows are split evenly over the pool when there are enough of them to pay for a hand-off (a
+ * prompt chunk: 256 rows of RoPE tables, norms and KV writes took 4 % of a two-thread prefill
+ * on the caller alone); a decode batch's few rows stay on the caller. Each row's operations are
+ * the same either way. */
+#define GLUE_MIN_ROWS 64
+
+static void glue(struct sl_cpu_ctx *c, const struct glue_job *j)
+{
+    if (c->n_threads > 1 && j->b->n_tokens >= GLUE_MIN_ROWS)
+        sl_cpu_pool_run(c->pool, glue_task, (void *)j);
+    else
+        glue_rows(j, 0, j->b->n_tokens);
 }
 
 static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
@@ -189,13 +255,8 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         return SL_EINVAL;
     const struct sl_model_config *cfg = &c->cfg;
     const struct sl_model_weights *w = &c->m->w;
-    int n = b->n_tokens, dim = cfg->dim, kv = c->kv_dim;
-    int hs = c->head_size, bs = c->o.block_size;
-    for (int r = 0; r < n; r++) {
-        sl_cpu_mat_row(c->x + (size_t)r * dim, &w->token_embedding, b->tokens[r]);
-        /* RoPE angles depend only on the position: computed once per step, not per layer. */
-        sl_cpu_rope_table(c->rope + (size_t)r * hs, hs, b->pos[r], cfg->rope_theta);
-    }
+    int n = b->n_tokens, dim = cfg->dim, L = cfg->n_layers;
+    glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_EMBED});
 
     /* Consecutive rows of one sequence (a prefill chunk) are attended in groups. */
     int n_groups = 0;
@@ -204,37 +265,32 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
             c->attn_rows[n_groups++] = r;
     c->attn_rows[n_groups] = n;
 
-    for (int l = 0; l < cfg->n_layers; l++) {
-        const struct sl_layer_weights *L = &w->layers[l];
-        sl_cpu_rmsnorm(c->xb, c->x, L->rms_att, n, dim, cfg->rms_eps);
+    /* The residual add of each block goes with the norm that follows it. */
+    glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_NORM, .norm = w->layers[0].rms_att});
+    for (int l = 0; l < L; l++) {
+        const struct sl_layer_weights *Lw = &w->layers[l];
         float *const qkv_out[3] = {c->q, c->k, c->v};
-        const struct sl_mat qkv[3] = {L->wq, L->wk, L->wv};
+        const struct sl_mat qkv[3] = {Lw->wq, Lw->wk, Lw->wv};
         sl_cpu_matmul_multi_mt(c->pool, 3, qkv_out, c->xb, qkv, n);
         /* Every row's K and V go to the cache before any row attends, so a prefill chunk sees
          * its own earlier rows. */
-        for (int r = 0; r < n; r++) {
-            int32_t pos = b->pos[r];
-            sl_cpu_rope_apply(c->k + (size_t)r * kv, cfg->n_kv_heads, hs, c->rope + (size_t)r * hs);
-            int32_t block = b->block_tables[b->seq[r]][pos / bs];
-            for (int g = 0; g < cfg->n_kv_heads; g++) {
-                size_t off = kv_off(c, block, l, g, pos % bs),
-                       src = (size_t)r * kv + (size_t)g * hs;
-                memcpy(c->key_cache + off, c->k + src, (size_t)hs * sizeof(float));
-                memcpy(c->value_cache + off, c->v + src, (size_t)hs * sizeof(float));
-            }
-        }
+        glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_KV, .layer = l});
         struct attn_job aj = {.c = c, .b = b, .layer = l, .n_groups = n_groups};
-        int tasks = n_groups * cfg->n_kv_heads;
-        aj.chunk = tasks / (4 * c->n_threads) > 0 ? tasks / (4 * c->n_threads) : 1;
         atomic_store_explicit(&aj.next, 0, memory_order_relaxed);
         sl_cpu_pool_run(c->pool, attn_task, &aj);
-        sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, &L->wo, n);
-        sl_cpu_add(c->x, c->xb2, n * dim);
-
-        sl_cpu_rmsnorm(c->xb, c->x, L->rms_ffn, n, dim, cfg->rms_eps);
-        sl_cpu_matmul_swiglu_mt(c->pool, c->hb, c->hb2, c->xb, &L->w1, &L->w3, n);
-        sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, &L->w2, n);
-        sl_cpu_add(c->x, c->xb2, n * dim);
+        sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, &Lw->wo, n);
+        glue(c,
+             &(struct glue_job){.c = c, .b = b, .op = GLUE_NORM, .add = true, .norm = Lw->rms_ffn});
+        sl_cpu_matmul_swiglu_mt(c->pool, c->hb, c->hb2, c->xb, &Lw->w1, &Lw->w3, n);
+        sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, &Lw->w2, n);
+        if (l + 1 < L)
+            glue(c, &(struct glue_job){.c = c,
+                                       .b = b,
+                                       .op = GLUE_NORM,
+                                       .add = true,
+                                       .norm = w->layers[l + 1].rms_att});
+        else
+            sl_cpu_add(c->x, c->xb2, n * dim);
     }
 
     /* Only rows that sample pay for the final norm and the (vocab, dim) classifier. */

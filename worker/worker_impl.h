@@ -219,6 +219,8 @@ int sl_cuda_device_probe(int index, struct sl_worker_device *out, char *why, siz
 size_t sl_cuda_backend_mem_need(const struct sl_model *m, int max_batch_tokens, int max_seqs);
 
 /* The CPU backend's context. Every buffer is sized at init from sl_backend_opts. */
+#define SL_CPU_MAX_BUFS 16
+
 struct sl_cpu_ctx {
     const struct sl_model *m;
     struct sl_model_config cfg;
@@ -244,6 +246,8 @@ struct sl_cpu_ctx {
     float *key_cache;   /* (n_kv_blocks, layer, block_size, kv_dim) */
     float *value_cache; /* (n_kv_blocks, layer, block_size, kv_dim) */
     size_t kv_bytes;
+    void *bufs[SL_CPU_MAX_BUFS]; /* the allocations behind the buffers above (aligned within) */
+    int n_bufs;
 };
 
 #endif

@@ -77,6 +77,9 @@ void sl_str_clear(struct sl_str *s);
 void *sl_xmalloc(size_t n);
 void *sl_xcalloc(size_t n, size_t size);
 void *sl_xrealloc(void *p, size_t n);
+/* n bytes at a 64-byte (cache line) boundary; free with free(). Weight and activation buffers:
+ * an AVX2 load that straddles two cache lines costs twice. */
+void *sl_xmalloc_aligned(size_t n);
 char *sl_xstrdup(const char *s);
 char *sl_xstrndup(const char *s, size_t n);
 

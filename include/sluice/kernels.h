@@ -183,6 +183,15 @@ int sl_cpu_pool_threads(const struct sl_cpu_pool *p);
  * returns when all have returned. NULL pool: fn(arg, 0, 1) on the caller. */
 void sl_cpu_pool_run(struct sl_cpu_pool *p, void (*fn)(void *arg, int ith, int nth), void *arg);
 
+/* Guided self-scheduling of items [0, total) among nth threads that share *next (set to 0
+ * before the job): claims the next chunk, about a (2 · nth)-th of what is left and at least
+ * min_chunk items, sets *end past it and returns its first item; returns total when nothing is
+ * left. Large chunks first keep grabs few; small ones last let the threads finish together, and
+ * a thread that loses its core leaves its share to the others. Any thread may call it. */
+#ifndef __cplusplus /* C11 atomics; the CUDA sources (C++) include this header too */
+int sl_cpu_grab(_Atomic int *next, int total, int nth, int min_chunk, int *end);
+#endif
+
 /* sl_cpu_matmul split over the pool by weight rows. Identical results whatever the thread
  * count. */
 void sl_cpu_matmul_mt(struct sl_cpu_pool *p, float *out, const float *x, const struct sl_mat *w,

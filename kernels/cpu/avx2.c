@@ -189,14 +189,15 @@ INLINE void tile(const enum sl_dtype t, const int RM, const int RN, float *out, 
     }
 }
 
-/* Rows [r0, r1) of x against RN weight rows: 4-row tiles, then the rest. */
-INLINE void tile_rows(const enum sl_dtype t, const int RN, float *out, size_t ldo, const float *x,
-                      size_t ldx, const unsigned char *w, size_t wrb, int r0, int r1, int j0,
-                      int j1, int k8, int k)
+/* Rows [r0, r1) of x against RN weight rows: RM-row tiles, then the rest. */
+INLINE void tile_rows(const enum sl_dtype t, const int RM, const int RN, float *out, size_t ldo,
+                      const float *x, size_t ldx, const unsigned char *w, size_t wrb, int r0,
+                      int r1, int j0, int j1, int k8, int k)
 {
     int r = r0;
-    for (; r + 4 <= r1; r += 4)
-        tile(t, 4, RN, out + (size_t)r * ldo, ldo, x + (size_t)r * ldx, ldx, w, wrb, j0, j1, k8, k);
+    for (; r + RM <= r1; r += RM)
+        tile(t, RM, RN, out + (size_t)r * ldo, ldo, x + (size_t)r * ldx, ldx, w, wrb, j0, j1, k8,
+             k);
     float *o = out + (size_t)r * ldo;
     const float *xr = x + (size_t)r * ldx;
     switch (r1 - r) {
@@ -211,14 +212,67 @@ INLINE void tile_rows(const enum sl_dtype t, const int RN, float *out, size_t ld
  *   weight slices of SLICE rows (SLICE · KC_MAX floats stay in L2 across all activation rows, so
  *   each weight is read from memory once per call),
  *     k blocks,
- *       activation blocks of ROWS rows (ROWS · KC_MAX floats, 18 KiB, stay in L1),
- *         3-row weight tiles (from L2, each reused by ROWS / 4 register tiles),
- *           4-row activation tiles. */
+ *       activation blocks of ROWS = 3 · RM rows (at most 12 · KC_MAX floats, 18 KiB, in L1),
+ *         RN-row weight tiles (from L2, each reused by the 3 register tiles of the block),
+ *           RM-row activation tiles.
+ * RM × RN is 3 × 4 or 4 × 3, 12 accumulators either way (see matmul_t). */
 #define SLICE 96
-#define ROWS 12
 #ifndef PF_AHEAD
 #define PF_AHEAD 8192
 #endif
+
+/* Columns [d0, d1) of n > 2 rows in k blocks of kc (nb of them); ahead: see matmul_t. */
+INLINE void slices(const enum sl_dtype t, const int RM, const int RN, const bool ahead, float *out,
+                   const float *x, const struct sl_mat *m, int n, int d0, int d1, int kc, int nb)
+{
+    int k = m->cols, k8 = k & ~7;
+    size_t ldo = (size_t)m->rows, ldx = (size_t)k, wrb = sl_dtype_row_bytes(t, k);
+    const unsigned char *w = m->data;
+    /* Bytes of 16 columns: exact for every type (a Q8_0 row is whole 32-column blocks, and
+     * kc is a multiple of 32), so prefetch addresses need no division. */
+    size_t pf16 = wrb * 16 / (size_t)k;
+    /* With `ahead` there are at least 3 passes of SLICE / RN tiles over a full slice: pf_rows
+     * next-slice rows per tile cover the next slice. */
+    const int pf_rows = (SLICE + 3 * (SLICE / RN) - 1) / (3 * (SLICE / RN));
+    for (int s0 = d0; s0 < d1; s0 += SLICE) {
+        int s1 = d1 - s0 < SLICE ? d1 : s0 + SLICE;
+        for (int b = 0; b < nb; b++) {
+            int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
+            size_t pf0 = (size_t)j0 / 16 * pf16;
+            int tiles = (s1 - s0 + RN - 1) / RN, n1 = d1 - s1 < SLICE ? d1 : s1 + SLICE;
+            const int ROWS = 3 * RM;
+            for (int r0 = 0, pass = 0; r0 < n; r0 += ROWS, pass++) {
+                int r1 = n - r0 < ROWS ? n : r0 + ROWS;
+                int i = s0;
+                for (; i + RN <= s1; i += RN) {
+                    if (ahead) {
+                        int c = s1 + (pass * tiles + (i - s0) / RN) * pf_rows;
+                        for (int q = 0; q < pf_rows && c + q < n1; q++) {
+                            const char *pw = (const char *)(w + (size_t)(c + q) * wrb) + pf0;
+                            for (int j = j0; j < j1; j += 16, pw += pf16)
+                                _mm_prefetch(pw, _MM_HINT_T1);
+                        }
+                    }
+                    if (r0 == 0 && (!ahead || s0 == d0)) {
+                        /* First use of these weights: fetch the tile after next (past the
+                         * slice's end too, where the next slice starts); with `ahead`, only
+                         * in the first slice, which no earlier slice fetched. */
+                        for (int c = 2 * RN; c < 3 * RN && i + c < d1; c++) {
+                            const char *pw = (const char *)(w + (size_t)(i + c) * wrb) + pf0;
+                            for (int j = j0; j < j1; j += 16, pw += pf16)
+                                _mm_prefetch(pw, _MM_HINT_T0);
+                        }
+                    }
+                    tile_rows(t, RM, RN, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, r0, r1, j0,
+                              j1, k8, k);
+                }
+                for (; i < s1; i++)
+                    tile_rows(t, RM, 1, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, r0, r1, j0,
+                              j1, k8, k);
+            }
+        }
+    }
+}
 
 INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const struct sl_mat *m,
                      int n, int d0, int d1)
@@ -257,53 +311,31 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
             }
         return;
     }
-    /* Bytes of 16 columns: exact for every type (a Q8_0 row is whole 32-column blocks, and
-     * kc is a multiple of 32), so prefetch addresses need no division. */
-    size_t pf16 = wrb * 16 / (size_t)k;
     /* A matrix far larger than the caches (the classifier) comes from memory at the rate the
      * first pass over a slice uses it, which is bandwidth-bound when only 12 activation rows
-     * share it. With three passes or more, spread the fetch of the next slice over every pass
-     * of this one instead (into L2), a weight row per tile: the 32-row classifier went from 64 %
-     * to 77 % of peak on one thread. With fewer passes, or a smaller matrix, the short-distance
-     * prefetch measured as fast or faster. */
-    bool ahead = n > 2 * ROWS && (size_t)m->rows * wrb >= ((size_t)4 << 20);
-    for (int s0 = d0; s0 < d1; s0 += SLICE) {
-        int s1 = d1 - s0 < SLICE ? d1 : s0 + SLICE;
-        for (int b = 0; b < nb; b++) {
-            int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
-            size_t pf0 = (size_t)j0 / 16 * pf16;
-            /* With `ahead` there are at least 3 passes of SLICE / 3 tiles over a full slice:
-             * one next-slice row per tile covers the next slice. */
-            int tiles = (s1 - s0 + 2) / 3, n1 = d1 - s1 < SLICE ? d1 : s1 + SLICE;
-            for (int r0 = 0, pass = 0; r0 < n; r0 += ROWS, pass++) {
-                int r1 = n - r0 < ROWS ? n : r0 + ROWS;
-                int i = s0;
-                for (; i + 3 <= s1; i += 3) {
-                    if (ahead) {
-                        int c = s1 + pass * tiles + (i - s0) / 3;
-                        const char *pw = (const char *)(w + (size_t)c * wrb) + pf0;
-                        for (int j = j0; c < n1 && j < j1; j += 16, pw += pf16)
-                            _mm_prefetch(pw, _MM_HINT_T1);
-                    }
-                    if (r0 == 0 && (!ahead || s0 == d0)) {
-                        /* First use of these weights: fetch the tile after next (past the
-                         * slice's end too, where the next slice starts); with `ahead`, only
-                         * in the first slice, which no earlier slice fetched. */
-                        for (int c = 6; c < 9 && i + c < d1; c++) {
-                            const char *pw = (const char *)(w + (size_t)(i + c) * wrb) + pf0;
-                            for (int j = j0; j < j1; j += 16, pw += pf16)
-                                _mm_prefetch(pw, _MM_HINT_T0);
-                        }
-                    }
-                    tile_rows(t, 3, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, r0, r1, j0, j1,
-                              k8, k);
-                }
-                for (; i < s1; i++)
-                    tile_rows(t, 1, out + i, ldo, x, ldx, w + (size_t)i * wrb, wrb, r0, r1, j0, j1,
-                              k8, k);
-            }
-        }
-    }
+     * share it. With three passes or more (more than 24 rows in blocks of 12), spread the fetch
+     * of the next slice over every pass of this one instead (into L2), a weight row per tile:
+     * the 32-row classifier went from 64 % to 77 % of peak on one thread. A decode batch's
+     * layer matrices are as cold: a step streams every weight once, the classifier's 37 MB and
+     * the KV reads between two uses of a layer, so with at most 64 rows they take the same path
+     * (their two-thread time in a batch-32 decode fell by a quarter). With fewer passes, or
+     * more rows of a matrix that stays in cache (a prompt), the short-distance prefetch
+     * measured as fast or faster. */
+    bool ahead = n > 24 && (n <= 64 || (size_t)m->rows * wrb >= ((size_t)4 << 20));
+    /* 3 activation rows × 4 weight rows fill all four lanes of each reduce4 where 4 × 3 fill
+     * three, and at k = 288 the reduction is about a tenth of a tile: the prefill shapes went
+     * from 87-88 % to 91-92 % of peak on one thread. Its activation blocks of 9 rows rather
+     * than 12 leave L1 more room for the weight tiles passing through: w2 (k = 768, blocks of
+     * 384) went from 81 % to 85 %. The streamed classifier keeps 4 × 3 in blocks of 12: its 3
+     * weight loads per k step leave L2 room for the far prefetch (77 % against 69 %). So do
+     * small decode batches: 4 or 16 rows are whole 4-row tiles, where 3-row tiles leave a 1-row
+     * tile that loads every weight vector for a single FMA. */
+    if (ahead)
+        slices(t, 4, 3, true, out, x, m, n, d0, d1, kc, nb);
+    else if (n <= 16)
+        slices(t, 4, 3, false, out, x, m, n, d0, d1, kc, nb);
+    else
+        slices(t, 3, 4, false, out, x, m, n, d0, d1, kc, nb);
 }
 
 TARGET static void matmul_f32(float *out, const float *x, const struct sl_mat *m, int n, int d0,
@@ -400,6 +432,28 @@ TARGET void sl_cpu_avx2_swiglu(float *h, const float *g, int n)
         memcpy(gb, g + n8, (size_t)(n - n8) * sizeof(float));
         _mm256_storeu_ps(hb, swiglu8(_mm256_loadu_ps(hb), _mm256_loadu_ps(gb)));
         memcpy(h + n8, hb, (size_t)(n - n8) * sizeof(float));
+    }
+}
+
+/* (v0, v1) -> (v0·c − v1·s, v0·s + v1·c) for each interleaved pair: the scalar kernel's
+ * products and sums, unfused, so the bits are the same. */
+TARGET void sl_cpu_avx2_rope_apply(float *x, int n_heads, int head_size, const float *cs)
+{
+    int h8 = head_size & ~7;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = x + (size_t)h * head_size;
+        for (int i = 0; i < h8; i += 8) {
+            __m256 xv = _mm256_loadu_ps(v + i), t = _mm256_loadu_ps(cs + i);
+            __m256 sw = _mm256_permute_ps(xv, 0xb1);             /* (v1, v0) in each pair */
+            __m256 a = _mm256_mul_ps(xv, _mm256_moveldup_ps(t)); /* (v0·c, v1·c) */
+            __m256 b = _mm256_mul_ps(sw, _mm256_movehdup_ps(t)); /* (v1·s, v0·s) */
+            _mm256_storeu_ps(v + i, _mm256_addsub_ps(a, b));
+        }
+        for (int i = h8; i < head_size; i += 2) {
+            float fcr = cs[i], fci = cs[i + 1], v0 = v[i], v1 = v[i + 1];
+            v[i] = v0 * fcr - v1 * fci;
+            v[i + 1] = v0 * fci + v1 * fcr;
+        }
     }
 }
 
@@ -674,7 +728,8 @@ INLINE void multi_scores(const int NQ, const float *const *qs, const int *n_ctx,
 }
 
 /* outs[i][j0 .. j0 + 8·NV) (=, or += when !first) Σ_{t in [t0, t1)} att_i[t] · v_t, continuing
- * each lane's FMA chain in t order; NQ·NV <= 12 accumulators. */
+ * each lane's FMA chain in t order; NQ·NV <= 9 accumulators (with the NV value vectors and a
+ * broadcast, at most 16 registers). */
 INLINE void multi_values(const int NQ, const int NV, float *const *outs, const float *att,
                          size_t stride, const struct sl_cpu_pages *v, int t0, int t1, int j0,
                          bool first)
@@ -732,11 +787,13 @@ INLINE void attention_multi_t(const int NQ, float *const *outs, const float *con
     multi_scores(NQ, qs, n_ctx, k, 0, n_max, hs, att, stride);
     for (int i = 0; i < NQ; i++)
         sl_cpu_avx2_softmax(att + (size_t)i * stride, n_ctx[i]);
+    /* 24 lanes at a time: 3 queries × 4 vectors plus the 4 value vectors and a broadcast are
+     * 17 registers, and the accumulator that spilled put a store and a reload in every
+     * position's FMA chain (a fifth of the kernel's time). */
     int h8 = hs & ~7, j0 = 0;
-    for (; j0 + 32 <= h8; j0 += 32)
-        multi_values_all(NQ, 4, outs, att, stride, v, n_ctx, n_min, j0);
+    for (; j0 + 24 <= h8; j0 += 24)
+        multi_values_all(NQ, 3, outs, att, stride, v, n_ctx, n_min, j0);
     switch ((h8 - j0) / 8) {
-    case 3: multi_values_all(NQ, 3, outs, att, stride, v, n_ctx, n_min, j0); break;
     case 2: multi_values_all(NQ, 2, outs, att, stride, v, n_ctx, n_min, j0); break;
     case 1: multi_values_all(NQ, 1, outs, att, stride, v, n_ctx, n_min, j0); break;
     default: break;

@@ -371,6 +371,12 @@ void sl_cpu_rope_table(float *cs, int head_size, int pos, float theta)
 
 void sl_cpu_rope_apply(float *x, int n_heads, int head_size, const float *cs)
 {
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_rope_apply(x, n_heads, head_size, cs);
+        return;
+    }
+#endif
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * head_size;
         for (int i = 0; i < head_size; i += 2) {
@@ -625,6 +631,21 @@ void sl_cpu_pool_run(struct sl_cpu_pool *p, void (*fn)(void *arg, int ith, int n
     }
 }
 
+int sl_cpu_grab(_Atomic int *next, int total, int nth, int min_chunk, int *end)
+{
+    int cur = atomic_load_explicit(next, memory_order_relaxed), hi;
+    do {
+        if (cur >= total)
+            return total;
+        int chunk = (total - cur) / (2 * nth);
+        chunk = chunk > min_chunk ? chunk : min_chunk;
+        hi = total - cur < chunk ? total : cur + chunk;
+    } while (!atomic_compare_exchange_weak_explicit(next, &cur, hi, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    *end = hi;
+    return cur;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Matmuls split by weight rows
  */
@@ -632,7 +653,8 @@ void sl_cpu_pool_run(struct sl_cpu_pool *p, void (*fn)(void *arg, int ith, int n
 /* Work is handed out in chunks of whole 12-row units (3- and 4-row register tiles) from a shared
  * counter rather than split evenly up front: on a machine shared with other processes a thread
  * may lose its core for a time slice, and the others then take its chunks instead of waiting.
- * Which thread computes a row never changes its value. */
+ * Chunks shrink as the job drains (sl_cpu_grab), so the threads finish within a unit of each
+ * other. Which thread computes a row never changes its value. */
 #define ROW_ALIGN 12
 
 struct mm_job {
@@ -643,7 +665,6 @@ struct mm_job {
     int n;
     float *gate_h;    /* swiglu: h (n, rows) gated by outs[1] after both are computed */
     int total;        /* rows to compute: all matrices end to end, or the gated width */
-    int chunk;        /* units per grab */
     _Atomic int next; /* next unit to hand out */
 };
 
@@ -672,19 +693,14 @@ static void mm_range(const struct mm_job *j, int lo, int hi)
 static void mm_task(void *arg, int ith, int nth)
 {
     (void)ith;
-    (void)nth;
     struct mm_job *j = arg;
-    int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN;
-    for (;;) {
-        int u = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (u >= units)
-            return;
-        int lo = u * ROW_ALIGN, hi = (u + j->chunk) * ROW_ALIGN;
-        mm_range(j, lo, hi < j->total ? hi : j->total);
+    int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN, end;
+    for (int u; (u = sl_cpu_grab(&j->next, units, nth, 1, &end)) < units;) {
+        int hi = end * ROW_ALIGN;
+        mm_range(j, u * ROW_ALIGN, hi < j->total ? hi : j->total);
     }
 }
 
-/* About four chunks per thread: few enough grabs to stay cheap, enough to rebalance. */
 static void mm_dispatch(struct sl_cpu_pool *p, struct mm_job *j, int rows_work, int k)
 {
     int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN;
@@ -694,7 +710,6 @@ static void mm_dispatch(struct sl_cpu_pool *p, struct mm_job *j, int rows_work, 
         mm_range(j, 0, j->total);
         return;
     }
-    j->chunk = units / (4 * nth) > 0 ? units / (4 * nth) : 1;
     atomic_store_explicit(&j->next, 0, memory_order_relaxed);
     sl_cpu_pool_run(p, mm_task, j);
 }

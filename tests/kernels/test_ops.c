@@ -5,6 +5,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -141,6 +142,35 @@ Test(kernels, matmul_matches_reference_when_matrix_exceeds_the_caches)
             for (int a = 0; a < LEN(ns_big); a++)
                 check_matmul(isa, dtypes[ti], ns_big[a], 8003, 288);
         }
+    }
+}
+
+/* The far-prefetch path (4 × 3 register tiles) and the small-batch paths (3 × 4 tiles, 1 or 2
+ * rows) must give a row the same bits. */
+Test(kernels, matmul_is_bitwise_equal_when_a_large_matrix_takes_other_paths)
+{
+    FOR_EACH_ISA(isa)
+    {
+        int n = 37, d = 8003, k = 291;
+        float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k);
+        struct sl_mat w = {SL_DTYPE_F32, src, d, k};
+        float *all = malloc((size_t)n * d * sizeof(float));
+        float *part = malloc((size_t)n * d * sizeof(float));
+        sl_cpu_matmul(all, x, &w, n);
+        int groups[] = {1, 2, 7, 24};
+        for (int g = 0; g < LEN(groups); g++) {
+            for (int r = 0; r < n; r += groups[g]) {
+                int m = n - r < groups[g] ? n - r : groups[g];
+                sl_cpu_matmul(part + (size_t)r * d, x + (size_t)r * k, &w, m);
+            }
+            cr_assert(memcmp(all, part, (size_t)n * d * sizeof(float)) == 0,
+                      "%s: rows in groups of %d differ from one batch", sl_cpu_isa_name(isa),
+                      groups[g]);
+        }
+        free(x);
+        free(src);
+        free(all);
+        free(part);
     }
 }
 
@@ -438,32 +468,37 @@ Test(kernels, softmax_matches_reference_when_values_are_large)
 
 Test(kernels, rope_matches_complex_rotation_when_heads_vary)
 {
-    int heads[] = {1, 3, 8}, sizes[] = {2, 8, 16, 48}, positions[] = {0, 1, 7, 255, 511};
-    for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 4; b++)
-            for (int c = 0; c < 5; c++) {
-                int nh = heads[a], hs = sizes[b], pos = positions[c];
-                float *x = rand_vec((size_t)nh * hs), *y = malloc((size_t)nh * hs * 4);
-                memcpy(y, x, (size_t)nh * hs * 4);
-                double *ref = malloc((size_t)nh * hs * sizeof(double));
-                for (int h = 0; h < nh; h++)
-                    for (int i = 0; i < hs; i += 2) {
-                        double ang = pos * pow(10000.0, -(double)i / hs);
-                        double re = x[h * hs + i], im = x[h * hs + i + 1];
-                        ref[h * hs + i] = re * cos(ang) - im * sin(ang);
-                        ref[h * hs + i + 1] = re * sin(ang) + im * cos(ang);
-                    }
-                sl_cpu_rope(x, nh, hs, pos, 10000.0f);
-                /* fp32 angles at position 511 are only good to ~1e-4 radians. */
-                assert_close(x, ref, (size_t)nh * hs, 2e-4, "rope", SL_CPU_ISA_SCALAR);
-                float cs[48];
-                sl_cpu_rope_table(cs, hs, pos, 10000.0f);
-                sl_cpu_rope_apply(y, nh, hs, cs);
-                cr_assert(memcmp(x, y, (size_t)nh * hs * 4) == 0, "table differs from rope");
-                free(x);
-                free(y);
-                free(ref);
-            }
+    FOR_EACH_ISA(isa)
+    {
+        int heads[] = {1, 3, 8}, sizes[] = {2, 6, 8, 10, 16, 48, 64},
+            positions[] = {0, 1, 7, 255, 511};
+        for (int a = 0; a < LEN(heads); a++)
+            for (int b = 0; b < LEN(sizes); b++)
+                for (int c = 0; c < 5; c++) {
+                    int nh = heads[a], hs = sizes[b], pos = positions[c];
+                    float *x = rand_vec((size_t)nh * hs), *y = malloc((size_t)nh * hs * 4);
+                    memcpy(y, x, (size_t)nh * hs * 4);
+                    double *ref = malloc((size_t)nh * hs * sizeof(double));
+                    for (int h = 0; h < nh; h++)
+                        for (int i = 0; i < hs; i += 2) {
+                            double ang = pos * pow(10000.0, -(double)i / hs);
+                            double re = x[h * hs + i], im = x[h * hs + i + 1];
+                            ref[h * hs + i] = re * cos(ang) - im * sin(ang);
+                            ref[h * hs + i + 1] = re * sin(ang) + im * cos(ang);
+                        }
+                    sl_cpu_rope(x, nh, hs, pos, 10000.0f);
+                    /* fp32 angles at position 511 are only good to ~1e-4 radians. */
+                    assert_close(x, ref, (size_t)nh * hs, 2e-4, "rope", SL_CPU_ISA_SCALAR);
+                    float cs[64];
+                    sl_cpu_rope_table(cs, hs, pos, 10000.0f);
+                    sl_cpu_rope_apply(y, nh, hs, cs);
+                    cr_assert(memcmp(x, y, (size_t)nh * hs * 4) == 0, "%s: table differs from rope",
+                              sl_cpu_isa_name(isa));
+                    free(x);
+                    free(y);
+                    free(ref);
+                }
+    }
 }
 
 Test(kernels, attention_matches_reference_when_pages_are_scattered)
@@ -534,6 +569,46 @@ static void count_task(void *arg, int ith, int nth)
     struct count_job *j = arg;
     cr_assert(ith >= 0 && ith < nth && nth <= 8);
     __atomic_fetch_add(&j->hits[ith], 1, __ATOMIC_RELAXED);
+}
+
+struct grab_job {
+    _Atomic int next;
+    int total, min_chunk;
+    _Atomic int hits[1000];
+    _Atomic int bad; /* chunks below min_chunk that were not the job's last items */
+};
+
+static void grab_task(void *arg, int ith, int nth)
+{
+    (void)ith;
+    struct grab_job *j = arg;
+    int end;
+    for (int a; (a = sl_cpu_grab(&j->next, j->total, nth, j->min_chunk, &end)) < j->total;) {
+        if (end <= a || (end - a < j->min_chunk && end != j->total))
+            atomic_fetch_add(&j->bad, 1);
+        for (int i = a; i < end; i++)
+            atomic_fetch_add(&j->hits[i], 1);
+    }
+}
+
+Test(kernels, grab_hands_out_every_item_once_when_threads_compete)
+{
+    int totals[] = {0, 1, 7, 72, 1000};
+    for (int th = 1; th <= 4; th++)
+        for (int t = 0; t < LEN(totals); t++)
+            for (int mc = 1; mc <= 5; mc += 4) {
+                struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+                struct grab_job *j = calloc(1, sizeof(*j));
+                j->total = totals[t];
+                j->min_chunk = mc;
+                sl_cpu_pool_run(p, grab_task, j);
+                cr_assert_eq(j->bad, 0);
+                for (int i = 0; i < j->total; i++)
+                    cr_assert_eq(j->hits[i], 1, "threads %d total %d item %d: %d", th, j->total, i,
+                                 j->hits[i]);
+                free(j);
+                sl_cpu_pool_free(p);
+            }
 }
 
 Test(kernels, pool_runs_every_part_once_when_jobs_come_fast_or_slow)
