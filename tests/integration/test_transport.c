@@ -596,9 +596,13 @@ Test(transport, finishes_every_accepted_request_and_refuses_new_work_when_sigter
 {
     /* Small kernel buffers: a stream cannot be done while its client does not read, so the
      * streams are surely in progress when SIGTERM comes. The drain may take as long as the
-     * slowest (sanitized) build needs: what is asserted is that everything completes. */
-    const char *cfg =
-        write_file("sluice.json", "{\"tcp_send_buffer_bytes\":4096,\"drain_timeout_ms\":300000}");
+     * slowest (sanitized) build needs: what is asserted is that everything completes. The
+     * streams are read one after another, so the last waits unread while the others finish:
+     * the write timeout (idle_timeout_ms, 60 s by default, after which a client that reads
+     * nothing is dropped) must outlast that on a loaded host too. */
+    const char *cfg = write_file(
+        "sluice.json",
+        "{\"tcp_send_buffer_bytes\":4096,\"drain_timeout_ms\":300000,\"idle_timeout_ms\":300000}");
     const char *args[] = {"--config", cfg, NULL};
     server_start(&srv, args);
     struct peer *s[N_STREAMS], *whole[N_WHOLE], *idle[N_IDLE];
