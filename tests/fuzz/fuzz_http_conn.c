@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <event2/thread.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -179,7 +180,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_check(fd >= 0, "socket: %s", strerror(errno));
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)ports[which])};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    fuzz_check(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    /* libFuzzer's timer (SIGALRM) may interrupt a blocking connect, which then goes on in the
+     * background: wait for it to finish and take its result. */
+    int c = connect(fd, (struct sockaddr *)&a, sizeof a);
+    if (c != 0 && errno == EINTR) {
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int err = 0;
+        socklen_t el = sizeof err;
+        while (poll(&pf, 1, -1) < 0 && errno == EINTR)
+            ;
+        c = getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0 ? 0 : -1;
+        errno = err;
+    }
+    fuzz_check(c == 0, "connect: %s", strerror(errno));
     struct timeval tv = {.tv_sec = 20};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
@@ -187,6 +200,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t left = size - 1;
     while (left) {
         ssize_t n = send(fd, p, left, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
         if (n <= 0)
             break; /* the server answered an error and closed: what it said is read below */
         p += n;
