@@ -782,6 +782,21 @@ void sl_admit_headers(const struct sl_admit *a, struct sl_str *out)
     }
 }
 
+/* OpenAI's x-ratelimit-{limit,remaining,reset}-WHAT for a per-minute bucket of `limit`. */
+static void limit_headers(struct sl_str *out, const char *what, long long limit,
+                          const struct sl_adm_bucket *b, int64_t now_ns)
+{
+    struct sl_adm_rate r = per_minute(limit);
+    struct sl_adm_bucket_view v;
+    char reset[32];
+    sl_adm_bucket_peek(b, &r, now_ns, &v);
+    sl_adm_duration_format(v.reset_ns, reset, sizeof reset);
+    sl_str_appendf(out,
+                   "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"
+                   "x-ratelimit-reset-%s: %s\r\n",
+                   what, limit, what, (long long)v.remaining, what, reset);
+}
+
 void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
                                     int64_t now_ns, struct sl_str *out)
 {
@@ -790,26 +805,10 @@ void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl
     struct cell *c = cfg->adm->tenants[t - cfg->tenants];
     if (!c)
         return;
-    char reset[32];
-    struct sl_adm_bucket_view v;
-    if (t->rpm > 0) {
-        struct sl_adm_rate r = per_minute(t->rpm);
-        sl_adm_bucket_peek(&c->requests, &r, now_ns, &v);
-        sl_adm_duration_format(v.reset_ns, reset, sizeof reset);
-        sl_str_appendf(out,
-                       "x-ratelimit-limit-requests: %lld\r\nx-ratelimit-remaining-requests: "
-                       "%lld\r\nx-ratelimit-reset-requests: %s\r\n",
-                       t->rpm, (long long)v.remaining, reset);
-    }
-    if (t->tpm > 0) {
-        struct sl_adm_rate r = per_minute(t->tpm);
-        sl_adm_bucket_peek(&c->tokens, &r, now_ns, &v);
-        sl_adm_duration_format(v.reset_ns, reset, sizeof reset);
-        sl_str_appendf(out,
-                       "x-ratelimit-limit-tokens: %lld\r\nx-ratelimit-remaining-tokens: "
-                       "%lld\r\nx-ratelimit-reset-tokens: %s\r\n",
-                       t->tpm, (long long)v.remaining, reset);
-    }
+    if (t->rpm > 0)
+        limit_headers(out, "requests", t->rpm, &c->requests, now_ns);
+    if (t->tpm > 0)
+        limit_headers(out, "tokens", t->tpm, &c->tokens, now_ns);
 }
 
 void sl_admission_render(const struct sl_config *cfg, struct sl_str *out)
