@@ -225,70 +225,51 @@ compare() { # s_rps s_p99 s_cpu n_rps n_p99 n_cpu
     "" "ratio" "${ratio}x" "" "" "${cpu}x"  "$verdict"
 }
 
+# With sluice started: measures it on PATH (wrk script LUA, if given), stops it, measures nginx on
+# the same path, and prints the pair.
+pair() { # label nginx_label path [lua]
+  read -r s_rps s_p99 s_bad s_cpu < <(measure "$sluice_pid" "http://127.0.0.1:$sluice_port$3" \
+    ${4:+"$4"})
+  stop_sluice
+  start_nginx
+  read -r n_rps n_p99 n_bad n_cpu < <(measure "$nginx_pid" "http://127.0.0.1:$nginx_port$3" \
+    ${4:+"$4"})
+  stop_nginx
+  row "$1" sluice "$s_rps" "$s_p99" "$s_bad" "$s_cpu"
+  row "  vs $2" nginx "$n_rps" "$n_p99" "$n_bad" "$n_cpu"
+  compare "$s_rps" "$s_p99" "$s_cpu" "$n_rps" "$n_p99" "$n_cpu"
+}
+
+# A POST pair against nginx's limit_req 429: sluice on CONFIG must first answer EXPECT to the
+# probe (with HEADER, if any), else the pair is skipped with WHY.
+post_pair() { # label config expect header why
+  if ! "$SLUICE" --check-config "$2" >"$tmp/check.log" 2>&1; then
+    row "$1" sluice "skipped" "" "" ""
+    echo "  this sluice refuses $2: $(tail -1 "$tmp/check.log")"
+    return
+  fi
+  start_sluice --config "$2"
+  status=$(curl -s -o /dev/null -w '%{http_code}' -X POST ${4:+-H "$4"} \
+    -d '{"prompt":"Hello","max_tokens":1}' "http://127.0.0.1:$sluice_port/v1/completions")
+  if [ "$status" != "$3" ]; then
+    stop_sluice
+    row "$1" sluice "skipped" "" "" ""
+    echo "  $5 (HTTP $status, not $3)"
+    return
+  fi
+  pair "$1" "nginx limit_req 429" /v1/completions "$tmp/post.lua"
+}
+
 for rep in $(seq "$REPS"); do
   # Pair 1: /healthz.
   start_sluice
-  read -r s_rps s_p99 s_bad s_cpu < <(measure "$sluice_pid" "http://127.0.0.1:$sluice_port/healthz")
-  stop_sluice
-  start_nginx
-  read -r n_rps n_p99 n_bad n_cpu < <(measure "$nginx_pid" "http://127.0.0.1:$nginx_port/healthz")
-  stop_nginx
-  row "GET /healthz (run $rep)" sluice "$s_rps" "$s_p99" "$s_bad" "$s_cpu"
-  row "  vs nginx return 200" nginx "$n_rps" "$n_p99" "$n_bad" "$n_cpu"
-  compare "$s_rps" "$s_p99" "$s_cpu" "$n_rps" "$n_p99" "$n_cpu"
-
+  pair "GET /healthz (run $rep)" "nginx return 200" /healthz
   # Pair 2: the 401 of an unknown key against nginx's limit_req 429.
-  if ! "$SLUICE" --check-config bench/http/sluice.json >"$tmp/check.log" 2>&1; then
-    row "POST /v1/completions 401 (run $rep)" sluice "skipped" "" "" ""
-    echo "  this sluice refuses bench/http/sluice.json (tenants are not supported yet?):" \
-      "$(tail -1 "$tmp/check.log")"
-    continue
-  fi
-  start_sluice --config bench/http/sluice.json
-  status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Authorization: Bearer sk-not-a-tenant' \
-    -d '{"prompt":"Hello","max_tokens":1}' "http://127.0.0.1:$sluice_port/v1/completions")
-  if [ "$status" != 401 ]; then
-    stop_sluice
-    row "POST /v1/completions 401 (run $rep)" sluice "skipped" "" "" ""
-    echo "  an unknown key got HTTP $status, not 401: this sluice does not check keys yet"
-    continue
-  fi
-  read -r s_rps s_p99 s_bad s_cpu < <(measure "$sluice_pid" \
-    "http://127.0.0.1:$sluice_port/v1/completions" "$tmp/post.lua")
-  stop_sluice
-  start_nginx
-  read -r n_rps n_p99 n_bad n_cpu < <(measure "$nginx_pid" \
-    "http://127.0.0.1:$nginx_port/v1/completions" "$tmp/post.lua")
-  stop_nginx
-  row "POST /v1/completions 401 (run $rep)" sluice "$s_rps" "$s_p99" "$s_bad" "$s_cpu"
-  row "  vs nginx limit_req 429" nginx "$n_rps" "$n_p99" "$n_bad" "$n_cpu"
-  compare "$s_rps" "$s_p99" "$s_cpu" "$n_rps" "$n_p99" "$n_cpu"
-
+  post_pair "POST /v1/completions 401 (run $rep)" bench/http/sluice.json 401 \
+    'Authorization: Bearer sk-not-a-tenant' "an unknown key was not refused"
   # Pair 3: admission's 429 for a tier that takes nothing, against the same limit_req 429.
-  if ! "$SLUICE" --check-config bench/http/sluice-429.json >"$tmp/check.log" 2>&1; then
-    row "POST /v1/completions 429 (run $rep)" sluice "skipped" "" "" ""
-    echo "  this sluice refuses bench/http/sluice-429.json: $(tail -1 "$tmp/check.log")"
-    continue
-  fi
-  start_sluice --config bench/http/sluice-429.json
-  status=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d '{"prompt":"Hello","max_tokens":1}' \
-    "http://127.0.0.1:$sluice_port/v1/completions")
-  if [ "$status" != 429 ]; then
-    stop_sluice
-    row "POST /v1/completions 429 (run $rep)" sluice "skipped" "" "" ""
-    echo "  a closed tier answered HTTP $status, not 429"
-    continue
-  fi
-  read -r s_rps s_p99 s_bad s_cpu < <(measure "$sluice_pid" \
-    "http://127.0.0.1:$sluice_port/v1/completions" "$tmp/post.lua")
-  stop_sluice
-  start_nginx
-  read -r n_rps n_p99 n_bad n_cpu < <(measure "$nginx_pid" \
-    "http://127.0.0.1:$nginx_port/v1/completions" "$tmp/post.lua")
-  stop_nginx
-  row "POST /v1/completions 429 (run $rep)" sluice "$s_rps" "$s_p99" "$s_bad" "$s_cpu"
-  row "  vs nginx limit_req 429" nginx "$n_rps" "$n_p99" "$n_bad" "$n_cpu"
-  compare "$s_rps" "$s_p99" "$s_cpu" "$n_rps" "$n_p99" "$n_cpu"
+  post_pair "POST /v1/completions 429 (run $rep)" bench/http/sluice-429.json 429 "" \
+    "a closed tier did not answer 429"
 done
 echo
 echo "req/s and p99 on a shared VM move by tens of percent between runs (other processes take"
