@@ -274,49 +274,52 @@ static void expect_agreement(const char *what, const struct agreement pooled[2],
     }
 }
 
+/* One Poisson stream of a tier over the 60 s traces: rate per second, prompt and output lengths
+ * uniform in [p_lo, p_hi] and [o_lo, o_hi]. */
+struct stream {
+    double rate;
+    int p_lo, p_hi, o_lo, o_hi;
+};
+
+/* Runs the scenario (batch and interactive streams) over N_SEEDS traces and asserts the pooled
+ * agreement. */
+static void scenario(const char *what, uint64_t salt, struct stream batch, struct stream inter,
+                     const double agree_share[2], double side_share)
+{
+    struct agreement pooled[2] = {{0}};
+    for (int seed = 1; seed <= N_SEEDS; seed++) {
+        struct trace t = {.rng = (uint64_t)seed * 1000 + salt};
+        trace_poisson(&t, 0, 60, batch.rate, BATCH, batch.p_lo, batch.p_hi, batch.o_lo, batch.o_hi);
+        trace_poisson(&t, 0, 60, inter.rate, INTERACTIVE, inter.p_lo, inter.p_hi, inter.o_lo,
+                      inter.o_hi);
+        check_guard(what, &t, 60, pooled);
+        free(t.r);
+    }
+    expect_agreement(what, pooled, agree_share, side_share);
+}
+
 /* Batch at 3x its capacity with interactive at 30 % of its own (bench/traces/flood.jsonl's
  * shapes): batch waits on slots and its backlog grows by the minute; interactive goes ahead.
  * Batch's wait is set by slot turnover, which the drain measurement follows with a lag. */
 Test(sched, adm_guard_agrees_with_the_simulator_when_batch_floods)
 {
-    struct agreement pooled[2] = {{0}};
-    for (int seed = 1; seed <= N_SEEDS; seed++) {
-        struct trace t = {.rng = (uint64_t)seed * 1000 + 7};
-        trace_poisson(&t, 0, 60, 3 * 4.19, BATCH, 256, 1024, 64, 256);
-        trace_poisson(&t, 0, 60, 0.3 * 20.1, INTERACTIVE, 32, 256, 16, 128);
-        check_guard("flood", &t, 60, pooled);
-        free(t.r);
-    }
-    expect_agreement("flood", pooled, (const double[2]){0.78, 0.75}, 0.85);
+    scenario("flood", 7, (struct stream){3 * 4.19, 256, 1024, 64, 256},
+             (struct stream){0.3 * 20.1, 32, 256, 16, 128}, (const double[2]){0.78, 0.75}, 0.85);
 }
 
 /* Long prompts and short answers in both tiers: the prompt backlogs are the bottleneck and the
  * tiers share each step's prompt rows by weight. */
 Test(sched, adm_guard_agrees_with_the_simulator_when_prefill_is_the_bottleneck)
 {
-    struct agreement pooled[2] = {{0}};
-    for (int seed = 1; seed <= N_SEEDS; seed++) {
-        struct trace t = {.rng = (uint64_t)seed * 1000 + 9};
-        trace_poisson(&t, 0, 60, 8, BATCH, 1000, 3000, 1, 4);
-        trace_poisson(&t, 0, 60, 4, INTERACTIVE, 200, 1500, 1, 8);
-        check_guard("prefill-bound", &t, 60, pooled);
-        free(t.r);
-    }
-    expect_agreement("prefill-bound", pooled, (const double[2]){0.92, 0.85}, 0.80);
+    scenario("prefill-bound", 9, (struct stream){8, 1000, 3000, 1, 4},
+             (struct stream){4, 200, 1500, 1, 8}, (const double[2]){0.92, 0.85}, 0.80);
 }
 
 /* Both tiers well within capacity: predictions stay near one step or two. */
 Test(sched, adm_guard_agrees_with_the_simulator_when_load_is_steady)
 {
-    struct agreement pooled[2] = {{0}};
-    for (int seed = 1; seed <= N_SEEDS; seed++) {
-        struct trace t = {.rng = (uint64_t)seed * 1000 + 8};
-        trace_poisson(&t, 0, 60, 0.4 * 4.19, BATCH, 256, 1024, 64, 256);
-        trace_poisson(&t, 0, 60, 0.4 * 20.1, INTERACTIVE, 32, 256, 16, 128);
-        check_guard("steady", &t, 60, pooled);
-        free(t.r);
-    }
-    expect_agreement("steady", pooled, (const double[2]){0.95, 0.95}, 0.95);
+    scenario("steady", 8, (struct stream){0.4 * 4.19, 256, 1024, 64, 256},
+             (struct stream){0.4 * 20.1, 32, 256, 16, 128}, (const double[2]){0.95, 0.95}, 0.95);
 }
 
 Test(sched, adm_guard_waits_for_measurements_when_the_scheduler_is_new)
