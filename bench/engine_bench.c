@@ -36,6 +36,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: engine-bench [--model SPEC] [--device cpu|cuda[:N]] [--threads N]\n"
             "                    [--prompt N] [--ctx N] [--isa scalar|avx2] [--reps N]\n"
+            "                    [--kv-dtype f32|f16]\n"
             "  --model   model spec (default synthetic:stories15M)\n"
             "  --device  cpu (default) or a CUDA device: decode at batch 1, 16, 64, 256\n"
             "            against the device's copy bandwidth and BF16 GEMM ceilings\n"
@@ -43,6 +44,7 @@ static void usage(void)
             "  --prompt  prefill prompt length (default min(512, seq_len); 2048 on CUDA)\n"
             "  --ctx     context of each decoding sequence (default 128)\n"
             "  --isa     force the kernels' instruction set\n"
+            "  --kv-dtype how the CPU backend stores K and V (default f32, the server's default)\n"
             "  --reps    timed repetitions per figure, best reported (default 5)\n"
             "  --only-decode B  run only decode at batch B, for a profiler\n"
             "  --only-prefill N run only N prefills of the prompt (mean and fastest), for a\n"
@@ -220,6 +222,7 @@ int main(int argc, char **argv)
 {
     const char *spec = "synthetic:stories15M", *device = "cpu";
     int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
+    enum sl_kv_dtype kv_dtype = SL_KV_F32;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -240,7 +243,11 @@ int main(int argc, char **argv)
             only_prefill = atoi(v) > 0 ? atoi(v) : 1;
         else if (strcmp(a, "--reps") == 0)
             reps = atoi(v) > 0 ? atoi(v) : 1;
-        else if (strcmp(a, "--isa") == 0) {
+        else if (strcmp(a, "--kv-dtype") == 0) {
+            if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0)
+                usage();
+            kv_dtype = strcmp(v, "f16") == 0 ? SL_KV_F16 : SL_KV_F32;
+        } else if (strcmp(a, "--isa") == 0) {
             enum sl_cpu_isa isa = strcmp(v, "scalar") == 0 ? SL_CPU_ISA_SCALAR : SL_CPU_ISA_AVX2;
             if (sl_cpu_set_isa(isa) != SL_OK) {
                 fprintf(stderr, "engine-bench: this CPU has no %s\n", v);
@@ -306,7 +313,8 @@ int main(int argc, char **argv)
                                 .max_batch_tokens = cap,
                                 .max_seqs = MAX_B,
                                 .threads = threads,
-                                .device = dev.index};
+                                .device = dev.index,
+                                .kv_dtype = kv_dtype};
     struct sl_worker *w = NULL;
     int rc = sl_worker_new(m, dev.ops, &o, &w);
     if (rc != SL_OK) {
@@ -465,7 +473,8 @@ int main(int argc, char **argv)
     if (cuda) {
         /* The device holds an all-F32 model as F32 and any other as 16-bit values; its KV
          * blocks are in the same type, which tells which. */
-        bool f32 = dev.ops->kv_block_bytes(m, 1) == sl_model_kv_block_bytes(m, 1);
+        bool f32 =
+            dev.ops->kv_block_bytes(m, 1, SL_KV_F32) == sl_model_kv_block_bytes(m, 1, SL_KV_F32);
         ws.bytes = (ws.decode) * (f32 ? 4 : 2);
         double bw_ceiling = bw * 1e9 / ws.bytes;
         double flops_decode = gflops * 1e9 / flops_decode_tok;
@@ -515,6 +524,7 @@ int main(int argc, char **argv)
         printf("  \"weight_type\": \"%s\",\n", sl_dtype_name(m->w.layers[0].wq.type));
         printf("  \"isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa()));
         printf("  \"threads\": %d,\n", nth);
+        printf("  \"kv_dtype\": \"%s\",\n", sl_kv_dtype_name(kv_dtype));
         printf("  \"load_s\": %.3f,\n", t_load);
         printf("  \"prompt_tokens\": %d,\n", prompt);
         printf("  \"decode_context\": %d,\n", ctx);

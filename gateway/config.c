@@ -181,6 +181,7 @@ enum key_type {
     K_BOOL,
     K_MODELS,
     K_DEVICES,
+    K_KV_DTYPE,
 };
 
 struct key {
@@ -206,6 +207,7 @@ static const struct key keys[] = {
     {"block_size", K_INT, OFF(block_size), 1, 1024},
     {"kv_cache_mib", K_INT, OFF(kv_cache_mib), 1, 1 << 24},
     {"kv_cache_fraction", K_FRACTION, OFF(kv_cache_fraction), 0, 0},
+    {"kv_dtype", K_KV_DTYPE, OFF(kv_dtype), 0, 0},
     {"default_max_tokens", K_INT, OFF(default_max_tokens), 1, 1 << 20},
     {"max_body_bytes", K_SIZE, OFF(max_body_bytes), 64, 1L << 30},
     {"max_header_bytes", K_SIZE, OFF(max_header_bytes), 256, 1L << 20},
@@ -568,6 +570,15 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
         }
         *(bool *)(base + k->off) = json_is_true(v);
         return SL_OK;
+    case K_KV_DTYPE: {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "f32") != 0 && strcmp(s, "f16") != 0) {
+            snprintf(err, errlen, "%s: \"kv_dtype\" must be \"f32\" or \"f16\"", where);
+            return SL_EINVAL;
+        }
+        *(enum sl_kv_dtype *)(base + k->off) = strcmp(s, "f16") == 0 ? SL_KV_F16 : SL_KV_F32;
+        return SL_OK;
+    }
     case K_LOG_LEVEL:
         if (!json_is_string(v) || check_log_level(json_string_value(v)) < 0) {
             snprintf(err, errlen, "%s: \"log_level\" must be one of debug, info, warn, error",
@@ -741,6 +752,9 @@ json_t *sl_config_to_json(const struct sl_config *c)
             break;
         }
         case K_BOOL: v = json_boolean(*(const bool *)(base + k->off)); break;
+        case K_KV_DTYPE:
+            v = json_string(sl_kv_dtype_name(*(const enum sl_kv_dtype *)(base + k->off)));
+            break;
         case K_MODELS:
             v = json_array();
             for (int i = 0; i < c->n_models; i++) {

@@ -31,7 +31,7 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m,
     const struct sl_model_config *mc = sl_model_config(m);
     long per_seq = (mc->seq_len + cfg->block_size - 1) / cfg->block_size;
     long want = per_seq * cfg->max_seqs;
-    size_t block_bytes = dev->ops->kv_block_bytes(m, cfg->block_size);
+    size_t block_bytes = dev->ops->kv_block_bytes(m, cfg->block_size, cfg->kv_dtype);
     size_t cap_bytes = (size_t)cfg->kv_cache_mib << 20;
     const char *what = "\"kv_cache_mib\"";
     if (cfg->kv_cache_fraction > 0) {
@@ -84,6 +84,7 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
         .max_seqs = cfg->max_seqs,
         .threads = cm->threads >= 0 ? cm->threads : cfg->threads,
         .device = dev.index,
+        .kv_dtype = cfg->kv_dtype,
     };
     if ((st = sl_worker_new(e->model, dev.ops, &bo, &e->worker[r])) != SL_OK) {
         snprintf(err, errlen, "worker on %s: %s", e->device[r], sl_status_str(st));

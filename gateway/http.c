@@ -2744,6 +2744,11 @@ static void keep_start_keys(struct sl_config *next, const struct sl_config *cur)
     KEEP_NUM(block_size)
     KEEP_NUM(kv_cache_mib)
     KEEP_NUM(kv_cache_fraction)
+    if (next->kv_dtype != cur->kv_dtype) {
+        sl_log(SL_LOG_WARN, "reload: \"kv_dtype\" changes only on restart; keeping %s",
+               sl_kv_dtype_name(cur->kv_dtype));
+        next->kv_dtype = cur->kv_dtype;
+    }
     /* The TLS listener exists or not from the start; its certificate and key are reloadable. */
     if (!cur->tls.cert != !next->tls.cert) {
         sl_log(SL_LOG_WARN, "reload: \"tls\" can be %s only on restart; keeping it %s",

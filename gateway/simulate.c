@@ -189,7 +189,9 @@ static int pool_blocks(const struct sl_config *cfg, const struct sl_sim_cost *co
 {
     long per_seq = (max_ctx + cfg->block_size - 1) / cfg->block_size;
     long want = per_seq * cfg->max_seqs;
-    size_t block_bytes = cost->kv_bytes_per_token * (size_t)cfg->block_size;
+    /* The cost model's bytes are fp32 K and V. */
+    size_t block_bytes =
+        cost->kv_bytes_per_token * (size_t)cfg->block_size / (cfg->kv_dtype == SL_KV_F16 ? 2 : 1);
     long cap = (long)(((size_t)cfg->kv_cache_mib << 20) / block_bytes);
     long n = want < cap ? want : cap;
     return n < 1 ? 1 : n > 1 << 30 ? 1 << 30 : (int)n;

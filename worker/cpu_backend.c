@@ -1,4 +1,5 @@
-/* The CPU backend: a Llama forward over a varlen batch with a paged fp32 KV pool.
+/* The CPU backend: a Llama forward over a varlen batch with a paged KV pool (fp32, or fp16 when
+ * asked: half the bytes for attention to read, values rounded once when written).
  *
  * Every projection is one matrix-matrix product over all rows of the step (kernels/cpu), split
  * over the pool by weight rows; attention is split over the pool by (row group, KV head). Per step
@@ -49,7 +50,7 @@ static float *alloc_f32(struct sl_cpu_ctx *c, uint64_t n, bool *ok)
 static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, void **out)
 {
     if (o->n_kv_blocks < 1 || o->block_size < 1 || o->max_batch_tokens < 1 || o->max_seqs < 1 ||
-        o->threads < 0)
+        o->threads < 0 || (o->kv_dtype != SL_KV_F32 && o->kv_dtype != SL_KV_F16))
         return SL_EINVAL;
     const struct sl_model_config *cfg = sl_model_config(m);
     int head_size = cfg->dim / cfg->n_heads;
@@ -83,20 +84,23 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     ok = ok && c->attn_rows;
     c->rope = alloc_f32(c, T * (uint64_t)head_size, &ok);
     c->xl = alloc_f32(c, T * dim, &ok);
+    /* (elements of each cache; fp16 ones in half as many floats' room) */
     uint64_t cache =
         (uint64_t)o->n_kv_blocks * (uint64_t)cfg->n_layers * (uint64_t)o->block_size * kv;
-    c->key_cache = alloc_f32(c, cache, &ok);
-    c->value_cache = alloc_f32(c, cache, &ok);
+    c->kv_type = o->kv_dtype == SL_KV_F16 ? SL_DTYPE_F16 : SL_DTYPE_F32;
+    uint64_t cache_floats = c->kv_type == SL_DTYPE_F16 ? (cache + 1) / 2 : cache;
+    c->key_cache = alloc_f32(c, cache_floats, &ok);
+    c->value_cache = alloc_f32(c, cache_floats, &ok);
     if (!ok) {
         cpu_free(c);
         return SL_ENOMEM;
     }
-    c->kv_bytes = (size_t)(2 * cache * sizeof(float));
+    c->kv_bytes = (size_t)(2 * cache_floats * sizeof(float));
     *out = c;
     return SL_OK;
 }
 
-/* Offset of (block, layer, KV head, slot) in a cache array, in floats. A block holds, per layer,
+/* Offset of (block, layer, KV head, slot) in a cache array, in elements. A block holds, per layer,
  * each KV head's rows together: (n_layers, n_kv_heads, block_size, head_size). Attention over one
  * head then reads one contiguous run per block instead of a slice of every row. */
 static size_t kv_off(const struct sl_cpu_ctx *c, int32_t block, int layer, int head, int slot)
@@ -125,10 +129,15 @@ static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, in
     int hs = c->head_size, dim = c->cfg.dim, kv_mul = c->cfg.n_heads / c->cfg.n_kv_heads;
     size_t head_off = kv_off(c, 0, layer, g, 0);
     size_t page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim;
-    struct sl_cpu_pages kp = {c->key_cache + head_off, b->block_tables[b->seq[r0]], page_stride,
-                              (size_t)hs, c->o.block_size};
+    size_t es = c->kv_type == SL_DTYPE_F16 ? 2 : 4;
+    struct sl_cpu_pages kp = {(const char *)c->key_cache + head_off * es,
+                              b->block_tables[b->seq[r0]],
+                              page_stride,
+                              (size_t)hs,
+                              c->o.block_size,
+                              c->kv_type};
     struct sl_cpu_pages vp = kp;
-    vp.base = c->value_cache + head_off;
+    vp.base = (const char *)c->value_cache + head_off * es;
     float *outs[SL_CPU_ATTN_MAX_Q];
     const float *qs[SL_CPU_ATTN_MAX_Q];
     int n_ctx[SL_CPU_ATTN_MAX_Q], nq = 0;
@@ -215,8 +224,13 @@ static void glue_rows(const struct glue_job *j, int r0, int r1)
             for (int g = 0; g < cfg->n_kv_heads; g++) {
                 size_t off = kv_off(c, block, j->layer, g, pos % bs),
                        src = (size_t)r * kv + (size_t)g * hs;
-                memcpy(c->key_cache + off, c->k + src, (size_t)hs * sizeof(float));
-                memcpy(c->value_cache + off, c->v + src, (size_t)hs * sizeof(float));
+                if (c->kv_type == SL_DTYPE_F16) {
+                    sl_cpu_f32_to_f16_row((uint16_t *)c->key_cache + off, c->k + src, hs);
+                    sl_cpu_f32_to_f16_row((uint16_t *)c->value_cache + off, c->v + src, hs);
+                } else {
+                    memcpy((float *)c->key_cache + off, c->k + src, (size_t)hs * sizeof(float));
+                    memcpy((float *)c->value_cache + off, c->v + src, (size_t)hs * sizeof(float));
+                }
             }
             break;
         }

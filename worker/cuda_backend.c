@@ -154,8 +154,9 @@ static bool tied(const struct sl_model *m)
     return m->w.wcls.data == m->w.token_embedding.data;
 }
 
-static size_t cuda_kv_block_bytes(const struct sl_model *m, int block_size)
+static size_t cuda_kv_block_bytes(const struct sl_model *m, int block_size, enum sl_kv_dtype kt)
 {
+    (void)kt; /* K and V are stored in the compute type (see sl_cuda_backend_ops) */
     const struct sl_model_config *c = &m->cfg;
     size_t kv = (size_t)(c->dim / c->n_heads) * (size_t)c->n_kv_heads;
     return 2 * (size_t)c->n_layers * (size_t)block_size * kv * dtype_size(compute_type(m));

@@ -580,11 +580,17 @@ bool sl_model_is_stop_token(const struct sl_model *m, int32_t token)
     return false;
 }
 
-size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size)
+const char *sl_kv_dtype_name(enum sl_kv_dtype t)
+{
+    return t == SL_KV_F16 ? "f16" : "f32";
+}
+
+size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size, enum sl_kv_dtype kv)
 {
     const struct sl_model_config *c = &m->cfg;
-    size_t kv = (size_t)(c->dim / c->n_heads) * (size_t)c->n_kv_heads;
-    return 2 * (size_t)c->n_layers * (size_t)block_size * kv * sizeof(float);
+    size_t kvd = (size_t)(c->dim / c->n_heads) * (size_t)c->n_kv_heads;
+    size_t es = kv == SL_KV_F16 ? sizeof(uint16_t) : sizeof(float);
+    return 2 * (size_t)c->n_layers * (size_t)block_size * kvd * es;
 }
 
 static bool mat_ok(const struct sl_mat *w, int rows, int cols)

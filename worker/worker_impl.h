@@ -242,9 +242,10 @@ struct sl_cpu_ctx {
     float *rope;    /* (T, head_size) cos/sin pairs of each row's position */
     float *xl;      /* (T, dim) final-normed rows that want logits */
     int *attn_rows; /* (T + 1) first row of each attention row group, then n_tokens */
-    /* paged KV pool, fp32 */
-    float *key_cache;   /* (n_kv_blocks, layer, block_size, kv_dim) */
-    float *value_cache; /* (n_kv_blocks, layer, block_size, kv_dim) */
+    /* paged KV pool, elements of kv_type (F32, or F16 for o.kv_dtype == SL_KV_F16) */
+    void *key_cache;   /* (n_kv_blocks, layer, n_kv_heads, block_size, head_size) */
+    void *value_cache; /* (n_kv_blocks, layer, n_kv_heads, block_size, head_size) */
+    enum sl_dtype kv_type;
     size_t kv_bytes;
     void *bufs[SL_CPU_MAX_BUFS]; /* the allocations behind the buffers above (aligned within) */
     int n_bufs;

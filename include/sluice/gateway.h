@@ -65,6 +65,7 @@ struct sl_config {
     int block_size;           /* KV block size in positions */
     int kv_cache_mib;         /* KV pool size cap in MiB */
     double kv_cache_fraction; /* when > 0: the cap is this fraction of available memory instead */
+    enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f32) */
     int default_max_tokens;   /* max_tokens when a request gives none (OpenAI: 16) */
     size_t max_body_bytes;    /* larger request bodies get 413 */
     size_t max_header_bytes;  /* larger request heads get 431 */

@@ -86,6 +86,9 @@ float sl_cpu_f16_to_f32(uint16_t h);
 uint16_t sl_cpu_f32_to_f16(float f); /* round to nearest even */
 float sl_cpu_bf16_to_f32(uint16_t h);
 uint16_t sl_cpu_f32_to_bf16(float f); /* round to nearest even */
+/* dst (n) = sl_cpu_f32_to_f16 of each src (n), bit for bit (NaNs stay NaNs, payloads may
+ * differ). */
+void sl_cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 
 /* dst (sl_dtype_row_bytes(t, cols) bytes) = src (cols) in type t. Q8_0 uses GGML's rule:
  * d = max|v| / 127 (stored fp16), q = round(v / d). cols must be valid for t. */
@@ -138,13 +141,15 @@ void sl_cpu_add(float *y, const float *x, int n);
 void sl_cpu_axpy(float *y, float a, const float *x, int n);
 
 /* Paged keys or values of one layer: position t of a sequence lives at
- * base + pages[t / page_size] * page_stride + (t % page_size) * row_stride (in floats). */
+ * base + pages[t / page_size] * page_stride + (t % page_size) * row_stride (in elements of
+ * `type`: SL_DTYPE_F32, the zero value, or SL_DTYPE_F16, converted exactly to fp32 on load). */
 struct sl_cpu_pages {
-    const float *base;
+    const void *base;
     const int32_t *pages;
     size_t page_stride;
     size_t row_stride;
     int page_size;
+    enum sl_dtype type;
 };
 
 /* Causal attention of one query head over positions 0..n_ctx-1:

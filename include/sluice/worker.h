@@ -187,6 +187,16 @@ struct sl_batch {
     const int32_t *logit_rows; /* (n_logits) rows whose logits are wanted, ascending */
 };
 
+/* How a backend stores K and V. The CPU backend honours it; the CUDA backend stores them in its
+ * compute type (F32, or 16-bit for 16-bit and Q8_0 weights) whatever is asked. */
+enum sl_kv_dtype {
+    SL_KV_F32, /* exact: the reference implementations' fp32 (default) */
+    SL_KV_F16, /* IEEE half, rounded to nearest even when written: half the bytes per block */
+};
+
+/* "f32", "f16". */
+const char *sl_kv_dtype_name(enum sl_kv_dtype t);
+
 struct sl_backend_opts {
     int n_kv_blocks;      /* blocks in the KV pool */
     int block_size;       /* positions per block */
@@ -195,6 +205,7 @@ struct sl_backend_opts {
     int threads;          /* CPU threads for kernels (0 = all cores) */
     int device;           /* CUDA device ordinal (the CPU backend ignores it) */
     bool eager;           /* CUDA: never capture decode steps as CUDA graphs (tests, profiling) */
+    enum sl_kv_dtype kv_dtype; /* K and V storage (see enum sl_kv_dtype) */
 };
 
 /* A backend: a static table of functions over an opaque context (ggml-backend style). */
@@ -216,8 +227,8 @@ struct sl_backend_ops {
     /* Bytes of KV storage allocated. */
     size_t (*kv_bytes)(void *ctx);
     /* Bytes one KV block of block_size positions takes on this backend for this model (keys and
-     * values, all layers), before init: for sizing the pool. */
-    size_t (*kv_block_bytes)(const struct sl_model *m, int block_size);
+     * values, all layers) when asked to store them as kv, before init: for sizing the pool. */
+    size_t (*kv_block_bytes)(const struct sl_model *m, int block_size, enum sl_kv_dtype kv);
 };
 
 extern const struct sl_backend_ops sl_cpu_backend_ops;
@@ -233,8 +244,9 @@ extern const struct sl_backend_ops sl_fault_backend_ops;
  * by shape), not bit for bit as on the CPU. forward_sample is implemented. */
 extern const struct sl_backend_ops sl_cuda_backend_ops;
 
-/* Bytes one KV block takes for this model (keys and values, all layers, fp32). */
-size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size);
+/* Bytes one KV block takes for this model on the CPU backend (keys and values, all layers, as
+ * kv). */
+size_t sl_model_kv_block_bytes(const struct sl_model *m, int block_size, enum sl_kv_dtype kv);
 
 /* A worker: a model replica bound to a backend. The model must outlive it. */
 struct sl_worker;

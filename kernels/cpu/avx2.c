@@ -543,54 +543,68 @@ TARGET void sl_cpu_avx2_axpy(float *y, float a, const float *x, int n)
 }
 
 /* Walks the rows of paged K or V in position order without a division per row. */
+/* Rows are bytes here: K and V are stored as fp32 or fp16 (t), and load_w / scalar_w convert
+ * them exactly to fp32 in registers, as they do weights. */
 struct row_iter {
     const struct sl_cpu_pages *p;
-    const float *row;
+    const unsigned char *row;
+    size_t es; /* bytes per element */
     int page, slot;
 };
 
-INLINE struct row_iter rows_begin(const struct sl_cpu_pages *p)
+INLINE size_t elem_bytes(const enum sl_dtype t)
 {
-    struct row_iter it = {p, p->base + (size_t)p->pages[0] * p->page_stride, 0, 0};
+    return t == SL_DTYPE_F16 ? 2 : 4;
+}
+
+INLINE const unsigned char *page_base(const enum sl_dtype t, const struct sl_cpu_pages *p, int page)
+{
+    return (const unsigned char *)p->base + (size_t)p->pages[page] * p->page_stride * elem_bytes(t);
+}
+
+INLINE struct row_iter rows_begin(const enum sl_dtype t, const struct sl_cpu_pages *p)
+{
+    struct row_iter it = {p, page_base(t, p, 0), elem_bytes(t), 0, 0};
     return it;
 }
 
-INLINE const float *rows_next(struct row_iter *it)
+INLINE const unsigned char *rows_next(struct row_iter *it)
 {
-    const float *r = it->row;
+    const unsigned char *r = it->row;
     if (++it->slot == it->p->page_size) {
         it->slot = 0;
         it->page++;
         /* Only read the next page's id when a row of it will be asked for. */
         it->row = NULL;
     } else {
-        it->row += it->p->row_stride;
+        it->row += it->p->row_stride * it->es;
     }
     return r;
 }
 
-INLINE const float *rows_get(struct row_iter *it)
+INLINE const unsigned char *rows_get(struct row_iter *it)
 {
     if (!it->row)
-        it->row = it->p->base + (size_t)it->p->pages[it->page] * it->p->page_stride;
+        it->row = (const unsigned char *)it->p->base +
+                  (size_t)it->p->pages[it->page] * it->p->page_stride * it->es;
     return rows_next(it);
 }
 
 /* out[0 .. 8·NV) = Σ_t att[t] · v_t[j0 .. j0 + 8·NV), each lane summed in t order with FMAs. */
-INLINE void attn_values(const int NV, float *out, const float *att, const struct sl_cpu_pages *v,
-                        int n_ctx, int j0)
+INLINE void attn_values(const enum sl_dtype ty, const int NV, float *out, const float *att,
+                        const struct sl_cpu_pages *v, int n_ctx, int j0)
 {
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int c = 0; c < NV; c++)
         acc[c] = _mm256_setzero_ps();
-    struct row_iter it = rows_begin(v);
+    struct row_iter it = rows_begin(ty, v);
     for (int t = 0; t < n_ctx; t++) {
-        const float *vt = rows_get(&it) + j0;
+        const unsigned char *vt = rows_get(&it);
         __m256 a = _mm256_set1_ps(att[t]);
 #pragma GCC unroll 8
         for (int c = 0; c < NV; c++)
-            acc[c] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vt + 8 * c), acc[c]);
+            acc[c] = _mm256_fmadd_ps(a, load_w(ty, vt, j0 + 8 * c), acc[c]);
     }
 #pragma GCC unroll 8
     for (int c = 0; c < NV; c++)
@@ -598,24 +612,41 @@ INLINE void attn_values(const int NV, float *out, const float *att, const struct
 }
 
 /* Row t of paged K or V (t < the sequence's length). */
-INLINE struct row_iter rows_at(const struct sl_cpu_pages *p, int t)
+INLINE struct row_iter rows_at(const enum sl_dtype ty, const struct sl_cpu_pages *p, int t)
 {
-    struct row_iter it = {p, NULL, t / p->page_size, t % p->page_size};
-    it.row = p->base + (size_t)p->pages[it.page] * p->page_stride + (size_t)it.slot * p->row_stride;
+    struct row_iter it = {p, NULL, elem_bytes(ty), t / p->page_size, t % p->page_size};
+    it.row = page_base(ty, p, it.page) + (size_t)it.slot * p->row_stride * elem_bytes(ty);
     return it;
 }
 
-TARGET void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cpu_pages *k,
-                                  const struct sl_cpu_pages *v, int n_ctx, int hs, float *att)
+/* The k % 8 tail of the values: out[h8 .. hs) = Σ_t att[t] · v_t[h8 .. hs), fused in t order. */
+INLINE void attn_values_tail(const enum sl_dtype ty, float *out, const float *att,
+                             const struct sl_cpu_pages *v, int n_ctx, int h8, int hs)
+{
+    for (int j = h8; j < hs; j++)
+        out[j] = 0.0f;
+    struct row_iter vi = rows_begin(ty, v);
+    for (int t = 0; t < n_ctx; t++) {
+        const unsigned char *vt = rows_get(&vi);
+        __m128 a = _mm_set_ss(att[t]);
+        for (int j = h8; j < hs; j++)
+            out[j] =
+                _mm_cvtss_f32(_mm_fmadd_ss(a, _mm_set_ss(scalar_w(ty, vt, j)), _mm_set_ss(out[j])));
+    }
+}
+
+INLINE void attention_t(const enum sl_dtype ty, float *out, const float *q,
+                        const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int n_ctx,
+                        int hs, float *att)
 {
     float scale = sqrtf((float)hs);
     __m128 scale4 = _mm_set1_ps(scale);
     int h8 = hs & ~7, t = 0;
-    struct row_iter it = rows_begin(k);
+    struct row_iter it = rows_begin(ty, k);
     /* Scores four positions at a time (four independent FMA chains); each score is reduced by
      * the same tree as a lone one, so grouping does not change it. */
     for (; t + 4 <= n_ctx; t += 4) {
-        const float *kt[4];
+        const unsigned char *kt[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             kt[c] = rows_get(&it);
@@ -625,7 +656,7 @@ TARGET void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cp
             __m256 qv = _mm256_loadu_ps(q + j);
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
-                acc[c] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt[c] + j), acc[c]);
+                acc[c] = _mm256_fmadd_ps(qv, load_w(ty, kt[c], j), acc[c]);
         }
         __m128 s = reduce4(acc[0], acc[1], acc[2], acc[3]);
         if (h8 < hs) {
@@ -633,53 +664,74 @@ TARGET void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cp
             _mm_storeu_ps(sv, s);
             for (int c = 0; c < 4; c++)
                 for (int j = h8; j < hs; j++)
-                    sv[c] += q[j] * kt[c][j];
+                    sv[c] += q[j] * scalar_w(ty, kt[c], j);
             s = _mm_loadu_ps(sv);
         }
         _mm_storeu_ps(att + t, _mm_div_ps(s, scale4));
     }
-    for (; t < n_ctx; t++)
-        att[t] = sl_cpu_avx2_dot(q, rows_get(&it), hs) / scale;
+    for (; t < n_ctx; t++) {
+        /* One position: sl_cpu_avx2_dot's order, on the converted row. */
+        const unsigned char *kr = rows_get(&it);
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < h8; j += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load_w(ty, kr, j), acc);
+        float sc = reduce1(acc);
+        for (int j = h8; j < hs; j++)
+            sc += q[j] * scalar_w(ty, kr, j);
+        att[t] = sc / scale;
+    }
     sl_cpu_avx2_softmax(att, n_ctx);
     int j0 = 0;
     for (; j0 + 64 <= h8; j0 += 64)
-        attn_values(8, out + j0, att, v, n_ctx, j0);
+        attn_values(ty, 8, out + j0, att, v, n_ctx, j0);
     switch ((h8 - j0) / 8) {
-    case 7: attn_values(7, out + j0, att, v, n_ctx, j0); break;
-    case 6: attn_values(6, out + j0, att, v, n_ctx, j0); break;
-    case 5: attn_values(5, out + j0, att, v, n_ctx, j0); break;
-    case 4: attn_values(4, out + j0, att, v, n_ctx, j0); break;
-    case 3: attn_values(3, out + j0, att, v, n_ctx, j0); break;
-    case 2: attn_values(2, out + j0, att, v, n_ctx, j0); break;
-    case 1: attn_values(1, out + j0, att, v, n_ctx, j0); break;
+    case 7: attn_values(ty, 7, out + j0, att, v, n_ctx, j0); break;
+    case 6: attn_values(ty, 6, out + j0, att, v, n_ctx, j0); break;
+    case 5: attn_values(ty, 5, out + j0, att, v, n_ctx, j0); break;
+    case 4: attn_values(ty, 4, out + j0, att, v, n_ctx, j0); break;
+    case 3: attn_values(ty, 3, out + j0, att, v, n_ctx, j0); break;
+    case 2: attn_values(ty, 2, out + j0, att, v, n_ctx, j0); break;
+    case 1: attn_values(ty, 1, out + j0, att, v, n_ctx, j0); break;
     default: break;
     }
-    if (h8 < hs) {
-        for (int j = h8; j < hs; j++)
-            out[j] = 0.0f;
-        struct row_iter vi = rows_begin(v);
-        for (int tt = 0; tt < n_ctx; tt++) {
-            const float *vt = rows_get(&vi);
-            __m128 a = _mm_set_ss(att[tt]);
-            for (int j = h8; j < hs; j++)
-                out[j] = _mm_cvtss_f32(_mm_fmadd_ss(a, _mm_set_ss(vt[j]), _mm_set_ss(out[j])));
-        }
-    }
+    if (h8 < hs)
+        attn_values_tail(ty, out, att, v, n_ctx, h8, hs);
+}
+
+TARGET static void attention_f32(float *out, const float *q, const struct sl_cpu_pages *k,
+                                 const struct sl_cpu_pages *v, int n_ctx, int hs, float *att)
+{
+    attention_t(SL_DTYPE_F32, out, q, k, v, n_ctx, hs, att);
+}
+
+TARGET static void attention_f16(float *out, const float *q, const struct sl_cpu_pages *k,
+                                 const struct sl_cpu_pages *v, int n_ctx, int hs, float *att)
+{
+    attention_t(SL_DTYPE_F16, out, q, k, v, n_ctx, hs, att);
+}
+
+TARGET void sl_cpu_avx2_attention(float *out, const float *q, const struct sl_cpu_pages *k,
+                                  const struct sl_cpu_pages *v, int n_ctx, int hs, float *att)
+{
+    if (k->type == SL_DTYPE_F16)
+        attention_f16(out, q, k, v, n_ctx, hs, att);
+    else
+        attention_f32(out, q, k, v, n_ctx, hs, att);
 }
 
 /* Scores of NQ queries against positions [t0, t1) of K, four positions at a time, every score
  * computed exactly as sl_cpu_avx2_attention computes it (one tree per score, whatever the
  * grouping). A score is stored only where the position is below its query's n_ctx. */
-INLINE void multi_scores(const int NQ, const float *const *qs, const int *n_ctx,
-                         const struct sl_cpu_pages *k, int t0, int t1, int hs, float *att,
-                         size_t stride)
+INLINE void multi_scores(const enum sl_dtype ty, const int NQ, const float *const *qs,
+                         const int *n_ctx, const struct sl_cpu_pages *k, int t0, int t1, int hs,
+                         float *att, size_t stride)
 {
     float scale = sqrtf((float)hs);
     __m128 scale4 = _mm_set1_ps(scale);
     int h8 = hs & ~7, t = t0;
-    struct row_iter it = rows_at(k, t0);
+    struct row_iter it = rows_at(ty, k, t0);
     for (; t + 4 <= t1; t += 4) {
-        const float *kt[4];
+        const unsigned char *kt[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
             kt[c] = rows_get(&it);
@@ -693,7 +745,7 @@ INLINE void multi_scores(const int NQ, const float *const *qs, const int *n_ctx,
             __m256 kv[4];
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++)
-                kv[c] = _mm256_loadu_ps(kt[c] + j);
+                kv[c] = load_w(ty, kt[c], j);
 #pragma GCC unroll 3
             for (int i = 0; i < NQ; i++) {
                 __m256 qv = _mm256_loadu_ps(qs[i] + j);
@@ -709,7 +761,7 @@ INLINE void multi_scores(const int NQ, const float *const *qs, const int *n_ctx,
             if (h8 < hs)
                 for (int c = 0; c < 4; c++)
                     for (int j = h8; j < hs; j++)
-                        sv[c] += qs[i][j] * kt[c][j];
+                        sv[c] += qs[i][j] * scalar_w(ty, kt[c], j);
             float *a = att + (size_t)i * stride;
             if (t + 4 <= n_ctx[i]) {
                 _mm_storeu_ps(a + t, _mm_div_ps(_mm_loadu_ps(sv), scale4));
@@ -720,19 +772,26 @@ INLINE void multi_scores(const int NQ, const float *const *qs, const int *n_ctx,
         }
     }
     for (; t < t1; t++) {
-        const float *kr = rows_get(&it);
+        const unsigned char *kr = rows_get(&it);
         for (int i = 0; i < NQ; i++)
-            if (t < n_ctx[i])
-                att[(size_t)i * stride + t] = sl_cpu_avx2_dot(qs[i], kr, hs) / scale;
+            if (t < n_ctx[i]) {
+                __m256 acc = _mm256_setzero_ps();
+                for (int j = 0; j < h8; j += 8)
+                    acc = _mm256_fmadd_ps(_mm256_loadu_ps(qs[i] + j), load_w(ty, kr, j), acc);
+                float sc = reduce1(acc);
+                for (int j = h8; j < hs; j++)
+                    sc += qs[i][j] * scalar_w(ty, kr, j);
+                att[(size_t)i * stride + t] = sc / scale;
+            }
     }
 }
 
 /* outs[i][j0 .. j0 + 8·NV) (=, or += when !first) Σ_{t in [t0, t1)} att_i[t] · v_t, continuing
  * each lane's FMA chain in t order; NQ·NV <= 9 accumulators (with the NV value vectors and a
  * broadcast, at most 16 registers). */
-INLINE void multi_values(const int NQ, const int NV, float *const *outs, const float *att,
-                         size_t stride, const struct sl_cpu_pages *v, int t0, int t1, int j0,
-                         bool first)
+INLINE void multi_values(const enum sl_dtype ty, const int NQ, const int NV, float *const *outs,
+                         const float *att, size_t stride, const struct sl_cpu_pages *v, int t0,
+                         int t1, int j0, bool first)
 {
     __m256 acc[3][4];
 #pragma GCC unroll 3
@@ -740,13 +799,13 @@ INLINE void multi_values(const int NQ, const int NV, float *const *outs, const f
 #pragma GCC unroll 4
         for (int c = 0; c < NV; c++)
             acc[i][c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(outs[i] + j0 + 8 * c);
-    struct row_iter it = rows_at(v, t0);
+    struct row_iter it = rows_at(ty, v, t0);
     for (int t = t0; t < t1; t++) {
-        const float *vt = rows_get(&it) + j0;
+        const unsigned char *vt = rows_get(&it);
         __m256 vv[4];
 #pragma GCC unroll 4
         for (int c = 0; c < NV; c++)
-            vv[c] = _mm256_loadu_ps(vt + 8 * c);
+            vv[c] = load_w(ty, vt, j0 + 8 * c);
 #pragma GCC unroll 3
         for (int i = 0; i < NQ; i++) {
             __m256 a = _mm256_set1_ps(att[(size_t)i * stride + t]);
@@ -764,27 +823,28 @@ INLINE void multi_values(const int NQ, const int NV, float *const *outs, const f
 
 /* The values of NQ queries over [0, n_min) together, then each query alone over the positions
  * only it sees: every lane's chain is the same as sl_cpu_avx2_attention's. */
-INLINE void multi_values_all(const int NQ, const int NV, float *const *outs, const float *att,
-                             size_t stride, const struct sl_cpu_pages *v, const int *n_ctx,
-                             int n_min, int j0)
+INLINE void multi_values_all(const enum sl_dtype ty, const int NQ, const int NV, float *const *outs,
+                             const float *att, size_t stride, const struct sl_cpu_pages *v,
+                             const int *n_ctx, int n_min, int j0)
 {
-    multi_values(NQ, NV, outs, att, stride, v, 0, n_min, j0, true);
+    multi_values(ty, NQ, NV, outs, att, stride, v, 0, n_min, j0, true);
     for (int i = 0; i < NQ; i++)
         if (n_ctx[i] > n_min)
-            multi_values(1, NV, outs + i, att + (size_t)i * stride, stride, v, n_min, n_ctx[i], j0,
-                         false);
+            multi_values(ty, 1, NV, outs + i, att + (size_t)i * stride, stride, v, n_min, n_ctx[i],
+                         j0, false);
 }
 
-INLINE void attention_multi_t(const int NQ, float *const *outs, const float *const *qs,
-                              const int *n_ctx, const struct sl_cpu_pages *k,
-                              const struct sl_cpu_pages *v, int hs, float *att, size_t stride)
+INLINE void attention_multi_t(const enum sl_dtype ty, const int NQ, float *const *outs,
+                              const float *const *qs, const int *n_ctx,
+                              const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int hs,
+                              float *att, size_t stride)
 {
     int n_min = n_ctx[0], n_max = n_ctx[0];
     for (int i = 1; i < NQ; i++) {
         n_min = n_ctx[i] < n_min ? n_ctx[i] : n_min;
         n_max = n_ctx[i] > n_max ? n_ctx[i] : n_max;
     }
-    multi_scores(NQ, qs, n_ctx, k, 0, n_max, hs, att, stride);
+    multi_scores(ty, NQ, qs, n_ctx, k, 0, n_max, hs, att, stride);
     for (int i = 0; i < NQ; i++)
         sl_cpu_avx2_softmax(att + (size_t)i * stride, n_ctx[i]);
     /* 24 lanes at a time: 3 queries × 4 vectors plus the 4 value vectors and a broadcast are
@@ -792,26 +852,37 @@ INLINE void attention_multi_t(const int NQ, float *const *outs, const float *con
      * position's FMA chain (a fifth of the kernel's time). */
     int h8 = hs & ~7, j0 = 0;
     for (; j0 + 24 <= h8; j0 += 24)
-        multi_values_all(NQ, 3, outs, att, stride, v, n_ctx, n_min, j0);
+        multi_values_all(ty, NQ, 3, outs, att, stride, v, n_ctx, n_min, j0);
     switch ((h8 - j0) / 8) {
-    case 2: multi_values_all(NQ, 2, outs, att, stride, v, n_ctx, n_min, j0); break;
-    case 1: multi_values_all(NQ, 1, outs, att, stride, v, n_ctx, n_min, j0); break;
+    case 2: multi_values_all(ty, NQ, 2, outs, att, stride, v, n_ctx, n_min, j0); break;
+    case 1: multi_values_all(ty, NQ, 1, outs, att, stride, v, n_ctx, n_min, j0); break;
     default: break;
     }
     if (h8 < hs)
-        for (int i = 0; i < NQ; i++) {
-            float *out = outs[i];
-            const float *a = att + (size_t)i * stride;
-            for (int j = h8; j < hs; j++)
-                out[j] = 0.0f;
-            struct row_iter vi = rows_begin(v);
-            for (int t = 0; t < n_ctx[i]; t++) {
-                const float *vt = rows_get(&vi);
-                __m128 av = _mm_set_ss(a[t]);
-                for (int j = h8; j < hs; j++)
-                    out[j] = _mm_cvtss_f32(_mm_fmadd_ss(av, _mm_set_ss(vt[j]), _mm_set_ss(out[j])));
-            }
-        }
+        for (int i = 0; i < NQ; i++)
+            attn_values_tail(ty, outs[i], att + (size_t)i * stride, v, n_ctx[i], h8, hs);
+}
+
+TARGET static void attention_multi_f32(int nq, float *const *outs, const float *const *qs,
+                                       const int *n_ctx, const struct sl_cpu_pages *k,
+                                       const struct sl_cpu_pages *v, int hs, float *att,
+                                       size_t att_stride)
+{
+    if (nq == 2)
+        attention_multi_t(SL_DTYPE_F32, 2, outs, qs, n_ctx, k, v, hs, att, att_stride);
+    else
+        attention_multi_t(SL_DTYPE_F32, 3, outs, qs, n_ctx, k, v, hs, att, att_stride);
+}
+
+TARGET static void attention_multi_f16(int nq, float *const *outs, const float *const *qs,
+                                       const int *n_ctx, const struct sl_cpu_pages *k,
+                                       const struct sl_cpu_pages *v, int hs, float *att,
+                                       size_t att_stride)
+{
+    if (nq == 2)
+        attention_multi_t(SL_DTYPE_F16, 2, outs, qs, n_ctx, k, v, hs, att, att_stride);
+    else
+        attention_multi_t(SL_DTYPE_F16, 3, outs, qs, n_ctx, k, v, hs, att, att_stride);
 }
 
 TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float *const *qs,
@@ -819,11 +890,22 @@ TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float 
                                         const struct sl_cpu_pages *v, int hs, float *att,
                                         size_t att_stride)
 {
-    switch (nq) {
-    case 1: sl_cpu_avx2_attention(outs[0], qs[0], k, v, n_ctx[0], hs, att); break;
-    case 2: attention_multi_t(2, outs, qs, n_ctx, k, v, hs, att, att_stride); break;
-    default: attention_multi_t(3, outs, qs, n_ctx, k, v, hs, att, att_stride); break;
-    }
+    if (nq == 1)
+        sl_cpu_avx2_attention(outs[0], qs[0], k, v, n_ctx[0], hs, att);
+    else if (k->type == SL_DTYPE_F16)
+        attention_multi_f16(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
+    else
+        attention_multi_f32(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
+}
+
+TARGET void sl_cpu_avx2_f32_to_f16_row(uint16_t *dst, const float *src, int n)
+{
+    int n8 = n & ~7;
+    for (int i = 0; i < n8; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (int i = n8; i < n; i++)
+        dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
 TARGET float sl_cpu_avx2_bench_read(const float *buf, size_t n)

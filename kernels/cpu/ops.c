@@ -232,6 +232,18 @@ static float dot_scalar(const float *a, const float *b, int n)
     return s;
 }
 
+void sl_cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n)
+{
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_f32_to_f16_row(dst, src, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        dst[i] = sl_cpu_f32_to_f16(src[i]);
+}
+
 float sl_cpu_dot(const float *a, const float *b, int n)
 {
 #if SL_CPU_HAVE_AVX2
@@ -443,10 +455,14 @@ void sl_cpu_axpy(float *y, float a, const float *x, int n)
         y[i] += a * x[i];
 }
 
-static const float *page_row(const struct sl_cpu_pages *p, int t)
+/* Element j of row t of paged K or V, as fp32. */
+static float page_at(const struct sl_cpu_pages *p, int t, int j)
 {
-    return p->base + (size_t)p->pages[t / p->page_size] * p->page_stride +
-           (size_t)(t % p->page_size) * p->row_stride;
+    size_t i = (size_t)p->pages[t / p->page_size] * p->page_stride +
+               (size_t)(t % p->page_size) * p->row_stride + (size_t)j;
+    if (p->type == SL_DTYPE_F16)
+        return sl_cpu_f16_to_f32(((const uint16_t *)p->base)[i]);
+    return ((const float *)p->base)[i];
 }
 
 void sl_cpu_attention(float *out, const float *q, const struct sl_cpu_pages *k,
@@ -459,15 +475,17 @@ void sl_cpu_attention(float *out, const float *q, const struct sl_cpu_pages *k,
     }
 #endif
     float scale = sqrtf((float)hs);
-    for (int t = 0; t < n_ctx; t++)
-        att[t] = dot_scalar(q, page_row(k, t), hs) / scale;
+    for (int t = 0; t < n_ctx; t++) {
+        float sum = 0.0f;
+        for (int j = 0; j < hs; j++)
+            sum += q[j] * page_at(k, t, j);
+        att[t] = sum / scale;
+    }
     sl_cpu_softmax(att, n_ctx);
     memset(out, 0, (size_t)hs * sizeof(float));
-    for (int t = 0; t < n_ctx; t++) {
-        const float *vt = page_row(v, t);
+    for (int t = 0; t < n_ctx; t++)
         for (int j = 0; j < hs; j++)
-            out[j] += att[t] * vt[j];
-    }
+            out[j] += att[t] * page_at(v, t, j);
 }
 
 void sl_cpu_attention_multi(int nq, float *const *outs, const float *const *qs, const int *n_ctx,

@@ -408,7 +408,8 @@ static void cpu_attend(float *out, const float *q, const struct pool *p, int s, 
 {
     size_t page = (size_t)p->nkv * p->bs * p->hs;
     const int32_t *pages = p->tables + (size_t)s * p->max_blocks;
-    struct sl_cpu_pages kp = {p->k + (size_t)g * p->bs * p->hs, pages, page, (size_t)p->hs, p->bs};
+    struct sl_cpu_pages kp = {
+        p->k + (size_t)g * p->bs * p->hs, pages, page, (size_t)p->hs, p->bs, SL_DTYPE_F32};
     struct sl_cpu_pages vp = kp;
     vp.base = p->v + (size_t)g * p->bs * p->hs;
     float *att = malloc((size_t)n_ctx * sizeof(float));

@@ -318,6 +318,52 @@ Test(kernels, conversions_round_trip_when_values_are_representable)
     }
 }
 
+Test(kernels, f16_row_conversion_equals_scalar_when_values_span_every_exponent)
+{
+    /* Random bit patterns (every exponent: subnormal halves, overflow to inf, ties), the halfway
+     * points between neighbouring halves, and lengths that are not a multiple of 8. */
+    enum { N = 1 << 16 };
+    float *src = malloc(N * sizeof(float));
+    uint16_t *got = malloc(N * sizeof(uint16_t));
+    uint32_t r = 12345;
+    for (int i = 0; i < N; i++) {
+        uint32_t bits;
+        if (i % 2) {
+            r = r * 1664525u + 1013904223u;
+            bits = r;
+        } else {
+            /* halfway between half i/2 and the next, as fp32 (exact) */
+            uint16_t h = (uint16_t)(i / 2 * 2 + (r >> 7) % 2);
+            float a = sl_cpu_f16_to_f32(h), b = sl_cpu_f16_to_f32((uint16_t)(h + 1));
+            float mid = (float)(((double)a + (double)b) / 2);
+            memcpy(&bits, &mid, 4);
+        }
+        memcpy(&src[i], &bits, 4);
+    }
+    FOR_EACH_ISA(isa)
+    {
+        int lens[] = {N, N - 1, 7, 1};
+        for (int l = 0; l < LEN(lens); l++) {
+            memset(got, 0xa5, N * sizeof(uint16_t));
+            sl_cpu_f32_to_f16_row(got, src, lens[l]);
+            for (int i = 0; i < lens[l]; i++) {
+                uint16_t want = sl_cpu_f32_to_f16(src[i]);
+                if (isnan(src[i]))
+                    cr_assert((got[i] & 0x7c00) == 0x7c00 && (got[i] & 0x3ff),
+                              "[%s] NaN %08x gave %04x", sl_cpu_isa_name(isa),
+                              (unsigned)((const uint32_t *)src)[i], got[i]);
+                else
+                    cr_assert_eq(got[i], want, "[%s] %a: %04x, scalar %04x", sl_cpu_isa_name(isa),
+                                 (double)src[i], got[i], want);
+            }
+            if (lens[l] < N)
+                cr_assert_eq(got[lens[l]], 0xa5a5, "wrote past the end");
+        }
+    }
+    free(src);
+    free(got);
+}
+
 Test(kernels, q8_0_rows_hold_values_within_half_a_step_when_quantized)
 {
     int cols = 96;
@@ -501,10 +547,29 @@ Test(kernels, rope_matches_complex_rotation_when_heads_vary)
     }
 }
 
+/* A KV cache of n floats stored as t (F32 or F16): kc is rounded to what the F16 copy holds, so
+ * a reference computed from kc sees the stored values; returns the storage to hand the kernels
+ * (kc itself for F32). */
+static void *kv_store(enum sl_dtype t, float *kc, size_t n)
+{
+    if (t == SL_DTYPE_F32)
+        return kc;
+    uint16_t *h = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        h[i] = sl_cpu_f32_to_f16(kc[i]);
+        kc[i] = sl_cpu_f16_to_f32(h[i]);
+    }
+    return h;
+}
+
+static const enum sl_dtype kv_types[] = {SL_DTYPE_F32, SL_DTYPE_F16};
+
 Test(kernels, attention_matches_reference_when_pages_are_scattered)
 {
     FOR_EACH_ISA(isa)
-    {
+    for (int ti = 0; ti < 2; ti++) {
+        enum sl_dtype kt = kv_types[ti];
+        size_t es = kt == SL_DTYPE_F16 ? 2 : 4;
         int sizes[] = {2, 6, 8, 10, 48, 64, 72, 130}, ctxs[] = {1, 3, 4, 5, 17, 40};
         for (int a = 0; a < LEN(sizes); a++)
             for (int b = 0; b < LEN(ctxs); b++) {
@@ -512,6 +577,7 @@ Test(kernels, attention_matches_reference_when_pages_are_scattered)
                 /* (n_pages, ps, 2 heads * hs): the head under test is the second one. */
                 size_t row = 2 * (size_t)hs, page = (size_t)ps * row;
                 float *kc = rand_vec(n_pages * page), *vc = rand_vec(n_pages * page);
+                char *ks = kv_store(kt, kc, n_pages * page), *vs = kv_store(kt, vc, n_pages * page);
                 float *q = rand_vec((size_t)hs), *out = malloc((size_t)hs * 4);
                 float *att = malloc((size_t)n_ctx * 4);
                 for (int j = 0; j < hs; j++)
@@ -519,8 +585,8 @@ Test(kernels, attention_matches_reference_when_pages_are_scattered)
                 int32_t pages[20];
                 for (int i = 0; i < n_pages; i++)
                     pages[i] = (i * 7 + 3) % n_pages;
-                struct sl_cpu_pages kp = {kc + hs, pages, page, row, ps};
-                struct sl_cpu_pages vp = {vc + hs, pages, page, row, ps};
+                struct sl_cpu_pages kp = {ks + hs * es, pages, page, row, ps, kt};
+                struct sl_cpu_pages vp = {vs + hs * es, pages, page, row, ps, kt};
                 sl_cpu_attention(out, q, &kp, &vp, n_ctx, hs, att);
                 double sc[40], max = -1e300, sum = 0, ref[130] = {0};
                 for (int t = 0; t < n_ctx; t++) {
@@ -538,7 +604,12 @@ Test(kernels, attention_matches_reference_when_pages_are_scattered)
                     for (int j = 0; j < hs; j++)
                         ref[j] += sc[t] / sum * v[hs + j];
                 }
-                assert_close(out, ref, (size_t)hs, 1e-5, "attention", isa);
+                assert_close(out, ref, (size_t)hs, 1e-5,
+                             kt == SL_DTYPE_F16 ? "attention, f16 KV" : "attention", isa);
+                if (kt != SL_DTYPE_F32) {
+                    free(ks);
+                    free(vs);
+                }
                 free(kc);
                 free(vc);
                 free(q);
@@ -636,7 +707,9 @@ Test(kernels, pool_runs_every_part_once_when_jobs_come_fast_or_slow)
 Test(kernels, attention_multi_equals_attention_when_queries_share_pages)
 {
     FOR_EACH_ISA(isa)
-    {
+    for (int ti = 0; ti < 2; ti++) {
+        enum sl_dtype kt = kv_types[ti];
+        size_t es = kt == SL_DTYPE_F16 ? 2 : 4;
         int sizes[] = {2, 6, 8, 10, 48, 64, 72, 130};
         int ctxs[][3] = {{1, 1, 1},   {3, 4, 5},    {4, 8, 12},  {17, 5, 40},
                          {40, 40, 1}, {13, 14, 15}, {7, 40, 23}, {2, 1, 3}};
@@ -646,6 +719,8 @@ Test(kernels, attention_multi_equals_attention_when_queries_share_pages)
                     int hs = sizes[a], ps = 3, n_pages = 20, *n_ctx = ctxs[b];
                     size_t row = 2 * (size_t)hs, page = (size_t)ps * row, stride = 41;
                     float *kc = rand_vec(n_pages * page), *vc = rand_vec(n_pages * page);
+                    char *ks = kv_store(kt, kc, n_pages * page);
+                    char *vs = kv_store(kt, vc, n_pages * page);
                     float *q = rand_vec(3 * (size_t)hs), *out = malloc(3 * (size_t)hs * 4);
                     float *want = malloc((size_t)hs * 4), *att = malloc(3 * stride * 4);
                     for (int j = 0; j < 3 * hs; j++)
@@ -653,16 +728,20 @@ Test(kernels, attention_multi_equals_attention_when_queries_share_pages)
                     int32_t pages[20];
                     for (int i = 0; i < n_pages; i++)
                         pages[i] = (i * 7 + 3) % n_pages;
-                    struct sl_cpu_pages kp = {kc + hs, pages, page, row, ps};
-                    struct sl_cpu_pages vp = {vc + hs, pages, page, row, ps};
+                    struct sl_cpu_pages kp = {ks + hs * es, pages, page, row, ps, kt};
+                    struct sl_cpu_pages vp = {vs + hs * es, pages, page, row, ps, kt};
                     float *const outs[3] = {out, out + hs, out + 2 * hs};
                     const float *const qs[3] = {q, q + hs, q + 2 * hs};
                     sl_cpu_attention_multi(nq, outs, qs, n_ctx, &kp, &vp, hs, att, stride);
                     for (int i = 0; i < nq; i++) {
                         sl_cpu_attention(want, qs[i], &kp, &vp, n_ctx[i], hs, att);
                         cr_assert(memcmp(want, outs[i], (size_t)hs * 4) == 0,
-                                  "[%s] hs %d nq %d query %d (n_ctx %d) differs from alone",
-                                  sl_cpu_isa_name(isa), hs, nq, i, n_ctx[i]);
+                                  "[%s, %s KV] hs %d nq %d query %d (n_ctx %d) differs from alone",
+                                  sl_cpu_isa_name(isa), sl_dtype_name(kt), hs, nq, i, n_ctx[i]);
+                    }
+                    if (kt != SL_DTYPE_F32) {
+                        free(ks);
+                        free(vs);
                     }
                     free(kc);
                     free(vc);

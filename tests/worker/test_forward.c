@@ -9,13 +9,17 @@
 #define NB 64 /* KV blocks in the pool */
 #define BS 4  /* small blocks, so sequences span many of them */
 
+/* How new_worker's workers store K and V; the f16 tests set it before they start. */
+static enum sl_kv_dtype kv_dtype = SL_KV_F32;
+
 static struct sl_worker *new_worker(const struct sl_model *m, int threads)
 {
     struct sl_backend_opts o = {.n_kv_blocks = NB,
                                 .block_size = BS,
                                 .max_batch_tokens = 48,
                                 .max_seqs = 4,
-                                .threads = threads};
+                                .threads = threads,
+                                .kv_dtype = kv_dtype};
     struct sl_worker *w = NULL;
     cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
     return w;
@@ -100,7 +104,7 @@ Test(worker, logits_are_sane_when_model_is_synthetic)
     sl_model_free(m);
 }
 
-Test(worker, logits_match_when_sequence_shares_batch_with_prefill_and_decode)
+static void shares_batch(void)
 {
     struct sl_model *m = wt_load("synthetic", NULL);
     int V = sl_model_config(m)->vocab_size;
@@ -161,7 +165,12 @@ Test(worker, logits_match_when_sequence_shares_batch_with_prefill_and_decode)
     sl_model_free(m);
 }
 
-Test(worker, logits_match_when_prefill_is_chunked_or_decoded_one_by_one)
+Test(worker, logits_match_when_sequence_shares_batch_with_prefill_and_decode)
+{
+    shares_batch();
+}
+
+static void chunked(void)
 {
     struct sl_model *m = wt_load("synthetic", NULL);
     int V = sl_model_config(m)->vocab_size;
@@ -199,31 +208,79 @@ Test(worker, logits_match_when_prefill_is_chunked_or_decoded_one_by_one)
     sl_model_free(m);
 }
 
+Test(worker, logits_match_when_prefill_is_chunked_or_decoded_one_by_one)
+{
+    chunked();
+}
+
+/* With K and V stored as fp16 a row's logits still do not depend on its batch, its chunking or
+ * its block ids: every value is rounded once, when written, the same way whatever the step. */
+Test(worker, logits_match_when_kv_is_f16_and_batches_mix_or_prefill_is_chunked)
+{
+    kv_dtype = SL_KV_F16;
+    shares_batch();
+    chunked();
+}
+
+/* fp16 K and V move the logits by rounding only: close to fp32's, and not equal to them (the
+ * store is really fp16), with half the bytes per block. */
+Test(worker, logits_stay_close_to_f32_when_kv_is_f16)
+{
+    struct sl_model *m = wt_load("synthetic", NULL);
+    int V = sl_model_config(m)->vocab_size;
+    float *ref = reference_a(m);
+    kv_dtype = SL_KV_F16;
+    float *half = reference_a(m);
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)20 * V; i++) {
+        double d = fabs((double)half[i] - ref[i]) / (1.0 + fabs((double)ref[i]));
+        worst = d > worst ? d : worst;
+    }
+    cr_assert(worst > 0, "fp16 K and V gave the fp32 logits exactly");
+    cr_assert(worst < 1e-2, "fp16 K and V moved a logit by %g (relative)", worst);
+    struct sl_worker *w32 = NULL, *w16 = NULL;
+    struct sl_backend_opts o = {
+        .n_kv_blocks = NB, .block_size = BS, .max_batch_tokens = 48, .max_seqs = 4, .threads = 1};
+    cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w32), SL_OK);
+    o.kv_dtype = SL_KV_F16;
+    cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w16), SL_OK);
+    cr_assert_eq(2 * sl_worker_kv_bytes(w16), sl_worker_kv_bytes(w32));
+    cr_assert_eq(sl_model_kv_block_bytes(m, BS, SL_KV_F16) * NB, sl_worker_kv_bytes(w16));
+    sl_worker_free(w32);
+    sl_worker_free(w16);
+    free(half);
+    free(ref);
+    sl_model_free(m);
+}
+
 /* A prefill chunk's rows attend in groups that share K and V reads, the grouped-query heads of a
  * KV head together ("synthetic" has 8 query heads over 4 KV heads); each query must still get
  * the bits it gets alone, so a whole-prompt prefill equals a one-token-at-a-time decode exactly. */
 Test(worker, logits_are_bitwise_equal_when_rows_attend_in_groups_or_alone)
 {
-    struct sl_model *m = wt_load("synthetic", NULL);
-    int V = sl_model_config(m)->vocab_size;
-    float *ref = reference_a(m);
-    float *logits = malloc((size_t)V * sizeof(float));
-    int32_t table[8] = {3, 1, 4, 0, 5, 2, 7, 6};
-    const int32_t *tables[1] = {table};
-    int32_t ctx[1];
-    struct sl_worker *w = new_worker(m, 2);
-    for (int i = 0; i < 20; i++) {
-        struct step s = {0};
-        step_add(&s, 0, seq_a[i], i);
-        ctx[0] = i + 1;
-        run_step(w, &s, 1, tables, ctx, logits);
-        cr_assert(memcmp(logits, ref + (size_t)i * V, (size_t)V * sizeof(float)) == 0,
-                  "position %d differs from the grouped prefill", i);
+    for (kv_dtype = SL_KV_F32; kv_dtype <= SL_KV_F16; kv_dtype++) {
+        struct sl_model *m = wt_load("synthetic", NULL);
+        int V = sl_model_config(m)->vocab_size;
+        float *ref = reference_a(m);
+        float *logits = malloc((size_t)V * sizeof(float));
+        int32_t table[8] = {3, 1, 4, 0, 5, 2, 7, 6};
+        const int32_t *tables[1] = {table};
+        int32_t ctx[1];
+        struct sl_worker *w = new_worker(m, 2);
+        for (int i = 0; i < 20; i++) {
+            struct step s = {0};
+            step_add(&s, 0, seq_a[i], i);
+            ctx[0] = i + 1;
+            run_step(w, &s, 1, tables, ctx, logits);
+            cr_assert(memcmp(logits, ref + (size_t)i * V, (size_t)V * sizeof(float)) == 0,
+                      "%s KV: position %d differs from the grouped prefill",
+                      sl_kv_dtype_name(kv_dtype), i);
+        }
+        sl_worker_free(w);
+        free(logits);
+        free(ref);
+        sl_model_free(m);
     }
-    sl_worker_free(w);
-    free(logits);
-    free(ref);
-    sl_model_free(m);
 }
 
 Test(worker, logits_are_bitwise_equal_when_thread_count_changes)

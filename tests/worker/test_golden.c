@@ -136,6 +136,8 @@ static void check_golden(const char *model, const char *tokfile, const char *gol
     wt_check_golden(&sl_cpu_backend_ops, false, model, tokfile, golden, batched, model_stops);
 }
 
+enum sl_kv_dtype wt_kv_dtype = SL_KV_F32;
+
 void wt_check_golden(const struct sl_backend_ops *ops, bool on_device, const char *model,
                      const char *tokfile, const char *golden, bool batched, bool model_stops)
 {
@@ -152,7 +154,8 @@ void wt_check_golden(const struct sl_backend_ops *ops, bool on_device, const cha
                                 .block_size = BLOCK,
                                 .max_batch_tokens = 64,
                                 .max_seqs = MAX_SEQS,
-                                .threads = 1};
+                                .threads = 1,
+                                .kv_dtype = wt_kv_dtype};
     struct gen *g = calloc(n_cases, sizeof(*g));
     for (size_t i = 0; i < n_cases; i++) {
         json_t *c = json_array_get(root, i);
@@ -232,6 +235,19 @@ Test(worker, greedy_ids_match_llama2c_when_model_is_stories260k_gguf)
 Test(worker, greedy_ids_match_llama2c_when_gguf_prompt_is_empty_for_200_steps)
 {
     check_golden("stories260K.gguf", NULL, "golden/stories260K.testall.json", false, true);
+}
+
+/* K and V stored as fp16 (kv_dtype "f16") round every cached value once; on these models the
+ * greedy ids stay llama2.c's (fp32) all the same, alone and batched. */
+Test(worker, greedy_ids_match_llama2c_when_kv_cache_is_f16)
+{
+    wt_kv_dtype = SL_KV_F16;
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.json", false, false);
+    check_golden("stories260K.bin", "tok512.bin", "golden/stories260K.testall.json", false, false);
+    check_golden("stories260K.gguf", NULL, "golden/stories260K.json", true, true);
+    check_golden("tinystories-656K/llama2c/model.bin", "tinystories-656K/llama2c/tokenizer.bin",
+                 "golden/tinystories-656K.json", true, false);
+    check_golden("tinystories-656K/hf", NULL, "golden/tinystories-656K.json", true, true);
 }
 
 /* HF semantics end to end: tokenizer.json BPE, permuted q/k, eps 1e-6, EOS stops. */

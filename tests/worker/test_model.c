@@ -41,7 +41,7 @@ Test(worker, model_loads_when_checkpoint_is_stories260k)
     size_t body = (1056540 - 28) / 4;
     cr_assert_eq((size_t)(m->w.rms_final + 64 + 512 * 8 - (const float *)m->w.token_embedding.data),
                  body);
-    cr_assert_eq(sl_model_kv_block_bytes(m, 16), (size_t)2 * 5 * 16 * 32 * 4);
+    cr_assert_eq(sl_model_kv_block_bytes(m, 16, SL_KV_F32), (size_t)2 * 5 * 16 * 32 * 4);
     cr_assert(sl_model_is_stop_token(m, 1));
     cr_assert(sl_model_is_stop_token(m, 2));
     cr_assert(!sl_model_is_stop_token(m, 0));
@@ -262,7 +262,7 @@ Test(worker, synthetic_model_has_stories15m_shape_when_named)
     cr_assert_eq(c->vocab_size, 32000);
     cr_assert_eq(c->seq_len, 256);
     cr_assert_eq(sl_tok_vocab_size(sl_model_tok(m)), 32000);
-    cr_assert_eq(sl_model_kv_block_bytes(m, 16), (size_t)2 * 6 * 16 * 288 * 4);
+    cr_assert_eq(sl_model_kv_block_bytes(m, 16, SL_KV_F32), (size_t)2 * 6 * 16 * 288 * 4);
     sl_model_free(m);
 }
 
@@ -273,7 +273,7 @@ Test(worker, worker_reports_kv_bytes_when_created)
         .n_kv_blocks = 10, .block_size = 16, .max_batch_tokens = 32, .max_seqs = 4, .threads = 1};
     struct sl_worker *w = NULL;
     cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
-    cr_assert_eq(sl_worker_kv_bytes(w), 10 * sl_model_kv_block_bytes(m, 16));
+    cr_assert_eq(sl_worker_kv_bytes(w), 10 * sl_model_kv_block_bytes(m, 16, SL_KV_F32));
     cr_assert_eq(sl_worker_model(w), m);
     cr_assert_eq(sl_worker_opts(w)->max_seqs, 4);
     sl_worker_free(w);

@@ -83,6 +83,8 @@ static inline char *wt_write_temp(const void *data, size_t len)
  * the models folder, with `tokfile` or NULL) equal `golden`'s, each prompt alone or all in one
  * batch; stopping on the model's stop tokens or on BOS only. on_device: the ids come from the
  * backend's forward_sample instead of an argmax of its logits. */
+/* How wt_check_golden's workers store K and V (default SL_KV_F32; a test may set it first). */
+extern enum sl_kv_dtype wt_kv_dtype;
 void wt_check_golden(const struct sl_backend_ops *ops, bool on_device, const char *model,
                      const char *tokfile, const char *golden, bool batched, bool model_stops);
 
