@@ -106,9 +106,10 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
         snprintf(err, errlen, "scheduler on %s: %s", e->device[r], sl_status_str(st));
         return st;
     }
-    sl_log(SL_LOG_INFO, "model %s on %s (threads %d): KV %d blocks of %d (%.1f MiB)", e->name,
+    sl_log(SL_LOG_INFO, "model %s on %s (threads %d): KV %d blocks of %d (%.1f MiB%s)", e->name,
            dev.name, bo.threads, n_blocks, cfg->block_size,
-           (double)sl_worker_kv_bytes(e->worker[r]) / (1 << 20));
+           (double)sl_worker_kv_bytes(e->worker[r]) / (1 << 20),
+           dev.index < 0 && cfg->kv_dtype == SL_KV_F16 ? ", f16" : "");
     return SL_OK;
 }
 
