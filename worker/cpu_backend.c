@@ -95,7 +95,7 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
         cpu_free(c);
         return SL_ENOMEM;
     }
-    c->kv_bytes = (size_t)(2 * cache_floats * sizeof(float));
+    c->kv_bytes = (size_t)(2 * cache * (c->kv_type == SL_DTYPE_F16 ? 2 : 4));
     *out = c;
     return SL_OK;
 }
