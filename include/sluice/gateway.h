@@ -48,27 +48,27 @@ struct sl_config_tls {
 };
 
 struct sl_config {
-    char *listen_host;        /* "127.0.0.1" */
-    int listen_port;          /* 8080; 0 picks a free port */
-    int listen_backlog;       /* listen(2) queue of each listener (4096; the kernel may cap it) */
-    struct sl_config_tls tls; /* the TLS listener, if any */
-    char *model;              /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
-    char *tokenizer;          /* llama2.c tokenizer.bin path, or NULL */
-    char *device;             /* "auto" (default), "cpu", "cuda" or "cuda:N" */
-    char **devices;           /* (n_devices) as "device", one replica of each model per entry */
-    int n_devices;            /* 0: "device" */
-    char *chat_template;      /* a builtin chat template's name, or NULL: the model's own */
-    int io_threads;           /* event loops (default 1) */
-    int threads;              /* CPU kernel threads (0 = all cores) */
-    int max_seqs;             /* most running sequences in a step */
-    int max_batch_tokens;     /* most rows in a step */
-    int block_size;           /* KV block size in positions */
-    int kv_cache_mib;         /* KV pool size cap in MiB */
-    double kv_cache_fraction; /* when > 0: the cap is this fraction of available memory instead */
+    char *listen_host;         /* "127.0.0.1" */
+    int listen_port;           /* 8080; 0 picks a free port */
+    int listen_backlog;        /* listen(2) queue of each listener (4096; the kernel may cap it) */
+    struct sl_config_tls tls;  /* the TLS listener, if any */
+    char *model;               /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
+    char *tokenizer;           /* llama2.c tokenizer.bin path, or NULL */
+    char *device;              /* "auto" (default), "cpu", "cuda" or "cuda:N" */
+    char **devices;            /* (n_devices) as "device", one replica of each model per entry */
+    int n_devices;             /* 0: "device" */
+    char *chat_template;       /* a builtin chat template's name, or NULL: the model's own */
+    int io_threads;            /* event loops (default 1) */
+    int threads;               /* CPU kernel threads (0 = all cores) */
+    int max_seqs;              /* most running sequences in a step */
+    int max_batch_tokens;      /* most rows in a step */
+    int block_size;            /* KV block size in positions */
+    int kv_cache_mib;          /* KV pool size cap in MiB */
+    double kv_cache_fraction;  /* when > 0: the cap is this fraction of available memory instead */
     enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f32) */
-    int default_max_tokens;   /* max_tokens when a request gives none (OpenAI: 16) */
-    size_t max_body_bytes;    /* larger request bodies get 413 */
-    size_t max_header_bytes;  /* larger request heads get 431 */
+    int default_max_tokens;    /* max_tokens when a request gives none (OpenAI: 16) */
+    size_t max_body_bytes;     /* larger request bodies get 413 */
+    size_t max_header_bytes;   /* larger request heads get 431 */
     /* Transport limits (reloadable; a connection takes them up at its next request). */
     int header_timeout_ms;         /* the head must arrive within this (408), as must every
                                       piece of a body after the previous one */

@@ -121,12 +121,12 @@ static float *reference_a(const struct sl_model *m, const struct sl_backend_ops 
 Test(worker, cuda_kv_blocks_hold_the_compute_type_when_sized_before_init)
 {
     struct sl_model *m = wt_load("synthetic", NULL);
-    cr_assert_eq(sl_cuda_backend_ops.kv_block_bytes(m, 16, SL_KV_F32), sl_model_kv_block_bytes(m, 16, SL_KV_F32),
-                 "an F32 model keeps an F32 cache");
+    cr_assert_eq(sl_cuda_backend_ops.kv_block_bytes(m, 16, SL_KV_F32),
+                 sl_model_kv_block_bytes(m, 16, SL_KV_F32), "an F32 model keeps an F32 cache");
     sl_model_free(m);
     m = wt_load("synthetic:tiny:bf16", NULL);
-    cr_assert_eq(2 * sl_cuda_backend_ops.kv_block_bytes(m, 16, SL_KV_F32), sl_model_kv_block_bytes(m, 16, SL_KV_F32),
-                 "a BF16 model's cache is BF16");
+    cr_assert_eq(2 * sl_cuda_backend_ops.kv_block_bytes(m, 16, SL_KV_F32),
+                 sl_model_kv_block_bytes(m, 16, SL_KV_F32), "a BF16 model's cache is BF16");
     cr_assert_gt(sl_cuda_backend_mem_need(m, 512, 32), (size_t)512 << 20, "margin included");
     sl_model_free(m);
 }
