@@ -215,6 +215,36 @@ static struct mat_sums weight_sums(const struct sl_model *m)
     return s;
 }
 
+/* The measured figures both devices report: "load_s" through "decode_tok_s_worst" over the
+ * first nb batch sizes. */
+static void print_runs(double t_load, int prompt, int ctx, double prefill, double prefill_worst,
+                       const int *batches, const double *dec, const double *dec_worst, int nb)
+{
+    printf("  \"load_s\": %.3f,\n", t_load);
+    printf("  \"prompt_tokens\": %d,\n", prompt);
+    printf("  \"decode_context\": %d,\n", ctx);
+    printf("  \"prefill_tok_s\": %.1f,\n", prefill);
+    printf("  \"prefill_tok_s_worst\": %.1f,\n", prefill_worst);
+    printf("  \"decode_tok_s\": {");
+    for (int bi = 0; bi < nb; bi++)
+        printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec[bi]);
+    printf("},\n  \"decode_tok_s_worst\": {");
+    for (int bi = 0; bi < nb; bi++)
+        printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec_worst[bi]);
+    printf("},\n");
+}
+
+/* The work per step and token the ceilings divide: "weight_bytes_per_step" through
+ * "flops_per_prefill_token". */
+static void print_work(const struct mat_sums *ws, double flops_decode_tok, double flops_prefill_tok)
+{
+    printf("  \"weight_bytes_per_step\": %.0f,\n", ws->bytes);
+    printf("  \"params_per_decode_token\": %.0f,\n", ws->decode);
+    printf("  \"params_per_prefill_token\": %.0f,\n", ws->layer);
+    printf("  \"flops_per_decode_token\": %.0f,\n", flops_decode_tok);
+    printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
+}
+
 #define BLOCK 16
 #define NB 5 /* decode batch sizes measured */
 
@@ -483,25 +513,10 @@ int main(int argc, char **argv)
         printf("  \"model\": \"%s\",\n", sl_model_id(m));
         printf("  \"device\": \"%s\",\n", dev.name);
         printf("  \"weight_type\": \"%s\",\n", f32 ? "f32" : sl_dtype_name(m->w.layers[0].wq.type));
-        printf("  \"load_s\": %.3f,\n", t_load);
-        printf("  \"prompt_tokens\": %d,\n", prompt);
-        printf("  \"decode_context\": %d,\n", ctx);
-        printf("  \"prefill_tok_s\": %.1f,\n", prefill);
-        printf("  \"prefill_tok_s_worst\": %.1f,\n", prefill_worst);
-        printf("  \"decode_tok_s\": {");
-        for (int bi = 0; bi < 4; bi++)
-            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec[bi]);
-        printf("},\n  \"decode_tok_s_worst\": {");
-        for (int bi = 0; bi < 4; bi++)
-            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec_worst[bi]);
-        printf("},\n");
+        print_runs(t_load, prompt, ctx, prefill, prefill_worst, batches, dec, dec_worst, 4);
         printf("  \"hbm_copy_gbs\": %.1f,\n", bw);
         printf("  \"bf16_gemm_tflops\": %.1f,\n", gflops / 1e3);
-        printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
-        printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
-        printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
-        printf("  \"flops_per_decode_token\": %.0f,\n", flops_decode_tok);
-        printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
+        print_work(&ws, flops_decode_tok, flops_prefill_tok);
         /* Batch B decodes cannot beat reading the weights once per step (B · bw ceiling) nor
          * the GEMM rate (flops ceiling): the lower of the two. */
         printf("  \"decode_ceiling_tok_s\": {");
@@ -525,25 +540,10 @@ int main(int argc, char **argv)
         printf("  \"isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa()));
         printf("  \"threads\": %d,\n", nth);
         printf("  \"kv_dtype\": \"%s\",\n", sl_kv_dtype_name(kv_dtype));
-        printf("  \"load_s\": %.3f,\n", t_load);
-        printf("  \"prompt_tokens\": %d,\n", prompt);
-        printf("  \"decode_context\": %d,\n", ctx);
-        printf("  \"prefill_tok_s\": %.1f,\n", prefill);
-        printf("  \"prefill_tok_s_worst\": %.1f,\n", prefill_worst);
-        printf("  \"decode_tok_s\": {");
-        for (int bi = 0; bi < NB; bi++)
-            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec[bi]);
-        printf("},\n  \"decode_tok_s_worst\": {");
-        for (int bi = 0; bi < NB; bi++)
-            printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi], dec_worst[bi]);
-        printf("},\n");
+        print_runs(t_load, prompt, ctx, prefill, prefill_worst, batches, dec, dec_worst, NB);
         printf("  \"mem_bw_gbs\": %.2f,\n", bw);
         printf("  \"fma_gflops\": %.1f,\n", gflops);
-        printf("  \"weight_bytes_per_step\": %.0f,\n", ws.bytes);
-        printf("  \"params_per_decode_token\": %.0f,\n", ws.decode);
-        printf("  \"params_per_prefill_token\": %.0f,\n", ws.layer);
-        printf("  \"flops_per_decode_token\": %.0f,\n", flops_decode_tok);
-        printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
+        print_work(&ws, flops_decode_tok, flops_prefill_tok);
         printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
         printf("  \"decode_fma_ceiling_tok_s\": %.1f,\n", fma_decode);
         printf("  \"prefill_fma_ceiling_tok_s\": %.1f,\n", fma_prefill);
