@@ -35,50 +35,6 @@ static struct sl_worker *new_worker(const struct sl_model *m, const struct sl_ba
     return w;
 }
 
-struct step {
-    int n;
-    int32_t tokens[48], pos[48], seq[48], rows[48];
-};
-
-static void step_add(struct step *s, int seq, int32_t token, int32_t pos)
-{
-    s->tokens[s->n] = token;
-    s->pos[s->n] = pos;
-    s->seq[s->n] = seq;
-    s->rows[s->n] = s->n;
-    s->n++;
-}
-
-static struct sl_batch batch_of(const struct step *s, int n_seqs, const int32_t *const *tables,
-                                const int32_t *ctx)
-{
-    return (struct sl_batch){.n_tokens = s->n,
-                             .tokens = s->tokens,
-                             .pos = s->pos,
-                             .seq = s->seq,
-                             .n_seqs = n_seqs,
-                             .block_tables = tables,
-                             .ctx_len = ctx,
-                             .n_logits = s->n,
-                             .logit_rows = s->rows};
-}
-
-static void run_step(struct sl_worker *w, const struct step *s, int n_seqs,
-                     const int32_t *const *tables, const int32_t *ctx, float *logits)
-{
-    struct sl_batch b = batch_of(s, n_seqs, tables, ctx);
-    cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
-}
-
-static int32_t argmax(const float *l, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[best])
-            best = i;
-    return best;
-}
-
 /* Rows of logits equal within rel · (1 + |b|), and with the same argmax unless the top two of b
  * are within that bound of each other. */
 static void assert_rows_close(const float *a, const float *b, int vocab, double rel,
@@ -87,17 +43,13 @@ static void assert_rows_close(const float *a, const float *b, int vocab, double 
     for (int i = 0; i < vocab; i++)
         cr_assert(fabs((double)a[i] - b[i]) <= rel * (1.0 + fabs((double)b[i])),
                   "%s row %d: logit %d %.7g vs %.7g", what, row, i, a[i], b[i]);
-    int32_t ia = argmax(a, vocab), ib = argmax(b, vocab);
+    int32_t ia = wt_argmax(a, vocab), ib = wt_argmax(b, vocab);
     if (ia != ib)
         cr_assert(fabs((double)b[ia] - b[ib]) <= 2 * rel * (1.0 + fabs((double)b[ib])),
                   "%s row %d: argmax %d vs %d", what, row, ia, ib);
 }
 
-static const int32_t seq_a[20] = {1,   300, 301, 302, 400, 17,  500, 260, 270, 280,
-                                  290, 310, 320, 330, 340, 350, 360, 370, 380, 390};
-static const int32_t seq_b[10] = {1, 450, 451, 452, 453, 454, 455, 456, 457, 458};
-
-/* Logits of every position of seq_a, prefilled in one chunk on ops. */
+/* Logits of every position of wt_seq_a, prefilled in one chunk on ops. */
 static float *reference_a(const struct sl_model *m, const struct sl_backend_ops *ops)
 {
     int V = sl_model_config(m)->vocab_size;
@@ -105,11 +57,11 @@ static float *reference_a(const struct sl_model *m, const struct sl_backend_ops 
     int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const int32_t *tables[1] = {table};
     int32_t ctx[1] = {20};
-    struct step s = {0};
+    struct wt_step s = {0};
     for (int i = 0; i < 20; i++)
-        step_add(&s, 0, seq_a[i], i);
+        wt_step_add(&s, 0, wt_seq_a[i], i);
     float *logits = malloc((size_t)20 * V * sizeof(float));
-    run_step(w, &s, 1, tables, ctx, logits);
+    wt_run_step(w, &s, 1, tables, ctx, logits);
     sl_worker_free(w);
     return logits;
 }
@@ -207,18 +159,18 @@ Test(worker, cuda_logits_match_cpu_when_prefill_and_decode_share_a_batch)
     struct sl_worker *w = new_worker(m, &sl_cuda_backend_ops, false);
     int32_t ta[8] = {9, 3, 17, 40, 22, 63, 5, 11}, tb[4] = {8, 33, 2, 50};
     const int32_t *tables[2] = {tb, ta};
-    struct step s = {0};
+    struct wt_step s = {0};
     int32_t ctx[2] = {6, 0};
     for (int i = 0; i < 6; i++)
-        step_add(&s, 0, seq_b[i], i);
-    run_step(w, &s, 1, tables, ctx, logits);
+        wt_step_add(&s, 0, wt_seq_b[i], i);
+    wt_run_step(w, &s, 1, tables, ctx, logits);
     s.n = 0;
-    step_add(&s, 0, seq_b[6], 6);
+    wt_step_add(&s, 0, wt_seq_b[6], 6);
     for (int i = 0; i < 9; i++)
-        step_add(&s, 1, seq_a[i], i);
+        wt_step_add(&s, 1, wt_seq_a[i], i);
     ctx[0] = 7;
     ctx[1] = 9;
-    run_step(w, &s, 2, tables, ctx, logits);
+    wt_run_step(w, &s, 2, tables, ctx, logits);
     for (int i = 0; i < 9; i++)
         assert_rows_close(logits + (size_t)(1 + i) * V, ref + (size_t)i * V, V, F32_REL,
                           "A chunk 1", i);
@@ -226,11 +178,11 @@ Test(worker, cuda_logits_match_cpu_when_prefill_and_decode_share_a_batch)
     memcpy(b_dec, logits, (size_t)V * sizeof(float));
     s.n = 0;
     for (int i = 9; i < 20; i++)
-        step_add(&s, 1, seq_a[i], i);
-    step_add(&s, 0, seq_b[7], 7);
+        wt_step_add(&s, 1, wt_seq_a[i], i);
+    wt_step_add(&s, 0, wt_seq_b[7], 7);
     ctx[0] = 8;
     ctx[1] = 20;
-    run_step(w, &s, 2, tables, ctx, logits);
+    wt_run_step(w, &s, 2, tables, ctx, logits);
     for (int i = 9; i < 20; i++)
         assert_rows_close(logits + (size_t)(i - 9) * V, ref + (size_t)i * V, V, F32_REL,
                           "A chunk 2", i);
@@ -241,10 +193,10 @@ Test(worker, cuda_logits_match_cpu_when_prefill_and_decode_share_a_batch)
     w = new_worker(m, &sl_cpu_backend_ops, true);
     s.n = 0;
     for (int i = 0; i < 8; i++)
-        step_add(&s, 0, seq_b[i], i);
+        wt_step_add(&s, 0, wt_seq_b[i], i);
     float *refb = malloc((size_t)8 * V * sizeof(float));
     ctx[0] = 8;
-    run_step(w, &s, 1, tables, ctx, refb);
+    wt_run_step(w, &s, 1, tables, ctx, refb);
     assert_rows_close(b_dec, refb + (size_t)6 * V, V, F32_REL, "B decode", 6);
     assert_rows_close(b_dec + V, refb + (size_t)7 * V, V, F32_REL, "B decode", 7);
     sl_worker_free(w);
@@ -271,11 +223,11 @@ Test(worker, cuda_rows_agree_within_rounding_when_prefill_is_chunked_or_decoded_
     struct sl_worker *w = new_worker(m, &sl_cuda_backend_ops, false);
     int chunks[] = {0, 7, 14, 20};
     for (int c = 0; c < 3; c++) {
-        struct step s = {0};
+        struct wt_step s = {0};
         for (int i = chunks[c]; i < chunks[c + 1]; i++)
-            step_add(&s, 0, seq_a[i], i);
+            wt_step_add(&s, 0, wt_seq_a[i], i);
         ctx[0] = chunks[c + 1];
-        run_step(w, &s, 1, tables, ctx, logits);
+        wt_run_step(w, &s, 1, tables, ctx, logits);
         for (int i = chunks[c]; i < chunks[c + 1]; i++)
             assert_rows_close(logits + (size_t)(i - chunks[c]) * V, ref + (size_t)i * V, V, 1e-4,
                               "chunked", i);
@@ -283,10 +235,10 @@ Test(worker, cuda_rows_agree_within_rounding_when_prefill_is_chunked_or_decoded_
     sl_worker_free(w);
     w = new_worker(m, &sl_cuda_backend_ops, false);
     for (int i = 0; i < 20; i++) {
-        struct step s = {0};
-        step_add(&s, 0, seq_a[i], i);
+        struct wt_step s = {0};
+        wt_step_add(&s, 0, wt_seq_a[i], i);
         ctx[0] = i + 1;
-        run_step(w, &s, 1, tables, ctx, logits);
+        wt_run_step(w, &s, 1, tables, ctx, logits);
         assert_rows_close(logits, ref + (size_t)i * V, V, 1e-4, "one by one", i);
     }
     sl_worker_free(w);
@@ -310,27 +262,27 @@ Test(worker, cuda_graph_replays_equal_eager_steps_when_decode_shape_repeats)
     const int32_t *tables[3] = {t0, t1, t2};
     float *lg = malloc((size_t)3 * V * sizeof(float)), *le = malloc((size_t)3 * V * sizeof(float));
     /* Prompts of 3, 5 and 7 tokens, in one prefill step. */
-    struct step s = {0};
+    struct wt_step s = {0};
     int32_t ctx[3] = {3, 5, 7}, next[3];
     for (int q = 0; q < 3; q++)
         for (int i = 0; i < ctx[q]; i++)
-            step_add(&s, q, seq_a[i + q] * 37, i);
+            wt_step_add(&s, q, wt_seq_a[i + q] * 37, i);
     float *pre = malloc((size_t)s.n * V * sizeof(float));
-    run_step(wg, &s, 3, tables, ctx, pre);
-    run_step(we, &s, 3, tables, ctx, pre);
+    wt_run_step(wg, &s, 3, tables, ctx, pre);
+    wt_run_step(we, &s, 3, tables, ctx, pre);
     for (int q = 0; q < 3; q++)
-        next[q] = seq_b[q];
+        next[q] = wt_seq_b[q];
     for (int k = 0; k < 6; k++) {
         s.n = 0;
         for (int q = 0; q < 3; q++) {
-            step_add(&s, q, next[q], ctx[q]);
+            wt_step_add(&s, q, next[q], ctx[q]);
             ctx[q]++;
         }
-        run_step(wg, &s, 3, tables, ctx, lg);
-        run_step(we, &s, 3, tables, ctx, le);
+        wt_run_step(wg, &s, 3, tables, ctx, lg);
+        wt_run_step(we, &s, 3, tables, ctx, le);
         for (int q = 0; q < 3; q++) {
             assert_rows_close(lg + (size_t)q * V, le + (size_t)q * V, V, 1e-5, "graph step", k);
-            next[q] = argmax(le + (size_t)q * V, V);
+            next[q] = wt_argmax(le + (size_t)q * V, V);
         }
     }
     sl_worker_free(wg);
@@ -360,15 +312,15 @@ Test(worker, cuda_logits_match_cpu_when_weights_are_f16_bf16_or_q8_0)
         int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
         const int32_t *tables[1] = {table};
         int32_t ctx[1] = {12};
-        struct step s = {0};
+        struct wt_step s = {0};
         for (int i = 0; i < 12; i++)
-            step_add(&s, 0, seq_a[i] * 37, i);
+            wt_step_add(&s, 0, wt_seq_a[i] * 37, i);
         float *lc = malloc((size_t)12 * V * sizeof(float)), *lg = malloc((size_t)12 * V * 4);
         struct sl_worker *w = new_worker(m, &sl_cpu_backend_ops, true);
-        run_step(w, &s, 1, tables, ctx, lc);
+        wt_run_step(w, &s, 1, tables, ctx, lc);
         sl_worker_free(w);
         w = new_worker(m, &sl_cuda_backend_ops, false);
-        run_step(w, &s, 1, tables, ctx, lg);
+        wt_run_step(w, &s, 1, tables, ctx, lg);
         sl_worker_free(w);
         double sum = 0, sq = 0, maxd = 0;
         int agree = 0;
@@ -379,7 +331,7 @@ Test(worker, cuda_logits_match_cpu_when_weights_are_f16_bf16_or_q8_0)
                 sq += (double)lc[k] * lc[k];
                 maxd = fmax(maxd, fabs((double)lg[k] - lc[k]));
             }
-            agree += argmax(lg + (size_t)r * V, V) == argmax(lc + (size_t)r * V, V);
+            agree += wt_argmax(lg + (size_t)r * V, V) == wt_argmax(lc + (size_t)r * V, V);
         }
         double n = 12.0 * V, sd = sqrt(sq / n - (sum / n) * (sum / n));
         cr_log_info("%s on cuda: max |logit diff| = %.4f sd, argmax agrees on %d of 12 rows",
@@ -401,12 +353,12 @@ Test(worker, cuda_forward_returns_einval_when_batch_is_out_of_range)
     float *logits = malloc((size_t)48 * 512 * sizeof(float));
     int32_t table[2] = {0, 1}, bad_table[2] = {0, NB};
     const int32_t *tables[1] = {table}, *bad_tables[1] = {bad_table};
-    struct step s = {0};
-    step_add(&s, 0, 1, 0);
-    step_add(&s, 0, 5, 1);
-    step_add(&s, 0, 6, 2);
+    struct wt_step s = {0};
+    wt_step_add(&s, 0, 1, 0);
+    wt_step_add(&s, 0, 5, 1);
+    wt_step_add(&s, 0, 6, 2);
     int32_t ctx[1] = {3};
-    struct sl_batch ok = batch_of(&s, 1, tables, ctx);
+    struct sl_batch ok = wt_batch_of(&s, 1, tables, ctx);
     cr_assert_eq(sl_worker_forward(w, &ok, logits), SL_OK);
     struct sl_batch b = ok;
     int32_t bad_tok[3] = {1, 512, 6};
@@ -420,11 +372,11 @@ Test(worker, cuda_forward_returns_einval_when_batch_is_out_of_range)
     /* forward_sample takes at most max_seqs (4) sampled rows. */
     struct sl_sample_row rows[5] = {{{.temperature = 0, .top_p = 1}, 0}};
     int32_t ids[5];
-    struct step big = {0};
+    struct wt_step big = {0};
     for (int i = 0; i < 5; i++)
-        step_add(&big, 0, 7, i);
+        wt_step_add(&big, 0, 7, i);
     int32_t big_ctx[1] = {5};
-    struct sl_batch bb = batch_of(&big, 1, tables, big_ctx);
+    struct sl_batch bb = wt_batch_of(&big, 1, tables, big_ctx);
     cr_assert_eq(sl_worker_forward_sample(w, &bb, rows, ids), SL_EINVAL);
     /* The worker still works after refusing. */
     cr_assert_eq(sl_worker_forward(w, &ok, logits), SL_OK);
@@ -629,13 +581,13 @@ Test(worker, cuda_forward_sample_picks_from_forward_logits_when_rows_sample)
     struct sl_worker *w = new_worker(m, &sl_cuda_backend_ops, true);
     int32_t t0[8] = {0, 1, 2, 3, 4, 5, 6, 7}, t1[8] = {8, 9, 10, 11, 12, 13, 14, 15};
     const int32_t *tables[2] = {t0, t1};
-    struct step s = {0};
+    struct wt_step s = {0};
     for (int i = 0; i < 6; i++)
-        step_add(&s, 0, seq_a[i] * 37, i);
+        wt_step_add(&s, 0, wt_seq_a[i] * 37, i);
     for (int i = 0; i < 4; i++)
-        step_add(&s, 1, seq_b[i] * 37, i);
+        wt_step_add(&s, 1, wt_seq_b[i] * 37, i);
     int32_t ctx[2] = {6, 4}, rows_idx[2] = {5, 9};
-    struct sl_batch b = batch_of(&s, 2, tables, ctx);
+    struct sl_batch b = wt_batch_of(&s, 2, tables, ctx);
     b.n_logits = 2;
     b.logit_rows = rows_idx;
     float *logits = malloc((size_t)2 * V * 4);

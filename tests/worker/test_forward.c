@@ -25,36 +25,9 @@ static struct sl_worker *new_worker(const struct sl_model *m, int threads)
     return w;
 }
 
-/* One row per token of a step: (seq, token, pos); every row gets logits. */
-struct step {
-    int n;
-    int32_t tokens[48], pos[48], seq[48], rows[48];
-};
-
-static void step_add(struct step *s, int seq, int32_t token, int32_t pos)
-{
-    s->tokens[s->n] = token;
-    s->pos[s->n] = pos;
-    s->seq[s->n] = seq;
-    s->rows[s->n] = s->n;
-    s->n++;
-}
-
-/* Runs a step where sequence i owns block_tables[i] and has ctx_len[i] positions after it. */
-static void run_step(struct sl_worker *w, const struct step *s, int n_seqs,
-                     const int32_t *const *tables, const int32_t *ctx, float *logits)
-{
-    struct sl_batch b = {.n_tokens = s->n,
-                         .tokens = s->tokens,
-                         .pos = s->pos,
-                         .seq = s->seq,
-                         .n_seqs = n_seqs,
-                         .block_tables = tables,
-                         .ctx_len = ctx,
-                         .n_logits = s->n,
-                         .logit_rows = s->rows};
-    cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
-}
+const int32_t wt_seq_a[20] = {1,   300, 301, 302, 400, 17,  500, 260, 270, 280,
+                              290, 310, 320, 330, 340, 350, 360, 370, 380, 390};
+const int32_t wt_seq_b[10] = {1, 450, 451, 452, 453, 454, 455, 456, 457, 458};
 
 static void assert_rows_close(const float *a, const float *b, int vocab, const char *what)
 {
@@ -63,11 +36,7 @@ static void assert_rows_close(const float *a, const float *b, int vocab, const c
                   i, a[i], b[i]);
 }
 
-static const int32_t seq_a[20] = {1,   300, 301, 302, 400, 17,  500, 260, 270, 280,
-                                  290, 310, 320, 330, 340, 350, 360, 370, 380, 390};
-static const int32_t seq_b[10] = {1, 450, 451, 452, 453, 454, 455, 456, 457, 458};
-
-/* Logits of every position of seq_a, prefilled alone in one chunk. */
+/* Logits of every position of wt_seq_a, prefilled alone in one chunk. */
 static float *reference_a(const struct sl_model *m)
 {
     int V = sl_model_config(m)->vocab_size;
@@ -75,11 +44,11 @@ static float *reference_a(const struct sl_model *m)
     int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const int32_t *tables[1] = {table};
     int32_t ctx[1] = {20};
-    struct step s = {0};
+    struct wt_step s = {0};
     for (int i = 0; i < 20; i++)
-        step_add(&s, 0, seq_a[i], i);
+        wt_step_add(&s, 0, wt_seq_a[i], i);
     float *logits = malloc((size_t)20 * V * sizeof(float));
-    run_step(w, &s, 1, tables, ctx, logits);
+    wt_run_step(w, &s, 1, tables, ctx, logits);
     sl_worker_free(w);
     return logits;
 }
@@ -117,19 +86,19 @@ static void shares_batch(void)
     const int32_t *tables[2] = {tb, ta};
 
     /* Step 1: B prefills 6 tokens alone. */
-    struct step s = {0};
+    struct wt_step s = {0};
     int32_t ctx[2] = {6, 0};
     for (int i = 0; i < 6; i++)
-        step_add(&s, 0, seq_b[i], i);
-    run_step(w, &s, 1, tables, ctx, logits);
+        wt_step_add(&s, 0, wt_seq_b[i], i);
+    wt_run_step(w, &s, 1, tables, ctx, logits);
     /* Step 2: B decodes one token and A prefills its first 9 in the same batch. */
     s.n = 0;
-    step_add(&s, 0, seq_b[6], 6);
+    wt_step_add(&s, 0, wt_seq_b[6], 6);
     for (int i = 0; i < 9; i++)
-        step_add(&s, 1, seq_a[i], i);
+        wt_step_add(&s, 1, wt_seq_a[i], i);
     ctx[0] = 7;
     ctx[1] = 9;
-    run_step(w, &s, 2, tables, ctx, logits);
+    wt_run_step(w, &s, 2, tables, ctx, logits);
     for (int i = 0; i < 9; i++)
         assert_rows_close(logits + (size_t)(1 + i) * V, ref + (size_t)i * V, V, "A chunk 1");
     float *b_dec = malloc((size_t)2 * V * sizeof(float));
@@ -137,11 +106,11 @@ static void shares_batch(void)
     /* Step 3: A's remaining prefill first, then B's decode after it. */
     s.n = 0;
     for (int i = 9; i < 20; i++)
-        step_add(&s, 1, seq_a[i], i);
-    step_add(&s, 0, seq_b[7], 7);
+        wt_step_add(&s, 1, wt_seq_a[i], i);
+    wt_step_add(&s, 0, wt_seq_b[7], 7);
     ctx[0] = 8;
     ctx[1] = 20;
-    run_step(w, &s, 2, tables, ctx, logits);
+    wt_run_step(w, &s, 2, tables, ctx, logits);
     for (int i = 9; i < 20; i++)
         assert_rows_close(logits + (size_t)(i - 9) * V, ref + (size_t)i * V, V, "A chunk 2");
     memcpy(b_dec + V, logits + (size_t)11 * V, (size_t)V * sizeof(float));
@@ -151,10 +120,10 @@ static void shares_batch(void)
     w = new_worker(m, 1);
     s.n = 0;
     for (int i = 0; i < 8; i++)
-        step_add(&s, 0, seq_b[i], i);
+        wt_step_add(&s, 0, wt_seq_b[i], i);
     float *refb = malloc((size_t)8 * V * sizeof(float));
     ctx[0] = 8;
-    run_step(w, &s, 1, tables, ctx, refb);
+    wt_run_step(w, &s, 1, tables, ctx, refb);
     assert_rows_close(b_dec, refb + (size_t)6 * V, V, "B decode 6");
     assert_rows_close(b_dec + V, refb + (size_t)7 * V, V, "B decode 7");
     sl_worker_free(w);
@@ -183,11 +152,11 @@ static void chunked(void)
     struct sl_worker *w = new_worker(m, 2);
     int chunks[] = {0, 7, 14, 20};
     for (int c = 0; c < 3; c++) {
-        struct step s = {0};
+        struct wt_step s = {0};
         for (int i = chunks[c]; i < chunks[c + 1]; i++)
-            step_add(&s, 0, seq_a[i], i);
+            wt_step_add(&s, 0, wt_seq_a[i], i);
         ctx[0] = chunks[c + 1];
-        run_step(w, &s, 1, tables, ctx, logits);
+        wt_run_step(w, &s, 1, tables, ctx, logits);
         for (int i = chunks[c]; i < chunks[c + 1]; i++)
             assert_rows_close(logits + (size_t)(i - chunks[c]) * V, ref + (size_t)i * V, V,
                               "chunked");
@@ -196,10 +165,10 @@ static void chunked(void)
 
     w = new_worker(m, 1);
     for (int i = 0; i < 20; i++) {
-        struct step s = {0};
-        step_add(&s, 0, seq_a[i], i);
+        struct wt_step s = {0};
+        wt_step_add(&s, 0, wt_seq_a[i], i);
         ctx[0] = i + 1;
-        run_step(w, &s, 1, tables, ctx, logits);
+        wt_run_step(w, &s, 1, tables, ctx, logits);
         assert_rows_close(logits, ref + (size_t)i * V, V, "one by one");
     }
     sl_worker_free(w);
@@ -268,10 +237,10 @@ Test(worker, logits_are_bitwise_equal_when_rows_attend_in_groups_or_alone)
         int32_t ctx[1];
         struct sl_worker *w = new_worker(m, 2);
         for (int i = 0; i < 20; i++) {
-            struct step s = {0};
-            step_add(&s, 0, seq_a[i], i);
+            struct wt_step s = {0};
+            wt_step_add(&s, 0, wt_seq_a[i], i);
             ctx[0] = i + 1;
-            run_step(w, &s, 1, tables, ctx, logits);
+            wt_run_step(w, &s, 1, tables, ctx, logits);
             cr_assert(memcmp(logits, ref + (size_t)i * V, (size_t)V * sizeof(float)) == 0,
                       "%s KV: position %d differs from the grouped prefill",
                       sl_kv_dtype_name(kv_dtype), i);
@@ -290,16 +259,16 @@ Test(worker, logits_are_bitwise_equal_when_thread_count_changes)
     int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const int32_t *tables[1] = {table};
     int32_t ctx[1] = {12};
-    struct step s = {0};
+    struct wt_step s = {0};
     for (int i = 0; i < 12; i++)
-        step_add(&s, 0, seq_a[i] * 37, i);
+        wt_step_add(&s, 0, wt_seq_a[i] * 37, i);
     float *l1 = malloc((size_t)12 * V * sizeof(float)),
           *l4 = malloc((size_t)12 * V * sizeof(float));
     struct sl_worker *w = new_worker(m, 1);
-    run_step(w, &s, 1, tables, ctx, l1);
+    wt_run_step(w, &s, 1, tables, ctx, l1);
     sl_worker_free(w);
     w = new_worker(m, 4);
-    run_step(w, &s, 1, tables, ctx, l4);
+    wt_run_step(w, &s, 1, tables, ctx, l4);
     sl_worker_free(w);
     cr_assert(memcmp(l1, l4, (size_t)12 * V * sizeof(float)) == 0);
     free(l1);
@@ -322,7 +291,7 @@ Test(worker, forward_only_writes_requested_logit_rows_when_few_are_wanted)
     for (int i = 0; i < 3 * V; i++)
         logits[i] = -12345.0f;
     struct sl_batch b = {.n_tokens = 20,
-                         .tokens = seq_a,
+                         .tokens = wt_seq_a,
                          .pos = pos,
                          .seq = seq,
                          .n_seqs = 1,
@@ -426,11 +395,11 @@ static float *typed_logits(const char *spec, int threads)
     int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const int32_t *tables[1] = {table};
     int32_t ctx[1] = {12};
-    struct step s = {0};
+    struct wt_step s = {0};
     for (int i = 0; i < 12; i++)
-        step_add(&s, 0, seq_a[i] * 37, i);
+        wt_step_add(&s, 0, wt_seq_a[i] * 37, i);
     float *l = malloc((size_t)12 * V * sizeof(float));
-    run_step(w, &s, 1, tables, ctx, l);
+    wt_run_step(w, &s, 1, tables, ctx, l);
     sl_worker_free(w);
     sl_model_free(m);
     return l;
@@ -498,11 +467,11 @@ Test(worker, logits_match_when_q8_0_prefill_is_chunked_and_threads_change)
     float *l = malloc((size_t)12 * V * sizeof(float));
     int chunks[] = {0, 1, 6, 12};
     for (int c = 0; c < 3; c++) {
-        struct step s = {0};
+        struct wt_step s = {0};
         for (int i = chunks[c]; i < chunks[c + 1]; i++)
-            step_add(&s, 0, seq_a[i] * 37, i);
+            wt_step_add(&s, 0, wt_seq_a[i] * 37, i);
         ctx[0] = chunks[c + 1];
-        run_step(w, &s, 1, tables, ctx, l);
+        wt_run_step(w, &s, 1, tables, ctx, l);
         for (int i = chunks[c]; i < chunks[c + 1]; i++)
             assert_rows_close(l + (size_t)(i - chunks[c]) * V, ref + (size_t)i * V, V, "q8_0");
     }

@@ -34,15 +34,6 @@ static void gen_init(struct gen *g, int s, const int32_t *prompt, int n_prompt, 
         g->table[i] = (int32_t)(((s * (512 / BLOCK) + i) * 37 + 11) % POOL);
 }
 
-static int32_t argmax(const float *l, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[best])
-            best = i;
-    return best;
-}
-
 /* Runs every sequence to completion, in steps that mix prefills and decodes: step 1 prefills all
  * prompts at once, every later step decodes one token per live sequence. Stopping is llama2.c's:
  * at most `steps` positions including BOS, or when BOS is sampled. */
@@ -102,7 +93,7 @@ static void generate(struct sl_worker *w, struct gen *g, int n, bool on_device)
             cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
         for (int i = 0; i < ns; i++) {
             struct gen *q = &g[owner[i]];
-            int32_t next = on_device ? ids[i] : argmax(logits + (size_t)i * V, V);
+            int32_t next = on_device ? ids[i] : wt_argmax(logits + (size_t)i * V, V);
             q->pos++;
             if (q->stops ? sl_model_is_stop_token(q->stops, next) : next == 1) {
                 q->done = true;

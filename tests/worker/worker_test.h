@@ -83,6 +83,57 @@ static inline char *wt_write_temp(const void *data, size_t len)
  * the models folder, with `tokfile` or NULL) equal `golden`'s, each prompt alone or all in one
  * batch; stopping on the model's stop tokens or on BOS only. on_device: the ids come from the
  * backend's forward_sample instead of an argmax of its logits. */
+/* One row per token of a forward step: (seq, token, pos); every row gets logits. */
+struct wt_step {
+    int n;
+    int32_t tokens[48], pos[48], seq[48], rows[48];
+};
+
+static inline void wt_step_add(struct wt_step *s, int seq, int32_t token, int32_t pos)
+{
+    s->tokens[s->n] = token;
+    s->pos[s->n] = pos;
+    s->seq[s->n] = seq;
+    s->rows[s->n] = s->n;
+    s->n++;
+}
+
+/* s as a batch where sequence i owns tables[i] and has ctx[i] positions after the step. */
+static inline struct sl_batch wt_batch_of(const struct wt_step *s, int n_seqs,
+                                          const int32_t *const *tables, const int32_t *ctx)
+{
+    return (struct sl_batch){.n_tokens = s->n,
+                             .tokens = s->tokens,
+                             .pos = s->pos,
+                             .seq = s->seq,
+                             .n_seqs = n_seqs,
+                             .block_tables = tables,
+                             .ctx_len = ctx,
+                             .n_logits = s->n,
+                             .logit_rows = s->rows};
+}
+
+/* Runs the step on w, logits (s->n, vocab). */
+static inline void wt_run_step(struct sl_worker *w, const struct wt_step *s, int n_seqs,
+                               const int32_t *const *tables, const int32_t *ctx, float *logits)
+{
+    struct sl_batch b = wt_batch_of(s, n_seqs, tables, ctx);
+    cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
+}
+
+/* The first index of the largest of l (n). */
+static inline int32_t wt_argmax(const float *l, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best])
+            best = i;
+    return best;
+}
+
+/* Two token sequences the forward tests run (test_forward.c). */
+extern const int32_t wt_seq_a[20], wt_seq_b[10];
+
 /* How wt_check_golden's workers store K and V (default SL_KV_F32; a test may set it first). */
 extern enum sl_kv_dtype wt_kv_dtype;
 void wt_check_golden(const struct sl_backend_ops *ops, bool on_device, const char *model,
