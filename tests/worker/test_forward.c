@@ -39,16 +39,8 @@ static void assert_rows_close(const float *a, const float *b, int vocab, const c
 /* Logits of every position of wt_seq_a, prefilled alone in one chunk. */
 static float *reference_a(const struct sl_model *m)
 {
-    int V = sl_model_config(m)->vocab_size;
     struct sl_worker *w = new_worker(m, 1);
-    int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    const int32_t *tables[1] = {table};
-    int32_t ctx[1] = {20};
-    struct wt_step s = {0};
-    for (int i = 0; i < 20; i++)
-        wt_step_add(&s, 0, wt_seq_a[i], i);
-    float *logits = malloc((size_t)20 * V * sizeof(float));
-    wt_run_step(w, &s, 1, tables, ctx, logits);
+    float *logits = wt_prefill_seq_a(w, sl_model_config(m)->vocab_size);
     sl_worker_free(w);
     return logits;
 }

@@ -134,6 +134,21 @@ static inline int32_t wt_argmax(const float *l, int n)
 /* Two token sequences the forward tests run (test_forward.c). */
 extern const int32_t wt_seq_a[20], wt_seq_b[10];
 
+/* Logits (20, vocab) of every position of wt_seq_a, prefilled in one chunk on w (a fresh worker
+ * with at least 8 KV blocks). The caller frees them. */
+static inline float *wt_prefill_seq_a(struct sl_worker *w, int vocab)
+{
+    int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    const int32_t *tables[1] = {table};
+    int32_t ctx[1] = {20};
+    struct wt_step s = {0};
+    for (int i = 0; i < 20; i++)
+        wt_step_add(&s, 0, wt_seq_a[i], i);
+    float *logits = malloc((size_t)20 * vocab * sizeof(float));
+    wt_run_step(w, &s, 1, tables, ctx, logits);
+    return logits;
+}
+
 /* How wt_check_golden's workers store K and V (default SL_KV_F32; a test may set it first). */
 extern enum sl_kv_dtype wt_kv_dtype;
 void wt_check_golden(const struct sl_backend_ops *ops, bool on_device, const char *model,
