@@ -23,6 +23,7 @@ static void cpu_free(void *vctx)
     for (int i = 0; i < c->n_bufs; i++)
         free(c->bufs[i]);
     free(c->attn_rows);
+    free(c->attn_tasks);
     free(c);
 }
 
@@ -79,9 +80,12 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     c->v = alloc_f32(c, T * kv, &ok);
     c->hb = alloc_f32(c, T * hid, &ok);
     c->hb2 = alloc_f32(c, T * hid, &ok);
-    c->att = alloc_f32(c, (uint64_t)c->n_threads * SL_CPU_ATTN_MAX_Q * (uint64_t)cfg->seq_len, &ok);
+    c->att_rows = cfg->n_heads > SL_CPU_ATTN_MAX_Q ? cfg->n_heads : SL_CPU_ATTN_MAX_Q;
+    c->att =
+        alloc_f32(c, (uint64_t)c->n_threads * (uint64_t)c->att_rows * (uint64_t)cfg->seq_len, &ok);
     c->attn_rows = calloc((size_t)T + 1, sizeof(int));
-    ok = ok && c->attn_rows;
+    c->attn_tasks = calloc((size_t)T * (size_t)cfg->n_kv_heads, sizeof(int));
+    ok = ok && c->attn_rows && c->attn_tasks;
     c->rope = alloc_f32(c, T * (uint64_t)head_size, &ok);
     c->xl = alloc_f32(c, T * dim, &ok);
     /* (elements of each cache; fp16 ones in half as many floats' room) */
@@ -156,29 +160,54 @@ static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, in
         }
 }
 
+/* Attention of a group of one row (a decode token) for every head at once, block by block:
+ * each block's K (then V) rows of all heads are one run of memory, read in address order with
+ * the next block's fetched meanwhile, where head by head would read a short run of every block
+ * once per head. The bits are those of attend (sl_cpu_attention_row). att: (n_heads, seq_len). */
+static void attend_row(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, int r, float *att)
+{
+    int hs = c->head_size, dim = c->cfg.dim;
+    size_t es = c->kv_type == SL_DTYPE_F16 ? 2 : 4, layer_off = kv_off(c, 0, layer, 0, 0) * es;
+    size_t page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim;
+    struct sl_cpu_pages kp = {(const char *)c->key_cache + layer_off,
+                              b->block_tables[b->seq[r]],
+                              page_stride,
+                              (size_t)hs,
+                              c->o.block_size,
+                              c->kv_type};
+    struct sl_cpu_pages vp = kp;
+    vp.base = (const char *)c->value_cache + layer_off;
+    float *q = c->q + (size_t)r * dim;
+    sl_cpu_rope_apply(q, c->cfg.n_heads, hs, c->rope + (size_t)r * hs);
+    sl_cpu_attention_row(c->xb + (size_t)r * dim, q, c->cfg.n_heads, c->cfg.n_kv_heads, &kp, &vp,
+                         b->pos[r] + 1, hs, att, (size_t)c->cfg.seq_len);
+}
+
 struct attn_job {
     struct sl_cpu_ctx *c;
     const struct sl_batch *b;
     int layer;
-    int n_groups;     /* row groups, c->attn_rows[0 .. n_groups] */
-    _Atomic int next; /* (row group, KV head) tasks handed out, last group first */
+    int n_tasks;      /* c->attn_tasks[0 .. n_tasks] */
+    _Atomic int next; /* tasks handed out, last first */
 };
 
-/* (row group, KV head) tasks are grabbed in shrinking chunks (sl_cpu_grab), so a thread that
- * loses its core to another process does not hold the others up. The last row groups go first:
- * in a prompt chunk they attend the most positions, and the cheap early rows then even out the
- * end of the job. */
+/* Tasks are grabbed in shrinking chunks (sl_cpu_grab), so a thread that loses its core to
+ * another process does not hold the others up. The last row groups go first: in a prompt chunk
+ * they attend the most positions, and the cheap early rows then even out the end of the job. */
 static void attn_task(void *arg, int ith, int nth)
 {
     struct attn_job *j = arg;
     struct sl_cpu_ctx *c = j->c;
-    int nkv = c->cfg.n_kv_heads, tasks = j->n_groups * nkv, end;
+    int nkv1 = c->cfg.n_kv_heads + 1, tasks = j->n_tasks, end;
     const int *rows = c->attn_rows;
-    float *att = c->att + (size_t)ith * SL_CPU_ATTN_MAX_Q * (size_t)c->cfg.seq_len;
+    float *att = c->att + (size_t)ith * (size_t)c->att_rows * (size_t)c->cfg.seq_len;
     for (int t0; (t0 = sl_cpu_grab(&j->next, tasks, nth, 1, &end)) < tasks;)
         for (int u = t0; u < end; u++) {
-            int t = tasks - 1 - u;
-            attend(c, j->b, j->layer, rows[t / nkv], rows[t / nkv + 1], t % nkv, att);
+            int t = c->attn_tasks[tasks - 1 - u], g = t / nkv1, head = t % nkv1;
+            if (head == 0)
+                attend_row(c, j->b, j->layer, rows[g], att);
+            else
+                attend(c, j->b, j->layer, rows[g], rows[g + 1], head - 1, att);
         }
 }
 
@@ -278,6 +307,15 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         if (r == 0 || b->seq[r] != b->seq[r - 1] || r - c->attn_rows[n_groups - 1] == ATTN_ROWS)
             c->attn_rows[n_groups++] = r;
     c->attn_rows[n_groups] = n;
+    /* A group of one row is one task for all heads; a group of several, one task per KV head. */
+    int n_tasks = 0, nkv = cfg->n_kv_heads;
+    for (int g = 0; g < n_groups; g++) {
+        if (c->attn_rows[g + 1] - c->attn_rows[g] == 1)
+            c->attn_tasks[n_tasks++] = g * (nkv + 1);
+        else
+            for (int h = 0; h < nkv; h++)
+                c->attn_tasks[n_tasks++] = g * (nkv + 1) + h + 1;
+    }
 
     /* The residual add of each block goes with the norm that follows it. */
     glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_NORM, .norm = w->layers[0].rms_att});
@@ -289,7 +327,7 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         /* Every row's K and V go to the cache before any row attends, so a prefill chunk sees
          * its own earlier rows. */
         glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_KV, .layer = l});
-        struct attn_job aj = {.c = c, .b = b, .layer = l, .n_groups = n_groups};
+        struct attn_job aj = {.c = c, .b = b, .layer = l, .n_tasks = n_tasks};
         atomic_store_explicit(&aj.next, 0, memory_order_relaxed);
         sl_cpu_pool_run(c->pool, attn_task, &aj);
         sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, &Lw->wo, n);

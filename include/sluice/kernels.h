@@ -169,6 +169,16 @@ void sl_cpu_attention_multi(int nq, float *const *outs, const float *const *qs, 
                             const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int hs,
                             float *att, size_t att_stride);
 
+/* One query row of every head (a decode token) over pages that hold all KV heads of a position
+ * range, (n_kv_heads, page_size, hs) per page with row_stride == hs: head h reads KV head
+ * h / (n_heads / n_kv_heads), whose rows start h's page_size · hs elements into each page.
+ * out (n_heads · hs)[h] = sl_cpu_attention(q (n_heads · hs)[h], ...), bit for bit; the pages are
+ * read in address order, every head of a page together. att: scratch (n_heads, att_stride),
+ * att_stride >= n_ctx >= 1. */
+void sl_cpu_attention_row(float *out, const float *q, int n_heads, int n_kv_heads,
+                          const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int n_ctx,
+                          int hs, float *att, size_t att_stride);
+
 /* ---------------------------------------------------------------------------------------------
  * Thread pool
  *

@@ -898,6 +898,138 @@ TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float 
         attention_multi_f32(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
 }
 
+/* Prefetches the `bytes` at p (whole cache lines) into L1; p need not be line-aligned. */
+INLINE void prefetch_run(const unsigned char *p, size_t bytes)
+{
+    for (size_t o = 0; o < bytes; o += 64)
+        _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+}
+
+/* Scores of query head q against the n rows of one page's KV head starting at position t0
+ * (rows hs elements apart), each computed as attention_t computes it. */
+INLINE void row_scores(const enum sl_dtype ty, float *att, const float *q, const unsigned char *k,
+                       int t0, int n, int hs, __m128 scale4, float scale)
+{
+    size_t rb = (size_t)hs * elem_bytes(ty);
+    int s = 0;
+    for (; s + 4 <= n; s += 4) {
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                         _mm256_setzero_ps()};
+        for (int j = 0; j < hs; j += 8) {
+            __m256 qv = _mm256_loadu_ps(q + j);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[c] = _mm256_fmadd_ps(qv, load_w(ty, k + (size_t)(s + c) * rb, j), acc[c]);
+        }
+        _mm_storeu_ps(att + t0 + s, _mm_div_ps(reduce4(acc[0], acc[1], acc[2], acc[3]), scale4));
+    }
+    for (; s < n; s++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int j = 0; j < hs; j += 8)
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load_w(ty, k + (size_t)s * rb, j), acc);
+        att[t0 + s] = reduce1(acc) / scale;
+    }
+}
+
+/* out[j0 .. j0 + 8·NV) (=, or += continuing each lane's chain when !first) Σ att[t0 + s] · v_s
+ * over the n rows of one page's KV head. */
+INLINE void row_values(const enum sl_dtype ty, const int NV, float *out, const float *att,
+                       const unsigned char *v, int t0, int n, int hs, int j0, bool first)
+{
+    size_t rb = (size_t)hs * elem_bytes(ty);
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; c++)
+        acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + j0 + 8 * c);
+    for (int s = 0; s < n; s++) {
+        __m256 a = _mm256_set1_ps(att[t0 + s]);
+#pragma GCC unroll 8
+        for (int c = 0; c < NV; c++)
+            acc[c] = _mm256_fmadd_ps(a, load_w(ty, v + (size_t)s * rb, j0 + 8 * c), acc[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < NV; c++)
+        _mm256_storeu_ps(out + j0 + 8 * c, acc[c]);
+}
+
+/* One decode row over pages of (n_kv_heads, page_size, hs): every head's scores page by page,
+ * each head's softmax, then every head's values page by page. A page's heads are one run of
+ * memory, read in address order, and the next page's run is fetched while this one is used:
+ * the same arithmetic as attention_t per head (scores by the same tree, each value lane's FMA
+ * chain in position order, carried through out between pages), so the bits are the same. */
+INLINE void attention_row_t(const enum sl_dtype ty, float *out, const float *q, int n_heads,
+                            int n_kv_heads, const struct sl_cpu_pages *k,
+                            const struct sl_cpu_pages *v, int n_ctx, int hs, float *att,
+                            size_t stride)
+{
+    float scale = sqrtf((float)hs);
+    __m128 scale4 = _mm_set1_ps(scale);
+    int ps = k->page_size, kv_mul = n_heads / n_kv_heads, n_pages = (n_ctx + ps - 1) / ps;
+    size_t es = elem_bytes(ty), head_bytes = (size_t)ps * (size_t)hs * es;
+    size_t run = head_bytes * (size_t)n_kv_heads;
+    for (int p = 0; p < n_pages; p++) {
+        const unsigned char *base = page_base(ty, k, p);
+        if (p + 1 < n_pages)
+            prefetch_run(page_base(ty, k, p + 1), run);
+        else
+            prefetch_run(page_base(ty, v, 0), run);
+        int t0 = p * ps, n = n_ctx - t0 < ps ? n_ctx - t0 : ps;
+        for (int h = 0; h < n_heads; h++)
+            row_scores(ty, att + (size_t)h * stride, q + (size_t)h * hs,
+                       base + (size_t)(h / kv_mul) * head_bytes, t0, n, hs, scale4, scale);
+    }
+    for (int h = 0; h < n_heads; h++)
+        sl_cpu_avx2_softmax(att + (size_t)h * stride, n_ctx);
+    for (int p = 0; p < n_pages; p++) {
+        const unsigned char *base = page_base(ty, v, p);
+        if (p + 1 < n_pages)
+            prefetch_run(page_base(ty, v, p + 1), run);
+        int t0 = p * ps, n = n_ctx - t0 < ps ? n_ctx - t0 : ps;
+        for (int h = 0; h < n_heads; h++) {
+            const unsigned char *vh = base + (size_t)(h / kv_mul) * head_bytes;
+            const float *a = att + (size_t)h * stride;
+            float *o = out + (size_t)h * hs;
+            int j0 = 0;
+            for (; j0 + 64 <= hs; j0 += 64)
+                row_values(ty, 8, o, a, vh, t0, n, hs, j0, p == 0);
+            switch ((hs - j0) / 8) {
+            case 7: row_values(ty, 7, o, a, vh, t0, n, hs, j0, p == 0); break;
+            case 6: row_values(ty, 6, o, a, vh, t0, n, hs, j0, p == 0); break;
+            case 5: row_values(ty, 5, o, a, vh, t0, n, hs, j0, p == 0); break;
+            case 4: row_values(ty, 4, o, a, vh, t0, n, hs, j0, p == 0); break;
+            case 3: row_values(ty, 3, o, a, vh, t0, n, hs, j0, p == 0); break;
+            case 2: row_values(ty, 2, o, a, vh, t0, n, hs, j0, p == 0); break;
+            case 1: row_values(ty, 1, o, a, vh, t0, n, hs, j0, p == 0); break;
+            default: break;
+            }
+        }
+    }
+}
+
+TARGET static void attention_row_f32(float *out, const float *q, int n_heads, int n_kv_heads,
+                                     const struct sl_cpu_pages *k, const struct sl_cpu_pages *v,
+                                     int n_ctx, int hs, float *att, size_t stride)
+{
+    attention_row_t(SL_DTYPE_F32, out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, stride);
+}
+
+TARGET static void attention_row_f16(float *out, const float *q, int n_heads, int n_kv_heads,
+                                     const struct sl_cpu_pages *k, const struct sl_cpu_pages *v,
+                                     int n_ctx, int hs, float *att, size_t stride)
+{
+    attention_row_t(SL_DTYPE_F16, out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, stride);
+}
+
+void sl_cpu_avx2_attention_row(float *out, const float *q, int n_heads, int n_kv_heads,
+                               const struct sl_cpu_pages *k, const struct sl_cpu_pages *v,
+                               int n_ctx, int hs, float *att, size_t att_stride)
+{
+    if (k->type == SL_DTYPE_F16)
+        attention_row_f16(out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, att_stride);
+    else
+        attention_row_f32(out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, att_stride);
+}
+
 TARGET void sl_cpu_avx2_f32_to_f16_row(uint16_t *dst, const float *src, int n)
 {
     int n8 = n & ~7;

@@ -24,6 +24,9 @@ void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float *const 
                                  const int *n_ctx, const struct sl_cpu_pages *k,
                                  const struct sl_cpu_pages *v, int hs, float *att,
                                  size_t att_stride);
+void sl_cpu_avx2_attention_row(float *out, const float *q, int n_heads, int n_kv_heads,
+                               const struct sl_cpu_pages *k, const struct sl_cpu_pages *v,
+                               int n_ctx, int hs, float *att, size_t att_stride);
 void sl_cpu_avx2_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 float sl_cpu_avx2_bench_read(const float *buf, size_t n);
 double sl_cpu_avx2_bench_fma(long iters);

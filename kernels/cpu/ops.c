@@ -502,6 +502,27 @@ void sl_cpu_attention_multi(int nq, float *const *outs, const float *const *qs, 
         sl_cpu_attention(outs[i], qs[i], k, v, n_ctx[i], hs, att + (size_t)i * att_stride);
 }
 
+void sl_cpu_attention_row(float *out, const float *q, int n_heads, int n_kv_heads,
+                          const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int n_ctx,
+                          int hs, float *att, size_t att_stride)
+{
+#if SL_CPU_HAVE_AVX2
+    if (AVX2() && hs % 8 == 0) {
+        sl_cpu_avx2_attention_row(out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, att_stride);
+        return;
+    }
+#endif
+    /* Head by head: the same bits, each head's rows a page_size · hs block further in. */
+    int kv_mul = n_heads / n_kv_heads;
+    size_t es = k->type == SL_DTYPE_F16 ? 2 : 4, head = (size_t)k->page_size * (size_t)hs * es;
+    for (int h = 0; h < n_heads; h++) {
+        struct sl_cpu_pages kh = *k, vh = *v;
+        kh.base = (const char *)k->base + (size_t)(h / kv_mul) * head;
+        vh.base = (const char *)v->base + (size_t)(h / kv_mul) * head;
+        sl_cpu_attention(out + (size_t)h * hs, q + (size_t)h * hs, &kh, &vh, n_ctx, hs, att);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Thread pool: one job at a time. The caller publishes the job and bumps a generation counter;
  * workers spin on the counter for a while (jobs come every few microseconds during a forward),
