@@ -2,7 +2,8 @@
  * asked: half the bytes for attention to read, values rounded once when written).
  *
  * Every projection is one matrix-matrix product over all rows of the step (kernels/cpu), split
- * over the pool by weight rows; attention is split over the pool by (row group, KV head). Per step
+ * over the pool by weight rows; attention is split over the pool by (row group, KV head), a
+ * group of one row (a decode token) taking all its heads in one task. Per step
  * the pool runs five jobs per layer (QKV, attention, output, gate/up + SwiGLU, down) plus the
  * classifier; the cheap row-wise glue (embedding, RoPE tables, residual adds with the norms after
  * them, RoPE of K, KV writes) is split over the pool by rows for a prompt chunk and stays on the
