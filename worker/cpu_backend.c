@@ -117,6 +117,24 @@ static size_t kv_off(const struct sl_cpu_ctx *c, int32_t block, int layer, int h
            (size_t)slot * hs;
 }
 
+/* The K and V pages of KV head g of `layer` for row r's sequence: rows hs elements apart, pages
+ * a block of every layer apart. */
+static void kv_pages(const struct sl_cpu_ctx *c, const struct sl_batch *b, int r, int layer, int g,
+                     struct sl_cpu_pages *kp, struct sl_cpu_pages *vp)
+{
+    size_t es = c->kv_type == SL_DTYPE_F16 ? 2 : 4, off = kv_off(c, 0, layer, g, 0) * es;
+    *kp = (struct sl_cpu_pages){
+        .base = (const char *)c->key_cache + off,
+        .pages = b->block_tables[b->seq[r]],
+        .page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim,
+        .row_stride = (size_t)c->head_size,
+        .page_size = c->o.block_size,
+        .type = c->kv_type,
+    };
+    *vp = *kp;
+    vp->base = (const char *)c->value_cache + off;
+}
+
 /* Rows of one sequence attended together: their scores against a K row are taken while it is
  * in registers. */
 #define ATTN_ROWS 3
@@ -132,17 +150,8 @@ static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, in
                    float *att)
 {
     int hs = c->head_size, dim = c->cfg.dim, kv_mul = c->cfg.n_heads / c->cfg.n_kv_heads;
-    size_t head_off = kv_off(c, 0, layer, g, 0);
-    size_t page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim;
-    size_t es = c->kv_type == SL_DTYPE_F16 ? 2 : 4;
-    struct sl_cpu_pages kp = {(const char *)c->key_cache + head_off * es,
-                              b->block_tables[b->seq[r0]],
-                              page_stride,
-                              (size_t)hs,
-                              c->o.block_size,
-                              c->kv_type};
-    struct sl_cpu_pages vp = kp;
-    vp.base = (const char *)c->value_cache + head_off * es;
+    struct sl_cpu_pages kp, vp;
+    kv_pages(c, b, r0, layer, g, &kp, &vp);
     float *outs[SL_CPU_ATTN_MAX_Q];
     const float *qs[SL_CPU_ATTN_MAX_Q];
     int n_ctx[SL_CPU_ATTN_MAX_Q], nq = 0;
@@ -168,16 +177,8 @@ static void attend(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, in
 static void attend_row(struct sl_cpu_ctx *c, const struct sl_batch *b, int layer, int r, float *att)
 {
     int hs = c->head_size, dim = c->cfg.dim;
-    size_t es = c->kv_type == SL_DTYPE_F16 ? 2 : 4, layer_off = kv_off(c, 0, layer, 0, 0) * es;
-    size_t page_stride = (size_t)c->cfg.n_layers * (size_t)c->o.block_size * (size_t)c->kv_dim;
-    struct sl_cpu_pages kp = {(const char *)c->key_cache + layer_off,
-                              b->block_tables[b->seq[r]],
-                              page_stride,
-                              (size_t)hs,
-                              c->o.block_size,
-                              c->kv_type};
-    struct sl_cpu_pages vp = kp;
-    vp.base = (const char *)c->value_cache + layer_off;
+    struct sl_cpu_pages kp, vp; /* from KV head 0: the row kernel walks the others */
+    kv_pages(c, b, r, layer, 0, &kp, &vp);
     float *q = c->q + (size_t)r * dim;
     sl_cpu_rope_apply(q, c->cfg.n_heads, hs, c->rope + (size_t)r * hs);
     sl_cpu_attention_row(c->xb + (size_t)r * dim, q, c->cfg.n_heads, c->cfg.n_kv_heads, &kp, &vp,
