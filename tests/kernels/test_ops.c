@@ -562,6 +562,14 @@ static void *kv_store(enum sl_dtype t, float *kc, size_t n)
     return h;
 }
 
+/* Frees a KV cache from kv_store: its storage (when a copy) and the floats behind it. */
+static void kv_free(enum sl_dtype t, void *store, float *kc)
+{
+    if (t != SL_DTYPE_F32)
+        free(store);
+    free(kc);
+}
+
 static const enum sl_dtype kv_types[] = {SL_DTYPE_F32, SL_DTYPE_F16};
 
 Test(kernels, attention_matches_reference_when_pages_are_scattered)
@@ -606,12 +614,8 @@ Test(kernels, attention_matches_reference_when_pages_are_scattered)
                 }
                 assert_close(out, ref, (size_t)hs, 1e-5,
                              kt == SL_DTYPE_F16 ? "attention, f16 KV" : "attention", isa);
-                if (kt != SL_DTYPE_F32) {
-                    free(ks);
-                    free(vs);
-                }
-                free(kc);
-                free(vc);
+                kv_free(kt, ks, kc);
+                kv_free(kt, vs, vc);
                 free(q);
                 free(out);
                 free(att);
@@ -739,12 +743,8 @@ Test(kernels, attention_multi_equals_attention_when_queries_share_pages)
                                   "[%s, %s KV] hs %d nq %d query %d (n_ctx %d) differs from alone",
                                   sl_cpu_isa_name(isa), sl_dtype_name(kt), hs, nq, i, n_ctx[i]);
                     }
-                    if (kt != SL_DTYPE_F32) {
-                        free(ks);
-                        free(vs);
-                    }
-                    free(kc);
-                    free(vc);
+                    kv_free(kt, ks, kc);
+                    kv_free(kt, vs, vc);
                     free(q);
                     free(out);
                     free(want);
@@ -794,12 +794,8 @@ Test(kernels, attention_row_equals_attention_of_each_head)
                                   "alone",
                                   sl_cpu_isa_name(isa), sl_dtype_name(kt), hs, nh, nkv, n_ctx, h);
                     }
-                    if (kt != SL_DTYPE_F32) {
-                        free(ks);
-                        free(vs);
-                    }
-                    free(kc);
-                    free(vc);
+                    kv_free(kt, ks, kc);
+                    kv_free(kt, vs, vc);
                     free(q);
                     free(out);
                     free(want);
