@@ -24,9 +24,8 @@ static void cpu_free(void *vctx)
     sl_cpu_pool_free(c->pool);
     for (int i = 0; i < c->n_bufs; i++)
         free(c->bufs[i]);
-    for (int i = 0; i < 2; i++)
-        if (c->kv_maps[i])
-            munmap(c->kv_maps[i], c->kv_map_bytes);
+    if (c->kv_map)
+        munmap(c->kv_map, c->kv_map_bytes);
     free(c->attn_rows);
     free(c->attn_tasks);
     free(c);
@@ -53,27 +52,37 @@ static float *alloc_f32(struct sl_cpu_ctx *c, uint64_t n, bool *ok)
     return (float *)(p + (64 - (uintptr_t)p % 64));
 }
 
-/* One cache of the KV pool: `bytes` zeroed, in a private anonymous mapping aligned to 2 MiB and
- * offered to transparent huge pages. Attention walks every block of every running sequence in
- * each step (56.6 MB for a batch-32 step of stories15M at context 128), a new 4 KiB page every
- * few rows; with 2 MiB pages the walk costs far fewer TLB misses (attention's share of that step
- * 5-15 % shorter). Untouched pages cost no memory either way, and a kernel whose huge pages are
- * off (or set to `never`) just maps small ones. NULL when the mapping fails. */
-static void *map_kv(struct sl_cpu_ctx *c, int i, size_t bytes)
+/* The KV pool: its two caches of `bytes` each, zeroed, in one private anonymous mapping aligned
+ * to 2 MiB and offered to transparent huge pages. Attention walks every block of every running
+ * sequence in each step (56.6 MB for a batch-32 step of stories15M at context 128), a new 4 KiB
+ * page every few rows; with 2 MiB pages the walk costs far fewer TLB misses (attention's share
+ * of that step 5-15 % shorter). Untouched pages cost no memory either way, and a kernel whose
+ * huge pages are off (or set to `never`) just maps small ones. False when the mapping fails. */
+static bool map_kv(struct sl_cpu_ctx *c, size_t bytes)
 {
-    size_t align = (size_t)2 << 20, len = bytes + align;
-    if (bytes > SIZE_MAX - align)
-        return NULL;
+    size_t align = (size_t)2 << 20;
+    if (bytes > (SIZE_MAX - 3 * align) / 2)
+        return false;
+    size_t span = (bytes + align - 1) & ~(align - 1), len = 2 * span + align;
     void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED)
-        return NULL;
-    c->kv_maps[i] = m;
+        return false;
+    c->kv_map = m;
     c->kv_map_bytes = len;
     char *a = (char *)(((uintptr_t)m + align - 1) & ~(uintptr_t)(align - 1));
 #ifdef MADV_HUGEPAGE
-    (void)madvise(a, (bytes + align - 1) & ~(align - 1), MADV_HUGEPAGE); /* a hint only */
+    (void)madvise(a, 2 * span, MADV_HUGEPAGE); /* a hint only */
 #endif
-    return a;
+    c->key_cache = a;
+    c->value_cache = a + span;
+    return true;
+}
+
+/* Rows of attention scores each thread's scratch holds: a group's queries of one KV head, or
+ * every head of a decode row. */
+static int att_rows(const struct sl_model_config *cfg)
+{
+    return cfg->n_heads > SL_CPU_ATTN_MAX_Q ? cfg->n_heads : SL_CPU_ATTN_MAX_Q;
 }
 
 static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, void **out)
@@ -108,9 +117,8 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     c->v = alloc_f32(c, T * kv, &ok);
     c->hb = alloc_f32(c, T * hid, &ok);
     c->hb2 = alloc_f32(c, T * hid, &ok);
-    c->att_rows = cfg->n_heads > SL_CPU_ATTN_MAX_Q ? cfg->n_heads : SL_CPU_ATTN_MAX_Q;
-    c->att =
-        alloc_f32(c, (uint64_t)c->n_threads * (uint64_t)c->att_rows * (uint64_t)cfg->seq_len, &ok);
+    c->att = alloc_f32(c, (uint64_t)c->n_threads * (uint64_t)att_rows(cfg) * (uint64_t)cfg->seq_len,
+                       &ok);
     c->attn_rows = calloc((size_t)T + 1, sizeof(int));
     c->attn_tasks = calloc((size_t)T * (size_t)cfg->n_kv_heads, sizeof(int));
     ok = ok && c->attn_rows && c->attn_tasks;
@@ -121,18 +129,13 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
         (uint64_t)o->n_kv_blocks * (uint64_t)cfg->n_layers * (uint64_t)o->block_size * kv;
     c->kv_type = o->kv_dtype == SL_KV_F16 ? SL_DTYPE_F16 : SL_DTYPE_F32;
     uint64_t cache_floats = c->kv_type == SL_DTYPE_F16 ? (cache + 1) / 2 : cache;
-    if (cache_floats > SIZE_MAX / sizeof(float))
-        ok = false;
-    else if (ok) {
-        c->key_cache = map_kv(c, 0, (size_t)cache_floats * sizeof(float));
-        c->value_cache = map_kv(c, 1, (size_t)cache_floats * sizeof(float));
-        ok = c->key_cache && c->value_cache;
-    }
+    ok = ok && cache_floats <= SIZE_MAX / sizeof(float) &&
+         map_kv(c, (size_t)cache_floats * sizeof(float));
     if (!ok) {
         cpu_free(c);
         return SL_ENOMEM;
     }
-    c->kv_bytes = (size_t)(2 * cache * (c->kv_type == SL_DTYPE_F16 ? 2 : 4));
+    c->kv_bytes = (size_t)(2 * cache) * sl_dtype_row_bytes(c->kv_type, 1);
     *out = c;
     return SL_OK;
 }
@@ -154,7 +157,7 @@ static size_t kv_off(const struct sl_cpu_ctx *c, int32_t block, int layer, int h
 static void kv_pages(const struct sl_cpu_ctx *c, const struct sl_batch *b, int r, int layer, int g,
                      struct sl_cpu_pages *kp, struct sl_cpu_pages *vp)
 {
-    size_t es = c->kv_type == SL_DTYPE_F16 ? 2 : 4, off = kv_off(c, 0, layer, g, 0) * es;
+    size_t off = kv_off(c, 0, layer, g, 0) * sl_dtype_row_bytes(c->kv_type, 1);
     *kp = (struct sl_cpu_pages){
         .base = (const char *)c->key_cache + off,
         .pages = b->block_tables[b->seq[r]],
@@ -234,7 +237,7 @@ static void attn_task(void *arg, int ith, int nth)
     struct sl_cpu_ctx *c = j->c;
     int nkv1 = c->cfg.n_kv_heads + 1, tasks = j->n_tasks, end;
     const int *rows = c->attn_rows;
-    float *att = c->att + (size_t)ith * (size_t)c->att_rows * (size_t)c->cfg.seq_len;
+    float *att = c->att + (size_t)ith * (size_t)att_rows(&c->cfg) * (size_t)c->cfg.seq_len;
     for (int t0; (t0 = sl_cpu_grab(&j->next, tasks, nth, 1, &end)) < tasks;)
         for (int u = t0; u < end; u++) {
             int t = c->attn_tasks[tasks - 1 - u], g = t / nkv1, head = t % nkv1;

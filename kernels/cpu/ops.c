@@ -514,7 +514,7 @@ void sl_cpu_attention_row(float *out, const float *q, int n_heads, int n_kv_head
 #endif
     /* Head by head: the same bits, each head's rows a page_size · hs block further in. */
     int kv_mul = n_heads / n_kv_heads;
-    size_t es = k->type == SL_DTYPE_F16 ? 2 : 4, head = (size_t)k->page_size * (size_t)hs * es;
+    size_t head = (size_t)k->page_size * (size_t)hs * sl_dtype_row_bytes(k->type, 1);
     for (int h = 0; h < n_heads; h++) {
         struct sl_cpu_pages kh = *k, vh = *v;
         kh.base = (const char *)k->base + (size_t)(h / kv_mul) * head;
