@@ -201,7 +201,7 @@ INLINE void fetch_some(struct fetch *f, int count)
 {
     for (; count > 0 && f->left > 0; count--, f->left--) {
         _mm_prefetch(f->row + (size_t)f->line * f->pf16, _MM_HINT_T0);
-        if (++f->line == f->lines) {
+        if (++f->line == f->lines && f->left > 1) { /* never past the last row */
             f->line = 0;
             f->row += f->wrb;
         }
