@@ -8,9 +8,9 @@
 # between 10 and 14 ms within minutes, so two runs one after the other cannot resolve a change of a
 # few per cent. Here forwards alternate between the two versions (even: OLD_REV's
 # kernels/cpu/avx2.c, compiled as a second copy of sl_cpu_avx2_matmul_cols and
-# sl_cpu_avx2_attention_row; odd: this tree's), so both see the same host. Measured bias of the
-# setup (the same file on both sides): 1.007 at batch 32, 1.01-1.02 at batch 1, in favour of old;
-# read a ratio against that, and repeat it. Kernels other than those two functions are this
+# sl_cpu_avx2_attention_row; odd: this tree's), so both see the same host. With the same file on
+# both sides this script read 0.998 at batch 32 (a hand-built forerunner 1.007 at batch 32 and
+# 1.01-1.02 at batch 1): run the A/A (OLD_REV = HEAD) beside a comparison, and repeat both. Kernels other than those two functions are this
 # tree's on both sides. Works while bench/paired.patch (the timing and the switch, in
 # worker/cpu_backend.c and kernels/cpu/ops.c) applies to this tree.
 set -eu
