@@ -107,6 +107,19 @@ INLINE void store_n(const int n, float *p, __m128 v)
  * an activation block stay in L1 while weight tiles stream past it. */
 #define KC_MAX 384
 
+/* acc[r][c] += x row r at column j · wv[c], for r < RM, c < RN. */
+INLINE void fma_tile(const int RM, const int RN, __m256 acc[4][4], const __m256 *wv, const float *x,
+                     size_t ldx, int j)
+{
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++) {
+        __m256 xv = _mm256_loadu_ps(x + (size_t)r * ldx + j);
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++)
+            acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+}
+
 /* One k step of a register tile: RN weight vectors at column j against RM rows of x. */
 INLINE void kstep(const enum sl_dtype t, const int RM, const int RN, __m256 acc[4][4],
                   const float *x, size_t ldx, const unsigned char *w, size_t wrb, int j)
@@ -115,13 +128,7 @@ INLINE void kstep(const enum sl_dtype t, const int RM, const int RN, __m256 acc[
 #pragma GCC unroll 4
     for (int c = 0; c < RN; c++)
         wv[c] = load_w(t, w + (size_t)c * wrb, j);
-#pragma GCC unroll 4
-    for (int r = 0; r < RM; r++) {
-        __m256 xv = _mm256_loadu_ps(x + (size_t)r * ldx + j);
-#pragma GCC unroll 4
-        for (int c = 0; c < RN; c++)
-            acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
-    }
+    fma_tile(RM, RN, acc, wv, x, ldx, j);
 }
 
 /* For r < RM, c < RN: out[r * ldo + c] (=, or += when !first) the block [j0, j1) of x row r · W
@@ -160,13 +167,7 @@ INLINE void tile(const enum sl_dtype t, const int RM, const int RN, float *out, 
                     /* d·q is exact in fp32 (11-bit by 8-bit significands). */
                     wv[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[c]);
                 }
-#pragma GCC unroll 4
-                for (int r = 0; r < RM; r++) {
-                    __m256 xv = _mm256_loadu_ps(x + (size_t)r * ldx + j);
-#pragma GCC unroll 4
-                    for (int c = 0; c < RN; c++)
-                        acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]);
-                }
+                fma_tile(RM, RN, acc, wv, x, ldx, j);
             }
         }
     } else if (RM * RN + RN + 1 <= 16) {
