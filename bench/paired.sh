@@ -9,10 +9,11 @@
 # few per cent. Here forwards alternate between the two versions (even: OLD_REV's
 # kernels/cpu/avx2.c, compiled as a second copy of sl_cpu_avx2_matmul_cols and
 # sl_cpu_avx2_attention_row; odd: this tree's), so both see the same host. With the same file on
-# both sides this script read 0.998 at batch 32 (a hand-built forerunner 1.007 at batch 32 and
-# 1.01-1.02 at batch 1): run the A/A (OLD_REV = HEAD) beside a comparison, and repeat both. Kernels other than those two functions are this
-# tree's on both sides. Works while bench/paired.patch (the timing and the switch, in
-# worker/cpu_backend.c and kernels/cpu/ops.c) applies to this tree.
+# both sides this script read 0.998 at batch 32 and 1.031-1.045 on a prompt (a hand-built
+# forerunner 1.007 at batch 32 and 1.01-1.02 at batch 1): run the A/A (OLD_REV = HEAD) beside a
+# comparison, and repeat both. Kernels other than those two functions are this tree's on both
+# sides. Works while bench/paired.patch (the timing and the switch, in worker/cpu_backend.c and
+# kernels/cpu/ops.c) applies to this tree.
 set -eu
 [ $# -ge 1 ] || { echo "usage: bench/paired.sh OLD_REV [engine-bench arguments]" >&2; exit 2; }
 old=$1
@@ -32,7 +33,7 @@ ninja $(ninja -t query bench/engine-bench | sed -n '/input:/,/outputs:/p' | grep
     sed 's/^ *| *//; s/^ *//') >/dev/null
 # OLD_REV's file, compiled exactly as meson compiles avx2.c, its two entry points renamed and
 # every other symbol made local, then linked into engine-bench beside this tree's.
-cmd=$(python3 -c 'import json, sys
+cmd=$(python3 -c 'import json
 for e in json.load(open("compile_commands.json")):
     if e["file"].endswith("kernels/cpu/avx2.c"):
         print(e["command"])')
