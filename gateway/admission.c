@@ -419,7 +419,12 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
     if (predict(a, env, true, &p)) {
         a->predicted_ttft_s = p.ttft_s;
         double slo = t->ttft_slo_ms / 1e3;
-        if (p.ttft_s > slo) {
+        /* With no prompt queued ahead of it in any tier the prediction is the request's own
+         * prefill, which no wait would shorten: the engine is as free as it gets, and a rate
+         * measured in a stall (the host taking the cores away for a step) would otherwise
+         * refuse it on an idle engine, with a Retry-After that never comes true, until some
+         * other request ran. */
+        if (p.ttft_s > slo && p.ahead_tokens > 0) {
             queue_release(c, a->model, a->n_prompt);
             if (took)
                 sl_adm_bucket_refund(&c->tokens, &rate, now, cost);

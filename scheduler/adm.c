@@ -166,6 +166,7 @@ int sl_adm_predict_ttft(const struct sl_sched_stats *st, const long *queued_toke
         long q = queued_tokens ? queued_tokens[i] : st->tiers[i].queued_prompt_tokens;
         work[i] = q > 0 ? (double)q : 0;
         w[i] = st->tiers[i].weight > 0 ? st->tiers[i].weight : 1;
+        out->ahead_tokens += q > 0 ? q : 0;
     }
     work[tier] += n_prompt > 0 ? n_prompt : 0;
     double drain = st->tiers[tier].drain_tokens_per_s;

@@ -433,9 +433,10 @@ void sl_adm_bucket_rescale(struct sl_adm_bucket *b, const struct sl_adm_rate *fr
  * queued_prompt_tokens) lets a caller count prompts it has admitted that the published figures
  * do not show yet. */
 struct sl_adm_prediction {
-    double ttft_s;    /* predicted time to first token */
-    double prefill_s; /* of which the prefill backlog, the request's own prompt included */
-    double rate;      /* the prefill rate used, tokens/s */
+    double ttft_s;     /* predicted time to first token */
+    double prefill_s;  /* of which the prefill backlog, the request's own prompt included */
+    double rate;       /* the prefill rate used, tokens/s */
+    long ahead_tokens; /* prompt tokens queued ahead of it, every tier's together */
 };
 
 /* tier: index into st->tiers. Returns SL_OK, SL_EAGAIN when the scheduler has not measured

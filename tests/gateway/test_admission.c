@@ -469,6 +469,34 @@ Test(gateway, admission_guard_rejects_with_the_drain_time_when_the_objective_wou
     sl_config_dispose(&c);
 }
 
+Test(gateway, admission_guard_admits_a_prompt_with_nothing_queued_ahead_whatever_its_prediction)
+{
+    struct sl_config c;
+    world(&c, "", "", "");
+    struct fake f;
+    /* A rate measured in a stall: 20 tokens a second, so a 100-token prompt alone is 5 s. */
+    fake_init(&f, 20);
+    struct sl_admit a;
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OK,
+                 "nothing queued ahead in any tier: no wait would shorten its prediction");
+    cr_assert_str_eq(a.note, "admitted");
+    cr_assert_float_eq(a.predicted_ttft_s, 5.0, 1e-9, "the prediction is still recorded");
+    /* The admitted prompt is now ahead of the next one: 200 tokens, 10 s. */
+    struct sl_admit b;
+    cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    cr_assert_eq(b.retry_ns, 9 * SEC);
+    sl_admit_end(&a, 10, 0);
+    /* A prompt queued in another tier is ahead too (it shares the step). */
+    f.st[0].tiers[1].queued_prompt_tokens = 1;
+    cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    f.st[0].tiers[1].queued_prompt_tokens = 0;
+    cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OK);
+    sl_admit_end(&b, 10, 0);
+    sl_config_dispose(&c);
+}
+
 /* ---- the overload steps ---- */
 
 Test(gateway, overload_cap_max_tokens_admits_degraded_when_the_cap_makes_it_fit)
