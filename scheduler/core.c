@@ -522,11 +522,14 @@ static void observe(struct sl_sched_core *c, uint64_t now_ns)
         return;
     double us = (double)(now_ns - p->now_ns) / 1e3;
     /* A step far slower than predicted is most likely the thread losing its core, not the
-     * worker: the fit learns from it only up to four times the prediction, so one stall does
-     * not make the guard starve prompts for the next fifty steps (a real change in cost still
-     * gets through, fourfold a step). The averages below see the real time. */
+     * worker: the fit, and the prefill rate the SLO guard predicts with, learn from it only up
+     * to four times the prediction, so one stall does not make the guard starve prompts for the
+     * next fifty steps, nor refuse them at the door (a real change in cost still gets through,
+     * fourfold a step). The decode-step average, which paces the TPOT guard, and the drain
+     * rates below see the real time. */
     double pred = sl_sched_fit_predict(&c->fit, p->x);
-    sl_sched_fit_add(&c->fit, p->x, pred > 0 && us > 4 * pred + 1000 ? 4 * pred + 1000 : us);
+    double cost = pred > 0 && us > 4 * pred + 1000 ? 4 * pred + 1000 : us;
+    sl_sched_fit_add(&c->fit, p->x, cost);
     const double a = 1.0 / 8;
     if (p->decodes > 0)
         c->ema_decode_us =
@@ -534,10 +537,10 @@ static void observe(struct sl_sched_core *c, uint64_t now_ns)
     if (p->prompt_rows > 0) {
         if (c->ema_prefill_us > 0) {
             c->ema_prefill_rows += a * (p->prompt_rows - c->ema_prefill_rows);
-            c->ema_prefill_us += a * (us - c->ema_prefill_us);
+            c->ema_prefill_us += a * (cost - c->ema_prefill_us);
         } else {
             c->ema_prefill_rows = p->prompt_rows;
-            c->ema_prefill_us = us;
+            c->ema_prefill_us = cost;
         }
     }
     /* Only steps that left a backlog: otherwise a tier's rows follow its arrivals, not what it

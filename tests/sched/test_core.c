@@ -889,6 +889,31 @@ Test(sched, one_stalled_step_barely_moves_the_step_time_fit_when_steps_are_stead
     env_dispose(&e);
 }
 
+Test(sched, one_stalled_step_barely_moves_the_prefill_rate_the_guard_predicts_with)
+{
+    struct env e;
+    env_init(&e, 4, 8, 64, 4);
+    /* A 200-token prompt: chunks of 8 rows, every step a prefill step. */
+    sl_sched_core_submit(e.core, add_req(&e, 0, 200, 1), 0);
+    uint64_t now = 0;
+    for (int k = 0; k < 15; k++, now += 10 * MS)
+        sl_sched_core_step(e.core, now);
+    struct sl_sched_stats st;
+    sl_sched_core_stats(e.core, &st);
+    double before = st.prefill_tokens_per_s;
+    cr_assert_float_eq(before, 800, 8, "8 rows in 10 ms: %g tokens/s", before);
+    /* The host takes the core away for two seconds in the middle of a step. */
+    now += 2000 * MS;
+    sl_sched_core_step(e.core, now);
+    now += 10 * MS;
+    sl_sched_core_step(e.core, now);
+    sl_sched_core_stats(e.core, &st);
+    cr_assert_gt(st.prefill_tokens_per_s, before / 2,
+                 "one stall took the rate from %g to %g tokens/s", before, st.prefill_tokens_per_s);
+    run_until_idle(&e, 100);
+    env_dispose(&e);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * A worker that samples where its logits are (the CUDA backend's forward_sample) gets each
  * sequence's parameters and the coin its rng would give sl_sample, so seeded output is the same
