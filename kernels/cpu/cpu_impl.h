@@ -6,7 +6,9 @@
 
 #include <sluice/kernels.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+/* SL_CPU_NO_AVX2: the scalar kernels only (the libFuzzer build, whose targets run no forward
+ * pass, and where the sanitized compile of avx2.c alone takes about five minutes). */
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(SL_CPU_NO_AVX2)
 #define SL_CPU_HAVE_AVX2 1
 
 float sl_cpu_avx2_dot(const float *a, const float *b, int n);

@@ -511,6 +511,8 @@ void sl_cpu_attention_row(float *out, const float *q, int n_heads, int n_kv_head
         sl_cpu_avx2_attention_row(out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, att_stride);
         return;
     }
+#else
+    (void)att_stride;
 #endif
     /* Head by head: the same bits, each head's rows a page_size · hs block further in. */
     int kv_mul = n_heads / n_kv_heads;
