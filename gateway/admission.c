@@ -418,18 +418,12 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
     struct sl_adm_prediction p;
     if (predict(a, env, true, &p)) {
         a->predicted_ttft_s = p.ttft_s;
-        double slo = t->ttft_slo_ms / 1e3;
-        /* With no prompt queued ahead of it in any tier the prediction is the request's own
-         * prefill, which no wait would shorten: the engine is as free as it gets, and a rate
-         * measured in a stall (the host taking the cores away for a step) would otherwise
-         * refuse it on an idle engine, with a Retry-After that never comes true, until some
-         * other request ran. */
-        if (p.ttft_s > slo && p.ahead_tokens > 0) {
+        double slo = t->ttft_slo_ms / 1e3, over = sl_adm_over_s(&p, slo);
+        if (over > 0) {
             queue_release(c, a->model, a->n_prompt);
             if (took)
                 sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
-            /* A request arriving later finds everything ahead that much further along. */
-            a->retry_ns = secs_ns(p.ttft_s - slo);
+            a->retry_ns = secs_ns(over);
             snprintf(a->why, sizeof a->why,
                      "Tier '%s' is overloaded: the predicted time to first token, %.1f s, is over "
                      "its objective of %.1f s.",

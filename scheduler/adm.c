@@ -187,13 +187,22 @@ int sl_adm_predict_ttft(const struct sl_sched_stats *st, const long *queued_toke
     return SL_OK;
 }
 
+double sl_adm_over_s(const struct sl_adm_prediction *p, double slo_s)
+{
+    /* With no prompt queued ahead of it in any tier the prediction is the request's own
+     * prefill, which no wait would shorten: the engine is as free as it gets, and a rate
+     * measured in a stall (the host taking the cores away for a step) would otherwise refuse
+     * it on an idle engine, with a Retry-After that never comes true, until some other request
+     * ran. Otherwise everything ahead of a request arriving later has had that much longer to
+     * drain: its prediction falls by the time waited (new arrivals aside). */
+    return p->ahead_tokens > 0 && p->ttft_s > slo_s ? p->ttft_s - slo_s : 0;
+}
+
 double sl_adm_drain_s(const struct sl_sched_stats *st, const long *queued_tokens, int tier,
                       int n_prompt, double slo_s)
 {
     struct sl_adm_prediction p;
     if (sl_adm_predict_ttft(st, queued_tokens, tier, n_prompt, &p) != SL_OK)
         return 0;
-    /* Everything ahead of a request arriving later has had that much longer to drain: its
-     * prediction falls by the time waited (new arrivals aside). */
-    return p.ttft_s > slo_s ? p.ttft_s - slo_s : 0;
+    return sl_adm_over_s(&p, slo_s);
 }

@@ -443,6 +443,10 @@ struct sl_adm_prediction {
  * enough yet to predict (no prefill rate: the guard then admits), SL_EINVAL for a bad tier. */
 int sl_adm_predict_ttft(const struct sl_sched_stats *st, const long *queued_tokens, int tier,
                         int n_prompt, struct sl_adm_prediction *out);
+/* How far prediction p breaks objective slo_s, in seconds (a Retry-After): 0 when it is within
+ * it, and when no prompt is queued ahead of the request in any tier (its own prefill, which no
+ * wait shortens: the guard admits it). */
+double sl_adm_over_s(const struct sl_adm_prediction *p, double slo_s);
 /* How long until a request of tier `tier` and n_prompt tokens would be predicted within slo_s,
  * when the backlogs ahead of it drain at the rates the prediction used and nothing new arrives
  * (a Retry-After for an overloaded tier): 0 when it already is. */
