@@ -13,6 +13,14 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+/* The default tiers (names, priorities, weights) with objectives no stalled host breaks, for
+ * tests that send at once and are not about the SLO guard (it judges from measured step times;
+ * tests/gateway tests it against fixed figures): a config's "tiers" key and value. */
+#define HARNESS_TIERS_WITHOUT_GUARD                                                                \
+    "\"tiers\":{\"interactive\":{\"priority\":0,\"weight\":4,\"ttft_slo_ms\":600000,"              \
+    "\"tpot_slo_ms\":1000},\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":600000,"         \
+    "\"tpot_slo_ms\":1000}}"
+
 struct server {
     pid_t pid;
     int port;
