@@ -143,6 +143,8 @@ struct sl_openai_completion {
     /* Chat only (prompt is then NULL): the messages in order, at least one. */
     struct sl_chat_msg *messages;
     int n_messages;
+    int32_t *bias_ids; /* logit_bias, owned: params.bias_ids and params.bias point here */
+    float *bias;
 };
 
 /* Decodes and validates a completion request. `model_id` is the served model: a different
@@ -162,6 +164,11 @@ void sl_openai_completion_dispose(struct sl_openai_completion *c);
 int sl_openai_chat_decode(struct sl_openai_completion *c, const char *body, size_t len,
                           const char *model_id, int default_max_tokens,
                           struct sl_openai_error *err);
+
+/* Checks logit_bias's token ids against a model's vocabulary: a 400 naming logit_bias when one
+ * is not below vocab. */
+int sl_openai_check_bias(const struct sl_openai_completion *c, int vocab,
+                         struct sl_openai_error *err);
 
 /* Tokenizes the prompt with BOS into ids (capacity seq_len) and checks that the prompt plus
  * max_tokens fits the context. Returns SL_OK with *n_ids set, or fills err. */

@@ -185,6 +185,156 @@ static int decode_max_tokens(json_t *root, const char *key, int *out, struct sl_
     return SL_OK;
 }
 
+/* logit_bias: {"token id": bias}, each id a decimal string, each bias in [-100, 100] (OpenAI's
+ * rules). The ids are checked against a model's vocabulary by sl_openai_check_bias, once the
+ * model is known. */
+static int decode_logit_bias(struct sl_openai_completion *c, struct sl_openai_error *err)
+{
+    json_t *v = member(c->root, "logit_bias");
+    if (!v)
+        return SL_OK;
+    if (!json_is_object(v))
+        return bad_type(err, "logit_bias", "an object", v);
+    size_t n = json_object_size(v);
+    if (n == 0)
+        return SL_OK;
+    if (n > SL_REQ_MAX_LOGIT_BIAS) {
+        sl_openai_error_set(err, 400, "logit_bias", "object_above_max_size",
+                            "Invalid 'logit_bias': too many entries. Expected at most %d, but "
+                            "got %zu instead.",
+                            SL_REQ_MAX_LOGIT_BIAS, n);
+        return SL_EINVAL;
+    }
+    c->bias_ids = sl_xmalloc(sizeof(int32_t) * n);
+    c->bias = sl_xmalloc(sizeof(float) * n);
+    const char *key;
+    json_t *val;
+    int i = 0;
+    json_object_foreach(v, key, val)
+    {
+        char param[64];
+        snprintf(param, sizeof param, "logit_bias.%.40s", key);
+        long long id = 0;
+        bool ok = key[0] != '\0' && strlen(key) <= 10;
+        for (const char *k = key; ok && *k; k++) {
+            ok = *k >= '0' && *k <= '9';
+            id = id * 10 + (*k - '0');
+        }
+        if (!ok || id > INT32_MAX) {
+            sl_openai_error_set(err, 400, "logit_bias", "invalid_value",
+                                "Invalid key in 'logit_bias': '%.40s' is not a token id (a "
+                                "non-negative integer, written as a string).",
+                                key);
+            return SL_EINVAL;
+        }
+        if (!json_is_number(val))
+            return bad_type(err, param, "a number", val);
+        double x = json_number_value(val);
+        if (x < -100.0 || x > 100.0) {
+            sl_openai_error_set(err, 400, param,
+                                x < 0 ? "decimal_below_min_value" : "decimal_above_max_value",
+                                "Invalid '%s': a bias must be between -100 and 100, but got %g "
+                                "instead.",
+                                param, x);
+            return SL_EINVAL;
+        }
+        c->bias_ids[i] = (int32_t)id;
+        c->bias[i] = (float)x;
+        i++;
+    }
+    c->params.n_bias = i;
+    c->params.bias_ids = c->bias_ids;
+    c->params.bias = c->bias;
+    return SL_OK;
+}
+
+int sl_openai_check_bias(const struct sl_openai_completion *c, int vocab,
+                         struct sl_openai_error *err)
+{
+    for (int i = 0; i < c->params.n_bias; i++)
+        if (c->params.bias_ids[i] >= vocab) {
+            sl_openai_error_set(err, 400, "logit_bias", "invalid_value",
+                                "Invalid 'logit_bias': token id %d is not in this model's "
+                                "vocabulary (ids 0 to %d).",
+                                (int)c->params.bias_ids[i], vocab - 1);
+            return SL_EINVAL;
+        }
+    return SL_OK;
+}
+
+static int unsupported(struct sl_openai_error *err, const char *param, const char *why)
+{
+    sl_openai_error_set(err, 400, param, "unsupported_value", "%s", why);
+    return SL_EINVAL;
+}
+
+/* Fields this server does not implement, refused when they ask for something; their default
+ * values are accepted, since clients that fill in every field send them. */
+static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_openai_error *err)
+{
+    json_t *root = c->root, *v;
+    if (chat) {
+        if ((v = member(root, "logprobs"))) {
+            if (!json_is_boolean(v))
+                return bad_type(err, "logprobs", "a boolean", v);
+            if (json_is_true(v))
+                return unsupported(err, "logprobs",
+                                   "Log probabilities are not supported by this server.");
+        }
+        if ((v = member(root, "top_logprobs"))) {
+            if (!json_is_integer(v))
+                return bad_type(err, "top_logprobs", "an integer", v);
+            if (json_integer_value(v) != 0)
+                return unsupported(err, "top_logprobs",
+                                   "Log probabilities are not supported by this server.");
+        }
+        if ((v = member(root, "modalities"))) {
+            if (!json_is_array(v))
+                return bad_type(err, "modalities", "an array", v);
+            size_t i;
+            json_t *m;
+            json_array_foreach(v, i, m)
+            {
+                if (!json_is_string(m))
+                    return bad_type(err, "modalities", "an array of strings", v);
+                if (strcmp(json_string_value(m), "text") != 0)
+                    return unsupported(err, "modalities",
+                                       "Only the 'text' modality is supported: this server "
+                                       "generates text only.");
+            }
+        }
+        if (member(root, "audio"))
+            return unsupported(err, "audio",
+                               "Audio output is not supported: this server generates text only.");
+        return SL_OK;
+    }
+    if ((v = member(root, "logprobs"))) {
+        if (!json_is_integer(v))
+            return bad_type(err, "logprobs", "an integer", v);
+        return unsupported(err, "logprobs", "Log probabilities are not supported by this server.");
+    }
+    if ((v = member(root, "echo"))) {
+        if (!json_is_boolean(v))
+            return bad_type(err, "echo", "a boolean", v);
+        if (json_is_true(v))
+            return unsupported(err, "echo", "Echoing the prompt is not supported by this server.");
+    }
+    if ((v = member(root, "best_of"))) {
+        if (!json_is_integer(v))
+            return bad_type(err, "best_of", "an integer", v);
+        if (json_integer_value(v) != 1)
+            return unsupported(err, "best_of", "Only best_of=1 is supported for now.");
+    }
+    if ((v = member(root, "suffix"))) {
+        if (!json_is_string(v))
+            return bad_type(err, "suffix", "a string", v);
+        if (json_string_length(v) > 0)
+            return unsupported(err, "suffix",
+                               "A suffix (insertion) is not supported by this server.");
+    }
+    return SL_OK;
+}
+
 /* The fields completions and chat share, after model and prompt/messages. */
 static int decode_options(struct sl_openai_completion *c, int default_max_tokens, bool chat,
                           struct sl_openai_error *err)
@@ -229,6 +379,16 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
         c->params.seed = (uint64_t)json_integer_value(v);
         c->has_seed = true;
     }
+
+    /* vLLM's repetition_penalty must be > 0; no upper bound, as there. */
+    if ((st = decode_number(root, "repetition_penalty", 0.0, true, 1e9,
+                            &c->params.repetition_penalty, err)) ||
+        (st = decode_number(root, "frequency_penalty", -2.0, false, 2.0,
+                            &c->params.frequency_penalty, err)) ||
+        (st = decode_number(root, "presence_penalty", -2.0, false, 2.0, &c->params.presence_penalty,
+                            err)) ||
+        (st = decode_logit_bias(c, err)) || (st = decode_refusals(c, chat, err)))
+        return st;
 
     if ((st = decode_stop(c, err)))
         return st;
@@ -281,12 +441,6 @@ static int decode_fields(struct sl_openai_completion *c, const char *model_id,
 }
 
 /* ---- chat messages ---- */
-
-static int unsupported(struct sl_openai_error *err, const char *param, const char *why)
-{
-    sl_openai_error_set(err, 400, param, "unsupported_value", "%s", why);
-    return SL_EINVAL;
-}
 
 static int missing(struct sl_openai_error *err, const char *param)
 {
@@ -530,6 +684,8 @@ void sl_openai_completion_dispose(struct sl_openai_completion *c)
         if (c->messages[i].owned)
             free((char *)c->messages[i].content);
     free(c->messages);
+    free(c->bias_ids);
+    free(c->bias);
     json_decref(c->root);
     memset(c, 0, sizeof *c);
 }

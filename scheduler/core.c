@@ -258,6 +258,7 @@ struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
     c->b_logit_seqs = sl_xmalloc(sizeof(*c->b_logit_seqs) * ns);
     c->logits = sl_xmalloc(sizeof(float) * ns * (size_t)lim->vocab);
     c->sample_scratch = sl_xmalloc(sl_sample_scratch_size(lim->vocab));
+    c->pen_counts = sl_xcalloc((size_t)lim->vocab, sizeof(int32_t));
     c->sample_rows = sl_xmalloc(sizeof(*c->sample_rows) * ns);
     c->sampled = sl_xmalloc(sizeof(int32_t) * ns);
     return c;
@@ -360,6 +361,7 @@ void sl_sched_core_free(struct sl_sched_core *c)
     free(c->b_logit_seqs);
     free(c->logits);
     free(c->sample_scratch);
+    free(c->pen_counts);
     free(c->sample_rows);
     free(c->sampled);
     free(c);
@@ -896,6 +898,16 @@ static void emit(struct sl_sched_core *c, const struct sl_plan *e, int slot, int
     }
 }
 
+static struct sl_penalties penalties_of(const struct sl_req_params *rp)
+{
+    return (struct sl_penalties){.repetition = rp->repetition_penalty,
+                                 .frequency = rp->frequency_penalty,
+                                 .presence = rp->presence_penalty,
+                                 .n_bias = rp->n_bias,
+                                 .bias_ids = rp->bias_ids,
+                                 .bias = rp->bias};
+}
+
 /* Appends a sampled token and decides whether s goes on. */
 static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token)
 {
@@ -963,8 +975,15 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         .n_logits = n_logits,
         .logit_rows = c->b_logit_rows,
     };
+    /* Penalties and logit bias change logits on the host: a step with such a row runs forward,
+     * whose logits come back, even on a worker that can sample where they are. */
+    bool host_sample = !c->worker.forward_sample;
+    for (int i = 0; i < n_logits && !host_sample; i++) {
+        struct sl_penalties pen = penalties_of(&c->b_logit_seqs[i]->req->params);
+        host_sample = sl_penalties_active(&pen);
+    }
     int st;
-    if (c->worker.forward_sample) {
+    if (!host_sample) {
         /* The worker samples where the logits are; each sequence's rng is drawn here, exactly as
          * sl_sample would draw it, so a seed gives the same tokens on any worker. */
         for (int i = 0; i < n_logits; i++) {
@@ -1002,9 +1021,16 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         const struct sl_req_params *rp = &s->req->params;
         struct sl_sampling sp = {rp->temperature, rp->top_p, rp->top_k, rp->min_p};
         float *row = c->logits + (size_t)i * (size_t)c->lim.vocab;
-        int32_t tok = c->worker.forward_sample
-                          ? c->sampled[i]
-                          : sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch);
+        if (host_sample) {
+            struct sl_penalties pen = penalties_of(rp);
+            if (sl_penalties_active(&pen)) {
+                int n_gen = s->n_generated;
+                sl_penalties_apply(row, c->lim.vocab, &pen, s->tokens, s->n_tokens - n_gen,
+                                   s->tokens + (s->n_tokens - n_gen), n_gen, c->pen_counts);
+            }
+        }
+        int32_t tok = host_sample ? sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch)
+                                  : c->sampled[i];
         seq_accept(c, s, tok);
     }
     /* A backlog is more than a step can take: a few prompts waiting a step or two for a slot

@@ -35,6 +35,20 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
         r->stop_copy[i] = i < n ? sl_xstrdup(p->stop[i]) : NULL;
         r->params.stop[i] = r->stop_copy[i];
     }
+    int nb = p->n_bias < 0                       ? 0
+             : p->n_bias > SL_REQ_MAX_LOGIT_BIAS ? SL_REQ_MAX_LOGIT_BIAS
+                                                 : p->n_bias;
+    r->params.n_bias = nb;
+    r->params.bias_ids = NULL;
+    r->params.bias = NULL;
+    if (nb > 0) {
+        r->bias_ids_copy = sl_xmalloc(sizeof(int32_t) * (size_t)nb);
+        r->bias_copy = sl_xmalloc(sizeof(float) * (size_t)nb);
+        memcpy(r->bias_ids_copy, p->bias_ids, sizeof(int32_t) * (size_t)nb);
+        memcpy(r->bias_copy, p->bias, sizeof(float) * (size_t)nb);
+        r->params.bias_ids = r->bias_ids_copy;
+        r->params.bias = r->bias_copy;
+    }
     sl_str_init(&r->pending);
     return r;
 }
@@ -50,6 +64,8 @@ void sl_req_unref(struct sl_req *r)
         return;
     for (int i = 0; i < SL_REQ_MAX_STOPS; i++)
         free(r->stop_copy[i]);
+    free(r->bias_ids_copy);
+    free(r->bias_copy);
     if (r->detok)
         sl_detok_free(r->detok);
     sl_str_dispose(&r->pending);

@@ -16,6 +16,8 @@ struct sl_req {
     int n_prompt;
     struct sl_req_params params; /* stop strings point into stop_copy */
     char *stop_copy[SL_REQ_MAX_STOPS];
+    int32_t *bias_ids_copy; /* params.bias_ids and params.bias point here */
+    float *bias_copy;
     void *user; /* the outbox owner's thread only */
     /* Queue time (sl_req_queue_ns): stamped by sl_sched_submit's caller and by the core at the
      * start of the first step that runs the request; SL_REQ_NOT_YET until then. */
@@ -147,6 +149,7 @@ struct sl_sched_core {
     struct sl_seq **b_logit_seqs; /* (max_seqs) which sequence each logits row samples for */
     float *logits;                /* (max_seqs, vocab) */
     void *sample_scratch;         /* sl_sample_scratch_size(vocab) */
+    int32_t *pen_counts;          /* (vocab) zero between uses: sl_penalties_apply's counts */
 
     /* When the worker samples (forward_sample): each logit row's parameters, and its ids. */
     struct sl_sample_row *sample_rows; /* (max_seqs) */

@@ -1,4 +1,5 @@
-/* Sampling: greedy, temperature, min-p, top-k, top-p; xorshift64* per sequence. */
+/* Sampling: penalties and logit bias, greedy, temperature, min-p, top-k, top-p; xorshift64* per
+ * sequence. */
 #include "worker_impl.h"
 
 #include <math.h>
@@ -180,4 +181,57 @@ int32_t sl_sample(float *logits, int vocab, const struct sl_sampling *p, struct 
      * reads the rng, so the draws are the same. */
     float coin = sl_sample_coin(p, vocab, rng);
     return sl_sample_with_coin(logits, vocab, p, coin, scratch);
+}
+
+bool sl_penalties_active(const struct sl_penalties *p)
+{
+    return (p->repetition > 0.0f && p->repetition != 1.0f) || p->frequency != 0.0f ||
+           p->presence != 0.0f || p->n_bias > 0;
+}
+
+static bool in_vocab(int32_t t, int vocab)
+{
+    return t >= 0 && t < vocab;
+}
+
+void sl_penalties_apply(float *logits, int vocab, const struct sl_penalties *p,
+                        const int32_t *prompt, int n_prompt, const int32_t *gen, int n_gen,
+                        int32_t *counts)
+{
+    if (p->repetition > 0.0f && p->repetition != 1.0f) {
+        /* Once per distinct token: mark, then apply and unmark on the first visit. */
+        for (int i = 0; i < n_prompt; i++)
+            if (in_vocab(prompt[i], vocab))
+                counts[prompt[i]] = 1;
+        for (int i = 0; i < n_gen; i++)
+            if (in_vocab(gen[i], vocab))
+                counts[gen[i]] = 1;
+        for (int pass = 0; pass < 2; pass++) {
+            const int32_t *ids = pass ? gen : prompt;
+            int n = pass ? n_gen : n_prompt;
+            for (int i = 0; i < n; i++) {
+                int32_t t = ids[i];
+                if (!in_vocab(t, vocab) || !counts[t])
+                    continue;
+                counts[t] = 0;
+                logits[t] =
+                    logits[t] > 0.0f ? logits[t] / p->repetition : logits[t] * p->repetition;
+            }
+        }
+    }
+    if (p->frequency != 0.0f || p->presence != 0.0f) {
+        for (int i = 0; i < n_gen; i++)
+            if (in_vocab(gen[i], vocab))
+                counts[gen[i]]++;
+        for (int i = 0; i < n_gen; i++) {
+            int32_t t = gen[i];
+            if (!in_vocab(t, vocab) || !counts[t])
+                continue;
+            logits[t] -= (float)counts[t] * p->frequency + p->presence;
+            counts[t] = 0;
+        }
+    }
+    for (int i = 0; i < p->n_bias; i++)
+        if (in_vocab(p->bias_ids[i], vocab))
+            logits[p->bias_ids[i]] += p->bias[i];
 }

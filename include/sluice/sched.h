@@ -31,6 +31,8 @@ enum sl_finish {
 const char *sl_finish_str(enum sl_finish f);
 
 #define SL_REQ_MAX_STOPS 4
+/* logit_bias entries a request may carry (OpenAI documents no limit; vLLM none either). */
+#define SL_REQ_MAX_LOGIT_BIAS 1024
 
 /* Most tiers a scheduler knows (the gateway's configuration allows as many). */
 #define SL_SCHED_MAX_TIERS 32
@@ -56,6 +58,14 @@ struct sl_req_params {
     uint64_t seed;     /* sampling seed */
     int n_stop;        /* stop strings, at most SL_REQ_MAX_STOPS */
     const char *stop[SL_REQ_MAX_STOPS];
+    /* Changes to the logits before sampling (struct sl_penalties): repetition (0 = off),
+     * frequency, presence, and n_bias (at most SL_REQ_MAX_LOGIT_BIAS) logit_bias entries. */
+    float repetition_penalty;
+    float frequency_penalty;
+    float presence_penalty;
+    int n_bias;
+    const int32_t *bias_ids;
+    const float *bias;
     /* The tier the gateway classified the request into, copied from the configuration it
      * started with, so a reload cannot change them under a queued request. Zero when not set.
      * The scheduler queues the request in its tier named tier_name (by index `tier` when the
@@ -72,8 +82,8 @@ struct sl_req_params {
 
 struct sl_req;
 
-/* Creates a request holding one reference (the caller's). Copies the prompt ids and the stop
- * strings. n_prompt >= 1. */
+/* Creates a request holding one reference (the caller's). Copies the prompt ids, the stop
+ * strings and the logit bias. n_prompt >= 1. */
 struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_req_params *p);
 void sl_req_ref(struct sl_req *r);
 /* Drops a reference; the last one frees the request. Any thread. */

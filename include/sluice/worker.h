@@ -161,6 +161,30 @@ float sl_sample_coin(const struct sl_sampling *p, int vocab, struct sl_rng *rng)
 int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *p, float coin,
                             void *scratch);
 
+/* What a request asks to change in its logits before sampling, after OpenAI and vLLM:
+ *  - repetition (vLLM's repetition_penalty, > 0; 1 or 0 = off): for every token of the prompt or
+ *    generated so far, a positive logit is divided by it, a negative one multiplied;
+ *  - frequency and presence (OpenAI's, in [-2, 2]): each token generated so far loses
+ *    frequency × its count + presence;
+ *  - bias (OpenAI's logit_bias, each in [-100, 100]): added to its token's logit;
+ * in that order, before temperature and the filters. ids are in [0, vocab). */
+struct sl_penalties {
+    float repetition;
+    float frequency;
+    float presence;
+    int n_bias;
+    const int32_t *bias_ids; /* (n_bias) */
+    const float *bias;       /* (n_bias) */
+};
+
+/* True when p changes any logit. */
+bool sl_penalties_active(const struct sl_penalties *p);
+/* Applies p to logits (vocab) for a sequence with prompt (n_prompt) and generated (n_gen) ids.
+ * counts: vocab ints, all zero, left all zero. O(n_prompt + n_gen + n_bias); never allocates. */
+void sl_penalties_apply(float *logits, int vocab, const struct sl_penalties *p,
+                        const int32_t *prompt, int n_prompt, const int32_t *gen, int n_gen,
+                        int32_t *counts);
+
 /* A logit row to be sampled by the backend (struct sl_backend_ops.forward_sample). */
 struct sl_sample_row {
     struct sl_sampling p;

@@ -709,3 +709,31 @@ Test(gateway, chat_chunks_carry_null_usage_when_include_usage_is_set)
     json_decref(j);
     sl_str_dispose(&s);
 }
+
+Test(gateway, chat_refuses_fields_it_does_not_implement_when_they_ask_for_something)
+{
+    expect_error("{\"messages\":[" USER_HI "],\"logprobs\":true}", 400, "logprobs",
+                 "unsupported_value");
+    expect_error("{\"messages\":[" USER_HI "],\"logprobs\":1}", 400, "logprobs", "invalid_type");
+    expect_error("{\"messages\":[" USER_HI "],\"top_logprobs\":3}", 400, "top_logprobs",
+                 "unsupported_value");
+    expect_error("{\"messages\":[" USER_HI "],\"modalities\":[\"text\",\"audio\"]}", 400,
+                 "modalities", "unsupported_value");
+    expect_error("{\"messages\":[" USER_HI "],\"modalities\":\"text\"}", 400, "modalities",
+                 "invalid_type");
+    expect_error("{\"messages\":[" USER_HI "],\"audio\":{\"voice\":\"alloy\"}}", 400, "audio",
+                 "unsupported_value");
+    expect_error("{\"messages\":[" USER_HI "],\"logit_bias\":{\"3\":200}}", 400, "logit_bias.3",
+                 "decimal_above_max_value");
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c,
+                        "{\"messages\":[" USER_HI "],\"logprobs\":false,\"top_logprobs\":0,"
+                        "\"modalities\":[\"text\"],\"audio\":null,\"presence_penalty\":0.5,"
+                        "\"logit_bias\":{\"3\":1}}",
+                        &err),
+                 SL_OK, "%s", err.message);
+    cr_assert_float_eq(c.params.presence_penalty, 0.5f, 1e-6);
+    cr_assert_eq(c.params.n_bias, 1);
+    sl_openai_completion_dispose(&c);
+}

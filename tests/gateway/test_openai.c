@@ -463,3 +463,94 @@ Test(gateway, decodes_vllm_sampling_extensions_when_top_k_and_min_p_are_given)
     expect_error("{\"prompt\":\"x\",\"top_k\":2.5}", 400, "top_k", NULL);
     expect_error("{\"prompt\":\"x\",\"min_p\":1.5}", 400, "min_p", NULL);
 }
+
+Test(gateway, decodes_penalties_and_logit_bias_when_they_are_given)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    const char *body = "{\"prompt\":\"x\",\"presence_penalty\":-2,\"frequency_penalty\":1.5,"
+                       "\"repetition_penalty\":1.3,\"logit_bias\":{\"0\":-100,\"511\":2.5,"
+                       "\"42\":100}}";
+    cr_assert_eq(decode(&c, body, &err), SL_OK, "%s", err.message);
+    cr_assert_float_eq(c.params.presence_penalty, -2.0f, 1e-6);
+    cr_assert_float_eq(c.params.frequency_penalty, 1.5f, 1e-6);
+    cr_assert_float_eq(c.params.repetition_penalty, 1.3f, 1e-6);
+    cr_assert_eq(c.params.n_bias, 3);
+    float got[512] = {0};
+    for (int i = 0; i < c.params.n_bias; i++)
+        got[c.params.bias_ids[i]] = c.params.bias[i];
+    cr_assert_float_eq(got[0], -100.0f, 1e-6);
+    cr_assert_float_eq(got[511], 2.5f, 1e-6);
+    cr_assert_float_eq(got[42], 100.0f, 1e-6);
+    /* The vocabulary check, once the model is known: 511 fits 512 ids, not 511. */
+    cr_assert_eq(sl_openai_check_bias(&c, 512, &err), SL_OK);
+    cr_assert_eq(sl_openai_check_bias(&c, 511, &err), SL_EINVAL);
+    cr_assert_str_eq(err.param, "logit_bias");
+    cr_assert(strstr(err.message, "511"), "names the id: %s", err.message);
+    sl_openai_completion_dispose(&c);
+
+    /* Defaults, and an empty bias, change nothing. */
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\",\"logit_bias\":{},\"presence_penalty\":0}", &err),
+                 SL_OK);
+    cr_assert_eq(c.params.n_bias, 0);
+    cr_assert_float_eq(c.params.repetition_penalty, 0.0f, 1e-6);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, rejects_penalties_and_logit_bias_when_they_are_invalid)
+{
+    expect_error("{\"prompt\":\"x\",\"presence_penalty\":2.5}", 400, "presence_penalty",
+                 "decimal_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"frequency_penalty\":-3}", 400, "frequency_penalty",
+                 "decimal_below_min_value");
+    expect_error("{\"prompt\":\"x\",\"frequency_penalty\":\"1\"}", 400, "frequency_penalty",
+                 "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"repetition_penalty\":0}", 400, "repetition_penalty",
+                 "decimal_below_min_value");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":[1]}", 400, "logit_bias", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":{\"7\":\"1\"}}", 400, "logit_bias.7",
+                 "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":{\"7\":100.5}}", 400, "logit_bias.7",
+                 "decimal_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":{\"7\":-101}}", 400, "logit_bias.7",
+                 "decimal_below_min_value");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":{\"-1\":1}}", 400, "logit_bias",
+                 "invalid_value");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":{\"a\":1}}", 400, "logit_bias", "invalid_value");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":{\"\":1}}", 400, "logit_bias", "invalid_value");
+    expect_error("{\"prompt\":\"x\",\"logit_bias\":{\"99999999999\":1}}", 400, "logit_bias",
+                 "invalid_value");
+    /* More entries than a request may carry. */
+    struct sl_str body;
+    sl_str_init(&body);
+    sl_str_append(&body, "{\"prompt\":\"x\",\"logit_bias\":{", 28);
+    for (int i = 0; i <= SL_REQ_MAX_LOGIT_BIAS; i++) {
+        char e[24];
+        int n = snprintf(e, sizeof e, "%s\"%d\":1", i ? "," : "", i);
+        sl_str_append(&body, e, (size_t)n);
+    }
+    sl_str_append(&body, "}}", 2);
+    expect_error(body.p, 400, "logit_bias", "object_above_max_size");
+    sl_str_dispose(&body);
+}
+
+/* Fields whose silent omission would change the answer are refused by name; their defaults, which
+ * clients that fill in every field send, are accepted. */
+Test(gateway, refuses_completion_fields_it_does_not_implement_when_they_ask_for_something)
+{
+    expect_error("{\"prompt\":\"x\",\"logprobs\":0}", 400, "logprobs", "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"logprobs\":5}", 400, "logprobs", "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"echo\":true}", 400, "echo", "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"echo\":1}", 400, "echo", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"suffix\":\"end\"}", 400, "suffix", "unsupported_value");
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c,
+                        "{\"prompt\":\"x\",\"logprobs\":null,\"echo\":false,\"best_of\":1,"
+                        "\"suffix\":\"\",\"frequency_penalty\":0,\"presence_penalty\":0}",
+                        &err),
+                 SL_OK, "%s", err.message);
+    sl_openai_completion_dispose(&c);
+}

@@ -275,3 +275,39 @@ Test(integration, utf8_prompt_round_trips_into_valid_json_when_multibyte)
                        20, NULL);
     free(t); /* parse_json already proved the body is valid JSON (jansson rejects bad UTF-8) */
 }
+
+Test(integration, logit_bias_and_penalties_shape_the_text_when_sent)
+{
+    /* A bias of 100 outweighs every logit: each token is the biased one. */
+    char *one = complete("{\"prompt\":\"Once\",\"max_tokens\":1,\"temperature\":0,"
+                         "\"logit_bias\":{\"100\":100}}",
+                         1, NULL);
+    char *five = complete("{\"prompt\":\"Once\",\"max_tokens\":5,\"temperature\":0,"
+                          "\"logit_bias\":{\"100\":100}}",
+                          5, NULL);
+    char want[256] = "";
+    for (int i = 0; i < 5; i++)
+        strncat(want, one, sizeof want - strlen(want) - 1);
+    cr_assert_str_eq(five, want);
+    char *plain = complete("{\"prompt\":\"Once\",\"max_tokens\":5,\"temperature\":0}", 5, NULL);
+    cr_assert_str_neq(plain, five, "the bias changed nothing");
+
+    /* A frequency penalty changes a greedy run, the same way streamed or not. */
+    const char *f;
+    char *pen = complete("{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                         "\"frequency_penalty\":2}",
+                         24, NULL);
+    char *greedy =
+        complete("{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0}", 24, NULL);
+    char *streamed = stream("{\"prompt\":\"Once upon a time\",\"max_tokens\":24,\"temperature\":0,"
+                            "\"frequency_penalty\":2,\"stream\":true}",
+                            &f);
+    cr_assert_str_neq(pen, greedy, "the penalty changed nothing");
+    cr_assert_str_eq(pen, streamed);
+    free(one);
+    free(five);
+    free(plain);
+    free(pen);
+    free(greedy);
+    free(streamed);
+}

@@ -999,3 +999,134 @@ Test(sched, sampling_worker_gives_the_seeded_tokens_when_it_samples_on_its_devic
     env_dispose(&a);
     env_dispose(&b);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Penalties and logit bias, applied by the core to the logits before it samples. On the one-hot
+ * fake each row's logits are 1 for the reference's next token and 0 elsewhere, so a bias and a
+ * penalty give outcomes that can be stated token by token.
+ */
+
+/* One greedy request (prompt 1, 20, 21, 22) with p's penalties, run to the end on the fake
+ * worker; on the sampling one when `sampling`. Returns the worker's forward_sample rows. */
+static int run_penalized(struct env *e, struct sl_req_params p, bool sampling)
+{
+    env_init(e, 2, 16, 32, 4);
+    if (sampling) {
+        struct sl_sched_worker w = {.ctx = &e->fake,
+                                    .forward = fake_forward,
+                                    .forward_sample = fake_forward_sample,
+                                    .is_stop_token = fake_is_stop};
+        struct sl_sched_sink sk = {
+            .ctx = &e->rec, .token = sink_token, .done = sink_done, .preempted = sink_preempted};
+        sl_sched_core_free(e->core);
+        e->core = sl_sched_core_new(&e->lim, &w, &sk);
+    }
+    const int32_t prompt[4] = {1, 20, 21, 22};
+    p.temperature = 0.f;
+    p.top_p = 1.f;
+    e->rec.reqs[0] = sl_req_new(prompt, 4, &p);
+    cr_assert_eq(sl_sched_core_submit(e->core, e->rec.reqs[0], 0), SL_OK);
+    sampled_rows = 0;
+    run_until_idle(e, 100);
+    cr_assert_eq(e->rec.n_out[0], p.max_tokens);
+    return sampled_rows;
+}
+
+/* The token the one-hot fake makes most likely after the prompt and out[0..n). */
+static int32_t fake_next_after(const int32_t *out, int n)
+{
+    int32_t toks[64] = {1, 20, 21, 22};
+    memcpy(toks + 4, out, sizeof(int32_t) * (size_t)n);
+    return next_of(toks, 4 + n);
+}
+
+Test(sched, logit_bias_and_penalties_change_what_the_core_samples)
+{
+    struct env e;
+    /* A bias above the fake's one-hot 1 wins every step. */
+    const int32_t seven[1] = {7};
+    const float plus3[1] = {3.0f}, minus10[1] = {-10.0f};
+    run_penalized(
+        &e, (struct sl_req_params){.max_tokens = 6, .n_bias = 1, .bias_ids = seven, .bias = plus3},
+        false);
+    for (int g = 0; g < 6; g++)
+        cr_assert_eq(e.rec.out[0][g], 7, "token %d: %d", g, e.rec.out[0][g]);
+    env_dispose(&e);
+
+    /* A negative bias on the token the fake prefers leaves all others at 0: the lowest id wins. */
+    int32_t first = fake_next_after(NULL, 0);
+    run_penalized(
+        &e,
+        (struct sl_req_params){.max_tokens = 1, .n_bias = 1, .bias_ids = &first, .bias = minus10},
+        false);
+    cr_assert_eq(e.rec.out[0][0], 0);
+    env_dispose(&e);
+
+    /* Frequency 0.75 against a +3 bias: 7 scores 3, 2.25, 1.5, then 0.75 (+1 only where the fake
+     * prefers it), so after three 7s the fake's token takes over. */
+    run_penalized(&e,
+                  (struct sl_req_params){.max_tokens = 4,
+                                         .frequency_penalty = 0.75f,
+                                         .n_bias = 1,
+                                         .bias_ids = seven,
+                                         .bias = plus3},
+                  false);
+    for (int g = 0; g < 3; g++)
+        cr_assert_eq(e.rec.out[0][g], 7);
+    int32_t fourth = fake_next_after(e.rec.out[0], 3);
+    cr_assert_eq(e.rec.out[0][3], fourth == 7 ? 7 : fourth);
+    env_dispose(&e);
+
+    /* Presence 1 against a +1.5 bias: 7 once (1.5 > 1), then 0.5. */
+    const float plus15[1] = {1.5f};
+    run_penalized(&e,
+                  (struct sl_req_params){.max_tokens = 2,
+                                         .presence_penalty = 1.0f,
+                                         .n_bias = 1,
+                                         .bias_ids = seven,
+                                         .bias = plus15},
+                  false);
+    cr_assert_eq(e.rec.out[0][0], 7);
+    int32_t second = fake_next_after(e.rec.out[0], 1);
+    cr_assert_eq(e.rec.out[0][1], second == 7 ? 7 : second);
+    env_dispose(&e);
+
+    /* Repetition 4 on the prompt's tokens: none of the prompt's ids is ever the fake's choice
+     * with a positive logit left (1 / 4 < the bias of 0.5 on token 7). */
+    const float half[1] = {0.5f};
+    run_penalized(&e,
+                  (struct sl_req_params){.max_tokens = 3,
+                                         .repetition_penalty = 4.0f,
+                                         .n_bias = 1,
+                                         .bias_ids = seven,
+                                         .bias = half},
+                  false);
+    for (int g = 0; g < 3; g++) {
+        int32_t want = fake_next_after(e.rec.out[0], g);
+        bool seen = want == 1 || want == 20 || want == 21 || want == 22 || want == 7;
+        for (int h = 0; h < g; h++)
+            seen |= e.rec.out[0][h] == want;
+        cr_assert_eq(e.rec.out[0][g], seen ? 7 : want, "token %d", g);
+    }
+    env_dispose(&e);
+}
+
+Test(sched, a_sampling_worker_returns_logits_for_rows_with_penalties)
+{
+    const int32_t seven[1] = {7};
+    const float plus3[1] = {3.0f};
+    struct sl_req_params p = {
+        .max_tokens = 5, .frequency_penalty = 0.75f, .n_bias = 1, .bias_ids = seven, .bias = plus3};
+    struct env a, b;
+    run_penalized(&a, p, false);
+    int rows = run_penalized(&b, p, true);
+    cr_assert_eq(rows, 0, "the worker sampled %d rows the core had to change first", rows);
+    cr_assert_eq(memcmp(a.rec.out[0], b.rec.out[0], 5 * sizeof(int32_t)), 0);
+    env_dispose(&a);
+    env_dispose(&b);
+
+    /* Without penalties the sampling worker samples as before. */
+    rows = run_penalized(&b, (struct sl_req_params){.max_tokens = 5}, true);
+    cr_assert_eq(rows, 5);
+    env_dispose(&b);
+}

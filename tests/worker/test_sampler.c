@@ -222,3 +222,55 @@ Test(worker, sample_with_coin_equals_sample_when_coin_is_drawn_first)
     cr_assert_eq(r.state, before);
     free(scratch);
 }
+
+/* Each rule's arithmetic, on a vocabulary small enough to state every expected logit. */
+Test(worker, penalties_change_the_logits_each_rule_names)
+{
+    enum { V = 6 };
+    int32_t counts[V] = {0};
+    const int32_t prompt[] = {1, 4, 4};
+    const int32_t gen[] = {2, 4, 2, 2};
+
+    /* Frequency and presence: generated tokens only, count times frequency plus presence once. */
+    float l[V] = {1.0f, 2.0f, 3.0f, -1.0f, 0.5f, 0.0f};
+    struct sl_penalties fp = {.frequency = 0.5f, .presence = 0.25f};
+    cr_assert(sl_penalties_active(&fp));
+    sl_penalties_apply(l, V, &fp, prompt, 3, gen, 4, counts);
+    const float want_fp[V] = {1.0f, 2.0f, 3.0f - 1.5f - 0.25f, -1.0f, 0.5f - 0.5f - 0.25f, 0.0f};
+    for (int i = 0; i < V; i++)
+        cr_assert_float_eq(l[i], want_fp[i], 1e-6f, "token %d: %g, want %g", i, l[i], want_fp[i]);
+
+    /* Repetition: prompt and generated tokens once each, dividing positive logits and
+     * multiplying negative ones. */
+    float r[V] = {1.0f, 2.0f, -3.0f, -1.0f, 0.5f, 4.0f};
+    struct sl_penalties rp = {.repetition = 2.0f};
+    sl_penalties_apply(r, V, &rp, prompt, 3, gen, 4, counts);
+    const float want_r[V] = {1.0f, 1.0f, -6.0f, -1.0f, 0.25f, 4.0f};
+    for (int i = 0; i < V; i++)
+        cr_assert_float_eq(r[i], want_r[i], 1e-6f, "token %d: %g, want %g", i, r[i], want_r[i]);
+
+    /* Bias: added, whatever was generated. */
+    float b[V] = {0};
+    const int32_t ids[] = {5, 0};
+    const float bias[] = {100.0f, -3.5f};
+    struct sl_penalties bp = {.n_bias = 2, .bias_ids = ids, .bias = bias};
+    sl_penalties_apply(b, V, &bp, prompt, 3, gen, 4, counts);
+    cr_assert_float_eq(b[5], 100.0f, 1e-6f);
+    cr_assert_float_eq(b[0], -3.5f, 1e-6f);
+    cr_assert_float_eq(b[2], 0.0f, 1e-6f);
+
+    for (int i = 0; i < V; i++)
+        cr_assert_eq(counts[i], 0, "counts must be left zero (token %d: %d)", i, counts[i]);
+}
+
+Test(worker, penalties_are_off_when_every_rule_is_at_its_default)
+{
+    struct sl_penalties none = {0}, one = {.repetition = 1.0f};
+    cr_assert_not(sl_penalties_active(&none));
+    cr_assert_not(sl_penalties_active(&one));
+    float l[3] = {1.0f, -2.0f, 3.0f};
+    int32_t counts[3] = {0};
+    const int32_t gen[] = {0, 1, 1};
+    sl_penalties_apply(l, 3, &one, gen, 3, gen, 3, counts);
+    cr_assert(l[0] == 1.0f && l[1] == -2.0f && l[2] == 3.0f);
+}
