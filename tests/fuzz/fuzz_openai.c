@@ -85,6 +85,15 @@ static void check_params(const struct sl_openai_completion *c)
     fuzz_check(p->n_stop >= 0 && p->n_stop <= SL_REQ_MAX_STOPS, "n_stop %d", p->n_stop);
     for (int i = 0; i < p->n_stop; i++)
         fuzz_check(p->stop[i] != NULL, "stop[%d] is NULL", i);
+    fuzz_check(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f &&
+                   p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f &&
+                   p->repetition_penalty >= 0.0f,
+               "penalties %g %g %g", (double)p->frequency_penalty, (double)p->presence_penalty,
+               (double)p->repetition_penalty);
+    fuzz_check(p->n_bias >= 0 && p->n_bias <= SL_REQ_MAX_LOGIT_BIAS, "n_bias %d", p->n_bias);
+    for (int i = 0; i < p->n_bias; i++)
+        fuzz_check(p->bias_ids[i] >= 0 && p->bias[i] >= -100.0f && p->bias[i] <= 100.0f,
+                   "logit_bias[%d]: %d -> %g", i, (int)p->bias_ids[i], (double)p->bias[i]);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -110,6 +119,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     check_params(&c);
+    if (sl_openai_check_bias(&c, mc->vocab_size, &err) != SL_OK)
+        check_error(&err, true);
     int32_t *ids = malloc(sizeof *ids * (size_t)mc->seq_len);
     int n = 0;
     if (!chat) {

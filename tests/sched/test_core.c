@@ -1036,7 +1036,8 @@ static int run_penalized(struct env *e, struct sl_req_params p, bool sampling)
 static int32_t fake_next_after(const int32_t *out, int n)
 {
     int32_t toks[64] = {1, 20, 21, 22};
-    memcpy(toks + 4, out, sizeof(int32_t) * (size_t)n);
+    if (n > 0)
+        memcpy(toks + 4, out, sizeof(int32_t) * (size_t)n);
     return next_of(toks, 4 + n);
 }
 
