@@ -193,16 +193,28 @@ struct sl_openai_ident {
     bool include_usage; /* stream_options.include_usage: every chunk has "usage": null */
 };
 
+/* The log probabilities of the tokens a completion or chunk covers, written as the API's
+ * "logprobs" object (token texts from tok, after each token's prev); NULL writes null. */
+struct sl_openai_logprobs {
+    const struct sl_tok *tok;
+    const struct sl_token_logprobs *e;
+    int n;
+    size_t text_offset; /* completions: the first token's offset into the whole text */
+};
+
 /* Encoders append one JSON document (no trailing newline) to out. Text must be valid UTF-8.
  * Each writes the shape of id->api: completion and chunk are a text_completion with
  * choices[0].text, or a chat.completion with choices[0].message / a chat.completion.chunk with
  * choices[0].delta ({"content"} while the stream goes on, {} with the finish_reason). */
 void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
-                                 int prompt_tokens, int completion_tokens);
+                                 int prompt_tokens, int completion_tokens,
+                                 const struct sl_openai_logprobs *lp);
 /* A streaming chunk; finish SL_FINISH_NONE gives "finish_reason": null. */
 void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
-                            size_t len, enum sl_finish finish);
+                            size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp);
+/* Bytes of token id's text after prev (what completions' text_offset advances by). */
+size_t sl_openai_token_len(const struct sl_tok *tok, int32_t prev, int32_t id);
 /* The first chunk of a chat stream: delta {"role": "assistant", "content": ""}. */
 void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_ident *id);
 /* The stream_options.include_usage chunk: "choices": [] and the usage. */

@@ -454,6 +454,12 @@ struct conn {
     int n_prompt;
     bool stream, include_usage, chunked, head_sent;
     struct sl_str text; /* non-streaming: the text so far */
+    /* Log probabilities, when the request asked for them: every token's (non-streaming), or
+     * those not sent yet (streaming: of held text, or of tokens whose text is still to come). */
+    bool want_lp;
+    struct sl_token_logprobs *lp;
+    int n_lp, cap_lp;
+    size_t lp_offset; /* streaming completions: the next token's text_offset */
 
     /* For the access log of the current request. */
     uint64_t t_start_ns, t_first_ns; /* parsed; first token out */
@@ -1235,6 +1241,9 @@ static void submit(struct conn *c)
     struct sl_req *r = sl_req_new(io->ids, n_prompt, &oc->params);
     c->stream = oc->stream;
     c->include_usage = oc->stream && oc->include_usage;
+    c->want_lp = oc->params.logprobs;
+    c->n_lp = 0;
+    c->lp_offset = 0;
     sl_openai_completion_dispose(oc);
     c->has_oc = false;
 
@@ -1385,6 +1394,41 @@ static void serve_completion(struct conn *c)
                                         c->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }
 
+/* ---- log probabilities ---- */
+
+static void lp_append(struct conn *c, const struct sl_token_logprobs *e, int n)
+{
+    if (!c->want_lp || n <= 0)
+        return;
+    if (c->n_lp + n > c->cap_lp) {
+        while (c->n_lp + n > c->cap_lp)
+            c->cap_lp = c->cap_lp ? 2 * c->cap_lp : 64;
+        c->lp = sl_xrealloc(c->lp, sizeof *c->lp * (size_t)c->cap_lp);
+    }
+    memcpy(c->lp + c->n_lp, e, sizeof *e * (size_t)n);
+    c->n_lp += n;
+}
+
+/* The logprobs of the entries c->lp holds, into *buf; NULL when the request did not ask. */
+static const struct sl_openai_logprobs *lp_pending(struct conn *c, struct sl_openai_logprobs *buf)
+{
+    if (!c->want_lp)
+        return NULL;
+    *buf = (struct sl_openai_logprobs){.tok = sl_model_tok(c->io->srv->engines[c->engine].model),
+                                       .e = c->lp,
+                                       .n = c->n_lp,
+                                       .text_offset = c->lp_offset};
+    return buf;
+}
+
+/* The pending entries went out in a chunk: the next chunk's offsets start after their text. */
+static void lp_sent(struct conn *c, const struct sl_openai_logprobs *lp)
+{
+    for (int i = 0; lp && i < lp->n; i++)
+        c->lp_offset += sl_openai_token_len(lp->tok, lp->e[i].prev, lp->e[i].token);
+    c->n_lp = 0;
+}
+
 /* A chat stream opens with the assistant's role, before any text or the finish. */
 static void stream_role(struct conn *c)
 {
@@ -1404,7 +1448,10 @@ static void stream_release(struct conn *c)
         return;
     struct sl_str *b = &c->io->out;
     sl_str_clear(b);
-    sl_openai_chunk_encode(b, &c->ident, c->held.p, c->held.len, SL_FINISH_NONE);
+    struct sl_openai_logprobs lpb;
+    const struct sl_openai_logprobs *lp = lp_pending(c, &lpb);
+    sl_openai_chunk_encode(b, &c->ident, c->held.p, c->held.len, SL_FINISH_NONE, lp);
+    lp_sent(c, lp);
     sl_str_clear(&c->held);
     send_sse(c, b->p, b->len);
     sl_str_clear(b);
@@ -1478,9 +1525,10 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     log_access(c, sl_finish_str(e->finish), e->n_tokens);
     admit_release(c, e->n_tokens);
     sl_str_clear(b);
+    struct sl_openai_logprobs lpb;
     if (!c->stream && ok)
         sl_openai_completion_encode(b, &c->ident, c->text.p ? c->text.p : "", c->text.len,
-                                    e->finish, c->n_prompt, e->n_tokens);
+                                    e->finish, c->n_prompt, e->n_tokens, lp_pending(c, &lpb));
     /* The request is over before the response is: once it is queued, the connection may move
      * on to its next request. */
     drop_request(c, false);
@@ -1496,7 +1544,9 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     }
     stream_head(c);
     if (ok) {
-        sl_openai_chunk_encode(b, &c->ident, "", 0, e->finish);
+        /* Tokens whose text never came (the end of a stop string) go with the last chunk. */
+        sl_openai_chunk_encode(b, &c->ident, "", 0, e->finish,
+                               c->want_lp && c->n_lp > 0 ? lp_pending(c, &lpb) : NULL);
         send_sse(c, b->p, b->len);
         if (c->include_usage) {
             sl_str_clear(b);
@@ -1520,6 +1570,7 @@ static void on_text(struct conn *c, const struct sl_out_event *e)
     if (!c->t_first_ns)
         c->t_first_ns = sl_clock_ns();
     c->n_gen += e->n_tokens;
+    lp_append(c, e->lp, e->n_lp);
     if (!c->stream) {
         sl_str_append(&c->text, e->text, e->len);
         return;
@@ -1529,7 +1580,10 @@ static void on_text(struct conn *c, const struct sl_out_event *e)
         return;
     struct sl_str *b = &c->io->out;
     sl_str_clear(b);
-    sl_openai_chunk_encode(b, &c->ident, e->text, e->len, SL_FINISH_NONE);
+    struct sl_openai_logprobs lpb;
+    const struct sl_openai_logprobs *lp = lp_pending(c, &lpb);
+    sl_openai_chunk_encode(b, &c->ident, e->text, e->len, SL_FINISH_NONE, lp);
+    lp_sent(c, lp);
     send_sse(c, b->p, b->len);
 }
 
@@ -2110,6 +2164,7 @@ static void conn_free(struct conn *c)
     sl_http_parser_dispose(&c->req);
     sl_str_dispose(&c->text);
     sl_str_dispose(&c->held);
+    free(c->lp);
     free(c);
 }
 

@@ -8,6 +8,7 @@
 #include "gateway_impl.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,26 +269,60 @@ static int unsupported(struct sl_openai_error *err, const char *param, const cha
     return SL_EINVAL;
 }
 
+/* An integer in [0, SL_MAX_TOP_LOGPROBS] (the number of alternatives). */
+static int decode_top(json_t *v, const char *key, int *out, struct sl_openai_error *err)
+{
+    if (!json_is_integer(v))
+        return bad_type(err, key, "an integer", v);
+    json_int_t n = json_integer_value(v);
+    if (n < 0 || n > SL_MAX_TOP_LOGPROBS) {
+        sl_openai_error_set(err, 400, key,
+                            n < 0 ? "integer_below_min_value" : "integer_above_max_value",
+                            "Invalid '%s': expected a value between 0 and %d, but got %lld "
+                            "instead.",
+                            key, SL_MAX_TOP_LOGPROBS, (long long)n);
+        return SL_EINVAL;
+    }
+    *out = (int)n;
+    return SL_OK;
+}
+
+/* Log probabilities: completions' `logprobs` is the number of alternatives per token (0 = the
+ * sampled token's only); chat's is a boolean, with `top_logprobs` the number, which needs it. */
+static int decode_logprobs(struct sl_openai_completion *c, bool chat, struct sl_openai_error *err)
+{
+    json_t *v = member(c->root, "logprobs");
+    struct sl_req_params *p = &c->params;
+    if (!chat) {
+        if (!v)
+            return SL_OK;
+        p->logprobs = true;
+        return decode_top(v, "logprobs", &p->top_logprobs, err);
+    }
+    if (v) {
+        if (!json_is_boolean(v))
+            return bad_type(err, "logprobs", "a boolean", v);
+        p->logprobs = json_is_true(v);
+    }
+    json_t *t = member(c->root, "top_logprobs");
+    if (!t)
+        return SL_OK;
+    int st = decode_top(t, "top_logprobs", &p->top_logprobs, err);
+    if (st == SL_OK && p->top_logprobs > 0 && !p->logprobs) {
+        sl_openai_error_set(err, 400, "top_logprobs", "invalid_value",
+                            "Invalid 'top_logprobs': 'logprobs' must be true when top_logprobs "
+                            "is set.");
+        return SL_EINVAL;
+    }
+    return st;
+}
+
 /* Fields this server does not implement, refused when they ask for something; their default
  * values are accepted, since clients that fill in every field send them. */
 static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_openai_error *err)
 {
     json_t *root = c->root, *v;
     if (chat) {
-        if ((v = member(root, "logprobs"))) {
-            if (!json_is_boolean(v))
-                return bad_type(err, "logprobs", "a boolean", v);
-            if (json_is_true(v))
-                return unsupported(err, "logprobs",
-                                   "Log probabilities are not supported by this server.");
-        }
-        if ((v = member(root, "top_logprobs"))) {
-            if (!json_is_integer(v))
-                return bad_type(err, "top_logprobs", "an integer", v);
-            if (json_integer_value(v) != 0)
-                return unsupported(err, "top_logprobs",
-                                   "Log probabilities are not supported by this server.");
-        }
         if ((v = member(root, "modalities"))) {
             if (!json_is_array(v))
                 return bad_type(err, "modalities", "an array", v);
@@ -307,11 +342,6 @@ static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_
             return unsupported(err, "audio",
                                "Audio output is not supported: this server generates text only.");
         return SL_OK;
-    }
-    if ((v = member(root, "logprobs"))) {
-        if (!json_is_integer(v))
-            return bad_type(err, "logprobs", "an integer", v);
-        return unsupported(err, "logprobs", "Log probabilities are not supported by this server.");
     }
     if ((v = member(root, "echo"))) {
         if (!json_is_boolean(v))
@@ -387,7 +417,8 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
                             &c->params.frequency_penalty, err)) ||
         (st = decode_number(root, "presence_penalty", -2.0, false, 2.0, &c->params.presence_penalty,
                             err)) ||
-        (st = decode_logit_bias(c, err)) || (st = decode_refusals(c, chat, err)))
+        (st = decode_logit_bias(c, err)) || (st = decode_logprobs(c, chat, err)) ||
+        (st = decode_refusals(c, chat, err)))
         return st;
 
     if ((st = decode_stop(c, err)))
@@ -732,8 +763,9 @@ int sl_openai_prompt_encode(const struct sl_tok *tok, int seq_len, const char *p
  * Encoding
  */
 
-/* Appends a string literal without counting it by hand. */
-#define put_lit(out, lit) sl_str_append((out), (lit), sizeof(lit) - 1)
+/* Appends a string literal without counting it by hand; anything but a literal (a pointer, whose
+ * sizeof is not its length) fails to compile on the "" pastes. */
+#define put_lit(out, lit) sl_str_append((out), "" lit "", sizeof(lit) - 1)
 
 static void put_str(struct sl_str *out, const char *s, size_t len)
 {
@@ -772,11 +804,167 @@ static void put_finish(struct sl_str *out, enum sl_finish finish)
         put_lit(out, "null");
 }
 
-static void put_choice(struct sl_str *out, const char *text, size_t len, enum sl_finish finish)
+/* A token's text: tok's piece after prev, or (not valid UTF-8 on its own: a byte-fallback token
+ * or part of a character) OpenAI's "bytes:\\xNN..." spelling of its bytes. */
+static void put_token(struct sl_str *out, const struct sl_tok *tok, int32_t prev, int32_t id,
+                      struct sl_str *tmp)
+{
+    size_t len = 0;
+    const char *p = sl_tok_decode(tok, prev, id, &len);
+    if (!p)
+        len = 0;
+    sl_str_clear(tmp);
+    sl_utf8_sanitize(tmp, p ? p : "", len);
+    if (tmp->len == len && (len == 0 || memcmp(tmp->p, p, len) == 0)) {
+        put_str(out, p ? p : "", len);
+        return;
+    }
+    put_lit(out, "\"bytes:");
+    for (size_t i = 0; i < len; i++)
+        sl_str_appendf(out, "\\\\x%02x", (unsigned char)p[i]);
+    put_lit(out, "\"");
+}
+
+/* A token's bytes as a JSON array of integers (chat's "bytes"). */
+static void put_token_bytes(struct sl_str *out, const struct sl_tok *tok, int32_t prev, int32_t id)
+{
+    size_t len = 0;
+    const char *p = sl_tok_decode(tok, prev, id, &len);
+    put_lit(out, "[");
+    for (size_t i = 0; p && i < len; i++)
+        sl_str_appendf(out, "%s%u", i ? "," : "", (unsigned)(unsigned char)p[i]);
+    put_lit(out, "]");
+}
+
+/* A log probability; -9999 stands for -inf (as vLLM writes it), JSON having no infinity. */
+static void put_logprob(struct sl_str *out, float lp)
+{
+    sl_str_appendf(out, "%.9g", isfinite(lp) ? (double)lp : -9999.0);
+}
+
+size_t sl_openai_token_len(const struct sl_tok *tok, int32_t prev, int32_t id)
+{
+    size_t len = 0;
+    return sl_tok_decode(tok, prev, id, &len) ? len : 0;
+}
+
+/* The completions API's logprobs object: tokens, token_logprobs, top_logprobs (a token → logprob
+ * object per token; a text two alternatives share is listed once, for the likelier) and
+ * text_offset (bytes into the completion's text). */
+static void put_completion_logprobs(struct sl_str *out, const struct sl_openai_logprobs *lp)
+{
+    struct sl_str tmp, keys;
+    sl_str_init(&tmp);
+    sl_str_init(&keys);
+    put_lit(out, "{\"tokens\":[");
+    for (int i = 0; i < lp->n; i++) {
+        if (i)
+            put_lit(out, ",");
+        put_token(out, lp->tok, lp->e[i].prev, lp->e[i].token, &tmp);
+    }
+    put_lit(out, "],\"token_logprobs\":[");
+    for (int i = 0; i < lp->n; i++) {
+        if (i)
+            put_lit(out, ",");
+        put_logprob(out, lp->e[i].logprob);
+    }
+    put_lit(out, "],\"top_logprobs\":[");
+    for (int i = 0; i < lp->n; i++) {
+        const struct sl_token_logprobs *e = &lp->e[i];
+        if (i)
+            put_lit(out, ",");
+        put_lit(out, "{");
+        int written = 0;
+        for (int k = 0; k < e->n_top; k++) {
+            /* Each key once: the texts written so far for this token, NUL-separated. */
+            struct sl_str key;
+            sl_str_init(&key);
+            put_token(&key, lp->tok, e->prev, e->top_ids[k], &tmp);
+            bool seen = false;
+            for (size_t at = 0; at < keys.len && !seen;) {
+                size_t kl = strlen(keys.p + at);
+                seen = kl == key.len && memcmp(keys.p + at, key.p, kl) == 0;
+                at += kl + 1;
+            }
+            if (!seen) {
+                sl_str_append(&keys, key.p, key.len);
+                sl_str_append(&keys, "", 1);
+                if (written++)
+                    put_lit(out, ",");
+                sl_str_append(out, key.p, key.len);
+                put_lit(out, ":");
+                put_logprob(out, e->top_logprobs[k]);
+            }
+            sl_str_dispose(&key);
+        }
+        sl_str_clear(&keys);
+        put_lit(out, "}");
+    }
+    put_lit(out, "],\"text_offset\":[");
+    size_t off = lp->text_offset;
+    for (int i = 0; i < lp->n; i++) {
+        sl_str_appendf(out, "%s%zu", i ? "," : "", off);
+        off += sl_openai_token_len(lp->tok, lp->e[i].prev, lp->e[i].token);
+    }
+    put_lit(out, "]}");
+    sl_str_dispose(&tmp);
+    sl_str_dispose(&keys);
+}
+
+/* The chat API's: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+ * "refusal": null}. */
+static void put_chat_logprobs(struct sl_str *out, const struct sl_openai_logprobs *lp)
+{
+    struct sl_str tmp;
+    sl_str_init(&tmp);
+    put_lit(out, "{\"content\":[");
+    for (int i = 0; i < lp->n; i++) {
+        const struct sl_token_logprobs *e = &lp->e[i];
+        if (i)
+            put_lit(out, ",");
+        put_lit(out, "{\"token\":");
+        put_token(out, lp->tok, e->prev, e->token, &tmp);
+        put_lit(out, ",\"logprob\":");
+        put_logprob(out, e->logprob);
+        put_lit(out, ",\"bytes\":");
+        put_token_bytes(out, lp->tok, e->prev, e->token);
+        put_lit(out, ",\"top_logprobs\":[");
+        for (int k = 0; k < e->n_top; k++) {
+            if (k)
+                put_lit(out, ",");
+            put_lit(out, "{\"token\":");
+            put_token(out, lp->tok, e->prev, e->top_ids[k], &tmp);
+            put_lit(out, ",\"logprob\":");
+            put_logprob(out, e->top_logprobs[k]);
+            put_lit(out, ",\"bytes\":");
+            put_token_bytes(out, lp->tok, e->prev, e->top_ids[k]);
+            put_lit(out, "}");
+        }
+        put_lit(out, "]}");
+    }
+    put_lit(out, "],\"refusal\":null}");
+    sl_str_dispose(&tmp);
+}
+
+static void put_logprobs(struct sl_str *out, const struct sl_openai_ident *id,
+                         const struct sl_openai_logprobs *lp)
+{
+    put_lit(out, ",\"logprobs\":");
+    if (!lp)
+        put_lit(out, "null");
+    else if (id->api == SL_OPENAI_API_CHAT)
+        put_chat_logprobs(out, lp);
+    else
+        put_completion_logprobs(out, lp);
+}
+
+static void put_choice(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
+                       size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp)
 {
     put_lit(out, "{\"text\":");
     put_str(out, text, len);
-    put_lit(out, ",\"index\":0,\"logprobs\":null");
+    put_lit(out, ",\"index\":0");
+    put_logprobs(out, id, lp);
     put_finish(out, finish);
     put_lit(out, "}");
 }
@@ -799,18 +987,20 @@ static void put_chunk_tail(struct sl_str *out, const struct sl_openai_ident *id)
 
 void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
-                                 int prompt_tokens, int completion_tokens)
+                                 int prompt_tokens, int completion_tokens,
+                                 const struct sl_openai_logprobs *lp)
 {
     put_head(out, id, false);
     put_lit(out, ",\"choices\":[");
     if (id->api == SL_OPENAI_API_CHAT) {
         put_lit(out, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
         put_str(out, text, len);
-        put_lit(out, ",\"refusal\":null},\"logprobs\":null");
+        put_lit(out, ",\"refusal\":null}");
+        put_logprobs(out, id, lp);
         put_finish(out, finish);
         put_lit(out, "}");
     } else {
-        put_choice(out, text, len, finish);
+        put_choice(out, id, text, len, finish, lp);
     }
     put_lit(out, "],");
     put_usage(out, prompt_tokens, completion_tokens);
@@ -818,7 +1008,7 @@ void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_iden
 }
 
 void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
-                            size_t len, enum sl_finish finish)
+                            size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp)
 {
     put_head(out, id, true);
     put_lit(out, ",\"choices\":[");
@@ -829,11 +1019,12 @@ void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id
             put_lit(out, "\"content\":");
             put_str(out, text, len);
         }
-        put_lit(out, "},\"logprobs\":null");
+        put_lit(out, "}");
+        put_logprobs(out, id, lp);
         put_finish(out, finish);
         put_lit(out, "}");
     } else {
-        put_choice(out, text, len, finish);
+        put_choice(out, id, text, len, finish, lp);
     }
     put_lit(out, "]");
     put_chunk_tail(out, id);

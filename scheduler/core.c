@@ -259,6 +259,7 @@ struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
     c->logits = sl_xmalloc(sizeof(float) * ns * (size_t)lim->vocab);
     c->sample_scratch = sl_xmalloc(sl_sample_scratch_size(lim->vocab));
     c->pen_counts = sl_xcalloc((size_t)lim->vocab, sizeof(int32_t));
+    c->raw_row = sl_xmalloc(sizeof(float) * (size_t)lim->vocab);
     c->sample_rows = sl_xmalloc(sizeof(*c->sample_rows) * ns);
     c->sampled = sl_xmalloc(sizeof(int32_t) * ns);
     return c;
@@ -362,6 +363,7 @@ void sl_sched_core_free(struct sl_sched_core *c)
     free(c->logits);
     free(c->sample_scratch);
     free(c->pen_counts);
+    free(c->raw_row);
     free(c->sample_rows);
     free(c->sampled);
     free(c);
@@ -908,8 +910,9 @@ static struct sl_penalties penalties_of(const struct sl_req_params *rp)
                                  .bias = rp->bias};
 }
 
-/* Appends a sampled token and decides whether s goes on. */
-static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token)
+/* Appends a sampled token and decides whether s goes on. lp: its log probabilities, or NULL. */
+static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token,
+                       const struct sl_token_logprobs *lp)
 {
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
@@ -917,6 +920,8 @@ static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token)
         seq_finish(c, s, SL_FINISH_STOP, SL_OK);
         return;
     }
+    if (lp && c->sink.logprobs)
+        c->sink.logprobs(c->sink.ctx, s->req, lp);
     if (c->sink.token(c->sink.ctx, s->req, token)) {
         seq_finish(c, s, SL_FINISH_STOP, SL_OK);
         return;
@@ -975,12 +980,14 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         .n_logits = n_logits,
         .logit_rows = c->b_logit_rows,
     };
-    /* Penalties and logit bias change logits on the host: a step with such a row runs forward,
-     * whose logits come back, even on a worker that can sample where they are. */
+    /* Penalties, logit bias and log probabilities need the logits on the host: a step with such
+     * a row runs forward, whose logits come back, even on a worker that can sample where they
+     * are. */
     bool host_sample = !c->worker.forward_sample;
     for (int i = 0; i < n_logits && !host_sample; i++) {
-        struct sl_penalties pen = penalties_of(&c->b_logit_seqs[i]->req->params);
-        host_sample = sl_penalties_active(&pen);
+        const struct sl_req_params *rp = &c->b_logit_seqs[i]->req->params;
+        struct sl_penalties pen = penalties_of(rp);
+        host_sample = sl_penalties_active(&pen) || rp->logprobs;
     }
     int st;
     if (!host_sample) {
@@ -1021,6 +1028,12 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         const struct sl_req_params *rp = &s->req->params;
         struct sl_sampling sp = {rp->temperature, rp->top_p, rp->top_k, rp->min_p};
         float *row = c->logits + (size_t)i * (size_t)c->lim.vocab;
+        struct sl_token_logprobs lp, *lpp = NULL;
+        if (host_sample && rp->logprobs) {
+            /* The raw row, before penalties and sampling change it in place. */
+            memcpy(c->raw_row, row, sizeof(float) * (size_t)c->lim.vocab);
+            lpp = &lp;
+        }
         if (host_sample) {
             struct sl_penalties pen = penalties_of(rp);
             if (sl_penalties_active(&pen)) {
@@ -1031,7 +1044,11 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         }
         int32_t tok = host_sample ? sl_sample(row, c->lim.vocab, &sp, &s->rng, c->sample_scratch)
                                   : c->sampled[i];
-        seq_accept(c, s, tok);
+        if (lpp) {
+            sl_logprobs(c->raw_row, c->lim.vocab, tok, rp->top_logprobs, lpp);
+            lpp->prev = s->tokens[s->n_tokens - 1];
+        }
+        seq_accept(c, s, tok, lpp);
     }
     /* A backlog is more than a step can take: a few prompts waiting a step or two for a slot
      * say nothing about the rate a real backlog drains at. */

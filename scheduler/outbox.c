@@ -67,5 +67,6 @@ void sl_out_event_free(struct sl_out_event *e)
         return;
     sl_req_unref(e->req);
     free(e->text);
+    free(e->lp);
     free(e);
 }

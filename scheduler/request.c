@@ -49,6 +49,10 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
         r->params.bias_ids = r->bias_ids_copy;
         r->params.bias = r->bias_copy;
     }
+    if (r->params.top_logprobs < 0)
+        r->params.top_logprobs = 0;
+    if (r->params.top_logprobs > SL_MAX_TOP_LOGPROBS)
+        r->params.top_logprobs = SL_MAX_TOP_LOGPROBS;
     sl_str_init(&r->pending);
     return r;
 }
@@ -66,6 +70,7 @@ void sl_req_unref(struct sl_req *r)
         free(r->stop_copy[i]);
     free(r->bias_ids_copy);
     free(r->bias_copy);
+    free(r->pending_lp);
     if (r->detok)
         sl_detok_free(r->detok);
     sl_str_dispose(&r->pending);

@@ -85,6 +85,10 @@ static void post_text(struct sl_sched *s, struct sl_req *r)
     e->text = sl_xstrndup(r->pending.p ? r->pending.p : "", r->pending.len);
     e->len = r->pending.len;
     e->n_tokens = r->pending_tokens;
+    e->lp = r->pending_lp;
+    e->n_lp = r->n_pending_lp;
+    r->pending_lp = NULL;
+    r->n_pending_lp = r->cap_pending_lp = 0;
     sl_str_clear(&r->pending);
     r->pending_tokens = 0;
     sl_outbox_push(r->box, e);
@@ -107,6 +111,17 @@ static bool sink_token(void *ctx, struct sl_req *r, int32_t token)
         s->dirty[s->n_dirty++] = r;
     }
     return stopped;
+}
+
+static void sink_logprobs(void *ctx, struct sl_req *r, const struct sl_token_logprobs *lp)
+{
+    (void)ctx;
+    if (r->n_pending_lp == r->cap_pending_lp) {
+        r->cap_pending_lp = r->cap_pending_lp ? 2 * r->cap_pending_lp : 8;
+        r->pending_lp =
+            sl_xrealloc(r->pending_lp, sizeof *r->pending_lp * (size_t)r->cap_pending_lp);
+    }
+    r->pending_lp[r->n_pending_lp++] = *lp;
 }
 
 static void sink_done(void *ctx, struct sl_req *r, enum sl_finish why, int status, int n_generated)
@@ -280,7 +295,8 @@ int sl_sched_new(struct sl_worker *w, const struct sl_sched_limits *lim, struct 
                                  .forward_sample =
                                      sl_worker_can_sample(w) ? worker_forward_sample : NULL,
                                  .is_stop_token = worker_is_stop};
-    struct sl_sched_sink sink = {.ctx = s, .token = sink_token, .done = sink_done};
+    struct sl_sched_sink sink = {
+        .ctx = s, .token = sink_token, .logprobs = sink_logprobs, .done = sink_done};
     s->core = sl_sched_core_new(lim, &wi, &sink);
     if (!s->core) {
         free(s);

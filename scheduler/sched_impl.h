@@ -25,12 +25,14 @@ struct sl_req {
     _Atomic uint64_t first_step_ns;
 
     /* Scheduler thread only. */
-    struct sl_seq *seq;     /* the core's state while it holds the request */
-    struct sl_outbox *box;  /* where events go */
-    struct sl_detok *detok; /* token ids → text, stop strings */
-    struct sl_str pending;  /* text released this step, not yet posted */
-    int pending_tokens;     /* tokens behind `pending` */
-    bool dirty;             /* on the adapter's list of requests with pending text */
+    struct sl_seq *seq;                   /* the core's state while it holds the request */
+    struct sl_outbox *box;                /* where events go */
+    struct sl_detok *detok;               /* token ids → text, stop strings */
+    struct sl_str pending;                /* text released this step, not yet posted */
+    int pending_tokens;                   /* tokens behind `pending` */
+    struct sl_token_logprobs *pending_lp; /* their log probabilities, when asked for */
+    int n_pending_lp, cap_pending_lp;
+    bool dirty; /* on the adapter's list of requests with pending text */
 };
 
 #define SL_REQ_NOT_YET UINT64_MAX
@@ -150,6 +152,7 @@ struct sl_sched_core {
     float *logits;                /* (max_seqs, vocab) */
     void *sample_scratch;         /* sl_sample_scratch_size(vocab) */
     int32_t *pen_counts;          /* (vocab) zero between uses: sl_penalties_apply's counts */
+    float *raw_row;               /* (vocab) a row's logits before sampling changes them */
 
     /* When the worker samples (forward_sample): each logit row's parameters, and its ids. */
     struct sl_sample_row *sample_rows; /* (max_seqs) */

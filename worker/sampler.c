@@ -235,3 +235,35 @@ void sl_penalties_apply(float *logits, int vocab, const struct sl_penalties *p,
         if (in_vocab(p->bias_ids[i], vocab))
             logits[p->bias_ids[i]] += p->bias[i];
 }
+
+void sl_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                 struct sl_token_logprobs *out)
+{
+    float max = logits[0];
+    for (int i = 1; i < vocab; i++)
+        max = logits[i] > max ? logits[i] : max;
+    double sum = 0.0;
+    for (int i = 0; i < vocab; i++)
+        sum += exp((double)logits[i] - (double)max);
+    double lse = (double)max + log(sum);
+    out->token = token;
+    out->logprob = (float)((double)logits[token] - lse);
+    n_top = n_top < 0 ? 0 : n_top > SL_MAX_TOP_LOGPROBS ? SL_MAX_TOP_LOGPROBS : n_top;
+    n_top = n_top > vocab ? vocab : n_top;
+    /* Insertion into the n_top best so far; a tie keeps the earlier (lower) id first. */
+    int n = 0;
+    for (int i = 0; i < vocab && n_top > 0; i++) {
+        float l = logits[i];
+        if (n == n_top && l <= logits[out->top_ids[n - 1]])
+            continue;
+        int j = n < n_top ? n++ : n - 1;
+        while (j > 0 && logits[out->top_ids[j - 1]] < l) {
+            out->top_ids[j] = out->top_ids[j - 1];
+            j--;
+        }
+        out->top_ids[j] = i;
+    }
+    out->n_top = n;
+    for (int i = 0; i < n; i++)
+        out->top_logprobs[i] = (float)((double)logits[out->top_ids[i]] - lse);
+}

@@ -66,6 +66,10 @@ struct sl_req_params {
     int n_bias;
     const int32_t *bias_ids;
     const float *bias;
+    /* Report each generated token's log probability and its top_logprobs (at most
+     * SL_MAX_TOP_LOGPROBS) most likely alternatives (struct sl_token_logprobs). */
+    bool logprobs;
+    int top_logprobs;
     /* The tier the gateway classified the request into, copied from the configuration it
      * started with, so a reload cannot change them under a queued request. Zero when not set.
      * The scheduler queues the request in its tier named tier_name (by index `tier` when the
@@ -160,6 +164,10 @@ struct sl_sched_sink {
     /* A token was sampled and appended for r. Return true to finish the sequence now with
      * SL_FINISH_STOP (a stop string matched); `done` then follows. */
     bool (*token)(void *ctx, struct sl_req *r, int32_t token);
+    /* Optional: for a request that asked for log probabilities, called with a token's right
+     * before token() is called with it (never for a token that ends the sequence by the model's
+     * EOS rules, which token() does not see either). */
+    void (*logprobs)(void *ctx, struct sl_req *r, const struct sl_token_logprobs *lp);
     /* r left the scheduler (finished, cancelled or failed); n_generated tokens were produced.
      * The core drops its reference right after this returns. */
     void (*done)(void *ctx, struct sl_req *r, enum sl_finish why, int status, int n_generated);
@@ -478,7 +486,11 @@ struct sl_out_event {
     enum sl_out_kind kind;
     char *text; /* TEXT: the delta (owned, NUL-terminated) */
     size_t len;
-    int n_tokens;          /* TEXT: tokens this delta covers; DONE: total tokens generated */
+    int n_tokens; /* TEXT: tokens this delta covers; DONE: total tokens generated */
+    /* TEXT, when the request asked for log probabilities: one entry per token the delta covers,
+     * in order (owned). */
+    struct sl_token_logprobs *lp;
+    int n_lp;
     enum sl_finish finish; /* DONE */
     int status;            /* DONE with SL_FINISH_ERROR: why */
 };

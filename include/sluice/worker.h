@@ -185,6 +185,25 @@ void sl_penalties_apply(float *logits, int vocab, const struct sl_penalties *p,
                         const int32_t *prompt, int n_prompt, const int32_t *gen, int n_gen,
                         int32_t *counts);
 
+/* Most alternatives a token's log probabilities list (OpenAI's chat allows 20). */
+#define SL_MAX_TOP_LOGPROBS 20
+
+/* A sampled token's log probability under the model's distribution (the log-softmax of its raw
+ * logits: before penalties, temperature and filters, as vLLM reports them), and the n_top most
+ * likely tokens with theirs, most likely first (the lower id first among equals). */
+struct sl_token_logprobs {
+    int32_t token;
+    int32_t prev; /* the token before it in the sequence, which its text may depend on */
+    float logprob;
+    int n_top;
+    int32_t top_ids[SL_MAX_TOP_LOGPROBS];
+    float top_logprobs[SL_MAX_TOP_LOGPROBS];
+};
+
+/* Fills out (but prev) for token from raw logits (vocab); n_top in [0, SL_MAX_TOP_LOGPROBS]. */
+void sl_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                 struct sl_token_logprobs *out);
+
 /* A logit row to be sampled by the backend (struct sl_backend_ops.forward_sample). */
 struct sl_sample_row {
     struct sl_sampling p;

@@ -55,9 +55,9 @@ static void check_encoders(const char *text, size_t len, bool chat)
     for (int whole = 0; whole < 2; whole++) {
         sl_str_clear(&out);
         if (whole)
-            sl_openai_completion_encode(&out, &id, text, len, SL_FINISH_LENGTH, 3, 4);
+            sl_openai_completion_encode(&out, &id, text, len, SL_FINISH_LENGTH, 3, 4, NULL);
         else
-            sl_openai_chunk_encode(&out, &id, text, len, SL_FINISH_NONE);
+            sl_openai_chunk_encode(&out, &id, text, len, SL_FINISH_NONE, NULL);
         json_error_t je;
         json_t *j = json_loadb(out.p, out.len, JSON_ALLOW_NUL, &je);
         fuzz_check(j != NULL, "encoded response is not JSON (%s)", je.text);
@@ -91,6 +91,9 @@ static void check_params(const struct sl_openai_completion *c)
                "penalties %g %g %g", (double)p->frequency_penalty, (double)p->presence_penalty,
                (double)p->repetition_penalty);
     fuzz_check(p->n_bias >= 0 && p->n_bias <= SL_REQ_MAX_LOGIT_BIAS, "n_bias %d", p->n_bias);
+    fuzz_check(p->top_logprobs >= 0 && p->top_logprobs <= SL_MAX_TOP_LOGPROBS &&
+                   (p->logprobs || p->top_logprobs == 0),
+               "logprobs %d, top_logprobs %d", p->logprobs, p->top_logprobs);
     for (int i = 0; i < p->n_bias; i++)
         fuzz_check(p->bias_ids[i] >= 0 && p->bias[i] >= -100.0f && p->bias[i] <= 100.0f,
                    "logit_bias[%d]: %d -> %g", i, (int)p->bias_ids[i], (double)p->bias[i]);

@@ -627,7 +627,7 @@ Test(gateway, chat_encodes_a_chat_completion_when_the_request_finished)
     struct sl_str s;
     sl_str_init(&s);
     static const char text[] = "line \"1\"\nline\t2 \xe2\x82\xac";
-    sl_openai_completion_encode(&s, &id, text, sizeof text - 1, SL_FINISH_STOP, 9, 4);
+    sl_openai_completion_encode(&s, &id, text, sizeof text - 1, SL_FINISH_STOP, 9, 4, NULL);
     json_t *j = parse(&s);
     expect_head(j, "chat.completion");
     json_t *c = choice0(j);
@@ -662,7 +662,7 @@ Test(gateway, chat_encodes_role_then_content_then_finish_when_streaming)
     json_decref(j);
 
     sl_str_clear(&s);
-    sl_openai_chunk_encode(&s, &id, "ab\n", 3, SL_FINISH_NONE);
+    sl_openai_chunk_encode(&s, &id, "ab\n", 3, SL_FINISH_NONE, NULL);
     j = parse(&s);
     expect_head(j, "chat.completion.chunk");
     c = choice0(j);
@@ -673,7 +673,7 @@ Test(gateway, chat_encodes_role_then_content_then_finish_when_streaming)
     json_decref(j);
 
     sl_str_clear(&s);
-    sl_openai_chunk_encode(&s, &id, "", 0, SL_FINISH_LENGTH);
+    sl_openai_chunk_encode(&s, &id, "", 0, SL_FINISH_LENGTH, NULL);
     j = parse(&s);
     c = choice0(j);
     d = json_object_get(c, "delta");
@@ -694,7 +694,7 @@ Test(gateway, chat_chunks_carry_null_usage_when_include_usage_is_set)
     cr_assert(json_is_null(json_object_get(j, "usage")), "%s", s.p);
     json_decref(j);
     sl_str_clear(&s);
-    sl_openai_chunk_encode(&s, &id, "x", 1, SL_FINISH_NONE);
+    sl_openai_chunk_encode(&s, &id, "x", 1, SL_FINISH_NONE, NULL);
     j = parse(&s);
     cr_assert(json_is_null(json_object_get(j, "usage")), "%s", s.p);
     json_decref(j);
@@ -712,11 +712,6 @@ Test(gateway, chat_chunks_carry_null_usage_when_include_usage_is_set)
 
 Test(gateway, chat_refuses_fields_it_does_not_implement_when_they_ask_for_something)
 {
-    expect_error("{\"messages\":[" USER_HI "],\"logprobs\":true}", 400, "logprobs",
-                 "unsupported_value");
-    expect_error("{\"messages\":[" USER_HI "],\"logprobs\":1}", 400, "logprobs", "invalid_type");
-    expect_error("{\"messages\":[" USER_HI "],\"top_logprobs\":3}", 400, "top_logprobs",
-                 "unsupported_value");
     expect_error("{\"messages\":[" USER_HI "],\"modalities\":[\"text\",\"audio\"]}", 400,
                  "modalities", "unsupported_value");
     expect_error("{\"messages\":[" USER_HI "],\"modalities\":\"text\"}", 400, "modalities",
@@ -735,5 +730,23 @@ Test(gateway, chat_refuses_fields_it_does_not_implement_when_they_ask_for_someth
                  SL_OK, "%s", err.message);
     cr_assert_float_eq(c.params.presence_penalty, 0.5f, 1e-6);
     cr_assert_eq(c.params.n_bias, 1);
+    cr_assert_not(c.params.logprobs);
     sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, chat_decodes_logprobs_and_top_logprobs_when_asked)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(
+        decode(&c, "{\"messages\":[" USER_HI "],\"logprobs\":true,\"top_logprobs\":3}", &err),
+        SL_OK, "%s", err.message);
+    cr_assert(c.params.logprobs);
+    cr_assert_eq(c.params.top_logprobs, 3);
+    sl_openai_completion_dispose(&c);
+    expect_error("{\"messages\":[" USER_HI "],\"logprobs\":1}", 400, "logprobs", "invalid_type");
+    expect_error("{\"messages\":[" USER_HI "],\"top_logprobs\":3}", 400, "top_logprobs",
+                 "invalid_value");
+    expect_error("{\"messages\":[" USER_HI "],\"logprobs\":true,\"top_logprobs\":21}", 400,
+                 "top_logprobs", "integer_above_max_value");
 }

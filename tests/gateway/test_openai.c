@@ -314,7 +314,8 @@ Test(gateway, encodes_a_completion_object_when_the_request_finished)
 {
     struct sl_str s;
     sl_str_init(&s);
-    sl_openai_completion_encode(&s, &ident, tricky, sizeof tricky - 1, SL_FINISH_LENGTH, 5, 7);
+    sl_openai_completion_encode(&s, &ident, tricky, sizeof tricky - 1, SL_FINISH_LENGTH, 5, 7,
+                                NULL);
     json_t *j = parse(&s);
     cr_assert_str_eq(str_at(j, "id", NULL), "cmpl-0123");
     cr_assert_str_eq(str_at(j, "object", NULL), "text_completion");
@@ -340,7 +341,7 @@ Test(gateway, encodes_a_chunk_with_null_finish_when_the_stream_goes_on)
 {
     struct sl_str s;
     sl_str_init(&s);
-    sl_openai_chunk_encode(&s, &ident, tricky, sizeof tricky - 1, SL_FINISH_NONE);
+    sl_openai_chunk_encode(&s, &ident, tricky, sizeof tricky - 1, SL_FINISH_NONE, NULL);
     cr_assert_null(memchr(s.p, '\n', s.len), "a raw newline would end the SSE event");
     json_t *j = parse(&s);
     cr_assert_str_eq(str_at(j, "id", NULL), "cmpl-0123");
@@ -361,13 +362,13 @@ Test(gateway, encodes_null_usage_in_every_chunk_when_include_usage_is_set)
     id.include_usage = true;
     struct sl_str s;
     sl_str_init(&s);
-    sl_openai_chunk_encode(&s, &id, "x", 1, SL_FINISH_NONE);
+    sl_openai_chunk_encode(&s, &id, "x", 1, SL_FINISH_NONE, NULL);
     json_t *j = parse(&s);
     json_t *u = json_object_get(j, "usage");
     cr_assert(u && json_is_null(u), "usage: null, as OpenAI sends it: %s", s.p);
     json_decref(j);
     sl_str_clear(&s);
-    sl_openai_chunk_encode(&s, &id, "", 0, SL_FINISH_LENGTH);
+    sl_openai_chunk_encode(&s, &id, "", 0, SL_FINISH_LENGTH, NULL);
     j = parse(&s);
     u = json_object_get(j, "usage");
     cr_assert(u && json_is_null(u), "the finishing chunk too: %s", s.p);
@@ -379,7 +380,7 @@ Test(gateway, encodes_an_empty_final_chunk_when_the_stream_stops)
 {
     struct sl_str s;
     sl_str_init(&s);
-    sl_openai_chunk_encode(&s, &ident, "", 0, SL_FINISH_STOP);
+    sl_openai_chunk_encode(&s, &ident, "", 0, SL_FINISH_STOP, NULL);
     json_t *j = parse(&s);
     json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
     cr_assert_str_eq(json_string_value(json_object_get(ch, "text")), "");
@@ -538,9 +539,6 @@ Test(gateway, rejects_penalties_and_logit_bias_when_they_are_invalid)
  * clients that fill in every field send, are accepted. */
 Test(gateway, refuses_completion_fields_it_does_not_implement_when_they_ask_for_something)
 {
-    expect_error("{\"prompt\":\"x\",\"logprobs\":0}", 400, "logprobs", "unsupported_value");
-    expect_error("{\"prompt\":\"x\",\"logprobs\":5}", 400, "logprobs", "unsupported_value");
-    expect_error("{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", "invalid_type");
     expect_error("{\"prompt\":\"x\",\"echo\":true}", 400, "echo", "unsupported_value");
     expect_error("{\"prompt\":\"x\",\"echo\":1}", 400, "echo", "invalid_type");
     expect_error("{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", "unsupported_value");
@@ -552,5 +550,169 @@ Test(gateway, refuses_completion_fields_it_does_not_implement_when_they_ask_for_
                         "\"suffix\":\"\",\"frequency_penalty\":0,\"presence_penalty\":0}",
                         &err),
                  SL_OK, "%s", err.message);
+    cr_assert_not(c.params.logprobs);
     sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, decodes_logprobs_as_the_number_of_alternatives_when_completions_ask)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\",\"logprobs\":0}", &err), SL_OK, "%s", err.message);
+    cr_assert(c.params.logprobs);
+    cr_assert_eq(c.params.top_logprobs, 0);
+    sl_openai_completion_dispose(&c);
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\",\"logprobs\":20}", &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.params.top_logprobs, 20);
+    sl_openai_completion_dispose(&c);
+    expect_error("{\"prompt\":\"x\",\"logprobs\":21}", 400, "logprobs", "integer_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"logprobs\":-1}", 400, "logprobs", "integer_below_min_value");
+    expect_error("{\"prompt\":\"x\",\"logprobs\":true}", 400, "logprobs", "invalid_type");
+}
+
+/* ---- log probabilities ---- */
+
+/* Entries for the tokens of "hello world" (after BOS) with made-up log probabilities: token i
+ * has -(i + 1) / 4, and two alternatives, itself and id 0. */
+static int hello_entries(const struct sl_tok *tok, struct sl_token_logprobs *e, int max)
+{
+    int32_t ids[32];
+    int n = 0;
+    cr_assert_eq(sl_tok_encode(tok, "hello world", 11, false, ids, 32, &n), SL_OK);
+    cr_assert(n >= 2 && n <= max);
+    for (int i = 0; i < n; i++) {
+        e[i] = (struct sl_token_logprobs){.token = ids[i],
+                                          .prev = i ? ids[i - 1] : sl_tok_bos(tok),
+                                          .logprob = -(float)(i + 1) / 4.0f,
+                                          .n_top = 2,
+                                          .top_ids = {ids[i], 0},
+                                          .top_logprobs = {-(float)(i + 1) / 4.0f, -9.5f}};
+    }
+    return n;
+}
+
+Test(gateway, encodes_completion_logprobs_with_tokens_offsets_and_alternatives)
+{
+    struct sl_model *m = tiny();
+    const struct sl_tok *tok = sl_model_tok(m);
+    struct sl_token_logprobs e[32];
+    int n = hello_entries(tok, e, 32);
+    struct sl_openai_logprobs lp = {.tok = tok, .e = e, .n = n, .text_offset = 3};
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_completion_encode(&s, &ident, "hello world", 11, SL_FINISH_LENGTH, 2, n, &lp);
+    json_t *j = parse(&s);
+    json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *tokens = json_object_get(l, "tokens"), *tlp = json_object_get(l, "token_logprobs");
+    json_t *top = json_object_get(l, "top_logprobs"), *off = json_object_get(l, "text_offset");
+    cr_assert_eq(json_array_size(tokens), (size_t)n);
+    cr_assert_eq(json_array_size(tlp), (size_t)n);
+    cr_assert_eq(json_array_size(top), (size_t)n);
+    cr_assert_eq(json_array_size(off), (size_t)n);
+    size_t at = 3;
+    struct sl_str joined;
+    sl_str_init(&joined);
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        const char *piece = sl_tok_decode(tok, e[i].prev, e[i].token, &len);
+        const char *t = json_string_value(json_array_get(tokens, (size_t)i));
+        cr_assert_eq(strlen(t), len);
+        cr_assert_eq(memcmp(t, piece, len), 0, "token %d: '%s'", i, t);
+        sl_str_append(&joined, t, len);
+        cr_assert_float_eq(json_number_value(json_array_get(tlp, (size_t)i)), -(i + 1) / 4.0, 1e-6);
+        cr_assert_eq(json_integer_value(json_array_get(off, (size_t)i)), (json_int_t)at);
+        at += len;
+        json_t *alt = json_array_get(top, (size_t)i);
+        cr_assert_float_eq(json_number_value(json_object_get(alt, t)), -(i + 1) / 4.0, 1e-6);
+        cr_assert_leq(json_object_size(alt), 2);
+    }
+    cr_assert_str_eq(joined.p, "hello world", "the tokens spell the text");
+    sl_str_dispose(&joined);
+    json_decref(j);
+    sl_str_dispose(&s);
+    sl_model_free(m);
+}
+
+Test(gateway, encodes_chat_logprobs_with_bytes_and_top_logprobs)
+{
+    struct sl_model *m = tiny();
+    const struct sl_tok *tok = sl_model_tok(m);
+    struct sl_token_logprobs e[32];
+    int n = hello_entries(tok, e, 32);
+    struct sl_openai_logprobs lp = {.tok = tok, .e = e, .n = n};
+    struct sl_openai_ident chat = ident;
+    chat.api = SL_OPENAI_API_CHAT;
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_chunk_encode(&s, &chat, "hello world", 11, SL_FINISH_NONE, &lp);
+    json_t *j = parse(&s);
+    json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    cr_assert(json_is_null(json_object_get(l, "refusal")));
+    json_t *content = json_object_get(l, "content");
+    cr_assert_eq(json_array_size(content), (size_t)n);
+    for (int i = 0; i < n; i++) {
+        json_t *c = json_array_get(content, (size_t)i);
+        size_t len = 0;
+        const char *piece = sl_tok_decode(tok, e[i].prev, e[i].token, &len);
+        cr_assert_str_eq(json_string_value(json_object_get(c, "token")), piece);
+        cr_assert_float_eq(json_number_value(json_object_get(c, "logprob")), -(i + 1) / 4.0, 1e-6);
+        json_t *bytes = json_object_get(c, "bytes");
+        cr_assert_eq(json_array_size(bytes), len);
+        for (size_t b = 0; b < len; b++)
+            cr_assert_eq(json_integer_value(json_array_get(bytes, b)), (unsigned char)piece[b]);
+        json_t *alts = json_object_get(c, "top_logprobs");
+        cr_assert_eq(json_array_size(alts), 2);
+        cr_assert_float_eq(json_number_value(json_object_get(json_array_get(alts, 1), "logprob")),
+                           -9.5, 1e-6);
+    }
+    json_decref(j);
+    sl_str_dispose(&s);
+    sl_model_free(m);
+}
+
+/* A token that is not UTF-8 on its own (a byte of a multi-byte character) is spelled
+ * "bytes:\xNN" (OpenAI's form) where a text is expected, and its bytes are exact. */
+Test(gateway, spells_a_partial_character_token_as_bytes_when_encoding_logprobs)
+{
+    struct sl_model *m = tiny();
+    const struct sl_tok *tok = sl_model_tok(m);
+    /* A byte-fallback token of a lead byte (the synthetic vocabulary has all 256). */
+    int32_t byte_id = -1, prev = sl_tok_bos(tok) + 1;
+    unsigned char byte = 0;
+    for (int32_t id = 0; id < sl_tok_vocab_size(tok) && byte_id < 0; id++) {
+        size_t len = 0;
+        const char *piece = sl_tok_decode(tok, prev, id, &len);
+        if (len == 1 && (unsigned char)piece[0] >= 0xc2 && (unsigned char)piece[0] <= 0xf4) {
+            byte_id = id;
+            byte = (unsigned char)piece[0];
+        }
+    }
+    if (byte_id < 0)
+        cr_skip_test("the vocabulary has no byte token");
+    char want[16];
+    snprintf(want, sizeof want, "bytes:\\x%02x", byte);
+    struct sl_token_logprobs e = {.token = byte_id, .prev = prev, .logprob = -1.0f};
+    struct sl_openai_logprobs lp = {.tok = tok, .e = &e, .n = 1};
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_chunk_encode(&s, &ident, "", 0, SL_FINISH_NONE, &lp);
+    json_t *j = parse(&s);
+    json_t *l = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    cr_assert_str_eq(json_string_value(json_array_get(json_object_get(l, "tokens"), 0)), want);
+    json_decref(j);
+    sl_str_clear(&s);
+    struct sl_openai_ident chat = ident;
+    chat.api = SL_OPENAI_API_CHAT;
+    sl_openai_chunk_encode(&s, &chat, "", 0, SL_FINISH_NONE, &lp);
+    j = parse(&s);
+    json_t *c = json_array_get(
+        json_object_get(
+            json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"),
+            "content"),
+        0);
+    cr_assert_str_eq(json_string_value(json_object_get(c, "token")), want);
+    cr_assert_eq(json_integer_value(json_array_get(json_object_get(c, "bytes"), 0)), byte);
+    json_decref(j);
+    sl_str_dispose(&s);
+    sl_model_free(m);
 }

@@ -311,3 +311,126 @@ Test(integration, logit_bias_and_penalties_shape_the_text_when_sent)
     free(greedy);
     free(streamed);
 }
+
+/* The SSE events of a streamed response body, each parsed (the [DONE] left out); caller decrefs
+ * the array. */
+static json_t *stream_events(const char *path, const char *body)
+{
+    struct response r = roundtrip("POST", path, body);
+    cr_assert_eq(r.status, 200, "body: %s", r.body);
+    json_t *all = json_array();
+    for (char *ev = r.body; ev && *ev;) {
+        char *end = strstr(ev, "\n\n");
+        cr_assert_not_null(end);
+        *end = '\0';
+        if (strcmp(ev, "data: [DONE]") != 0)
+            json_array_append_new(all, parse_json(ev + 6));
+        ev = end + 2;
+    }
+    response_dispose(&r);
+    return all;
+}
+
+Test(integration, logprobs_cover_every_token_alike_when_streamed_or_not)
+{
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
+                       "\"logprobs\":3";
+    char whole[256], streamed[256];
+    snprintf(whole, sizeof whole, "%s}", body);
+    snprintf(streamed, sizeof streamed, "%s,\"stream\":true}", body);
+    struct response r = roundtrip("POST", "/v1/completions", whole);
+    cr_assert_eq(r.status, 200, "body: %s", r.body);
+    json_t *j = parse_json(r.body);
+    json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *lp = json_object_get(ch, "logprobs");
+    json_t *tokens = json_object_get(lp, "tokens");
+    json_int_t n =
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+    cr_assert_eq((json_int_t)json_array_size(tokens), n, "one entry per generated token");
+    json_t *tlp = json_object_get(lp, "token_logprobs"), *top = json_object_get(lp, "top_logprobs");
+    json_t *off = json_object_get(lp, "text_offset");
+    bool all_text = true;
+    for (size_t i = 0; i < json_array_size(tokens); i++) {
+        const char *t = json_string_value(json_array_get(tokens, i));
+        double l = json_number_value(json_array_get(tlp, i));
+        cr_assert_leq(l, 0.0);
+        json_t *alts = json_array_get(top, i);
+        cr_assert_leq(json_object_size(alts), 3);
+        /* Greedy: the token is the likeliest, so it heads its own alternatives. */
+        double best = -1e30;
+        const char *k;
+        json_t *v;
+        json_object_foreach(alts, k, v) best =
+            json_number_value(v) > best ? json_number_value(v) : best;
+        cr_assert_float_eq(l, best, 1e-6, "token %zu ('%s'): %g, best alternative %g", i, t, l,
+                           best);
+        if (i > 0)
+            cr_assert_geq(json_integer_value(json_array_get(off, i)),
+                          json_integer_value(json_array_get(off, i - 1)));
+        all_text &= strncmp(t, "bytes:", 6) != 0;
+    }
+    if (all_text) {
+        char joined[1024] = "";
+        for (size_t i = 0; i < json_array_size(tokens); i++)
+            strncat(joined, json_string_value(json_array_get(tokens, i)),
+                    sizeof joined - strlen(joined) - 1);
+        cr_assert_str_eq(joined, json_string_value(json_object_get(ch, "text")));
+    }
+
+    /* Streamed: the same tokens, in order, spread over the chunks, offsets running on. */
+    json_t *events = stream_events("/v1/completions", streamed);
+    size_t at = 0;
+    for (size_t e = 0; e < json_array_size(events); e++) {
+        json_t *c = json_array_get(json_object_get(json_array_get(events, e), "choices"), 0);
+        json_t *l = json_object_get(c, "logprobs");
+        if (!json_is_object(l))
+            continue;
+        json_t *ts = json_object_get(l, "tokens"), *os = json_object_get(l, "text_offset");
+        for (size_t i = 0; i < json_array_size(ts); i++, at++) {
+            cr_assert_lt(at, json_array_size(tokens), "more streamed entries than tokens");
+            cr_assert_str_eq(json_string_value(json_array_get(ts, i)),
+                             json_string_value(json_array_get(tokens, at)));
+            cr_assert_eq(json_integer_value(json_array_get(os, i)),
+                         json_integer_value(json_array_get(off, at)));
+        }
+    }
+    cr_assert_eq(at, json_array_size(tokens), "streamed %zu entries of %zu", at,
+                 json_array_size(tokens));
+    json_decref(events);
+    json_decref(j);
+    response_dispose(&r);
+}
+
+Test(integration, chat_logprobs_list_each_token_with_its_bytes_when_asked)
+{
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],"
+                       "\"max_tokens\":12,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2}";
+    struct response r = roundtrip("POST", "/v1/chat/completions", body);
+    cr_assert_eq(r.status, 200, "body: %s", r.body);
+    json_t *j = parse_json(r.body);
+    json_t *content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    json_int_t n =
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+    cr_assert_eq((json_int_t)json_array_size(content), n);
+    for (size_t i = 0; i < json_array_size(content); i++) {
+        json_t *c = json_array_get(content, i);
+        cr_assert(json_is_string(json_object_get(c, "token")));
+        cr_assert(json_is_array(json_object_get(c, "bytes")));
+        json_t *alts = json_object_get(c, "top_logprobs");
+        cr_assert_eq(json_array_size(alts), 2);
+        cr_assert_float_eq(json_number_value(json_object_get(c, "logprob")),
+                           json_number_value(json_object_get(json_array_get(alts, 0), "logprob")),
+                           1e-6, "greedy: the token is the likeliest");
+    }
+    json_decref(j);
+    response_dispose(&r);
+    /* Without logprobs: null, as OpenAI writes it. */
+    r = roundtrip("POST", "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":2}");
+    j = parse_json(r.body);
+    cr_assert(json_is_null(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
+    json_decref(j);
+    response_dispose(&r);
+}

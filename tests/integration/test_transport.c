@@ -5,6 +5,7 @@
  * closing, the exit). A client that must stay behind shrinks its receive buffer and the server
  * is given a small tcp_send_buffer_bytes, so the kernel cannot absorb a whole stream. */
 #include <criterion/criterion.h>
+#include <jansson.h>
 
 #include "harness.h"
 
@@ -270,6 +271,54 @@ Test(transport, cancels_the_stream_and_closes_when_a_slow_reader_passes_the_hard
     cr_assert_str_eq(r->body, "{\"status\":\"ready\"}");
     free(r);
     peer_close(q);
+    server_stop(&srv);
+}
+
+/* Text held back from a reader that is behind goes out later as one chunk: the log probabilities
+ * of its tokens go with it, none lost or repeated. */
+Test(transport, held_text_keeps_its_log_probabilities_when_the_reader_is_behind, .init = make_dir,
+     .fini = remove_dir, .timeout = 300)
+{
+    const char *cfg = write_file("sluice.json", "{\"write_high_water_bytes\":0,"
+                                                "\"write_hard_cap_bytes\":1048576,"
+                                                "\"tcp_send_buffer_bytes\":4096}");
+    const char *args[] = {"--config", cfg, NULL};
+    server_start(&srv, args);
+    struct peer *p = peer_plain(srv.port, 2048);
+    peer_request(p, "POST", "/v1/completions",
+                 "{\"prompt\":\"Once upon a time\",\"max_tokens\":160,\"temperature\":0,"
+                 "\"logprobs\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+    struct reply *r = malloc(sizeof *r);
+    cr_assert(peer_read_reply(p, r));
+    cr_assert_eq(r->status, 200, "%s", r->body);
+    long entries = 0, tokens = -1, last_off = -1;
+    for (char *ev = r->body; *ev;) {
+        char *end = strstr(ev, "\n\n");
+        cr_assert_not_null(end);
+        *end = '\0';
+        if (strcmp(ev, "data: [DONE]") != 0) {
+            json_error_t je;
+            json_t *j = json_loads(ev + 6, 0, &je);
+            cr_assert_not_null(j, "%s: %s", je.text, ev);
+            json_t *u = json_object_get(j, "usage");
+            if (json_is_object(u))
+                tokens = (long)json_integer_value(json_object_get(u, "completion_tokens"));
+            json_t *l =
+                json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+            json_t *offs = json_object_get(l, "text_offset");
+            for (size_t i = 0; i < json_array_size(offs); i++, entries++) {
+                long off = (long)json_integer_value(json_array_get(offs, i));
+                cr_assert_geq(off, last_off, "offsets run on across chunks");
+                last_off = off;
+            }
+            json_decref(j);
+        }
+        ev = end + 2;
+    }
+    cr_assert_eq(tokens, 160);
+    cr_assert_eq(entries, tokens, "%ld log probabilities for %ld tokens", entries, tokens);
+    free(r);
+    peer_close(p);
     server_stop(&srv);
 }
 

@@ -105,6 +105,9 @@ struct record {
     int done_calls[MAX_REQS];
     int preempted[MAX_REQS];
     int stop_after; /* sink asks to stop after this many tokens (0 never) */
+    struct sl_token_logprobs lp[MAX_REQS][16]; /* the first 16 tokens' log probabilities */
+    int n_lp[MAX_REQS];
+    int lp_before_token; /* logprobs() calls that came right before the token() they describe */
 };
 
 static int index_of(struct record *rec, struct sl_req *r)
@@ -116,10 +119,22 @@ static int index_of(struct record *rec, struct sl_req *r)
     return -1;
 }
 
+static void sink_logprobs(void *ctx, struct sl_req *r, const struct sl_token_logprobs *lp)
+{
+    struct record *rec = ctx;
+    int i = index_of(rec, r);
+    cr_assert_eq(rec->n_lp[i], rec->n_out[i], "one logprobs() per token, before its token()");
+    if (rec->n_lp[i] < 16)
+        rec->lp[i][rec->n_lp[i]] = *lp;
+    rec->n_lp[i]++;
+}
+
 static bool sink_token(void *ctx, struct sl_req *r, int32_t token)
 {
     struct record *rec = ctx;
     int i = index_of(rec, r);
+    if (rec->n_lp[i] == rec->n_out[i] + 1 && rec->lp[i][rec->n_out[i] % 16].token == token)
+        rec->lp_before_token++;
     rec->out[i][rec->n_out[i]++] = token;
     return rec->stop_after && rec->n_out[i] == rec->stop_after;
 }
@@ -171,8 +186,11 @@ static void env_init_tiers(struct env *e, int max_seqs, int max_batch_tokens, in
                                       .n_tiers = n_tiers};
     struct sl_sched_worker w = {
         .ctx = &e->fake, .forward = fake_forward, .is_stop_token = fake_is_stop};
-    struct sl_sched_sink s = {
-        .ctx = &e->rec, .token = sink_token, .done = sink_done, .preempted = sink_preempted};
+    struct sl_sched_sink s = {.ctx = &e->rec,
+                              .token = sink_token,
+                              .logprobs = sink_logprobs,
+                              .done = sink_done,
+                              .preempted = sink_preempted};
     e->core = sl_sched_core_new(&e->lim, &w, &s);
     cr_assert_not_null(e->core);
 }
@@ -960,8 +978,11 @@ static void run_sampled(struct env *e, int n, bool sampling)
                                 .forward = fake_forward,
                                 .forward_sample = sampling ? fake_forward_sample : NULL,
                                 .is_stop_token = fake_is_stop};
-    struct sl_sched_sink sk = {
-        .ctx = &e->rec, .token = sink_token, .done = sink_done, .preempted = sink_preempted};
+    struct sl_sched_sink sk = {.ctx = &e->rec,
+                               .token = sink_token,
+                               .logprobs = sink_logprobs,
+                               .done = sink_done,
+                               .preempted = sink_preempted};
     e->core = sl_sched_core_new(&e->lim, &w, &sk);
     cr_assert_not_null(e->core);
     for (int i = 0; i < n; i++) {
@@ -1016,8 +1037,11 @@ static int run_penalized(struct env *e, struct sl_req_params p, bool sampling)
                                     .forward = fake_forward,
                                     .forward_sample = fake_forward_sample,
                                     .is_stop_token = fake_is_stop};
-        struct sl_sched_sink sk = {
-            .ctx = &e->rec, .token = sink_token, .done = sink_done, .preempted = sink_preempted};
+        struct sl_sched_sink sk = {.ctx = &e->rec,
+                                   .token = sink_token,
+                                   .logprobs = sink_logprobs,
+                                   .done = sink_done,
+                                   .preempted = sink_preempted};
         sl_sched_core_free(e->core);
         e->core = sl_sched_core_new(&e->lim, &w, &sk);
     }
@@ -1130,4 +1154,45 @@ Test(sched, a_sampling_worker_returns_logits_for_rows_with_penalties)
     rows = run_penalized(&b, (struct sl_req_params){.max_tokens = 5}, true);
     cr_assert_eq(rows, 5);
     env_dispose(&b);
+}
+
+/* Log probabilities: the core reports each token's, from the raw logits, right before the token;
+ * a sampling worker gives back the logits of steps with such rows. */
+Test(sched, logprobs_of_each_token_come_from_the_raw_logits_when_asked)
+{
+    struct sl_req_params p = {.max_tokens = 6, .logprobs = true, .top_logprobs = 2};
+    /* The one-hot fake: 1 for the preferred token, 0 for the other 63. */
+    float lse = logf(expf(1.0f) + (float)(VOCAB - 1));
+    for (int sampling = 0; sampling < 2; sampling++) {
+        struct env e;
+        int rows = run_penalized(&e, p, sampling);
+        cr_assert_eq(rows, 0, "a sampling worker sampled rows that asked for log probabilities");
+        cr_assert_eq(e.rec.n_lp[0], 6);
+        cr_assert_eq(e.rec.lp_before_token, 6);
+        for (int g = 0; g < 6; g++) {
+            const struct sl_token_logprobs *lp = &e.rec.lp[0][g];
+            cr_assert_eq(lp->token, e.rec.out[0][g]);
+            cr_assert_eq(lp->prev, g ? e.rec.out[0][g - 1] : 22, "token %d's prev", g);
+            cr_assert_float_eq(lp->logprob, 1.0f - lse, 1e-5f);
+            cr_assert_eq(lp->n_top, 2);
+            cr_assert_eq(lp->top_ids[0], lp->token);
+            cr_assert_eq(lp->top_ids[1], lp->token == 0 ? 1 : 0, "the lowest id among the rest");
+            cr_assert_float_eq(lp->top_logprobs[1], -lse, 1e-5f);
+        }
+        env_dispose(&e);
+    }
+
+    /* Before a bias changes them: the reported probability is the model's. */
+    const int32_t seven[1] = {7};
+    const float plus3[1] = {3.0f};
+    p.n_bias = 1;
+    p.bias_ids = seven;
+    p.bias = plus3;
+    p.max_tokens = 1;
+    struct env e;
+    run_penalized(&e, p, false);
+    cr_assert_eq(e.rec.out[0][0], 7);
+    cr_assert_float_eq(e.rec.lp[0][0].logprob, fake_next_after(NULL, 0) == 7 ? 1.0f - lse : -lse,
+                       1e-5f);
+    env_dispose(&e);
 }

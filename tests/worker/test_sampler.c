@@ -274,3 +274,30 @@ Test(worker, penalties_are_off_when_every_rule_is_at_its_default)
     sl_penalties_apply(l, 3, &one, gen, 3, gen, 3, counts);
     cr_assert(l[0] == 1.0f && l[1] == -2.0f && l[2] == 3.0f);
 }
+
+Test(worker, logprobs_are_the_log_softmax_of_the_raw_logits_with_the_best_alternatives)
+{
+    enum { V = 5 };
+    const float l[V] = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f};
+    double z = 0;
+    for (int i = 0; i < V; i++)
+        z += exp((double)l[i]);
+    struct sl_token_logprobs lp;
+    sl_logprobs(l, V, 4, 3, &lp);
+    cr_assert_eq(lp.token, 4);
+    cr_assert_float_eq(lp.logprob, (float)(0.5 - log(z)), 1e-5f);
+    cr_assert_eq(lp.n_top, 3);
+    /* 1 and 3 tie: the lower id first; then 0. */
+    cr_assert_eq(lp.top_ids[0], 1);
+    cr_assert_eq(lp.top_ids[1], 3);
+    cr_assert_eq(lp.top_ids[2], 0);
+    for (int k = 0; k < 3; k++)
+        cr_assert_float_eq(lp.top_logprobs[k], (float)(l[lp.top_ids[k]] - log(z)), 1e-5f);
+    /* No alternatives asked; more than the vocabulary has. */
+    sl_logprobs(l, V, 2, 0, &lp);
+    cr_assert_eq(lp.n_top, 0);
+    cr_assert_float_eq(lp.logprob, (float)(-2.0 - log(z)), 1e-5f);
+    sl_logprobs(l, V, 2, SL_MAX_TOP_LOGPROBS, &lp);
+    cr_assert_eq(lp.n_top, V);
+    cr_assert_eq(lp.top_ids[V - 1], 2, "the least likely comes last");
+}
