@@ -311,6 +311,18 @@ size_t sl_utf8_complete_prefix(const char *s, size_t len)
     return len;
 }
 
+bool sl_utf8_valid(const char *s, size_t len)
+{
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        int n = utf8_seq(u + i, len - i);
+        if (n <= 0)
+            return false;
+        i += (size_t)n;
+    }
+    return true;
+}
+
 void sl_utf8_sanitize(struct sl_str *out, const char *s, size_t len)
 {
     const unsigned char *u = (const unsigned char *)s;

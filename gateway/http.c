@@ -1546,7 +1546,7 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     if (ok) {
         /* Tokens whose text never came (the end of a stop string) go with the last chunk. */
         sl_openai_chunk_encode(b, &c->ident, "", 0, e->finish,
-                               c->want_lp && c->n_lp > 0 ? lp_pending(c, &lpb) : NULL);
+                               c->n_lp > 0 ? lp_pending(c, &lpb) : NULL);
         send_sse(c, b->p, b->len);
         if (c->include_usage) {
             sl_str_clear(b);

@@ -806,17 +806,12 @@ static void put_finish(struct sl_str *out, enum sl_finish finish)
 
 /* A token's text: tok's piece after prev, or (not valid UTF-8 on its own: a byte-fallback token
  * or part of a character) OpenAI's "bytes:\\xNN..." spelling of its bytes. */
-static void put_token(struct sl_str *out, const struct sl_tok *tok, int32_t prev, int32_t id,
-                      struct sl_str *tmp)
+static void put_token(struct sl_str *out, const struct sl_tok *tok, int32_t prev, int32_t id)
 {
     size_t len = 0;
     const char *p = sl_tok_decode(tok, prev, id, &len);
-    if (!p)
-        len = 0;
-    sl_str_clear(tmp);
-    sl_utf8_sanitize(tmp, p ? p : "", len);
-    if (tmp->len == len && (len == 0 || memcmp(tmp->p, p, len) == 0)) {
-        put_str(out, p ? p : "", len);
+    if (sl_utf8_valid(p, len)) {
+        put_str(out, p, len);
         return;
     }
     put_lit(out, "\"bytes:");
@@ -831,7 +826,7 @@ static void put_token_bytes(struct sl_str *out, const struct sl_tok *tok, int32_
     size_t len = 0;
     const char *p = sl_tok_decode(tok, prev, id, &len);
     put_lit(out, "[");
-    for (size_t i = 0; p && i < len; i++)
+    for (size_t i = 0; i < len; i++)
         sl_str_appendf(out, "%s%u", i ? "," : "", (unsigned)(unsigned char)p[i]);
     put_lit(out, "]");
 }
@@ -845,7 +840,8 @@ static void put_logprob(struct sl_str *out, float lp)
 size_t sl_openai_token_len(const struct sl_tok *tok, int32_t prev, int32_t id)
 {
     size_t len = 0;
-    return sl_tok_decode(tok, prev, id, &len) ? len : 0;
+    sl_tok_decode(tok, prev, id, &len);
+    return len;
 }
 
 /* The completions API's logprobs object: tokens, token_logprobs, top_logprobs (a token → logprob
@@ -853,14 +849,11 @@ size_t sl_openai_token_len(const struct sl_tok *tok, int32_t prev, int32_t id)
  * text_offset (bytes into the completion's text). */
 static void put_completion_logprobs(struct sl_str *out, const struct sl_openai_logprobs *lp)
 {
-    struct sl_str tmp, keys;
-    sl_str_init(&tmp);
-    sl_str_init(&keys);
     put_lit(out, "{\"tokens\":[");
     for (int i = 0; i < lp->n; i++) {
         if (i)
             put_lit(out, ",");
-        put_token(out, lp->tok, lp->e[i].prev, lp->e[i].token, &tmp);
+        put_token(out, lp->tok, lp->e[i].prev, lp->e[i].token);
     }
     put_lit(out, "],\"token_logprobs\":[");
     for (int i = 0; i < lp->n; i++) {
@@ -874,30 +867,23 @@ static void put_completion_logprobs(struct sl_str *out, const struct sl_openai_l
         if (i)
             put_lit(out, ",");
         put_lit(out, "{");
-        int written = 0;
-        for (int k = 0; k < e->n_top; k++) {
-            /* Each key once: the texts written so far for this token, NUL-separated. */
-            struct sl_str key;
-            sl_str_init(&key);
-            put_token(&key, lp->tok, e->prev, e->top_ids[k], &tmp);
+        for (int k = 0, written = 0; k < e->n_top; k++) {
+            /* Each key once: an alternative whose bytes a likelier one had is left out. */
+            size_t len = 0, l2 = 0;
+            const char *p = sl_tok_decode(lp->tok, e->prev, e->top_ids[k], &len);
             bool seen = false;
-            for (size_t at = 0; at < keys.len && !seen;) {
-                size_t kl = strlen(keys.p + at);
-                seen = kl == key.len && memcmp(keys.p + at, key.p, kl) == 0;
-                at += kl + 1;
+            for (int k2 = 0; k2 < k && !seen; k2++) {
+                const char *p2 = sl_tok_decode(lp->tok, e->prev, e->top_ids[k2], &l2);
+                seen = l2 == len && memcmp(p2, p, len) == 0;
             }
-            if (!seen) {
-                sl_str_append(&keys, key.p, key.len);
-                sl_str_append(&keys, "", 1);
-                if (written++)
-                    put_lit(out, ",");
-                sl_str_append(out, key.p, key.len);
-                put_lit(out, ":");
-                put_logprob(out, e->top_logprobs[k]);
-            }
-            sl_str_dispose(&key);
+            if (seen)
+                continue;
+            if (written++)
+                put_lit(out, ",");
+            put_token(out, lp->tok, e->prev, e->top_ids[k]);
+            put_lit(out, ":");
+            put_logprob(out, e->top_logprobs[k]);
         }
-        sl_str_clear(&keys);
         put_lit(out, "}");
     }
     put_lit(out, "],\"text_offset\":[");
@@ -907,23 +893,19 @@ static void put_completion_logprobs(struct sl_str *out, const struct sl_openai_l
         off += sl_openai_token_len(lp->tok, lp->e[i].prev, lp->e[i].token);
     }
     put_lit(out, "]}");
-    sl_str_dispose(&tmp);
-    sl_str_dispose(&keys);
 }
 
 /* The chat API's: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
  * "refusal": null}. */
 static void put_chat_logprobs(struct sl_str *out, const struct sl_openai_logprobs *lp)
 {
-    struct sl_str tmp;
-    sl_str_init(&tmp);
     put_lit(out, "{\"content\":[");
     for (int i = 0; i < lp->n; i++) {
         const struct sl_token_logprobs *e = &lp->e[i];
         if (i)
             put_lit(out, ",");
         put_lit(out, "{\"token\":");
-        put_token(out, lp->tok, e->prev, e->token, &tmp);
+        put_token(out, lp->tok, e->prev, e->token);
         put_lit(out, ",\"logprob\":");
         put_logprob(out, e->logprob);
         put_lit(out, ",\"bytes\":");
@@ -933,7 +915,7 @@ static void put_chat_logprobs(struct sl_str *out, const struct sl_openai_logprob
             if (k)
                 put_lit(out, ",");
             put_lit(out, "{\"token\":");
-            put_token(out, lp->tok, e->prev, e->top_ids[k], &tmp);
+            put_token(out, lp->tok, e->prev, e->top_ids[k]);
             put_lit(out, ",\"logprob\":");
             put_logprob(out, e->top_logprobs[k]);
             put_lit(out, ",\"bytes\":");
@@ -943,7 +925,6 @@ static void put_chat_logprobs(struct sl_str *out, const struct sl_openai_logprob
         put_lit(out, "]}");
     }
     put_lit(out, "],\"refusal\":null}");
-    sl_str_dispose(&tmp);
 }
 
 static void put_logprobs(struct sl_str *out, const struct sl_openai_ident *id,

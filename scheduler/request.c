@@ -49,10 +49,6 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
         r->params.bias_ids = r->bias_ids_copy;
         r->params.bias = r->bias_copy;
     }
-    if (r->params.top_logprobs < 0)
-        r->params.top_logprobs = 0;
-    if (r->params.top_logprobs > SL_MAX_TOP_LOGPROBS)
-        r->params.top_logprobs = SL_MAX_TOP_LOGPROBS;
     sl_str_init(&r->pending);
     return r;
 }

@@ -15,18 +15,6 @@ struct sl_detok {
     bool stopped;
 };
 
-/* The text is valid UTF-8, so a stop string that is not can only "match" inside a character, and
- * releasing the text before such a match would cut the character in two. */
-static bool utf8_valid(const char *s, size_t len)
-{
-    struct sl_str clean;
-    sl_str_init(&clean);
-    sl_utf8_sanitize(&clean, s, len);
-    bool same = clean.len == len && memcmp(clean.p, s, len) == 0;
-    sl_str_dispose(&clean);
-    return same;
-}
-
 struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *const *stops,
                               int n_stops)
 {
@@ -38,7 +26,7 @@ struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *
         d->stop_len = sl_xcalloc((size_t)n_stops, sizeof(*d->stop_len));
     }
     for (int i = 0; i < n_stops; i++) {
-        if (!stops[i] || !stops[i][0] || !utf8_valid(stops[i], strlen(stops[i])))
+        if (!stops[i] || !stops[i][0] || !sl_utf8_valid(stops[i], strlen(stops[i])))
             continue;
         d->stops[d->n_stops] = sl_xstrdup(stops[i]);
         d->stop_len[d->n_stops] = strlen(stops[i]);

@@ -89,5 +89,7 @@ char *sl_xstrndup(const char *s, size_t n);
 size_t sl_utf8_complete_prefix(const char *s, size_t len);
 /* Appends s[0..len) to out with every invalid or truncated sequence replaced by U+FFFD. */
 void sl_utf8_sanitize(struct sl_str *out, const char *s, size_t len);
+/* True when s[0..len) is valid UTF-8 as a whole (no invalid byte, no truncated character). */
+bool sl_utf8_valid(const char *s, size_t len);
 
 #endif

@@ -71,6 +71,18 @@ Test(common, sanitize_replaces_invalid_bytes_when_input_is_not_utf8)
     free(out);
 }
 
+Test(common, utf8_valid_accepts_whole_characters_only_when_checking)
+{
+    cr_assert(sl_utf8_valid("", 0));
+    cr_assert(sl_utf8_valid("a\xe2\x82\xac \xf0\x9f\x98\x80", 9));
+    cr_assert_not(sl_utf8_valid("a\xe2\x82", 3), "a truncated character");
+    cr_assert_not(sl_utf8_valid("\xe2", 1), "a lone lead byte");
+    cr_assert_not(sl_utf8_valid("\x82", 1), "a lone continuation byte");
+    cr_assert_not(sl_utf8_valid("\xc0\xaf", 2), "an overlong");
+    cr_assert_not(sl_utf8_valid("\xed\xa0\x80", 3), "a surrogate");
+    cr_assert_not(sl_utf8_valid("ok\xff", 3));
+}
+
 Test(common, status_str_names_every_status_when_asked)
 {
     for (int st = SL_OK; st >= SL_EFORMAT; st--)
