@@ -145,6 +145,7 @@ struct sl_openai_completion {
     int n_messages;
     int32_t *bias_ids; /* logit_bias, owned: params.bias_ids and params.bias point here */
     float *bias;
+    int32_t *stop_ids; /* stop_token_ids, owned: params.stop_ids points here */
 };
 
 /* Decodes and validates a completion request. `model_id` is the served model: a different
@@ -165,10 +166,10 @@ int sl_openai_chat_decode(struct sl_openai_completion *c, const char *body, size
                           const char *model_id, int default_max_tokens,
                           struct sl_openai_error *err);
 
-/* Checks logit_bias's token ids against a model's vocabulary: a 400 naming logit_bias when one
- * is not below vocab. */
-int sl_openai_check_bias(const struct sl_openai_completion *c, int vocab,
-                         struct sl_openai_error *err);
+/* Checks the token ids a request names (logit_bias's keys, stop_token_ids) against a model's
+ * vocabulary: a 400 naming the param when one is not below vocab. */
+int sl_openai_check_vocab(const struct sl_openai_completion *c, int vocab,
+                          struct sl_openai_error *err);
 
 /* Tokenizes the prompt with BOS into ids (capacity seq_len) and checks that the prompt plus
  * max_tokens fits the context. Returns SL_OK with *n_ids set, or fills err. */

@@ -1126,7 +1126,7 @@ static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, 
     const struct engine *en = &c->io->srv->engines[e];
     const struct sl_model *m = en->model;
     int seq_len = sl_model_config(m)->seq_len;
-    if (sl_openai_check_bias(oc, sl_model_config(m)->vocab_size, err) != SL_OK)
+    if (sl_openai_check_vocab(oc, sl_model_config(m)->vocab_size, err) != SL_OK)
         return SL_EINVAL;
     if (c->ident.api != SL_OPENAI_API_CHAT)
         return sl_openai_prompt_encode(sl_model_tok(m), seq_len, oc->prompt, oc->prompt_len,

@@ -187,7 +187,7 @@ static int decode_max_tokens(json_t *root, const char *key, int *out, struct sl_
 }
 
 /* logit_bias: {"token id": bias}, each id a decimal string, each bias in [-100, 100] (OpenAI's
- * rules). The ids are checked against a model's vocabulary by sl_openai_check_bias, once the
+ * rules). The ids are checked against a model's vocabulary by sl_openai_check_vocab, once the
  * model is known. */
 static int decode_logit_bias(struct sl_openai_completion *c, struct sl_openai_error *err)
 {
@@ -249,17 +249,23 @@ static int decode_logit_bias(struct sl_openai_completion *c, struct sl_openai_er
     return SL_OK;
 }
 
-int sl_openai_check_bias(const struct sl_openai_completion *c, int vocab,
-                         struct sl_openai_error *err)
+int sl_openai_check_vocab(const struct sl_openai_completion *c, int vocab,
+                          struct sl_openai_error *err)
 {
-    for (int i = 0; i < c->params.n_bias; i++)
-        if (c->params.bias_ids[i] >= vocab) {
-            sl_openai_error_set(err, 400, "logit_bias", "invalid_value",
-                                "Invalid 'logit_bias': token id %d is not in this model's "
-                                "vocabulary (ids 0 to %d).",
-                                (int)c->params.bias_ids[i], vocab - 1);
-            return SL_EINVAL;
-        }
+    const struct sl_req_params *p = &c->params;
+    for (int k = 0; k < 2; k++) {
+        const int32_t *ids = k == 0 ? p->bias_ids : p->stop_ids;
+        int n = k == 0 ? p->n_bias : p->n_stop_ids;
+        const char *param = k == 0 ? "logit_bias" : "stop_token_ids";
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= vocab) {
+                sl_openai_error_set(err, 400, param, "invalid_value",
+                                    "Invalid '%s': token id %d is not in this model's "
+                                    "vocabulary (ids 0 to %d).",
+                                    param, (int)ids[i], vocab - 1);
+                return SL_EINVAL;
+            }
+    }
     return SL_OK;
 }
 
@@ -317,12 +323,121 @@ static int decode_logprobs(struct sl_openai_completion *c, bool chat, struct sl_
     return st;
 }
 
+static int decode_bool(json_t *root, const char *key, bool *out, struct sl_openai_error *err)
+{
+    json_t *v = member(root, key);
+    if (!v)
+        return SL_OK;
+    if (!json_is_boolean(v))
+        return bad_type(err, key, "a boolean", v);
+    *out = json_is_true(v);
+    return SL_OK;
+}
+
+/* vLLM's stop controls: ignore_eos, min_tokens (0..max_tokens), stop_token_ids (token ids,
+ * checked against a model's vocabulary by sl_openai_check_vocab), include_stop_str_in_output.
+ * After max_tokens. */
+static int decode_stop_controls(struct sl_openai_completion *c, struct sl_openai_error *err)
+{
+    json_t *root = c->root, *v;
+    struct sl_req_params *p = &c->params;
+    int st;
+    if ((st = decode_bool(root, "ignore_eos", &p->ignore_eos, err)) ||
+        (st = decode_bool(root, "include_stop_str_in_output", &p->include_stop_str, err)))
+        return st;
+    if ((v = member(root, "min_tokens"))) {
+        if (!json_is_integer(v))
+            return bad_type(err, "min_tokens", "an integer", v);
+        json_int_t n = json_integer_value(v);
+        if (n < 0 || n > p->max_tokens) {
+            sl_openai_error_set(err, 400, "min_tokens",
+                                n < 0 ? "integer_below_min_value" : "integer_above_max_value",
+                                "Invalid 'min_tokens': expected a value between 0 and max_tokens "
+                                "(%d), but got %lld instead.",
+                                p->max_tokens, (long long)n);
+            return SL_EINVAL;
+        }
+        p->min_tokens = (int)n;
+    }
+    if (!(v = member(root, "stop_token_ids")))
+        return SL_OK;
+    if (!json_is_array(v))
+        return bad_type(err, "stop_token_ids", "an array of integers", v);
+    size_t n = json_array_size(v);
+    if (n > SL_REQ_MAX_STOP_IDS) {
+        sl_openai_error_set(err, 400, "stop_token_ids", "array_above_max_length",
+                            "Invalid 'stop_token_ids': expected at most %d ids, but got %zu "
+                            "instead.",
+                            SL_REQ_MAX_STOP_IDS, n);
+        return SL_EINVAL;
+    }
+    if (n == 0)
+        return SL_OK;
+    c->stop_ids = sl_xmalloc(sizeof(int32_t) * n);
+    size_t i;
+    json_t *id;
+    json_array_foreach(v, i, id)
+    {
+        json_int_t x = json_is_integer(id) ? json_integer_value(id) : -1;
+        if (x < 0 || x > INT32_MAX) {
+            char param[48];
+            snprintf(param, sizeof param, "stop_token_ids[%zu]", i);
+            if (!json_is_integer(id))
+                return bad_type(err, param, "an integer", id);
+            sl_openai_error_set(err, 400, param, "invalid_value",
+                                "Invalid '%s': %lld is not a token id.", param, (long long)x);
+            return SL_EINVAL;
+        }
+        c->stop_ids[i] = (int32_t)x;
+    }
+    p->n_stop_ids = (int)n;
+    p->stop_ids = c->stop_ids;
+    return SL_OK;
+}
+
+/* A field whose presence (anything but null, false or an empty array) asks for what this
+ * server does not do. */
+static bool asks(json_t *root, const char *key)
+{
+    json_t *v = member(root, key);
+    return v && !json_is_false(v) && !(json_is_array(v) && json_array_size(v) == 0);
+}
+
 /* Fields this server does not implement, refused when they ask for something; their default
  * values are accepted, since clients that fill in every field send them. */
 static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_openai_error *err)
 {
     json_t *root = c->root, *v;
+    /* vLLM's extensions that change the answer. */
+    static const char *const structured[] = {"guided_json", "guided_regex", "guided_choice",
+                                             "guided_grammar", "structured_outputs"};
+    for (size_t i = 0; i < sizeof structured / sizeof *structured; i++)
+        if (asks(root, structured[i]))
+            return unsupported(err, structured[i],
+                               "Structured output is not supported: this server does not "
+                               "constrain its output.");
+    if (asks(root, "use_beam_search"))
+        return unsupported(err, "use_beam_search", "Beam search is not supported by this server.");
+    if (member(root, "prompt_logprobs"))
+        return unsupported(err, "prompt_logprobs",
+                           "Prompt log probabilities are not supported by this server.");
+    if ((v = member(root, "skip_special_tokens"))) {
+        if (!json_is_boolean(v))
+            return bad_type(err, "skip_special_tokens", "a boolean", v);
+        if (json_is_false(v))
+            return unsupported(err, "skip_special_tokens",
+                               "Special tokens are always left out of the text by this server.");
+    }
     if (chat) {
+        if (asks(root, "web_search_options"))
+            return unsupported(err, "web_search_options",
+                               "Web search is not supported: this server only generates text.");
+        if ((v = member(root, "tool_choice")) &&
+            !(json_is_string(v) && (strcmp(json_string_value(v), "none") == 0 ||
+                                    strcmp(json_string_value(v), "auto") == 0)))
+            return unsupported(err, "tool_choice",
+                               "Tools are not supported: this server does not call tools, so "
+                               "tool_choice can only be 'none' or 'auto'.");
         if ((v = member(root, "modalities"))) {
             if (!json_is_array(v))
                 return bad_type(err, "modalities", "an array", v);
@@ -418,7 +533,7 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
         (st = decode_number(root, "presence_penalty", -2.0, false, 2.0, &c->params.presence_penalty,
                             err)) ||
         (st = decode_logit_bias(c, err)) || (st = decode_logprobs(c, chat, err)) ||
-        (st = decode_refusals(c, chat, err)))
+        (st = decode_stop_controls(c, err)) || (st = decode_refusals(c, chat, err)))
         return st;
 
     if ((st = decode_stop(c, err)))
@@ -717,6 +832,7 @@ void sl_openai_completion_dispose(struct sl_openai_completion *c)
     free(c->messages);
     free(c->bias_ids);
     free(c->bias);
+    free(c->stop_ids);
     json_decref(c->root);
     memset(c, 0, sizeof *c);
 }

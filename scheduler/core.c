@@ -260,6 +260,13 @@ struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
     c->sample_scratch = sl_xmalloc(sl_sample_scratch_size(lim->vocab));
     c->pen_counts = sl_xcalloc((size_t)lim->vocab, sizeof(int32_t));
     c->raw_row = sl_xmalloc(sizeof(float) * (size_t)lim->vocab);
+    /* The model's stop tokens, listed once, for min_tokens to mask. */
+    for (int32_t t = 0; w->is_stop_token && t < lim->vocab; t++)
+        if (w->is_stop_token(w->ctx, t)) {
+            c->model_stops =
+                sl_xrealloc(c->model_stops, sizeof(int32_t) * (size_t)(c->n_model_stops + 1));
+            c->model_stops[c->n_model_stops++] = t;
+        }
     c->sample_rows = sl_xmalloc(sizeof(*c->sample_rows) * ns);
     c->sampled = sl_xmalloc(sizeof(int32_t) * ns);
     return c;
@@ -364,6 +371,7 @@ void sl_sched_core_free(struct sl_sched_core *c)
     free(c->sample_scratch);
     free(c->pen_counts);
     free(c->raw_row);
+    free(c->model_stops);
     free(c->sample_rows);
     free(c->sampled);
     free(c);
@@ -910,23 +918,57 @@ static struct sl_penalties penalties_of(const struct sl_req_params *rp)
                                  .bias = rp->bias};
 }
 
-/* Appends a sampled token and decides whether s goes on. lp: its log probabilities, or NULL. */
+static bool in_ids(const int32_t *ids, int n, int32_t token)
+{
+    for (int i = 0; i < n; i++)
+        if (ids[i] == token)
+            return true;
+    return false;
+}
+
+/* True while s's next token must not be one that ends it (min_tokens not yet reached) and
+ * there is such a token to mask. */
+static bool masks_stops(const struct sl_sched_core *c, const struct sl_seq *s)
+{
+    const struct sl_req_params *rp = &s->req->params;
+    return s->n_generated < rp->min_tokens &&
+           (rp->n_stop_ids > 0 || (!rp->ignore_eos && c->n_model_stops > 0));
+}
+
+/* row (vocab): the tokens that would end s get no chance at all. */
+static void mask_stops(const struct sl_sched_core *c, const struct sl_seq *s, float *row)
+{
+    const struct sl_req_params *rp = &s->req->params;
+    if (!rp->ignore_eos)
+        for (int i = 0; i < c->n_model_stops; i++)
+            row[c->model_stops[i]] = -INFINITY;
+    for (int i = 0; i < rp->n_stop_ids; i++)
+        if (rp->stop_ids[i] >= 0 && rp->stop_ids[i] < c->lim.vocab)
+            row[rp->stop_ids[i]] = -INFINITY;
+}
+
+/* Appends a sampled token and decides whether s goes on. lp: its log probabilities, or NULL.
+ * None of the first min_tokens tokens ends s. */
 static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token,
                        const struct sl_token_logprobs *lp)
 {
+    const struct sl_req_params *rp = &s->req->params;
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
-    if (c->worker.is_stop_token && c->worker.is_stop_token(c->worker.ctx, token)) {
+    bool armed = s->n_generated > rp->min_tokens;
+    if (armed && !rp->ignore_eos && c->worker.is_stop_token &&
+        c->worker.is_stop_token(c->worker.ctx, token)) {
         seq_finish(c, s, SL_FINISH_STOP, SL_OK);
         return;
     }
     if (lp && c->sink.logprobs)
         c->sink.logprobs(c->sink.ctx, s->req, lp);
-    if (c->sink.token(c->sink.ctx, s->req, token)) {
+    bool stop_str = c->sink.token(c->sink.ctx, s->req, token);
+    if (stop_str || (armed && in_ids(rp->stop_ids, rp->n_stop_ids, token))) {
         seq_finish(c, s, SL_FINISH_STOP, SL_OK);
         return;
     }
-    if (s->n_generated >= s->req->params.max_tokens || s->n_tokens >= c->lim.max_ctx)
+    if (s->n_generated >= rp->max_tokens || s->n_tokens >= c->lim.max_ctx)
         seq_finish(c, s, SL_FINISH_LENGTH, SL_OK);
 }
 
@@ -980,14 +1022,15 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
         .n_logits = n_logits,
         .logit_rows = c->b_logit_rows,
     };
-    /* Penalties, logit bias and log probabilities need the logits on the host: a step with such
-     * a row runs forward, whose logits come back, even on a worker that can sample where they
-     * are. */
+    /* Penalties, logit bias, log probabilities and min_tokens' mask need the logits on the
+     * host: a step with such a row runs forward, whose logits come back, even on a worker that
+     * can sample where they are. */
     bool host_sample = !c->worker.forward_sample;
     for (int i = 0; i < n_logits && !host_sample; i++) {
-        const struct sl_req_params *rp = &c->b_logit_seqs[i]->req->params;
+        const struct sl_seq *s = c->b_logit_seqs[i];
+        const struct sl_req_params *rp = &s->req->params;
         struct sl_penalties pen = penalties_of(rp);
-        host_sample = sl_penalties_active(&pen) || rp->logprobs;
+        host_sample = sl_penalties_active(&pen) || rp->logprobs || masks_stops(c, s);
     }
     int st;
     if (!host_sample) {
@@ -1035,6 +1078,8 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
             lpp = &lp;
         }
         if (host_sample) {
+            if (masks_stops(c, s))
+                mask_stops(c, s, row);
             struct sl_penalties pen = penalties_of(rp);
             if (sl_penalties_active(&pen)) {
                 int n_gen = s->n_generated;

@@ -49,6 +49,18 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
         r->params.bias_ids = r->bias_ids_copy;
         r->params.bias = r->bias_copy;
     }
+    int ns = p->n_stop_ids < 0                     ? 0
+             : p->n_stop_ids > SL_REQ_MAX_STOP_IDS ? SL_REQ_MAX_STOP_IDS
+                                                   : p->n_stop_ids;
+    r->params.n_stop_ids = ns;
+    r->params.stop_ids = NULL;
+    if (ns > 0) {
+        r->stop_ids_copy = sl_xmalloc(sizeof(int32_t) * (size_t)ns);
+        memcpy(r->stop_ids_copy, p->stop_ids, sizeof(int32_t) * (size_t)ns);
+        r->params.stop_ids = r->stop_ids_copy;
+    }
+    if (r->params.min_tokens < 0)
+        r->params.min_tokens = 0;
     sl_str_init(&r->pending);
     return r;
 }
@@ -66,6 +78,7 @@ void sl_req_unref(struct sl_req *r)
         free(r->stop_copy[i]);
     free(r->bias_ids_copy);
     free(r->bias_copy);
+    free(r->stop_ids_copy);
     free(r->pending_lp);
     if (r->detok)
         sl_detok_free(r->detok);

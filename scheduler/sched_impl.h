@@ -18,6 +18,7 @@ struct sl_req {
     char *stop_copy[SL_REQ_MAX_STOPS];
     int32_t *bias_ids_copy; /* params.bias_ids and params.bias point here */
     float *bias_copy;
+    int32_t *stop_ids_copy;
     void *user; /* the outbox owner's thread only */
     /* Queue time (sl_req_queue_ns): stamped by sl_sched_submit's caller and by the core at the
      * start of the first step that runs the request; SL_REQ_NOT_YET until then. */
@@ -153,6 +154,8 @@ struct sl_sched_core {
     void *sample_scratch;         /* sl_sample_scratch_size(vocab) */
     int32_t *pen_counts;          /* (vocab) zero between uses: sl_penalties_apply's counts */
     float *raw_row;               /* (vocab) a row's logits before sampling changes them */
+    int32_t *model_stops;         /* (n_model_stops) the ids is_stop_token accepts */
+    int n_model_stops;
 
     /* When the worker samples (forward_sample): each logit row's parameters, and its ids. */
     struct sl_sample_row *sample_rows; /* (max_seqs) */

@@ -13,6 +13,9 @@ struct sl_detok {
     struct sl_str raw;  /* decoded bytes that do not yet form a complete character */
     struct sl_str text; /* valid UTF-8 held back because it may begin a stop string */
     bool stopped;
+    int pushed;     /* tokens pushed so far */
+    int min_tokens; /* stop strings match once more tokens than this were pushed */
+    bool include_stop;
 };
 
 struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *const *stops,
@@ -37,6 +40,12 @@ struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *
     return d;
 }
 
+void sl_detok_stop_options(struct sl_detok *d, int min_tokens, bool include_stop)
+{
+    d->min_tokens = min_tokens;
+    d->include_stop = include_stop;
+}
+
 void sl_detok_free(struct sl_detok *d)
 {
     if (!d)
@@ -50,16 +59,18 @@ void sl_detok_free(struct sl_detok *d)
     free(d);
 }
 
-/* Start of the earliest complete stop string in text, or -1. */
-static ptrdiff_t find_stop(const struct sl_detok *d)
+/* Start of the earliest complete stop string in text, or -1; *len: its length. */
+static ptrdiff_t find_stop(const struct sl_detok *d, size_t *len)
 {
     ptrdiff_t best = -1;
     if (d->text.len == 0)
         return -1;
     for (int i = 0; i < d->n_stops; i++) {
         const char *hit = memmem(d->text.p, d->text.len, d->stops[i], d->stop_len[i]);
-        if (hit && (best < 0 || hit - d->text.p < best))
+        if (hit && (best < 0 || hit - d->text.p < best)) {
             best = hit - d->text.p;
+            *len = d->stop_len[i];
+        }
     }
     return best;
 }
@@ -101,9 +112,10 @@ static size_t release(struct sl_detok *d, size_t n, struct sl_str *out)
 /* Releases what can no longer be part of a stop string, or everything before a completed one. */
 static size_t settle(struct sl_detok *d, struct sl_str *out, bool final, bool *stopped)
 {
-    ptrdiff_t at = find_stop(d);
+    size_t len = 0;
+    ptrdiff_t at = d->pushed > d->min_tokens ? find_stop(d, &len) : -1;
     if (at >= 0) {
-        size_t n = release(d, (size_t)at, out);
+        size_t n = release(d, (size_t)at + (d->include_stop ? len : 0), out);
         sl_str_clear(&d->text);
         d->stopped = true;
         if (stopped)
@@ -124,6 +136,7 @@ size_t sl_detok_push(struct sl_detok *d, int32_t token, struct sl_str *out, bool
     size_t n;
     const char *piece = sl_tok_decode(d->tok, d->prev, token, &n);
     d->prev = token;
+    d->pushed++;
     sl_str_append(&d->raw, piece, n);
     size_t done = sl_utf8_complete_prefix(d->raw.p, d->raw.len);
     if (done > 0) {

@@ -33,6 +33,8 @@ const char *sl_finish_str(enum sl_finish f);
 #define SL_REQ_MAX_STOPS 4
 /* logit_bias entries a request may carry (OpenAI documents no limit; vLLM none either). */
 #define SL_REQ_MAX_LOGIT_BIAS 1024
+/* stop_token_ids a request may carry. */
+#define SL_REQ_MAX_STOP_IDS 256
 
 /* Most tiers a scheduler knows (the gateway's configuration allows as many). */
 #define SL_SCHED_MAX_TIERS 32
@@ -58,6 +60,17 @@ struct sl_req_params {
     uint64_t seed;     /* sampling seed */
     int n_stop;        /* stop strings, at most SL_REQ_MAX_STOPS */
     const char *stop[SL_REQ_MAX_STOPS];
+    /* vLLM's stop controls. A stop string's own text is released too when include_stop_str.
+     * n_stop_ids (at most SL_REQ_MAX_STOP_IDS) token ids that end the sequence once sampled (the
+     * token's text is released, as any other's). ignore_eos: the model's stop tokens (see
+     * is_stop_token) do not end it. The first min_tokens tokens generated never end it: the
+     * model's stop tokens and stop_ids are not sampled (their logits are masked) and stop
+     * strings do not match. */
+    bool include_stop_str;
+    int n_stop_ids;
+    const int32_t *stop_ids;
+    bool ignore_eos;
+    int min_tokens;
     /* Changes to the logits before sampling (struct sl_penalties): repetition (0 = off),
      * frequency, presence, and n_bias (at most SL_REQ_MAX_LOGIT_BIAS) logit_bias entries. */
     float repetition_penalty;
@@ -154,7 +167,9 @@ struct sl_sched_worker {
      * sequence's rng. */
     int (*forward_sample)(void *ctx, const struct sl_batch *b, const struct sl_sample_row *rows,
                           int32_t *ids);
-    /* True when sampling `token` ends the sequence (EOS/BOS rules of the model). */
+    /* True when sampling `token` ends the sequence (EOS/BOS rules of the model), unless the
+     * request sets ignore_eos or has not reached min_tokens. Asked once for every id when the
+     * core is created (to list what min_tokens masks), then per sampled token. */
     bool (*is_stop_token)(void *ctx, int32_t token);
 };
 
@@ -166,7 +181,7 @@ struct sl_sched_sink {
     bool (*token)(void *ctx, struct sl_req *r, int32_t token);
     /* Optional: for a request that asked for log probabilities, called with a token's right
      * before token() is called with it (never for a token that ends the sequence by the model's
-     * EOS rules, which token() does not see either). */
+     * EOS rules, which token() does not see either; with ignore_eos both see it). */
     void (*logprobs)(void *ctx, struct sl_req *r, const struct sl_token_logprobs *lp);
     /* r left the scheduler (finished, cancelled or failed); n_generated tokens were produced.
      * The core drops its reference right after this returns. */

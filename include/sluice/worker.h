@@ -118,6 +118,11 @@ struct sl_detok;
 struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *const *stops,
                               int n_stops);
 void sl_detok_free(struct sl_detok *d);
+/* vLLM's stop-string options: a stop string completed by one of the first min_tokens tokens
+ * pushed does not count (held-back text may still begin one completed later), and with
+ * include_stop the stop string's own text is released too (nothing after it). Call before the
+ * first push. */
+void sl_detok_stop_options(struct sl_detok *d, int min_tokens, bool include_stop);
 /* Feeds one sampled token; appends the newly released text to out. Returns the number of bytes
  * appended. After *stopped is set, further pushes are ignored. */
 size_t sl_detok_push(struct sl_detok *d, int32_t token, struct sl_str *out, bool *stopped);

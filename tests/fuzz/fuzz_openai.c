@@ -97,6 +97,12 @@ static void check_params(const struct sl_openai_completion *c)
     for (int i = 0; i < p->n_bias; i++)
         fuzz_check(p->bias_ids[i] >= 0 && p->bias[i] >= -100.0f && p->bias[i] <= 100.0f,
                    "logit_bias[%d]: %d -> %g", i, (int)p->bias_ids[i], (double)p->bias[i]);
+    fuzz_check(p->min_tokens >= 0 && p->min_tokens <= p->max_tokens, "min_tokens %d of %d",
+               p->min_tokens, p->max_tokens);
+    fuzz_check(p->n_stop_ids >= 0 && p->n_stop_ids <= SL_REQ_MAX_STOP_IDS, "n_stop_ids %d",
+               p->n_stop_ids);
+    for (int i = 0; i < p->n_stop_ids; i++)
+        fuzz_check(p->stop_ids[i] >= 0, "stop_token_ids[%d]: %d", i, (int)p->stop_ids[i]);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -122,7 +128,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     check_params(&c);
-    if (sl_openai_check_bias(&c, mc->vocab_size, &err) != SL_OK)
+    if (sl_openai_check_vocab(&c, mc->vocab_size, &err) != SL_OK)
         check_error(&err, true);
     int32_t *ids = malloc(sizeof *ids * (size_t)mc->seq_len);
     int n = 0;

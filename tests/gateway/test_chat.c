@@ -178,6 +178,23 @@ Test(gateway, chat_says_tools_are_unsupported_when_tool_messages_are_sent)
     expect_error("{\"messages\":[" USER_HI "],\"tools\":{}}", 400, "tools", "unsupported_value");
     expect_error("{\"messages\":[" USER_HI "],\"functions\":[{\"name\":\"f\"}]}", 400, "functions",
                  "unsupported_value");
+    /* tool_choice can only say that no tool is called. */
+    expect_error("{\"messages\":[" USER_HI "],\"tool_choice\":\"required\"}", 400, "tool_choice",
+                 "unsupported_value");
+    expect_error("{\"messages\":[" USER_HI "],\"tool_choice\":{\"type\":\"function\","
+                 "\"function\":{\"name\":\"f\"}}}",
+                 400, "tool_choice", "unsupported_value");
+    expect_error("{\"messages\":[" USER_HI "],\"web_search_options\":{}}", 400,
+                 "web_search_options", "unsupported_value");
+    cr_assert_eq(decode(&c,
+                        "{\"messages\":[" USER_HI "],\"tool_choice\":\"none\",\"tools\":[],"
+                        "\"parallel_tool_calls\":false}",
+                        &err),
+                 SL_OK, "%s", err.message);
+    sl_openai_completion_dispose(&c);
+    cr_assert_eq(decode(&c, "{\"messages\":[" USER_HI "],\"tool_choice\":\"auto\"}", &err), SL_OK,
+                 "%s", err.message);
+    sl_openai_completion_dispose(&c);
 }
 
 Test(gateway, chat_names_the_content_part_when_a_part_is_bad)

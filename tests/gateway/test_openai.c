@@ -484,8 +484,8 @@ Test(gateway, decodes_penalties_and_logit_bias_when_they_are_given)
     cr_assert_float_eq(got[511], 2.5f, 1e-6);
     cr_assert_float_eq(got[42], 100.0f, 1e-6);
     /* The vocabulary check, once the model is known: 511 fits 512 ids, not 511. */
-    cr_assert_eq(sl_openai_check_bias(&c, 512, &err), SL_OK);
-    cr_assert_eq(sl_openai_check_bias(&c, 511, &err), SL_EINVAL);
+    cr_assert_eq(sl_openai_check_vocab(&c, 512, &err), SL_OK);
+    cr_assert_eq(sl_openai_check_vocab(&c, 511, &err), SL_EINVAL);
     cr_assert_str_eq(err.param, "logit_bias");
     cr_assert(strstr(err.message, "511"), "names the id: %s", err.message);
     sl_openai_completion_dispose(&c);
@@ -551,6 +551,97 @@ Test(gateway, refuses_completion_fields_it_does_not_implement_when_they_ask_for_
                         &err),
                  SL_OK, "%s", err.message);
     cr_assert_not(c.params.logprobs);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, decodes_vllm_stop_controls_when_they_are_given)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c,
+                        "{\"prompt\":\"x\",\"max_tokens\":40,\"ignore_eos\":true,\"min_tokens\":40,"
+                        "\"stop_token_ids\":[2,0,511],\"include_stop_str_in_output\":true}",
+                        &err),
+                 SL_OK, "%s", err.message);
+    cr_assert(c.params.ignore_eos);
+    cr_assert(c.params.include_stop_str);
+    cr_assert_eq(c.params.min_tokens, 40);
+    cr_assert_eq(c.params.n_stop_ids, 3);
+    cr_assert_eq(c.params.stop_ids[0], 2);
+    cr_assert_eq(c.params.stop_ids[1], 0);
+    cr_assert_eq(c.params.stop_ids[2], 511);
+    /* The vocabulary check, once the model is known. */
+    cr_assert_eq(sl_openai_check_vocab(&c, 512, &err), SL_OK);
+    cr_assert_eq(sl_openai_check_vocab(&c, 511, &err), SL_EINVAL);
+    cr_assert_str_eq(err.param, "stop_token_ids");
+    cr_assert(strstr(err.message, "511"), "names the id: %s", err.message);
+    sl_openai_completion_dispose(&c);
+
+    /* Absent, null or empty: nothing changes. */
+    cr_assert_eq(decode(&c,
+                        "{\"prompt\":\"x\",\"ignore_eos\":null,\"min_tokens\":0,"
+                        "\"stop_token_ids\":[],\"include_stop_str_in_output\":false}",
+                        &err),
+                 SL_OK, "%s", err.message);
+    cr_assert_not(c.params.ignore_eos);
+    cr_assert_eq(c.params.min_tokens, 0);
+    cr_assert_eq(c.params.n_stop_ids, 0);
+    sl_openai_completion_dispose(&c);
+
+    expect_error("{\"prompt\":\"x\",\"ignore_eos\":1}", 400, "ignore_eos", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"include_stop_str_in_output\":\"yes\"}", 400,
+                 "include_stop_str_in_output", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"min_tokens\":-1}", 400, "min_tokens",
+                 "integer_below_min_value");
+    /* At most max_tokens (the default 16 here when none is given). */
+    expect_error("{\"prompt\":\"x\",\"min_tokens\":17}", 400, "min_tokens",
+                 "integer_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"max_tokens\":4,\"min_tokens\":5}", 400, "min_tokens",
+                 "integer_above_max_value");
+    expect_error("{\"prompt\":\"x\",\"min_tokens\":1.5}", 400, "min_tokens", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"stop_token_ids\":2}", 400, "stop_token_ids", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"stop_token_ids\":[2,\"3\"]}", 400, "stop_token_ids[1]",
+                 "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"stop_token_ids\":[-1]}", 400, "stop_token_ids[0]",
+                 "invalid_value");
+    expect_error("{\"prompt\":\"x\",\"stop_token_ids\":[4294967296]}", 400, "stop_token_ids[0]",
+                 "invalid_value");
+    char body[4096] = "{\"prompt\":\"x\",\"stop_token_ids\":[";
+    for (int i = 0; i <= SL_REQ_MAX_STOP_IDS; i++)
+        snprintf(body + strlen(body), sizeof body - strlen(body), "%s%d", i ? "," : "", i);
+    strcat(body, "]}");
+    expect_error(body, 400, "stop_token_ids", "array_above_max_length");
+}
+
+Test(gateway, refuses_vllm_extensions_it_does_not_implement_when_they_ask_for_something)
+{
+    expect_error("{\"prompt\":\"x\",\"guided_json\":{\"type\":\"object\"}}", 400, "guided_json",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"guided_choice\":[\"a\",\"b\"]}", 400, "guided_choice",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"guided_regex\":\"a+\"}", 400, "guided_regex",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"guided_grammar\":\"root ::= x\"}", 400, "guided_grammar",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"structured_outputs\":{\"json\":{}}}", 400,
+                 "structured_outputs", "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"use_beam_search\":true}", 400, "use_beam_search",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"prompt_logprobs\":0}", 400, "prompt_logprobs",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"skip_special_tokens\":false}", 400, "skip_special_tokens",
+                 "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"skip_special_tokens\":0}", 400, "skip_special_tokens",
+                 "invalid_type");
+    /* Their defaults, as clients that fill in every field send them. */
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c,
+                        "{\"prompt\":\"x\",\"guided_json\":null,\"guided_choice\":[],"
+                        "\"use_beam_search\":false,\"prompt_logprobs\":null,"
+                        "\"skip_special_tokens\":true}",
+                        &err),
+                 SL_OK, "%s", err.message);
     sl_openai_completion_dispose(&c);
 }
 

@@ -312,6 +312,105 @@ Test(integration, logit_bias_and_penalties_shape_the_text_when_sent)
     free(streamed);
 }
 
+/* complete(), also giving usage.completion_tokens. */
+static char *complete_counted(const char *body, int max_tokens, const char **finish, int *n)
+{
+    char *text = complete(body, max_tokens, finish);
+    struct response r = roundtrip("POST", "/v1/completions", body);
+    json_t *j = parse_json(r.body);
+    *n = (int)json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens"));
+    json_decref(j);
+    response_dispose(&r);
+    return text;
+}
+
+/* vLLM's stop controls over HTTP, on the tiny synthetic model (its stop tokens: BOS 1, EOS 2):
+ * a bias of 100 makes a token the greedy choice, so "the model wants to stop now" is set up. */
+Test(integration, ignore_eos_min_tokens_and_stop_token_ids_decide_where_the_text_ends)
+{
+    const char *f;
+    int n;
+    char *plain =
+        complete_counted("{\"prompt\":\"Once\",\"max_tokens\":5,\"temperature\":0}", 5, &f, &n);
+    cr_assert_str_eq(f, "length", "the plain greedy run hits no stop token");
+    /* EOS at once: one token generated, no text. */
+    char *eos = complete_counted("{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                                 "\"logit_bias\":{\"2\":100}}",
+                                 8, &f, &n);
+    cr_assert_str_eq(f, "stop");
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(eos, "");
+    /* ignore_eos: EOS every step, to max_tokens, streamed or not. */
+    const char *ignore = "{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                         "\"logit_bias\":{\"2\":100},\"ignore_eos\":true%s}";
+    char body[512];
+    snprintf(body, sizeof body, ignore, "");
+    char *ign = complete_counted(body, 8, &f, &n);
+    cr_assert_str_eq(f, "length");
+    cr_assert_eq(n, 8);
+    snprintf(body, sizeof body, ignore, ",\"stream\":true");
+    char *ign_s = stream(body, &f);
+    cr_assert_str_eq(f, "length");
+    cr_assert_str_eq(ign_s, ign);
+    /* min_tokens 5: EOS masked for five tokens (the plain run's), then taken. */
+    char *min = complete_counted("{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                                 "\"logit_bias\":{\"2\":100},\"min_tokens\":5}",
+                                 8, &f, &n);
+    cr_assert_str_eq(f, "stop");
+    cr_assert_eq(n, 6);
+    cr_assert_str_eq(min, plain);
+
+    /* stop_token_ids: the token's text is part of the output; with min_tokens 3 it comes after
+     * the plain run's first three. */
+    char *one = complete("{\"prompt\":\"Once\",\"max_tokens\":1,\"temperature\":0,"
+                         "\"logit_bias\":{\"100\":100}}",
+                         1, NULL);
+    char *stop_id = complete_counted("{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                                     "\"logit_bias\":{\"100\":100},\"stop_token_ids\":[100]}",
+                                     8, &f, &n);
+    cr_assert_str_eq(f, "stop");
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(stop_id, one);
+    char *three = complete("{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 3, NULL);
+    char *late = complete_counted("{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                                  "\"logit_bias\":{\"100\":100},\"stop_token_ids\":[100],"
+                                  "\"min_tokens\":3}",
+                                  8, &f, &n);
+    cr_assert_str_eq(f, "stop");
+    cr_assert_eq(n, 4);
+    char want[256];
+    snprintf(want, sizeof want, "%s%s", three, one);
+    cr_assert_str_eq(late, want);
+
+    /* include_stop_str_in_output keeps the stop string. */
+    char stop_body[512];
+    json_t *js = json_string(one);
+    char *quoted = json_dumps(js, JSON_ENCODE_ANY);
+    const char *fmt = "{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                      "\"logit_bias\":{\"100\":100},\"stop\":%s%s}";
+    snprintf(stop_body, sizeof stop_body, fmt, quoted, "");
+    char *cut = complete(stop_body, 8, &f);
+    cr_assert_str_eq(f, "stop");
+    cr_assert_str_eq(cut, "");
+    snprintf(stop_body, sizeof stop_body, fmt, quoted, ",\"include_stop_str_in_output\":true");
+    char *kept = complete(stop_body, 8, &f);
+    cr_assert_str_eq(f, "stop");
+    cr_assert_str_eq(kept, one);
+    free(quoted);
+    json_decref(js);
+
+    /* An id outside the vocabulary is named. */
+    struct response r =
+        roundtrip("POST", "/v1/completions", "{\"prompt\":\"Once\",\"stop_token_ids\":[512]}");
+    assert_error_object(&r, 400, "invalid_request_error");
+    cr_assert(strstr(r.body, "stop_token_ids"), "%s", r.body);
+    response_dispose(&r);
+
+    char *all[] = {plain, eos, ign, ign_s, min, one, stop_id, three, late, cut, kept};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        free(all[i]);
+}
+
 /* The SSE events of a streamed response body, each parsed (the [DONE] left out); caller decrefs
  * the array. */
 static json_t *stream_events(const char *path, const char *body)

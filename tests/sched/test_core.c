@@ -1027,24 +1027,24 @@ Test(sched, sampling_worker_gives_the_seeded_tokens_when_it_samples_on_its_devic
  * penalty give outcomes that can be stated token by token.
  */
 
-/* One greedy request (prompt 1, 20, 21, 22) with p's penalties, run to the end on the fake
- * worker; on the sampling one when `sampling`. Returns the worker's forward_sample rows. */
-static int run_penalized(struct env *e, struct sl_req_params p, bool sampling)
+/* One greedy request (prompt 1, 20, 21, 22) with p's parameters, run to the end on the fake
+ * worker, whose model stop token is `stop`; on the sampling one when `sampling`. Returns the
+ * worker's forward_sample rows. */
+static int run_greedy(struct env *e, struct sl_req_params p, bool sampling, int32_t stop)
 {
     env_init(e, 2, 16, 32, 4);
-    if (sampling) {
-        struct sl_sched_worker w = {.ctx = &e->fake,
-                                    .forward = fake_forward,
-                                    .forward_sample = fake_forward_sample,
-                                    .is_stop_token = fake_is_stop};
-        struct sl_sched_sink sk = {.ctx = &e->rec,
-                                   .token = sink_token,
-                                   .logprobs = sink_logprobs,
-                                   .done = sink_done,
-                                   .preempted = sink_preempted};
-        sl_sched_core_free(e->core);
-        e->core = sl_sched_core_new(&e->lim, &w, &sk);
-    }
+    e->fake.stop_token = stop; /* before the core lists the model's stop tokens */
+    struct sl_sched_worker w = {.ctx = &e->fake,
+                                .forward = fake_forward,
+                                .forward_sample = sampling ? fake_forward_sample : NULL,
+                                .is_stop_token = fake_is_stop};
+    struct sl_sched_sink sk = {.ctx = &e->rec,
+                               .token = sink_token,
+                               .logprobs = sink_logprobs,
+                               .done = sink_done,
+                               .preempted = sink_preempted};
+    sl_sched_core_free(e->core);
+    e->core = sl_sched_core_new(&e->lim, &w, &sk);
     const int32_t prompt[4] = {1, 20, 21, 22};
     p.temperature = 0.f;
     p.top_p = 1.f;
@@ -1052,8 +1052,16 @@ static int run_penalized(struct env *e, struct sl_req_params p, bool sampling)
     cr_assert_eq(sl_sched_core_submit(e->core, e->rec.reqs[0], 0), SL_OK);
     sampled_rows = 0;
     run_until_idle(e, 100);
-    cr_assert_eq(e->rec.n_out[0], p.max_tokens);
+    cr_assert_eq(e->rec.done_calls[0], 1);
     return sampled_rows;
+}
+
+/* The same with no stop token, run to max_tokens. */
+static int run_penalized(struct env *e, struct sl_req_params p, bool sampling)
+{
+    int rows = run_greedy(e, p, sampling, STOP_NONE);
+    cr_assert_eq(e->rec.n_out[0], p.max_tokens);
+    return rows;
 }
 
 /* The token the one-hot fake makes most likely after the prompt and out[0..n). */
@@ -1195,4 +1203,120 @@ Test(sched, logprobs_of_each_token_come_from_the_raw_logits_when_asked)
     cr_assert_float_eq(e.rec.lp[0][0].logprob, fake_next_after(NULL, 0) == 7 ? 1.0f - lse : -lse,
                        1e-5f);
     env_dispose(&e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * vLLM's stop controls: ignore_eos, min_tokens, stop_token_ids. On the one-hot fake a +3 bias
+ * makes a token the greedy choice every step, so "the model wants to stop now" can be set up.
+ */
+
+Test(sched, ignore_eos_and_min_tokens_hold_off_the_models_stop_token)
+{
+    const int32_t stop[1] = {9};
+    const float plus3[1] = {3.0f};
+    struct sl_req_params p = {.max_tokens = 8, .n_bias = 1, .bias_ids = stop, .bias = plus3};
+    for (int sampling = 0; sampling < 2; sampling++) {
+        /* Plain: the stop token ends the sequence at once, unseen by the sink. */
+        struct env e;
+        run_greedy(&e, p, sampling, 9);
+        cr_assert_eq(e.rec.finish[0], SL_FINISH_STOP);
+        cr_assert_eq(e.rec.n_generated[0], 1);
+        cr_assert_eq(e.rec.n_out[0], 0);
+        env_dispose(&e);
+
+        /* ignore_eos: it is sampled every step and generation runs to max_tokens. */
+        struct sl_req_params q = p;
+        q.ignore_eos = true;
+        run_greedy(&e, q, sampling, 9);
+        cr_assert_eq(e.rec.finish[0], SL_FINISH_LENGTH);
+        cr_assert_eq(e.rec.n_out[0], 8);
+        for (int g = 0; g < 8; g++)
+            cr_assert_eq(e.rec.out[0][g], 9);
+        env_dispose(&e);
+
+        /* min_tokens 3: masked for three tokens (the fake's own choices, as without the bias),
+         * then the fourth ends it. */
+        q = p;
+        q.min_tokens = 3;
+        int rows = run_greedy(&e, q, sampling, 9);
+        cr_assert_eq(e.rec.finish[0], SL_FINISH_STOP);
+        cr_assert_eq(e.rec.n_generated[0], 4);
+        cr_assert_eq(e.rec.n_out[0], 3);
+        for (int g = 0; g < 3; g++) {
+            int32_t want = fake_next_after(e.rec.out[0], g);
+            cr_assert_eq(e.rec.out[0][g], want == 9 ? 0 : want, "token %d", g);
+        }
+        if (sampling)
+            cr_assert_eq(rows, 0, "the worker sampled rows whose stop tokens needed masking");
+        env_dispose(&e);
+    }
+
+    /* A sampling worker samples rows with nothing to mask: min_tokens without a stop token. */
+    struct env e;
+    int rows =
+        run_greedy(&e, (struct sl_req_params){.max_tokens = 4, .min_tokens = 2}, true, STOP_NONE);
+    cr_assert_eq(rows, 4);
+    env_dispose(&e);
+}
+
+Test(sched, stop_token_ids_end_the_sequence_with_their_token_once_min_tokens_is_reached)
+{
+    const int32_t seven[1] = {7};
+    const float plus3[1] = {3.0f};
+    struct sl_req_params p = {.max_tokens = 8,
+                              .n_bias = 1,
+                              .bias_ids = seven,
+                              .bias = plus3,
+                              .n_stop_ids = 1,
+                              .stop_ids = seven};
+    for (int sampling = 0; sampling < 2; sampling++) {
+        /* The stop id is sampled, handed to the sink (its text is part of the output), and ends
+         * the sequence. */
+        struct env e;
+        run_greedy(&e, p, sampling, STOP_NONE);
+        cr_assert_eq(e.rec.finish[0], SL_FINISH_STOP);
+        cr_assert_eq(e.rec.n_out[0], 1);
+        cr_assert_eq(e.rec.out[0][0], 7);
+        env_dispose(&e);
+
+        /* min_tokens 2: masked twice, then sampled and stopping. */
+        struct sl_req_params q = p;
+        q.min_tokens = 2;
+        int rows = run_greedy(&e, q, sampling, STOP_NONE);
+        cr_assert_eq(e.rec.finish[0], SL_FINISH_STOP);
+        cr_assert_eq(e.rec.n_out[0], 3);
+        for (int g = 0; g < 2; g++) {
+            int32_t want = fake_next_after(e.rec.out[0], g);
+            cr_assert_eq(e.rec.out[0][g], want == 7 ? 0 : want, "token %d", g);
+        }
+        cr_assert_eq(e.rec.out[0][2], 7);
+        if (sampling)
+            cr_assert_eq(rows, 0);
+        env_dispose(&e);
+    }
+
+    /* ignore_eos leaves stop_token_ids in force (vLLM's rule). */
+    struct env e;
+    struct sl_req_params q = p;
+    q.ignore_eos = true;
+    run_greedy(&e, q, false, 7);
+    cr_assert_eq(e.rec.finish[0], SL_FINISH_STOP);
+    cr_assert_eq(e.rec.n_out[0], 1);
+    env_dispose(&e);
+}
+
+/* (Stop strings before min_tokens are the detokenizer's to hold off: tests/worker/test_detok.c.) */
+Test(sched, request_copies_its_stop_ids)
+{
+    int32_t ids[2] = {5, 6};
+    struct sl_req_params p = {.max_tokens = 4, .n_stop_ids = 2, .stop_ids = ids, .min_tokens = -3};
+    struct sl_req *r = sl_req_new(ids, 2, &p);
+    ids[0] = 40;
+    const struct sl_req_params *rp = sl_req_params(r);
+    cr_assert_eq(rp->n_stop_ids, 2);
+    cr_assert_neq(rp->stop_ids, ids);
+    cr_assert_eq(rp->stop_ids[0], 5);
+    cr_assert_eq(rp->stop_ids[1], 6);
+    cr_assert_eq(rp->min_tokens, 0, "a negative min_tokens reads as none");
+    sl_req_unref(r);
 }

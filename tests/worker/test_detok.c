@@ -207,3 +207,47 @@ Test(worker, detok_drops_leading_space_when_prompt_ends_with_bos, .init = setup,
     sl_detok_free(d);
     sl_str_dispose(&out);
 }
+
+/* vLLM's options. min_tokens: a stop string completed by one of the first min_tokens tokens does
+ * not count (its text is released as any other); from the next token on they match, including
+ * one begun by held-back text of earlier tokens. */
+Test(worker, detok_matches_stop_strings_only_after_min_tokens, .init = setup, .fini = teardown)
+{
+    const char *stops[] = {"ab"};
+    const char *seq[] = {"a", "b", "x", "a", "b", "y"};
+    for (int min = 0; min <= 6; min++) {
+        struct sl_detok *d = sl_detok_new(tok, 42, stops, 1);
+        sl_detok_stop_options(d, min, false);
+        struct sl_str out;
+        sl_str_init(&out);
+        sl_str_append(&out, "", 0);
+        bool stopped = false;
+        for (int i = 0; i < 6 && !stopped; i++)
+            sl_detok_push(d, piece(seq[i]), &out, &stopped);
+        sl_detok_finish(d, &out);
+        /* "ab" completes with tokens 2 and 5 (counting from 1). */
+        const char *want = min <= 1 ? "" : min <= 4 ? "abx" : "abxaby";
+        cr_assert_str_eq(out.p, want, "min_tokens %d", min);
+        cr_assert_eq(stopped, min <= 4, "min_tokens %d", min);
+        sl_detok_free(d);
+        sl_str_dispose(&out);
+    }
+}
+
+/* include_stop: the stop string is released too, and nothing after it. */
+Test(worker, detok_includes_the_stop_string_when_asked, .init = setup, .fini = teardown)
+{
+    const char *stops[] = {"ut", "tim"};
+    struct sl_detok *d = sl_detok_new(tok, 42, stops, 2);
+    sl_detok_stop_options(d, 0, true);
+    struct sl_str out;
+    sl_str_init(&out);
+    bool stopped = false;
+    const char *seq[] = {"b", "u", " time", "x"};
+    for (int i = 0; i < 4 && !stopped; i++)
+        sl_detok_push(d, piece(seq[i]), &out, &stopped);
+    cr_assert(stopped);
+    cr_assert_str_eq(out.p, "bu tim");
+    sl_detok_free(d);
+    sl_str_dispose(&out);
+}
