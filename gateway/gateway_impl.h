@@ -130,9 +130,11 @@ struct sl_chat_msg {
  * owns them. */
 struct sl_openai_completion {
     json_t *root;
-    const char *model; /* "model" as sent, or NULL */
-    const char *prompt;
+    const char *model;  /* "model" as sent, or NULL */
+    const char *prompt; /* the prompt as text, or NULL when given as token ids */
     size_t prompt_len;
+    int32_t *prompt_ids; /* the prompt as token ids (owned), or NULL */
+    int n_prompt_ids;
     struct sl_req_params params; /* stop[] points into root; seed valid only when has_seed */
     bool has_seed;
     bool stream;
@@ -166,8 +168,8 @@ int sl_openai_chat_decode(struct sl_openai_completion *c, const char *body, size
                           const char *model_id, int default_max_tokens,
                           struct sl_openai_error *err);
 
-/* Checks the token ids a request names (logit_bias's keys, stop_token_ids) against a model's
- * vocabulary: a 400 naming the param when one is not below vocab. */
+/* Checks the token ids a request names (logit_bias's keys, stop_token_ids, a prompt of ids) against
+ * a model's vocabulary: a 400 naming the param when one is not below vocab. */
 int sl_openai_check_vocab(const struct sl_openai_completion *c, int vocab,
                           struct sl_openai_error *err);
 
@@ -175,6 +177,11 @@ int sl_openai_check_vocab(const struct sl_openai_completion *c, int vocab,
  * max_tokens fits the context. Returns SL_OK with *n_ids set, or fills err. */
 int sl_openai_prompt_encode(const struct sl_tok *tok, int seq_len, const char *prompt, size_t len,
                             int max_tokens, int32_t *ids, int *n_ids, struct sl_openai_error *err);
+/* A completion's prompt ids for a model: its token ids as given, or its text tokenized as
+ * sl_openai_prompt_encode does; checked against the context for max_tokens either way. */
+int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_tok *tok,
+                         int seq_len, int max_tokens, int32_t *ids, int *n_ids,
+                         struct sl_openai_error *err);
 /* The context check alone. n_prompt is exact, or a lower bound when at_least. */
 int sl_openai_check_context(int seq_len, long long n_prompt, bool at_least, long long max_tokens,
                             struct sl_openai_error *err);

@@ -1129,8 +1129,8 @@ static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, 
     if (sl_openai_check_vocab(oc, sl_model_config(m)->vocab_size, err) != SL_OK)
         return SL_EINVAL;
     if (c->ident.api != SL_OPENAI_API_CHAT)
-        return sl_openai_prompt_encode(sl_model_tok(m), seq_len, oc->prompt, oc->prompt_len,
-                                       max_tokens, c->io->ids, n_prompt, err);
+        return sl_openai_prompt_ids(oc, sl_model_tok(m), seq_len, max_tokens, c->io->ids, n_prompt,
+                                    err);
     int t = c->cfg->chat_template ? sl_chat_template_from_name(c->cfg->chat_template) : -1;
     struct sl_chat_prompt p;
     sl_chat_prompt_init(&p);

@@ -144,6 +144,40 @@ static int decode_model(struct sl_openai_completion *c, const char *model_id,
     return SL_OK;
 }
 
+/* A prompt given as token ids (param names it, e.g. "prompt" or "prompt[0]"): used as they are
+ * (no BOS added, as vLLM and OpenAI do), checked against a vocabulary by sl_openai_check_vocab. */
+static int decode_prompt_ids(struct sl_openai_completion *c, json_t *arr, const char *param,
+                             struct sl_openai_error *err)
+{
+    size_t n = json_array_size(arr);
+    if (n == 0) {
+        sl_openai_error_set(err, 400, param, "invalid_value",
+                            "Invalid '%s': a prompt of token ids needs at least one id.", param);
+        return SL_EINVAL;
+    }
+    c->prompt_ids = sl_xmalloc(sizeof(int32_t) * n);
+    size_t i;
+    json_t *id;
+    json_array_foreach(arr, i, id)
+    {
+        char at[48];
+        snprintf(at, sizeof at, "%s[%zu]", param, i);
+        if (!json_is_integer(id))
+            return bad_type(err, at, "an integer (a token id)", id);
+        json_int_t x = json_integer_value(id);
+        if (x < 0 || x > INT32_MAX) {
+            sl_openai_error_set(err, 400, at, "invalid_value",
+                                "Invalid '%s': %lld is not a token id.", at, (long long)x);
+            return SL_EINVAL;
+        }
+        c->prompt_ids[i] = (int32_t)x;
+    }
+    c->n_prompt_ids = (int)n;
+    return SL_OK;
+}
+
+/* prompt: a string, token ids, or a one-element array of either (several prompts in one
+ * request would need several choices, which this server does not return). */
 static int decode_prompt(struct sl_openai_completion *c, struct sl_openai_error *err)
 {
     json_t *v = member(c->root, "prompt");
@@ -153,13 +187,25 @@ static int decode_prompt(struct sl_openai_completion *c, struct sl_openai_error 
         return SL_EINVAL;
     }
     if (json_is_array(v)) {
-        sl_openai_error_set(err, 400, "prompt", "unsupported_value",
-                            "Only a single string 'prompt' is supported for now; arrays of "
-                            "prompts or of token ids are not. Send one request per prompt.");
-        return SL_EINVAL;
+        json_t *first = json_array_get(v, 0);
+        if (json_is_integer(first) || json_array_size(v) == 0)
+            return decode_prompt_ids(c, v, "prompt", err);
+        if (json_array_size(v) > 1) {
+            sl_openai_error_set(err, 400, "prompt", "unsupported_value",
+                                "Only one prompt per request is supported for now (a string, "
+                                "token ids, or an array of one of those); this one has %zu. "
+                                "Send one request per prompt.",
+                                json_array_size(v));
+            return SL_EINVAL;
+        }
+        if (json_is_array(first))
+            return decode_prompt_ids(c, first, "prompt[0]", err);
+        if (!json_is_string(first))
+            return bad_type(err, "prompt[0]", "a string or an array of token ids", first);
+        v = first;
+    } else if (!json_is_string(v)) {
+        return bad_type(err, "prompt", "a string or an array of token ids", v);
     }
-    if (!json_is_string(v))
-        return bad_type(err, "prompt", "a string", v);
     c->prompt = json_string_value(v);
     c->prompt_len = json_string_length(v);
     return SL_OK;
@@ -253,10 +299,10 @@ int sl_openai_check_vocab(const struct sl_openai_completion *c, int vocab,
                           struct sl_openai_error *err)
 {
     const struct sl_req_params *p = &c->params;
-    for (int k = 0; k < 2; k++) {
-        const int32_t *ids = k == 0 ? p->bias_ids : p->stop_ids;
-        int n = k == 0 ? p->n_bias : p->n_stop_ids;
-        const char *param = k == 0 ? "logit_bias" : "stop_token_ids";
+    for (int k = 0; k < 3; k++) {
+        const int32_t *ids = k == 0 ? p->bias_ids : k == 1 ? p->stop_ids : c->prompt_ids;
+        int n = k == 0 ? p->n_bias : k == 1 ? p->n_stop_ids : c->n_prompt_ids;
+        const char *param = k == 0 ? "logit_bias" : k == 1 ? "stop_token_ids" : "prompt";
         for (int i = 0; i < n; i++)
             if (ids[i] >= vocab) {
                 sl_openai_error_set(err, 400, param, "invalid_value",
@@ -833,6 +879,7 @@ void sl_openai_completion_dispose(struct sl_openai_completion *c)
     free(c->bias_ids);
     free(c->bias);
     free(c->stop_ids);
+    free(c->prompt_ids);
     json_decref(c->root);
     memset(c, 0, sizeof *c);
 }
@@ -872,6 +919,21 @@ int sl_openai_prompt_encode(const struct sl_tok *tok, int seq_len, const char *p
     if ((st = sl_openai_check_context(seq_len, n, false, max_tokens, err)) != SL_OK)
         return st;
     *n_ids = n;
+    return SL_OK;
+}
+
+int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_tok *tok,
+                         int seq_len, int max_tokens, int32_t *ids, int *n_ids,
+                         struct sl_openai_error *err)
+{
+    if (!c->prompt_ids)
+        return sl_openai_prompt_encode(tok, seq_len, c->prompt, c->prompt_len, max_tokens, ids,
+                                       n_ids, err);
+    int st = sl_openai_check_context(seq_len, c->n_prompt_ids, false, max_tokens, err);
+    if (st != SL_OK)
+        return st;
+    memcpy(ids, c->prompt_ids, sizeof(int32_t) * (size_t)c->n_prompt_ids);
+    *n_ids = c->n_prompt_ids;
     return SL_OK;
 }
 

@@ -133,10 +133,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int32_t *ids = malloc(sizeof *ids * (size_t)mc->seq_len);
     int n = 0;
     if (!chat) {
-        fuzz_check(c.prompt != NULL, "a completion without a prompt");
-        check_encoders(c.prompt, c.prompt_len, false);
-        st = sl_openai_prompt_encode(tok, mc->seq_len, c.prompt, c.prompt_len, c.params.max_tokens,
-                                     ids, &n, &err);
+        fuzz_check((c.prompt != NULL) != (c.prompt_ids != NULL), "a completion without a prompt");
+        fuzz_check(!c.prompt_ids || c.n_prompt_ids >= 1, "%d prompt ids given", c.n_prompt_ids);
+        for (int i = 0; i < c.n_prompt_ids; i++)
+            fuzz_check(c.prompt_ids[i] >= 0, "prompt id %d", (int)c.prompt_ids[i]);
+        if (c.prompt)
+            check_encoders(c.prompt, c.prompt_len, false);
+        st = sl_openai_prompt_ids(&c, tok, mc->seq_len, c.params.max_tokens, ids, &n, &err);
         if (st != SL_OK)
             check_error(&err, true);
         else

@@ -7,6 +7,14 @@
 
 #define MODEL "synthetic:tiny"
 
+static struct sl_model *tiny_model(void)
+{
+    struct sl_model *m = NULL;
+    char err[256];
+    cr_assert_eq(sl_model_load("synthetic:tiny", NULL, &m, err, sizeof err), SL_OK, "%s", err);
+    return m;
+}
+
 static int decode(struct sl_openai_completion *c, const char *body, struct sl_openai_error *err)
 {
     memset(err, 0, sizeof *err);
@@ -171,14 +179,72 @@ Test(gateway, accepts_boundary_values_when_they_are_inclusive)
     sl_openai_completion_dispose(&c);
 }
 
-Test(gateway, rejects_prompt_arrays_with_a_clear_message_when_prompt_is_a_list)
+Test(gateway, decodes_a_prompt_given_as_token_ids_or_a_one_element_array)
 {
     struct sl_openai_completion c;
     struct sl_openai_error err;
-    expect_error("{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", NULL);
-    expect_error("{\"prompt\":[1,2,3]}", 400, "prompt", NULL);
-    decode(&c, "{\"prompt\":[\"a\"]}", &err);
-    cr_assert(strstr(err.message, "single string"), "%s", err.message);
+    cr_assert_eq(decode(&c, "{\"prompt\":[1,0,511]}", &err), SL_OK, "%s", err.message);
+    cr_assert_null(c.prompt);
+    cr_assert_eq(c.n_prompt_ids, 3);
+    cr_assert_eq(c.prompt_ids[0], 1);
+    cr_assert_eq(c.prompt_ids[1], 0);
+    cr_assert_eq(c.prompt_ids[2], 511);
+    cr_assert_eq(sl_openai_check_vocab(&c, 512, &err), SL_OK);
+    cr_assert_eq(sl_openai_check_vocab(&c, 511, &err), SL_EINVAL);
+    cr_assert_str_eq(err.param, "prompt");
+    sl_openai_completion_dispose(&c);
+
+    cr_assert_eq(decode(&c, "{\"prompt\":[[7,8]]}", &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.n_prompt_ids, 2);
+    cr_assert_eq(c.prompt_ids[1], 8);
+    sl_openai_completion_dispose(&c);
+
+    cr_assert_eq(decode(&c, "{\"prompt\":[\"hello\"]}", &err), SL_OK, "%s", err.message);
+    cr_assert_str_eq(c.prompt, "hello");
+    cr_assert_null(c.prompt_ids);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, rejects_several_prompts_or_bad_ids_naming_the_element)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    expect_error("{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "unsupported_value");
+    expect_error("{\"prompt\":[[1],[2]]}", 400, "prompt", "unsupported_value");
+    decode(&c, "{\"prompt\":[\"a\",\"b\"]}", &err);
+    cr_assert(strstr(err.message, "one prompt per request"), "%s", err.message);
+    expect_error("{\"prompt\":[]}", 400, "prompt", "invalid_value");
+    expect_error("{\"prompt\":[[]]}", 400, "prompt[0]", "invalid_value");
+    expect_error("{\"prompt\":[1,\"x\"]}", 400, "prompt[1]", "invalid_type");
+    expect_error("{\"prompt\":[1,-2]}", 400, "prompt[1]", "invalid_value");
+    expect_error("{\"prompt\":[[1,2.5]]}", 400, "prompt[0][1]", "invalid_type");
+    expect_error("{\"prompt\":[{}]}", 400, "prompt[0]", "invalid_type");
+    expect_error("{\"prompt\":7}", 400, "prompt", "invalid_type");
+}
+
+Test(gateway, uses_prompt_ids_as_given_and_checks_their_context)
+{
+    struct sl_model *m = tiny_model();
+    int seq = sl_model_config(m)->seq_len;
+    int32_t *ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq);
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c, "{\"prompt\":[5,6,7]}", &err), SL_OK);
+    int n = 0;
+    cr_assert_eq(sl_openai_prompt_ids(&c, sl_model_tok(m), seq, 16, ids, &n, &err), SL_OK);
+    cr_assert_eq(n, 3, "no BOS added");
+    cr_assert_eq(ids[0], 5);
+    cr_assert_eq(ids[2], 7);
+    cr_assert_eq(sl_openai_prompt_ids(&c, sl_model_tok(m), seq, seq - 2, ids, &n, &err), SL_ERANGE);
+    cr_assert_str_eq(err.code, "context_length_exceeded");
+    sl_openai_completion_dispose(&c);
+    /* Text goes through the tokenizer, with BOS. */
+    cr_assert_eq(decode(&c, "{\"prompt\":\"hello\"}", &err), SL_OK);
+    cr_assert_eq(sl_openai_prompt_ids(&c, sl_model_tok(m), seq, 16, ids, &n, &err), SL_OK);
+    cr_assert_eq(ids[0], sl_tok_bos(sl_model_tok(m)));
+    sl_openai_completion_dispose(&c);
+    free(ids);
+    sl_model_free(m);
 }
 
 Test(gateway, requires_prompt_when_it_is_missing)
@@ -238,17 +304,10 @@ Test(gateway, says_at_least_when_the_prompt_alone_overflows)
 }
 
 /* The tokenizer path, against the embedded synthetic model. */
-static struct sl_model *tiny(void)
-{
-    struct sl_model *m = NULL;
-    char err[256];
-    cr_assert_eq(sl_model_load("synthetic:tiny", NULL, &m, err, sizeof err), SL_OK, "%s", err);
-    return m;
-}
 
 Test(gateway, tokenizes_with_bos_when_the_prompt_fits)
 {
-    struct sl_model *m = tiny();
+    struct sl_model *m = tiny_model();
     int seq = sl_model_config(m)->seq_len;
     int32_t *ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq);
     int n = 0;
@@ -263,7 +322,7 @@ Test(gateway, tokenizes_with_bos_when_the_prompt_fits)
 
 Test(gateway, rejects_with_context_length_exceeded_when_the_prompt_is_too_long)
 {
-    struct sl_model *m = tiny();
+    struct sl_model *m = tiny_model();
     int seq = sl_model_config(m)->seq_len;
     int32_t *ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq);
     /* Distinct characters so no merge can make them fit. */
@@ -288,7 +347,7 @@ Test(gateway, rejects_with_context_length_exceeded_when_the_prompt_is_too_long)
 
 Test(gateway, rejects_the_prompt_when_it_is_not_utf8)
 {
-    struct sl_model *m = tiny();
+    struct sl_model *m = tiny_model();
     int seq = sl_model_config(m)->seq_len;
     int32_t *ids = sl_xmalloc(sizeof(int32_t) * (size_t)seq);
     int n = 0;
@@ -684,7 +743,7 @@ static int hello_entries(const struct sl_tok *tok, struct sl_token_logprobs *e, 
 
 Test(gateway, encodes_completion_logprobs_with_tokens_offsets_and_alternatives)
 {
-    struct sl_model *m = tiny();
+    struct sl_model *m = tiny_model();
     const struct sl_tok *tok = sl_model_tok(m);
     struct sl_token_logprobs e[32];
     int n = hello_entries(tok, e, 32);
@@ -726,7 +785,7 @@ Test(gateway, encodes_completion_logprobs_with_tokens_offsets_and_alternatives)
 
 Test(gateway, encodes_chat_logprobs_with_bytes_and_top_logprobs)
 {
-    struct sl_model *m = tiny();
+    struct sl_model *m = tiny_model();
     const struct sl_tok *tok = sl_model_tok(m);
     struct sl_token_logprobs e[32];
     int n = hello_entries(tok, e, 32);
@@ -765,7 +824,7 @@ Test(gateway, encodes_chat_logprobs_with_bytes_and_top_logprobs)
  * "bytes:\xNN" (OpenAI's form) where a text is expected, and its bytes are exact. */
 Test(gateway, spells_a_partial_character_token_as_bytes_when_encoding_logprobs)
 {
-    struct sl_model *m = tiny();
+    struct sl_model *m = tiny_model();
     const struct sl_tok *tok = sl_model_tok(m);
     /* A byte-fallback token of a lead byte (the synthetic vocabulary has all 256). */
     int32_t byte_id = -1, prev = sl_tok_bos(tok) + 1;

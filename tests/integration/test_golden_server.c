@@ -23,9 +23,39 @@ static bool have(const char *path)
     return stat(path, &st) == 0;
 }
 
+/* POSTs a greedy completion of n_gen tokens with `prompt` (a JSON string or array of ids) and
+ * checks its text is `want`. */
+static void check_completion(struct server *srv, const char *model, json_t *prompt, int n_gen,
+                             const char *want)
+{
+    json_t *req =
+        json_pack("{s:O, s:i, s:f}", "prompt", prompt, "max_tokens", n_gen, "temperature", 0.0);
+    char *body = json_dumps(req, 0);
+    int fd = client_connect(srv->port);
+    client_request(fd, "POST", "/v1/completions", body, false);
+    struct response r;
+    cr_assert(client_read_response(fd, &r));
+    close(fd);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_error_t e;
+    json_t *j = json_loads(r.body, 0, &e);
+    cr_assert_not_null(j, "%s", r.body);
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(choice, "text")), want, "%s: %s", model,
+                     body);
+    cr_assert_str_eq(json_string_value(json_object_get(choice, "finish_reason")), "length");
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")),
+        n_gen);
+    json_decref(j);
+    response_dispose(&r);
+    free(body);
+    json_decref(req);
+}
+
 /* Serves `model` (and `tokenizer`, or NULL) and checks every prompt of the golden file: the
  * completion of n_generated greedy tokens is llama2.c's text after the prompt, without the "\n"
- * run.c prints at the end. */
+ * run.c prints at the end; the same when the prompt is sent as the reference's token ids. */
 static void check_golden(const char *model, const char *tokenizer, const char *golden_name)
 {
     char golden[4096];
@@ -50,29 +80,10 @@ static void check_golden(const char *model, const char *tokenizer, const char *g
         size_t pl = strlen(prompt), tl = strlen(text);
         cr_assert_eq(strncmp(text, prompt, pl), 0);
         char *want = strndup(text + pl, tl - pl - 1);
-
-        json_t *req =
-            json_pack("{s:s, s:i, s:f}", "prompt", prompt, "max_tokens", n_gen, "temperature", 0.0);
-        char *body = json_dumps(req, 0);
-        int fd = client_connect(srv.port);
-        client_request(fd, "POST", "/v1/completions", body, false);
-        struct response r;
-        cr_assert(client_read_response(fd, &r));
-        close(fd);
-        cr_assert_eq(r.status, 200, "%s", r.body);
-        json_t *j = json_loads(r.body, 0, &e);
-        cr_assert_not_null(j, "%s", r.body);
-        json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
-        cr_assert_str_eq(json_string_value(json_object_get(choice, "text")), want, "%s: \"%s\"",
-                         model, prompt);
-        cr_assert_str_eq(json_string_value(json_object_get(choice, "finish_reason")), "length");
-        cr_assert_eq(
-            json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")),
-            n_gen);
-        json_decref(j);
-        response_dispose(&r);
-        free(body);
-        json_decref(req);
+        check_completion(&srv, model, json_object_get(c, "prompt"), n_gen, want);
+        json_t *ids = json_object_get(c, "prompt_token_ids");
+        cr_assert(json_is_array(ids), "%s has prompt_token_ids", golden_name);
+        check_completion(&srv, model, ids, n_gen, want);
         free(want);
     }
     server_stop(&srv);
