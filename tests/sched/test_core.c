@@ -167,6 +167,27 @@ static const struct sl_sched_tier two_tiers[2] = {
     {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000, .tpot_slo_ms = 1000},
 };
 
+/* (Re)creates e's core over e->lim on the fake worker, with `sample` as its forward_sample (NULL:
+ * the core samples), reporting to e->rec. The model's stop token is e->fake.stop_token as set
+ * now: the core lists it once. */
+static void env_core(struct env *e, int (*sample)(void *, const struct sl_batch *,
+                                                  const struct sl_sample_row *, int32_t *))
+{
+    struct sl_sched_worker w = {.ctx = &e->fake,
+                                .forward = fake_forward,
+                                .forward_sample = sample,
+                                .is_stop_token = fake_is_stop};
+    struct sl_sched_sink s = {.ctx = &e->rec,
+                              .token = sink_token,
+                              .logprobs = sink_logprobs,
+                              .done = sink_done,
+                              .preempted = sink_preempted};
+    if (e->core)
+        sl_sched_core_free(e->core);
+    e->core = sl_sched_core_new(&e->lim, &w, &s);
+    cr_assert_not_null(e->core);
+}
+
 static void env_init_tiers(struct env *e, int max_seqs, int max_batch_tokens, int n_blocks,
                            int block_size, const struct sl_sched_tier *tiers, int n_tiers)
 {
@@ -184,15 +205,7 @@ static void env_init_tiers(struct env *e, int max_seqs, int max_batch_tokens, in
                                       .block_size = block_size,
                                       .tiers = tiers,
                                       .n_tiers = n_tiers};
-    struct sl_sched_worker w = {
-        .ctx = &e->fake, .forward = fake_forward, .is_stop_token = fake_is_stop};
-    struct sl_sched_sink s = {.ctx = &e->rec,
-                              .token = sink_token,
-                              .logprobs = sink_logprobs,
-                              .done = sink_done,
-                              .preempted = sink_preempted};
-    e->core = sl_sched_core_new(&e->lim, &w, &s);
-    cr_assert_not_null(e->core);
+    env_core(e, NULL);
 }
 
 static void env_init(struct env *e, int max_seqs, int max_batch_tokens, int n_blocks,
@@ -974,17 +987,7 @@ static void run_sampled(struct env *e, int n, bool sampling)
                                       .max_batch_tokens = 16,
                                       .n_blocks = 64,
                                       .block_size = 4};
-    struct sl_sched_worker w = {.ctx = &e->fake,
-                                .forward = fake_forward,
-                                .forward_sample = sampling ? fake_forward_sample : NULL,
-                                .is_stop_token = fake_is_stop};
-    struct sl_sched_sink sk = {.ctx = &e->rec,
-                               .token = sink_token,
-                               .logprobs = sink_logprobs,
-                               .done = sink_done,
-                               .preempted = sink_preempted};
-    e->core = sl_sched_core_new(&e->lim, &w, &sk);
-    cr_assert_not_null(e->core);
+    env_core(e, sampling ? fake_forward_sample : NULL);
     for (int i = 0; i < n; i++) {
         int32_t prompt[8] = {1, 5 + i, 6, 7, 8, 9, 10, 11};
         struct sl_req_params p = {.max_tokens = 12,
@@ -1033,18 +1036,8 @@ Test(sched, sampling_worker_gives_the_seeded_tokens_when_it_samples_on_its_devic
 static int run_greedy(struct env *e, struct sl_req_params p, bool sampling, int32_t stop)
 {
     env_init(e, 2, 16, 32, 4);
-    e->fake.stop_token = stop; /* before the core lists the model's stop tokens */
-    struct sl_sched_worker w = {.ctx = &e->fake,
-                                .forward = fake_forward,
-                                .forward_sample = sampling ? fake_forward_sample : NULL,
-                                .is_stop_token = fake_is_stop};
-    struct sl_sched_sink sk = {.ctx = &e->rec,
-                               .token = sink_token,
-                               .logprobs = sink_logprobs,
-                               .done = sink_done,
-                               .preempted = sink_preempted};
-    sl_sched_core_free(e->core);
-    e->core = sl_sched_core_new(&e->lim, &w, &sk);
+    e->fake.stop_token = stop;
+    env_core(e, sampling ? fake_forward_sample : NULL);
     const int32_t prompt[4] = {1, 20, 21, 22};
     p.temperature = 0.f;
     p.top_p = 1.f;
