@@ -38,15 +38,6 @@ size_t sl_sample_scratch_size(int vocab)
     return (size_t)(vocab > 0 ? vocab : 1) * sizeof(struct cand);
 }
 
-static int32_t argmax(const float *x, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i]))
-            best = i; /* strict >: the lowest id wins ties; NaN never wins over a number */
-    return best;
-}
-
 /* Max-heap order: more mass first, then the lower id (deterministic whatever the input order). */
 static bool cand_above(const struct cand *a, const struct cand *b)
 {
@@ -78,7 +69,7 @@ static void sift_down(struct cand *h, int n, int i)
 static int32_t sample_filtered(const float *probs, int n, const struct sl_sampling *p, float coin,
                                struct cand *c)
 {
-    float pmax = probs[argmax(probs, n)];
+    float pmax = probs[sl_cpu_argmax(probs, n)];
     float cutoff = p->min_p > 0.0f ? p->min_p * pmax : 0.0f;
     bool top_p = p->top_p < 1.0f;
     /* Without min-p and top-k, a token below (1 - top_p) / (n - 1) cannot be in the nucleus
@@ -94,7 +85,7 @@ static int32_t sample_filtered(const float *probs, int n, const struct sl_sampli
             mass += probs[i];
         }
     if (k == 0)
-        return argmax(probs, n);
+        return sl_cpu_argmax(probs, n);
     for (int i = k / 2 - 1; i >= 0; i--)
         sift_down(c, k, i);
     int keep = p->top_k > 0 && p->top_k < k ? p->top_k : k;
@@ -156,7 +147,7 @@ int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *
     if (vocab <= 1)
         return 0;
     if (greedy(p))
-        return argmax(logits, vocab);
+        return sl_cpu_argmax(logits, vocab);
     for (int i = 0; i < vocab; i++)
         logits[i] /= p->temperature;
     sl_cpu_softmax(logits, vocab);

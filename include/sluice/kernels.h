@@ -120,6 +120,10 @@ void sl_cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
 /* In-place softmax of x (n); n >= 1. Subtracts the max first, so large logits do not overflow. */
 void sl_cpu_softmax(float *x, int n);
 
+/* The index of the largest of x (n >= 1): the lowest index on ties; NaN never wins over a number
+ * (all NaN: 0). Exact whatever the ISA path: only comparisons. */
+int32_t sl_cpu_argmax(const float *x, int n);
+
 /* Rotary position embedding of one row x (n_heads * head_size) at position pos, in llama2.c's
  * interleaved-pair layout: within each head, the pair (2i, 2i+1) rotates by angle
  * pos * theta^(-2i / head_size). head_size must be even. */

@@ -542,6 +542,42 @@ TARGET void sl_cpu_avx2_softmax(float *x, int n)
         x[i] /= s;
 }
 
+/* sl_cpu_argmax over the values above -inf, or -1 when there is none (all -inf or NaN: the
+ * caller's scalar rule decides). Each lane keeps its first strict maximum (ordered compares, so
+ * NaN never wins); across lanes the lowest index of the largest value. */
+TARGET int32_t sl_cpu_avx2_argmax(const float *x, int n)
+{
+    int n8 = n & ~7;
+    __m256 best = _mm256_set1_ps(-INFINITY);
+    __m256 at = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i step = _mm256_set1_epi32(8);
+    for (int i = 0; i < n8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 gt = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+        best = _mm256_blendv_ps(best, v, gt);
+        at = _mm256_blendv_ps(at, _mm256_castsi256_ps(idx), gt);
+        idx = _mm256_add_epi32(idx, step);
+    }
+    float bv[8];
+    int32_t bi[8];
+    _mm256_storeu_ps(bv, best);
+    _mm256_storeu_si256((__m256i *)bi, _mm256_castps_si256(at));
+    float m = -INFINITY;
+    int32_t where = -1;
+    for (int l = 0; l < 8; l++)
+        if (bi[l] >= 0 && (bv[l] > m || (bv[l] == m && bi[l] < where))) {
+            m = bv[l];
+            where = bi[l];
+        }
+    for (int i = n8; i < n; i++)
+        if (x[i] > m) {
+            m = x[i];
+            where = i;
+        }
+    return where;
+}
+
 TARGET void sl_cpu_avx2_rmsnorm(float *out, const float *x, const float *w, int n, int dim,
                                 float eps)
 {

@@ -349,6 +349,27 @@ void sl_cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
     }
 }
 
+static int32_t argmax_scalar(const float *x, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best] || (x[best] != x[best] && x[i] == x[i]))
+            best = i; /* strict >: the lowest id wins ties; NaN never wins over a number */
+    return best;
+}
+
+int32_t sl_cpu_argmax(const float *x, int n)
+{
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        int32_t i = sl_cpu_avx2_argmax(x, n);
+        if (i >= 0)
+            return i;
+    }
+#endif
+    return argmax_scalar(x, n);
+}
+
 void sl_cpu_softmax(float *x, int n)
 {
 #if SL_CPU_HAVE_AVX2

@@ -512,6 +512,71 @@ Test(kernels, softmax_matches_reference_when_values_are_large)
     }
 }
 
+/* The reference: the first index of the largest number; all NaN gives 0. */
+static int32_t argmax_ref(const float *x, int n)
+{
+    int32_t best = -1;
+    for (int i = 0; i < n; i++)
+        if (!isnan(x[i]) && (best < 0 || x[i] > x[best]))
+            best = i;
+    return best < 0 ? 0 : best;
+}
+
+Test(kernels, argmax_is_the_first_largest_number_when_values_tie_or_are_not_numbers)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int n = 1; n <= 70; n++)
+            for (int pattern = 0; pattern < 8; pattern++)
+                for (int where = 0; where<n; where += n> 8 ? 3 : 1) {
+                    float *x = rand_vec((size_t)n);
+                    switch (pattern) {
+                    case 0: break; /* distinct values */
+                    case 1:        /* ties with the maximum after `where` */
+                        for (int i = where; i < n; i += 5)
+                            x[i] = 2.0f;
+                        break;
+                    case 2: /* NaN at and after `where`, numbers elsewhere */
+                        for (int i = where; i < n; i += 2)
+                            x[i] = NAN;
+                        break;
+                    case 3: /* all -inf but one */
+                        for (int i = 0; i < n; i++)
+                            x[i] = i == where ? -1e30f : -INFINITY;
+                        break;
+                    case 4: /* all -inf, or -inf and NaN */
+                        for (int i = 0; i < n; i++)
+                            x[i] = i % 3 == where % 3 ? NAN : -INFINITY;
+                        break;
+                    case 5: /* all NaN */
+                        for (int i = 0; i < n; i++)
+                            x[i] = NAN;
+                        break;
+                    case 6: /* +inf twice, and -0 ties +0 */
+                        for (int i = 0; i < n; i++)
+                            x[i] = i % 2 ? 0.0f : -0.0f;
+                        x[where] = INFINITY;
+                        x[n - 1] = INFINITY;
+                        break;
+                    case 7: /* all equal */
+                        for (int i = 0; i < n; i++)
+                            x[i] = -3.5f;
+                        break;
+                    }
+                    cr_assert_eq(sl_cpu_argmax(x, n), argmax_ref(x, n),
+                                 "%s: n %d, pattern %d, where %d", sl_cpu_isa_name(isa), n, pattern,
+                                 where);
+                    free(x);
+                }
+        /* A logits row of the classifier's size. */
+        float *x = rand_vec(32000);
+        x[31999] = 9.0f;
+        x[17] = 9.0f;
+        cr_assert_eq(sl_cpu_argmax(x, 32000), 17, "%s", sl_cpu_isa_name(isa));
+        free(x);
+    }
+}
+
 Test(kernels, rope_matches_complex_rotation_when_heads_vary)
 {
     FOR_EACH_ISA(isa)
