@@ -148,8 +148,7 @@ int32_t sl_sample_with_coin(float *logits, int vocab, const struct sl_sampling *
         return 0;
     if (greedy(p))
         return sl_cpu_argmax(logits, vocab);
-    for (int i = 0; i < vocab; i++)
-        logits[i] /= p->temperature;
+    sl_cpu_div(logits, vocab, p->temperature);
     sl_cpu_softmax(logits, vocab);
     if (p->top_p < 1.0f || p->top_k > 0 || p->min_p > 0.0f)
         return sample_filtered(logits, vocab, p, coin, scratch);

@@ -120,6 +120,9 @@ void sl_cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
 /* In-place softmax of x (n); n >= 1. Subtracts the max first, so large logits do not overflow. */
 void sl_cpu_softmax(float *x, int n);
 
+/* x[i] /= d for i < n: IEEE division on every path, so the same bits as the scalar loop. */
+void sl_cpu_div(float *x, int n, float d);
+
 /* The index of the largest of x (n >= 1): the lowest index on ties; NaN never wins over a number
  * (all NaN: 0). Exact whatever the ISA path: only comparisons. */
 int32_t sl_cpu_argmax(const float *x, int n);

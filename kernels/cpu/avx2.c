@@ -542,6 +542,16 @@ TARGET void sl_cpu_avx2_softmax(float *x, int n)
         x[i] /= s;
 }
 
+TARGET void sl_cpu_avx2_div(float *x, int n, float d)
+{
+    int n8 = n & ~7;
+    __m256 dv = _mm256_set1_ps(d);
+    for (int i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_div_ps(_mm256_loadu_ps(x + i), dv));
+    for (int i = n8; i < n; i++)
+        x[i] /= d;
+}
+
 /* sl_cpu_argmax over the values above -inf, or -1 when there is none (all -inf or NaN: the
  * caller's scalar rule decides). Each lane keeps its first strict maximum (ordered compares, so
  * NaN never wins); across lanes the lowest index of the largest value. */

@@ -17,6 +17,7 @@ void sl_cpu_avx2_matmul_cols(float *out, const float *x, const struct sl_mat *w,
 void sl_cpu_avx2_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
 void sl_cpu_avx2_softmax(float *x, int n);
 int32_t sl_cpu_avx2_argmax(const float *x, int n);
+void sl_cpu_avx2_div(float *x, int n, float d);
 void sl_cpu_avx2_swiglu(float *h, const float *g, int n);
 void sl_cpu_avx2_rope_apply(float *x, int n_heads, int head_size, const float *cs);
 void sl_cpu_avx2_add(float *y, const float *x, int n);

@@ -349,6 +349,18 @@ void sl_cpu_rmsnorm(float *out, const float *x, const float *w, int n, int dim, 
     }
 }
 
+void sl_cpu_div(float *x, int n, float d)
+{
+#if SL_CPU_HAVE_AVX2
+    if (AVX2()) {
+        sl_cpu_avx2_div(x, n, d);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        x[i] /= d;
+}
+
 static int32_t argmax_scalar(const float *x, int n)
 {
     int32_t best = 0;

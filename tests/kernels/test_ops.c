@@ -512,6 +512,24 @@ Test(kernels, softmax_matches_reference_when_values_are_large)
     }
 }
 
+Test(kernels, div_gives_the_bits_of_scalar_division_when_shapes_vary)
+{
+    FOR_EACH_ISA(isa)
+    {
+        for (int b = 0; b < NSHAPES; b++) {
+            int n = shapes[b];
+            float *x = rand_vec((size_t)n), *want = malloc(sizeof(float) * (size_t)n);
+            for (int i = 0; i < n; i++)
+                want[i] = (x[i] *= 37.0f) / 0.7f;
+            sl_cpu_div(x, n, 0.7f);
+            cr_assert_eq(memcmp(x, want, sizeof(float) * (size_t)n), 0, "%s: n %d",
+                         sl_cpu_isa_name(isa), n);
+            free(x);
+            free(want);
+        }
+    }
+}
+
 /* The reference: the first index of the largest number; all NaN gives 0. */
 static int32_t argmax_ref(const float *x, int n)
 {
