@@ -124,6 +124,11 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     ok = ok && c->attn_rows && c->attn_tasks;
     c->rope = alloc_f32(c, T * (uint64_t)head_size, &ok);
     c->xl = alloc_f32(c, T * dim, &ok);
+    uint64_t vocab = (uint64_t)cfg->vocab_size;
+    c->slogits = alloc_f32(c, (uint64_t)o->max_seqs * vocab, &ok);
+    /* (whole cache lines per thread) */
+    c->sscratch_len = (sl_sample_scratch_size(cfg->vocab_size) + 63) / 64 * 16;
+    c->sscratch = alloc_f32(c, (uint64_t)c->n_threads * c->sscratch_len, &ok);
     /* (elements of each cache; fp16 ones in half as many floats' room) */
     uint64_t cache =
         (uint64_t)o->n_kv_blocks * (uint64_t)cfg->n_layers * (uint64_t)o->block_size * kv;
@@ -391,6 +396,45 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
     return SL_OK;
 }
 
+struct sample_job {
+    struct sl_cpu_ctx *c;
+    const struct sl_sample_row *rows;
+    int32_t *ids;
+    int n;
+    _Atomic int next;
+};
+
+static void sample_task(void *arg, int ith, int nth)
+{
+    (void)nth;
+    struct sample_job *j = arg;
+    struct sl_cpu_ctx *c = j->c;
+    size_t vocab = (size_t)c->cfg.vocab_size;
+    void *scratch = c->sscratch + (size_t)ith * c->sscratch_len;
+    for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;)
+        j->ids[i] = sl_sample_with_coin(c->slogits + (size_t)i * vocab, (int)vocab, &j->rows[i].p,
+                                        j->rows[i].coin, scratch);
+}
+
+/* forward, then each logit row sampled by sl_sample_with_coin, the rows spread over the pool:
+ * a served step's sampling no longer runs on one thread while the others wait. The ids are the
+ * ones the caller would get sampling forward's logits itself, whichever thread takes a row. */
+static int cpu_forward_sample(void *vctx, const struct sl_batch *b,
+                              const struct sl_sample_row *rows, int32_t *ids)
+{
+    struct sl_cpu_ctx *c = vctx;
+    int st = cpu_forward(c, b, c->slogits);
+    if (st != SL_OK || b->n_logits == 0)
+        return st;
+    struct sample_job j = {.c = c, .rows = rows, .ids = ids, .n = b->n_logits};
+    atomic_store_explicit(&j.next, 0, memory_order_relaxed);
+    if (c->n_threads > 1 && b->n_logits > 1)
+        sl_cpu_pool_run(c->pool, sample_task, &j);
+    else
+        sample_task(&j, 0, 1);
+    return SL_OK;
+}
+
 static size_t cpu_kv_bytes(void *vctx)
 {
     return ((struct sl_cpu_ctx *)vctx)->kv_bytes;
@@ -400,6 +444,7 @@ const struct sl_backend_ops sl_cpu_backend_ops = {
     .name = "cpu",
     .init = cpu_init,
     .forward = cpu_forward,
+    .forward_sample = cpu_forward_sample,
     .free = cpu_free,
     .kv_bytes = cpu_kv_bytes,
     .kv_block_bytes = sl_model_kv_block_bytes,

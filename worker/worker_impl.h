@@ -230,18 +230,22 @@ struct sl_cpu_ctx {
     struct sl_cpu_pool *pool;
     int n_threads; /* threads of pool, caller included */
     /* activations, T = max_batch_tokens rows */
-    float *x;       /* (T, dim) residual stream */
-    float *xb;      /* (T, dim) normed input / attention output */
-    float *xb2;     /* (T, dim) projection output */
-    float *q;       /* (T, n_heads * head_size) */
-    float *k;       /* (T, kv_dim) */
-    float *v;       /* (T, kv_dim) */
-    float *hb;      /* (T, hidden_dim) gated FFN hidden state */
-    float *hb2;     /* (T, hidden_dim) up-projection scratch */
-    float *att;     /* (n_threads, max(SL_CPU_ATTN_MAX_Q, n_heads), seq_len) each thread's scores */
-    float *rope;    /* (T, head_size) cos/sin pairs of each row's position */
-    float *xl;      /* (T, dim) final-normed rows that want logits */
-    int *attn_rows; /* (T + 1) first row of each attention row group, then n_tokens */
+    float *x;    /* (T, dim) residual stream */
+    float *xb;   /* (T, dim) normed input / attention output */
+    float *xb2;  /* (T, dim) projection output */
+    float *q;    /* (T, n_heads * head_size) */
+    float *k;    /* (T, kv_dim) */
+    float *v;    /* (T, kv_dim) */
+    float *hb;   /* (T, hidden_dim) gated FFN hidden state */
+    float *hb2;  /* (T, hidden_dim) up-projection scratch */
+    float *att;  /* (n_threads, max(SL_CPU_ATTN_MAX_Q, n_heads), seq_len) each thread's scores */
+    float *rope; /* (T, head_size) cos/sin pairs of each row's position */
+    float *xl;   /* (T, dim) final-normed rows that want logits */
+    /* forward_sample: the step's logits, and each thread's sampling scratch */
+    float *slogits;      /* (max_seqs, vocab) */
+    float *sscratch;     /* (n_threads, sscratch_len) */
+    size_t sscratch_len; /* floats: sl_sample_scratch_size(vocab) rounded up to 64 bytes */
+    int *attn_rows;      /* (T + 1) first row of each attention row group, then n_tokens */
     int *attn_tasks; /* (T · n_kv_heads) group · (n_kv_heads + 1) + KV head + 1; 0: every head */
     /* paged KV pool, elements of kv_type (F32, or F16 for o.kv_dtype == SL_KV_F16) */
     void *key_cache;   /* (n_kv_blocks, layer, n_kv_heads, block_size, head_size) */

@@ -279,6 +279,7 @@ struct sl_backend_ops {
     size_t (*kv_block_bytes)(const struct sl_model *m, int block_size, enum sl_kv_dtype kv);
 };
 
+/* The CPU backend. forward_sample runs forward, then samples the rows over its thread pool. */
 extern const struct sl_backend_ops sl_cpu_backend_ops;
 /* Test builds only (worker/fault_backend.c, linked into tests/integration's sluice-fault, never
  * into sluice): the CPU backend whose forward fails with SL_EBACKEND on the calls that the
@@ -302,7 +303,8 @@ int sl_worker_new(const struct sl_model *m, const struct sl_backend_ops *ops,
                   const struct sl_backend_opts *o, struct sl_worker **out);
 void sl_worker_free(struct sl_worker *w);
 int sl_worker_forward(struct sl_worker *w, const struct sl_batch *b, float *logits);
-/* True when the worker's backend samples on its device (forward_sample). */
+/* True when the worker's backend samples where its logits are (forward_sample: the CPU backend
+ * over its thread pool, the CUDA backend on the device). */
 bool sl_worker_can_sample(const struct sl_worker *w);
 /* The backend's forward_sample; SL_EINVAL when it has none. */
 int sl_worker_forward_sample(struct sl_worker *w, const struct sl_batch *b,

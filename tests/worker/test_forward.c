@@ -489,3 +489,57 @@ Test(worker, synthetic_load_fails_when_weight_type_is_unknown_or_unfit)
     cr_assert_eq(m->w.wcls.data, m->w.token_embedding.data);
     sl_model_free(m);
 }
+
+/* forward_sample on the CPU: each row's id is what sl_sample_with_coin picks from the logits the
+ * same batch gives through forward, whichever pool thread samples it; 1 and 2 threads, 4 rows. */
+Test(worker, cpu_forward_sample_picks_what_the_caller_would_from_forward_logits)
+{
+    struct sl_model *m = wt_load("synthetic:tiny", NULL);
+    int V = sl_model_config(m)->vocab_size;
+    for (int threads = 1; threads <= 2; threads++) {
+        struct sl_worker *w = new_worker(m, threads);
+        cr_assert(sl_worker_can_sample(w));
+        int32_t t[4][4] = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}};
+        const int32_t *tables[4] = {t[0], t[1], t[2], t[3]};
+        struct wt_step s = {0};
+        int32_t ctx[4], rows_idx[4];
+        for (int q = 0; q < 4; q++) {
+            for (int i = 0; i < 3 + q; i++)
+                wt_step_add(&s, q, wt_seq_a[i + q] + q, i);
+            ctx[q] = 3 + q;
+            rows_idx[q] = s.n - 1;
+        }
+        struct sl_batch b = wt_batch_of(&s, 4, tables, ctx);
+        b.n_logits = 4;
+        b.logit_rows = rows_idx;
+        float *logits = malloc((size_t)4 * V * sizeof(float));
+        float *work = malloc((size_t)V * sizeof(float));
+        void *scratch = malloc(sl_sample_scratch_size(V));
+        cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
+        const struct sl_sampling ps[] = {{.temperature = 0.0f, .top_p = 1.0f},
+                                         {.temperature = 1.0f, .top_p = 1.0f},
+                                         {.temperature = 0.8f, .top_p = 0.9f, .min_p = 0.01f},
+                                         {.temperature = 1.3f, .top_p = 1.0f, .top_k = 20}};
+        int differ = 0;
+        for (int k = 0; k < 8; k++) {
+            struct sl_sample_row rows[4];
+            for (int i = 0; i < 4; i++)
+                rows[i] = (struct sl_sample_row){ps[(i + k) % 4],
+                                                 (float)((k * 5 + i * 3) % 8) / 8.0f + 0.02f};
+            int32_t ids[4];
+            cr_assert_eq(sl_worker_forward_sample(w, &b, rows, ids), SL_OK);
+            for (int i = 0; i < 4; i++) {
+                memcpy(work, logits + (size_t)i * V, (size_t)V * sizeof(float));
+                int32_t want = sl_sample_with_coin(work, V, &rows[i].p, rows[i].coin, scratch);
+                cr_assert_eq(ids[i], want, "threads %d, round %d, row %d", threads, k, i);
+                differ += ids[i] != ids[0];
+            }
+        }
+        cr_assert_gt(differ, 0, "the rows' ids differ somewhere (the test can tell rows apart)");
+        free(logits);
+        free(work);
+        free(scratch);
+        sl_worker_free(w);
+    }
+    sl_model_free(m);
+}
