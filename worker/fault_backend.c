@@ -3,9 +3,10 @@
  * from gateway/main.c with SL_FAULT_INJECTION) links this file; the sluice binary has none of it,
  * so neither a request nor the environment can make a served model fail this way.
  *
- * SLUICE_FAULT_FORWARD is read once, at init: a comma-separated list of forward calls (counting
- * from 1 over the life of the backend) that return SL_EBACKEND without computing anything, the
- * way a device error would. Each failure is logged (warn) with its call number. */
+ * SLUICE_FAULT_FORWARD is read once, at init: a comma-separated list of forward calls (forward
+ * and forward_sample alike, counting from 1 over the life of the backend) that return SL_EBACKEND
+ * without computing anything, the way a device error would. Each failure is logged (warn) with
+ * its call number. */
 #include <sluice/worker.h>
 
 #include <stdio.h>
@@ -66,17 +67,32 @@ static int fault_init(const struct sl_model *m, const struct sl_backend_opts *o,
     return SL_OK;
 }
 
-static int fault_forward(void *ctx, const struct sl_batch *b, float *logits)
+/* True when this forward call (counted across forward and forward_sample) is to fail. */
+static bool fault_now(struct fault_ctx *f, const struct sl_batch *b)
 {
-    struct fault_ctx *f = ctx;
     uint64_t call = ++f->calls;
     for (int i = 0; i < f->n_fails; i++)
         if (f->fails[i] == call) {
             sl_log(SL_LOG_WARN, "fault injection: forward call %llu fails (%d rows)",
                    (unsigned long long)call, b->n_tokens);
-            return SL_EBACKEND;
+            return true;
         }
-    return sl_cpu_backend_ops.forward(f->inner, b, logits);
+    return false;
+}
+
+static int fault_forward(void *ctx, const struct sl_batch *b, float *logits)
+{
+    struct fault_ctx *f = ctx;
+    return fault_now(f, b) ? SL_EBACKEND : sl_cpu_backend_ops.forward(f->inner, b, logits);
+}
+
+/* The CPU backend samples its rows itself, as the server runs it; the same calls fail. */
+static int fault_forward_sample(void *ctx, const struct sl_batch *b,
+                                const struct sl_sample_row *rows, int32_t *ids)
+{
+    struct fault_ctx *f = ctx;
+    return fault_now(f, b) ? SL_EBACKEND
+                           : sl_cpu_backend_ops.forward_sample(f->inner, b, rows, ids);
 }
 
 static size_t fault_kv_bytes(void *ctx)
@@ -88,6 +104,7 @@ const struct sl_backend_ops sl_fault_backend_ops = {
     .name = "cpu+faults",
     .init = fault_init,
     .forward = fault_forward,
+    .forward_sample = fault_forward_sample,
     .free = fault_free,
     .kv_bytes = fault_kv_bytes,
     .kv_block_bytes = sl_model_kv_block_bytes, /* the CPU backend's layout */
