@@ -156,6 +156,24 @@ static float rd_f32(const unsigned char *p)
     return f;
 }
 
+/* A SentencePiece vocabulary without token types (llama2.c's tokenizer.bin, the synthetic one, a
+ * GGUF without token_type) still has llama's control tokens at ids 1 and 2: <s> and </s> (llama2.c
+ * writes them "\n<s>\n" and "\n</s>\n"). Marked special, they decode to nothing, as GGUF's
+ * type-3 tokens do: generated text never shows them (ignore_eos, an echoed prompt). <unk> (id 0)
+ * stays text, as GGUF's type-2 token does. */
+static void mark_llama_controls(struct sl_tok *t)
+{
+    static const char *const names[] = {"<s>", "</s>", "\n<s>\n", "\n</s>\n"};
+    for (int i = 1; i < 3 && i < t->vocab_size; i++)
+        for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+            if (t->piece_len[i] == strlen(names[k]) &&
+                memcmp(t->pieces[i], names[k], t->piece_len[i]) == 0) {
+                if (!t->special)
+                    t->special = sl_xcalloc((size_t)t->vocab_size, 1);
+                t->special[i] = 1;
+            }
+}
+
 struct sl_tok *sl_tok_parse(const unsigned char *data, size_t len, int vocab, char *err,
                             size_t errlen)
 {
@@ -221,6 +239,7 @@ struct sl_tok *sl_tok_parse(const unsigned char *data, size_t len, int vocab, ch
         off += plen;
         at += plen + 1;
     }
+    mark_llama_controls(t);
     sl_tok_index(t);
     return t;
 }
@@ -277,6 +296,8 @@ struct sl_tok *sl_tok_from_spm(int vocab, const char *const *pieces, const uint6
             t->special[i] = 1;
         }
     }
+    if (!types)
+        mark_llama_controls(t);
     sl_tok_index(t);
     return t;
 }
@@ -426,6 +447,7 @@ struct sl_tok *sl_tok_synthetic(int vocab)
     free(b.off);
     free(b.len);
     free(b.hash);
+    mark_llama_controls(t);
     sl_tok_index(t);
     return t;
 }

@@ -277,6 +277,40 @@ Test(worker, encode_matches_golden_when_vocab_is_gguf_or_hf)
     check_golden_prompts(dir, "tinystories-656K/hf", NULL, "golden/tinystories-656K.json");
 }
 
+/* <s> and </s> (ids 1, 2) of a vocabulary with or without token types decode to nothing; <unk>
+ * (id 0) and every other piece to its text. */
+static void check_controls_silent(const struct sl_tok *t)
+{
+    for (int32_t id = 1; id < 3; id++) {
+        size_t len = 99;
+        sl_tok_decode(t, 5, id, &len);
+        cr_assert_eq(len, 0, "id %d decodes to %zu bytes", id, len);
+    }
+    size_t len = 0;
+    const char *p = sl_tok_decode(t, 5, 0, &len);
+    cr_assert(len == 5 && memcmp(p, "<unk>", 5) == 0, "<unk> stays text");
+    sl_tok_decode(t, 5, 3 + 'A', &len);
+    cr_assert_eq(len, 1, "a byte token still decodes");
+}
+
+Test(worker, llama_control_tokens_decode_to_nothing_when_the_vocab_has_no_types)
+{
+    struct sl_tok *t = sl_tok_synthetic(512);
+    check_controls_silent(t);
+    sl_tok_free(t);
+    WT_REQUIRE_MODELS(dir);
+    char *mp = wt_path(dir, "stories260K.bin"), *tp = wt_path(dir, "tok512.bin");
+    char *gp = wt_path(dir, "stories260K.gguf");
+    struct sl_model *b = wt_load(mp, tp), *g = wt_load(gp, NULL);
+    check_controls_silent(sl_model_tok(b));
+    check_controls_silent(sl_model_tok(g));
+    sl_model_free(b);
+    sl_model_free(g);
+    free(mp);
+    free(tp);
+    free(gp);
+}
+
 /* The GGUF vocabulary is tok512 with "▁" for spaces: the same ids for any text. */
 Test(worker, gguf_vocab_encodes_like_tok512_when_text_is_any_utf8)
 {
