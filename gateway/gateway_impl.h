@@ -139,6 +139,7 @@ struct sl_openai_completion {
     bool has_seed;
     bool stream;
     bool include_usage;       /* stream_options.include_usage: a final chunk carries usage */
+    bool echo;                /* completions: the prompt's text goes before the completion's */
     const char *service_tier; /* OpenAI's service_tier ("auto", "default", "flex", "priority",
                                  …) as sent, or NULL; the gateway maps it to a tier */
     const char *user;         /* the end user's id as sent, or NULL */

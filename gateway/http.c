@@ -453,7 +453,8 @@ struct conn {
     struct sl_openai_ident ident;
     int n_prompt;
     bool stream, include_usage, chunked, head_sent;
-    struct sl_str text; /* non-streaming: the text so far */
+    bool echo_pending;  /* streaming with echo: text holds the prompt, the first chunk to send */
+    struct sl_str text; /* non-streaming: the text so far (the prompt first with echo) */
     /* Log probabilities, when the request asked for them: every token's (non-streaming), or
      * those not sent yet (streaming: of held text, or of tokens whose text is still to come). */
     bool want_lp;
@@ -1202,6 +1203,25 @@ static struct sl_admit_env admit_env(struct conn *c)
 
 static void conn_on_admit_timer(evutil_socket_t fd, short what, void *arg);
 
+/* echo: the prompt's text into out, as sent, or decoded from its token ids (n of them in ids). */
+static void echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,
+                        const struct sl_tok *tok, const int32_t *ids, int n)
+{
+    if (oc->prompt) {
+        sl_str_append(out, oc->prompt, oc->prompt_len);
+        return;
+    }
+    struct sl_str raw;
+    sl_str_init(&raw);
+    for (int i = 0; i < n; i++) {
+        size_t len;
+        const char *piece = sl_tok_decode(tok, i ? ids[i - 1] : -1, ids[i], &len);
+        sl_str_append(&raw, piece, len);
+    }
+    sl_utf8_sanitize(out, raw.p ? raw.p : "", raw.len);
+    sl_str_dispose(&raw);
+}
+
 /* Hands the admitted request to its model's scheduler, as admission left it (tier, model,
  * max_tokens). */
 static void submit(struct conn *c)
@@ -1244,6 +1264,10 @@ static void submit(struct conn *c)
     c->want_lp = oc->params.logprobs;
     c->n_lp = 0;
     c->lp_offset = 0;
+    sl_str_clear(&c->text);
+    if (oc->echo)
+        echo_prompt(&c->text, oc, sl_model_tok(en->model), io->ids, n_prompt);
+    c->echo_pending = oc->echo && oc->stream;
     sl_openai_completion_dispose(oc);
     c->has_oc = false;
 
@@ -1276,7 +1300,6 @@ static void submit(struct conn *c)
     c->ident.include_usage = c->include_usage;
     c->t_first_ns = 0;
     c->n_gen = 0;
-    sl_str_clear(&c->text);
     c->state = CONN_WAITING;
 }
 
@@ -1492,6 +1515,17 @@ static void stream_head(struct conn *c)
     send_head(c, 200, "text/event-stream", -1, "Cache-Control: no-cache\r\n");
     if (c->ident.api == SL_OPENAI_API_CHAT)
         stream_role(c);
+    if (c->echo_pending) {
+        /* echo: the prompt goes out as the first chunk (as vLLM sends it). */
+        c->echo_pending = false;
+        struct sl_str *b = &c->io->out;
+        sl_str_clear(b);
+        sl_openai_chunk_encode(b, &c->ident, c->text.p ? c->text.p : "", c->text.len,
+                               SL_FINISH_NONE, NULL);
+        send_sse(c, b->p, b->len);
+        sl_str_clear(b);
+        sl_str_clear(&c->text);
+    }
 }
 
 /* The engine's answer when a request ends without finishing normally. */

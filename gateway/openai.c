@@ -507,8 +507,12 @@ static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_
     if ((v = member(root, "echo"))) {
         if (!json_is_boolean(v))
             return bad_type(err, "echo", "a boolean", v);
-        if (json_is_true(v))
-            return unsupported(err, "echo", "Echoing the prompt is not supported by this server.");
+        c->echo = json_is_true(v);
+        if (c->echo && c->params.logprobs)
+            return unsupported(err, "echo",
+                               "Echoing the prompt with logprobs needs the prompt's log "
+                               "probabilities, which this server does not compute; send echo "
+                               "without logprobs.");
     }
     if ((v = member(root, "best_of"))) {
         if (!json_is_integer(v))

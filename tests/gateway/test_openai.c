@@ -598,7 +598,8 @@ Test(gateway, rejects_penalties_and_logit_bias_when_they_are_invalid)
  * clients that fill in every field send, are accepted. */
 Test(gateway, refuses_completion_fields_it_does_not_implement_when_they_ask_for_something)
 {
-    expect_error("{\"prompt\":\"x\",\"echo\":true}", 400, "echo", "unsupported_value");
+    expect_error("{\"prompt\":\"x\",\"echo\":true,\"logprobs\":0}", 400, "echo",
+                 "unsupported_value");
     expect_error("{\"prompt\":\"x\",\"echo\":1}", 400, "echo", "invalid_type");
     expect_error("{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of", "unsupported_value");
     expect_error("{\"prompt\":\"x\",\"suffix\":\"end\"}", 400, "suffix", "unsupported_value");
@@ -610,6 +611,10 @@ Test(gateway, refuses_completion_fields_it_does_not_implement_when_they_ask_for_
                         &err),
                  SL_OK, "%s", err.message);
     cr_assert_not(c.params.logprobs);
+    cr_assert_not(c.echo);
+    sl_openai_completion_dispose(&c);
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\",\"echo\":true}", &err), SL_OK, "%s", err.message);
+    cr_assert(c.echo);
     sl_openai_completion_dispose(&c);
 }
 

@@ -23,13 +23,13 @@ static bool have(const char *path)
     return stat(path, &st) == 0;
 }
 
-/* POSTs a greedy completion of n_gen tokens with `prompt` (a JSON string or array of ids) and
- * checks its text is `want`. */
+/* POSTs a greedy completion of n_gen tokens with `prompt` (a JSON string or array of ids), with
+ * `echo` as given, and checks its text is `want`. */
 static void check_completion(struct server *srv, const char *model, json_t *prompt, int n_gen,
-                             const char *want)
+                             bool echo, const char *want)
 {
-    json_t *req =
-        json_pack("{s:O, s:i, s:f}", "prompt", prompt, "max_tokens", n_gen, "temperature", 0.0);
+    json_t *req = json_pack("{s:O, s:i, s:f, s:b}", "prompt", prompt, "max_tokens", n_gen,
+                            "temperature", 0.0, "echo", echo);
     char *body = json_dumps(req, 0);
     int fd = client_connect(srv->port);
     client_request(fd, "POST", "/v1/completions", body, false);
@@ -80,10 +80,14 @@ static void check_golden(const char *model, const char *tokenizer, const char *g
         size_t pl = strlen(prompt), tl = strlen(text);
         cr_assert_eq(strncmp(text, prompt, pl), 0);
         char *want = strndup(text + pl, tl - pl - 1);
-        check_completion(&srv, model, json_object_get(c, "prompt"), n_gen, want);
+        check_completion(&srv, model, json_object_get(c, "prompt"), n_gen, false, want);
         json_t *ids = json_object_get(c, "prompt_token_ids");
         cr_assert(json_is_array(ids), "%s has prompt_token_ids", golden_name);
-        check_completion(&srv, model, ids, n_gen, want);
+        check_completion(&srv, model, ids, n_gen, false, want);
+        /* echo: the ids decode to the prompt's text (BOS to nothing), then the completion. */
+        char *whole = strndup(text, tl - 1);
+        check_completion(&srv, model, ids, n_gen, true, whole);
+        free(whole);
         free(want);
     }
     server_stop(&srv);

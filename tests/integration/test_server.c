@@ -312,6 +312,31 @@ Test(integration, logit_bias_and_penalties_shape_the_text_when_sent)
     free(streamed);
 }
 
+Test(integration, echo_puts_the_prompt_before_the_completion_streamed_or_not)
+{
+    const char *f;
+    char *plain =
+        complete("{\"prompt\":\"Once upon\",\"max_tokens\":6,\"temperature\":0}", 6, NULL);
+    char *echo = complete("{\"prompt\":\"Once upon\",\"max_tokens\":6,\"temperature\":0,"
+                          "\"echo\":true}",
+                          6, NULL);
+    char want[512];
+    snprintf(want, sizeof want, "Once upon%s", plain);
+    cr_assert_str_eq(echo, want);
+    char *streamed = stream("{\"prompt\":\"Once upon\",\"max_tokens\":6,\"temperature\":0,"
+                            "\"echo\":true,\"stream\":true}",
+                            &f);
+    cr_assert_str_eq(streamed, want);
+    struct response r =
+        roundtrip("POST", "/v1/completions", "{\"prompt\":\"x\",\"echo\":true,\"logprobs\":1}");
+    assert_error_object(&r, 400, "invalid_request_error");
+    cr_assert(strstr(r.body, "\"param\":\"echo\""), "%s", r.body);
+    response_dispose(&r);
+    free(plain);
+    free(echo);
+    free(streamed);
+}
+
 /* complete(), also giving usage.completion_tokens. */
 static char *complete_counted(const char *body, int max_tokens, const char **finish, int *n)
 {
@@ -340,25 +365,26 @@ Test(integration, ignore_eos_min_tokens_and_stop_token_ids_decide_where_the_text
     cr_assert_str_eq(f, "stop");
     cr_assert_eq(n, 1);
     cr_assert_str_eq(eos, "");
-    /* ignore_eos: EOS every step, to max_tokens, streamed or not. */
-    const char *ignore = "{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
-                         "\"logit_bias\":{\"2\":100},\"ignore_eos\":true%s}";
-    char body[512];
-    snprintf(body, sizeof body, ignore, "");
-    char *ign = complete_counted(body, 8, &f, &n);
+    /* ignore_eos: EOS every step, to max_tokens; a control token's text is empty. */
+    char *ign = complete_counted("{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                                 "\"logit_bias\":{\"2\":100},\"ignore_eos\":true}",
+                                 8, &f, &n);
     cr_assert_str_eq(f, "length");
     cr_assert_eq(n, 8);
-    snprintf(body, sizeof body, ignore, ",\"stream\":true");
-    char *ign_s = stream(body, &f);
-    cr_assert_str_eq(f, "length");
-    cr_assert_str_eq(ign_s, ign);
-    /* min_tokens 5: EOS masked for five tokens (the plain run's), then taken. */
-    char *min = complete_counted("{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
-                                 "\"logit_bias\":{\"2\":100},\"min_tokens\":5}",
-                                 8, &f, &n);
+    cr_assert_str_eq(ign, "");
+    /* min_tokens 5: EOS masked for five tokens (the plain run's), then taken; streamed alike. */
+    const char *min_body = "{\"prompt\":\"Once\",\"max_tokens\":8,\"temperature\":0,"
+                           "\"logit_bias\":{\"2\":100},\"min_tokens\":5%s}";
+    char body[512];
+    snprintf(body, sizeof body, min_body, "");
+    char *min = complete_counted(body, 8, &f, &n);
     cr_assert_str_eq(f, "stop");
     cr_assert_eq(n, 6);
     cr_assert_str_eq(min, plain);
+    snprintf(body, sizeof body, min_body, ",\"stream\":true");
+    char *min_s = stream(body, &f);
+    cr_assert_str_eq(f, "stop");
+    cr_assert_str_eq(min_s, plain);
 
     /* stop_token_ids: the token's text is part of the output; with min_tokens 3 it comes after
      * the plain run's first three. */
@@ -406,7 +432,7 @@ Test(integration, ignore_eos_min_tokens_and_stop_token_ids_decide_where_the_text
     cr_assert(strstr(r.body, "stop_token_ids"), "%s", r.body);
     response_dispose(&r);
 
-    char *all[] = {plain, eos, ign, ign_s, min, one, stop_id, three, late, cut, kept};
+    char *all[] = {plain, eos, ign, min_s, min, one, stop_id, three, late, cut, kept};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         free(all[i]);
 }
