@@ -1,6 +1,7 @@
 /* The official OpenAI Node SDK (npm package "openai", pinned in tests/sdk/package-lock.json)
- * drives the real server: tests/sdk/check.mjs runs completions and chat, streaming and not, and a
- * bad request, and exits non-zero on any mismatch. scripts/setup.sh installs Node and the
+ * drives the real server: tests/sdk/check.mjs runs completions and chat, streaming and not, a
+ * prompt of token ids with echo, vLLM's ignore_eos and min_tokens, and a bad request, and exits
+ * non-zero on any mismatch. scripts/setup.sh installs Node and the
  * package; without them this test fails and says so, it does not skip. */
 #include <criterion/criterion.h>
 

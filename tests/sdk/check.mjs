@@ -1,5 +1,5 @@
 // Drives a running sluice with the official OpenAI Node SDK: completions and chat, streaming and
-// not, and a bad request. Usage: node check.mjs http://127.0.0.1:PORT/v1
+// not, a prompt of token ids with echo, vLLM's ignore_eos and min_tokens, and a bad request. Usage: node check.mjs http://127.0.0.1:PORT/v1
 // Exits 0 when every check passes; otherwise prints what differed and exits 1. Runs on Node 18
 // (Debian 12's nodejs, which scripts/setup.sh installs) and later.
 import OpenAI from 'openai';
@@ -135,6 +135,31 @@ const checks = {
       { streamed: text, whole: sameSeedText });
   },
 
+  // A prompt of token ids (the SDK's number[] prompt), plain and echoed.
+  async promptIds() {
+    const ask = { model, prompt: [1, 300, 301], max_tokens: 6, temperature: 0 };
+    const plain = await client.completions.create(ask);
+    check(plain.usage.prompt_tokens === 3, 'the ids are the prompt, no BOS added', plain.usage);
+    checkUsage(plain.usage, 6, 'ids prompt');
+    const echoed = await client.completions.create({ ...ask, echo: true });
+    const p = plain.choices[0].text, e = echoed.choices[0].text;
+    check(e.length > p.length && e.endsWith(p), 'echo puts the prompt before the same completion',
+      { plain: p, echoed: e });
+  },
+
+  // vLLM's fields, as load generators send them: a bias makes EOS the greedy choice, and
+  // ignore_eos with min_tokens still gives every token asked for.
+  async ignoreEos() {
+    const ask = { model, prompt: 'Once upon a time', max_tokens: 20, temperature: 0,
+      logit_bias: { 2: 100 } };
+    const stopped = await client.completions.create(ask);
+    check(stopped.choices[0].finish_reason === 'stop' && stopped.usage.completion_tokens === 1,
+      'EOS ends the completion at once', stopped.usage);
+    const full = await client.completions.create({ ...ask, ignore_eos: true, min_tokens: 20 });
+    check(full.choices[0].finish_reason === 'length' && full.usage.completion_tokens === 20,
+      'ignore_eos generates max_tokens', full.usage);
+  },
+
   async badRequest() {
     try {
       await client.chat.completions.create({ model, messages, n: 2 });
@@ -170,6 +195,8 @@ const greedy = await run('completions');
 if (greedy !== undefined) await run('completionsStreaming', greedy);
 const chatText = await run('chat');
 if (chatText !== undefined) await run('chatStreaming', chatText);
+await run('promptIds');
+await run('ignoreEos');
 await run('badRequest');
 console.log(failed ? `${failed} check(s) failed` : 'all checks passed');
 // Exit explicitly: idle keep-alive sockets must not hold the process open.
