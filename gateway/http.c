@@ -1203,7 +1203,8 @@ static struct sl_admit_env admit_env(struct conn *c)
 
 static void conn_on_admit_timer(evutil_socket_t fd, short what, void *arg);
 
-/* echo: the prompt's text into out, as sent, or decoded from its token ids (n of them in ids). */
+/* echo: the prompt's text into out, as sent, or its token ids (n of them in ids) through the
+ * detokenizer that turns generated ids into text. */
 static void echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,
                         const struct sl_tok *tok, const int32_t *ids, int n)
 {
@@ -1211,15 +1212,11 @@ static void echo_prompt(struct sl_str *out, const struct sl_openai_completion *o
         sl_str_append(out, oc->prompt, oc->prompt_len);
         return;
     }
-    struct sl_str raw;
-    sl_str_init(&raw);
-    for (int i = 0; i < n; i++) {
-        size_t len;
-        const char *piece = sl_tok_decode(tok, i ? ids[i - 1] : -1, ids[i], &len);
-        sl_str_append(&raw, piece, len);
-    }
-    sl_utf8_sanitize(out, raw.p ? raw.p : "", raw.len);
-    sl_str_dispose(&raw);
+    struct sl_detok *d = sl_detok_new(tok, -1, NULL, 0);
+    for (int i = 0; i < n; i++)
+        sl_detok_push(d, ids[i], out, NULL);
+    sl_detok_finish(d, out);
+    sl_detok_free(d);
 }
 
 /* Hands the admitted request to its model's scheduler, as admission left it (tier, model,

@@ -63,6 +63,18 @@ static json_t *member(json_t *root, const char *key)
     return v && !json_is_null(v) ? v : NULL;
 }
 
+/* An optional boolean; absent or null leaves *out. */
+static int decode_bool(json_t *root, const char *key, bool *out, struct sl_openai_error *err)
+{
+    json_t *v = member(root, key);
+    if (!v)
+        return SL_OK;
+    if (!json_is_boolean(v))
+        return bad_type(err, key, "a boolean", v);
+    *out = json_is_true(v);
+    return SL_OK;
+}
+
 static int decode_number(json_t *root, const char *key, double lo, bool lo_open, double hi,
                          float *out, struct sl_openai_error *err)
 {
@@ -351,15 +363,13 @@ static int decode_logprobs(struct sl_openai_completion *c, bool chat, struct sl_
         p->logprobs = true;
         return decode_top(v, "logprobs", &p->top_logprobs, err);
     }
-    if (v) {
-        if (!json_is_boolean(v))
-            return bad_type(err, "logprobs", "a boolean", v);
-        p->logprobs = json_is_true(v);
-    }
+    int st = decode_bool(c->root, "logprobs", &p->logprobs, err);
+    if (st != SL_OK)
+        return st;
     json_t *t = member(c->root, "top_logprobs");
     if (!t)
         return SL_OK;
-    int st = decode_top(t, "top_logprobs", &p->top_logprobs, err);
+    st = decode_top(t, "top_logprobs", &p->top_logprobs, err);
     if (st == SL_OK && p->top_logprobs > 0 && !p->logprobs) {
         sl_openai_error_set(err, 400, "top_logprobs", "invalid_value",
                             "Invalid 'top_logprobs': 'logprobs' must be true when top_logprobs "
@@ -367,17 +377,6 @@ static int decode_logprobs(struct sl_openai_completion *c, bool chat, struct sl_
         return SL_EINVAL;
     }
     return st;
-}
-
-static int decode_bool(json_t *root, const char *key, bool *out, struct sl_openai_error *err)
-{
-    json_t *v = member(root, key);
-    if (!v)
-        return SL_OK;
-    if (!json_is_boolean(v))
-        return bad_type(err, key, "a boolean", v);
-    *out = json_is_true(v);
-    return SL_OK;
 }
 
 /* vLLM's stop controls: ignore_eos, min_tokens (0..max_tokens), stop_token_ids (token ids,
@@ -589,11 +588,8 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
     if ((st = decode_stop(c, err)))
         return st;
 
-    if ((v = member(root, "stream"))) {
-        if (!json_is_boolean(v))
-            return bad_type(err, "stream", "a boolean", v);
-        c->stream = json_is_true(v);
-    }
+    if ((st = decode_bool(root, "stream", &c->stream, err)))
+        return st;
     if ((v = member(root, "stream_options"))) {
         if (!json_is_object(v))
             return bad_type(err, "stream_options", "an object", v);

@@ -947,6 +947,15 @@ static void mask_stops(const struct sl_sched_core *c, const struct sl_seq *s, fl
             row[rp->stop_ids[i]] = -INFINITY;
 }
 
+/* True when s's row must come back as logits and be sampled here: penalties, logit bias, log
+ * probabilities or min_tokens' mask change or read them first. */
+static bool needs_logits(const struct sl_sched_core *c, const struct sl_seq *s)
+{
+    const struct sl_req_params *rp = &s->req->params;
+    struct sl_penalties pen = penalties_of(rp);
+    return sl_penalties_active(&pen) || rp->logprobs || masks_stops(c, s);
+}
+
 /* Appends a sampled token and decides whether s goes on. lp: its log probabilities, or NULL.
  * None of the first min_tokens tokens ends s. */
 static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token,
@@ -1026,12 +1035,8 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
      * host: a step with such a row runs forward, whose logits come back, even on a worker that
      * can sample where they are. */
     bool host_sample = !c->worker.forward_sample;
-    for (int i = 0; i < n_logits && !host_sample; i++) {
-        const struct sl_seq *s = c->b_logit_seqs[i];
-        const struct sl_req_params *rp = &s->req->params;
-        struct sl_penalties pen = penalties_of(rp);
-        host_sample = sl_penalties_active(&pen) || rp->logprobs || masks_stops(c, s);
-    }
+    for (int i = 0; i < n_logits && !host_sample; i++)
+        host_sample = needs_logits(c, c->b_logit_seqs[i]);
     int st;
     if (!host_sample) {
         /* The worker samples where the logits are; each sequence's rng is drawn here, exactly as

@@ -16,6 +16,21 @@ const char *sl_finish_str(enum sl_finish f)
     return NULL;
 }
 
+static int clamp_count(int n, int max)
+{
+    return n < 0 ? 0 : n > max ? max : n;
+}
+
+/* A copy of n elements of `size` bytes, or NULL when there are none. */
+static void *dup_array(const void *src, int n, size_t size)
+{
+    if (n <= 0)
+        return NULL;
+    void *p = sl_xmalloc(size * (size_t)n);
+    memcpy(p, src, size * (size_t)n);
+    return p;
+}
+
 struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_req_params *p)
 {
     struct sl_req *r = sl_xcalloc(1, sizeof *r);
@@ -29,36 +44,19 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
         memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     r->params = *p;
     r->params.tier_name[SL_SCHED_TIER_NAME_MAX] = '\0';
-    int n = p->n_stop < 0 ? 0 : p->n_stop > SL_REQ_MAX_STOPS ? SL_REQ_MAX_STOPS : p->n_stop;
+    int n = clamp_count(p->n_stop, SL_REQ_MAX_STOPS);
     r->params.n_stop = n;
     for (int i = 0; i < SL_REQ_MAX_STOPS; i++) {
         r->stop_copy[i] = i < n ? sl_xstrdup(p->stop[i]) : NULL;
         r->params.stop[i] = r->stop_copy[i];
     }
-    int nb = p->n_bias < 0                       ? 0
-             : p->n_bias > SL_REQ_MAX_LOGIT_BIAS ? SL_REQ_MAX_LOGIT_BIAS
-                                                 : p->n_bias;
+    int nb = clamp_count(p->n_bias, SL_REQ_MAX_LOGIT_BIAS);
     r->params.n_bias = nb;
-    r->params.bias_ids = NULL;
-    r->params.bias = NULL;
-    if (nb > 0) {
-        r->bias_ids_copy = sl_xmalloc(sizeof(int32_t) * (size_t)nb);
-        r->bias_copy = sl_xmalloc(sizeof(float) * (size_t)nb);
-        memcpy(r->bias_ids_copy, p->bias_ids, sizeof(int32_t) * (size_t)nb);
-        memcpy(r->bias_copy, p->bias, sizeof(float) * (size_t)nb);
-        r->params.bias_ids = r->bias_ids_copy;
-        r->params.bias = r->bias_copy;
-    }
-    int ns = p->n_stop_ids < 0                     ? 0
-             : p->n_stop_ids > SL_REQ_MAX_STOP_IDS ? SL_REQ_MAX_STOP_IDS
-                                                   : p->n_stop_ids;
+    r->params.bias_ids = r->bias_ids_copy = dup_array(p->bias_ids, nb, sizeof(int32_t));
+    r->params.bias = r->bias_copy = dup_array(p->bias, nb, sizeof(float));
+    int ns = clamp_count(p->n_stop_ids, SL_REQ_MAX_STOP_IDS);
     r->params.n_stop_ids = ns;
-    r->params.stop_ids = NULL;
-    if (ns > 0) {
-        r->stop_ids_copy = sl_xmalloc(sizeof(int32_t) * (size_t)ns);
-        memcpy(r->stop_ids_copy, p->stop_ids, sizeof(int32_t) * (size_t)ns);
-        r->params.stop_ids = r->stop_ids_copy;
-    }
+    r->params.stop_ids = r->stop_ids_copy = dup_array(p->stop_ids, ns, sizeof(int32_t));
     if (r->params.min_tokens < 0)
         r->params.min_tokens = 0;
     sl_str_init(&r->pending);
