@@ -8,7 +8,9 @@
  *
  * Instruction sets: each kernel has a portable scalar version and, on x86-64, an AVX2+FMA+F16C
  * version chosen at run time (the build needs no -march flag; the binary runs on any x86-64).
- * sl_cpu_set_isa() lets tests force the scalar path.
+ * Where the CPU also has AVX-512F and VL, the matmul of three rows or more runs 16-lane
+ * register tiles instead (two activation rows per register, 32 registers); every other kernel
+ * keeps its AVX2 version. sl_cpu_set_isa() lets tests and benchmarks force a lower level.
  *
  * Summation order (what the goldens and the batch-invariance tests rely on):
  *  - Scalar path: every dot product sums left to right in plain fp32 (multiply, then add), the
@@ -19,6 +21,8 @@
  *    ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); the block results are added left to right, then the
  *    k % 8 remaining products. The blocks depend on k alone. Results differ from run.c in the
  *    last bits; the greedy goldens (tests/worker/test_golden.c) still match token for token.
+ *  - AVX-512 path: the AVX2 path's order exactly (each 16-lane register holds the 8 lanes of
+ *    two rows), so its results are the AVX2 path's bit for bit.
  *  - Either way, each output element is computed by the same sequence of operations whatever the
  *    number of rows in the batch, the tile it falls in, or the thread count: batching and
  *    threading never change a result, bit for bit. Typed weights are converted exactly (F16, BF16
@@ -66,16 +70,18 @@ const char *sl_dtype_name(enum sl_dtype t);
 enum sl_cpu_isa {
     SL_CPU_ISA_SCALAR, /* portable C */
     SL_CPU_ISA_AVX2,   /* x86-64 AVX2 + FMA + F16C */
+    SL_CPU_ISA_AVX512, /* AVX2's set + AVX-512F + VL (an fp32 matmul of 16 lanes, 32 registers) */
 };
 
 /* The best instruction set this CPU supports. */
 enum sl_cpu_isa sl_cpu_isa_best(void);
 /* The instruction set the kernels use now (sl_cpu_isa_best() unless forced). */
 enum sl_cpu_isa sl_cpu_isa(void);
-/* Forces the kernels onto `isa` process-wide (tests, benchmarks). Returns SL_EINVAL when this
- * CPU does not support it. Not to be called while another thread runs a kernel. */
+/* Forces the kernels onto `isa` process-wide (tests, benchmarks): any level up to
+ * sl_cpu_isa_best(), each including the ones below it. Returns SL_EINVAL when this CPU does not
+ * support it. Not to be called while another thread runs a kernel. */
 int sl_cpu_set_isa(enum sl_cpu_isa isa);
-/* "scalar", "avx2". */
+/* "scalar", "avx2", "avx512". */
 const char *sl_cpu_isa_name(enum sl_cpu_isa isa);
 
 /* ---------------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ INLINE void store_n(const int n, float *p, __m128 v)
  * 8 lane sums reduced by the tree above, the block results are added left to right into one fp32
  * sum, and the k % 8 tail comes last. The blocks depend on k alone, never on the batch; they let
  * an activation block stay in L1 while weight tiles stream past it. */
-#define KC_MAX 384
+#define KC_MAX SL_CPU_KC_MAX
 
 /* acc[r][c] += x row r at column j · wv[c], for r < RM, c < RN. */
 INLINE void fma_tile(const int RM, const int RN, __m256 acc[4][4], const __m256 *wv, const float *x,

@@ -34,8 +34,20 @@ void sl_cpu_avx2_attention_row(float *out, const float *q, int n_heads, int n_kv
 void sl_cpu_avx2_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 float sl_cpu_avx2_bench_read(const float *buf, size_t n);
 double sl_cpu_avx2_bench_fma(long iters);
+
+/* The AVX-512 kernels (avx512.c): AVX-512F and VL on top of the AVX2 set. */
+#define SL_CPU_HAVE_AVX512 1
+void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
+                               int d1);
+double sl_cpu_avx512_bench_fma(long iters);
 #else
 #define SL_CPU_HAVE_AVX2 0
+#define SL_CPU_HAVE_AVX512 0
 #endif
+
+/* The k blocking of a vector dot product (avx2.c): k rounded down to 8 is cut into
+ * ceil(k8 / SL_CPU_KC_MAX) blocks of equal length, rounded up to 32. avx512.c cuts the same
+ * blocks, which is part of giving the same bits. */
+#define SL_CPU_KC_MAX 384
 
 #endif

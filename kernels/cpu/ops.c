@@ -185,8 +185,12 @@ enum sl_cpu_isa sl_cpu_isa_best(void)
     unsigned int eax, ebx, ecx = 0, edx;
     bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
-        return SL_CPU_ISA_AVX2;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !f16c)
+        return SL_CPU_ISA_SCALAR;
+    /* __builtin_cpu_supports checks that the OS saves the registers (XCR0) too. */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
+        return SL_CPU_ISA_AVX512;
+    return SL_CPU_ISA_AVX2;
 #endif
     return SL_CPU_ISA_SCALAR;
 }
@@ -203,7 +207,7 @@ enum sl_cpu_isa sl_cpu_isa(void)
 
 int sl_cpu_set_isa(enum sl_cpu_isa isa)
 {
-    if (isa != SL_CPU_ISA_SCALAR && isa != sl_cpu_isa_best())
+    if ((int)isa < (int)SL_CPU_ISA_SCALAR || (int)isa > (int)sl_cpu_isa_best())
         return SL_EINVAL;
     atomic_store_explicit(&g_isa, (int)isa, memory_order_relaxed);
     return SL_OK;
@@ -211,13 +215,20 @@ int sl_cpu_set_isa(enum sl_cpu_isa isa)
 
 const char *sl_cpu_isa_name(enum sl_cpu_isa isa)
 {
-    return isa == SL_CPU_ISA_AVX2 ? "avx2" : "scalar";
+    switch (isa) {
+    case SL_CPU_ISA_AVX2: return "avx2";
+    case SL_CPU_ISA_AVX512: return "avx512";
+    default: return "scalar";
+    }
 }
 
+/* AVX-512 includes the AVX2 set: kernels without an AVX-512 version take the AVX2 one. */
 #if SL_CPU_HAVE_AVX2
-#define AVX2() (sl_cpu_isa() == SL_CPU_ISA_AVX2)
+#define AVX2() (sl_cpu_isa() >= SL_CPU_ISA_AVX2)
+#define AVX512() (sl_cpu_isa() == SL_CPU_ISA_AVX512)
 #else
 #define AVX2() 0
+#define AVX512() 0
 #endif
 
 /* ---------------------------------------------------------------------------------------------
@@ -314,6 +325,10 @@ void sl_cpu_matmul_cols(float *out, const float *x, const struct sl_mat *w, int 
     if (n < 1 || d0 >= d1)
         return;
 #if SL_CPU_HAVE_AVX2
+    if (AVX512()) {
+        sl_cpu_avx512_matmul_cols(out, x, w, n, d0, d1);
+        return;
+    }
     if (AVX2()) {
         sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
         return;
@@ -869,6 +884,10 @@ static void fma_task(void *arg, int ith, int nth)
     (void)nth;
     struct fma_job *j = arg;
 #if SL_CPU_HAVE_AVX2
+    if (AVX512()) {
+        j->flops[ith % 64] = sl_cpu_avx512_bench_fma(j->iters);
+        return;
+    }
     if (AVX2()) {
         j->flops[ith % 64] = sl_cpu_avx2_bench_fma(j->iters);
         return;

@@ -27,13 +27,13 @@ static float *rand_vec(size_t n)
     return p;
 }
 
-/* The instruction sets to test: scalar always, AVX2 when the CPU has it. */
+/* The instruction sets to test: scalar always, then every level up to the best this CPU has
+ * (AVX2, AVX-512). */
 static int isas(enum sl_cpu_isa *out)
 {
     int n = 0;
-    out[n++] = SL_CPU_ISA_SCALAR;
-    if (sl_cpu_isa_best() == SL_CPU_ISA_AVX2)
-        out[n++] = SL_CPU_ISA_AVX2;
+    for (enum sl_cpu_isa i = SL_CPU_ISA_SCALAR; i <= sl_cpu_isa_best(); i++)
+        out[n++] = i;
     return n;
 }
 
@@ -45,7 +45,7 @@ static enum sl_cpu_isa use_isa(enum sl_cpu_isa isa)
 
 /* Runs the block once per instruction set, with the kernels forced onto it. */
 #define FOR_EACH_ISA(isa)                                                                          \
-    enum sl_cpu_isa isa##_list[2];                                                                 \
+    enum sl_cpu_isa isa##_list[SL_CPU_ISA_AVX512 + 1];                                             \
     int isa##_n = isas(isa##_list);                                                                \
     for (int isa##_i = 0; isa##_i < isa##_n; isa##_i++)                                            \
         for (int isa##_k = 1; isa##_k; isa##_k = 0)                                                \
@@ -708,14 +708,61 @@ Test(kernels, attention_matches_reference_when_pages_are_scattered)
 
 Test(kernels, isa_is_forced_when_set_and_refused_when_unsupported)
 {
-    cr_assert_eq(sl_cpu_set_isa(SL_CPU_ISA_SCALAR), SL_OK);
-    cr_assert_eq(sl_cpu_isa(), SL_CPU_ISA_SCALAR);
-    if (sl_cpu_isa_best() == SL_CPU_ISA_AVX2) {
-        cr_assert_eq(sl_cpu_set_isa(SL_CPU_ISA_AVX2), SL_OK);
-        cr_assert_eq(sl_cpu_isa(), SL_CPU_ISA_AVX2);
-    } else {
-        cr_assert_eq(sl_cpu_set_isa(SL_CPU_ISA_AVX2), SL_EINVAL);
+    for (enum sl_cpu_isa i = SL_CPU_ISA_SCALAR; i <= SL_CPU_ISA_AVX512; i++) {
+        if (i <= sl_cpu_isa_best()) {
+            cr_assert_eq(sl_cpu_set_isa(i), SL_OK, "%s", sl_cpu_isa_name(i));
+            cr_assert_eq(sl_cpu_isa(), i);
+        } else {
+            cr_assert_eq(sl_cpu_set_isa(i), SL_EINVAL, "%s", sl_cpu_isa_name(i));
+            cr_assert_eq(sl_cpu_isa(), i - 1, "a refused level leaves the last one set");
+        }
     }
+    cr_assert_eq(sl_cpu_set_isa((enum sl_cpu_isa)(SL_CPU_ISA_AVX512 + 1)), SL_EINVAL);
+    cr_assert_eq(sl_cpu_set_isa((enum sl_cpu_isa) - 1), SL_EINVAL);
+    cr_assert_str_eq(sl_cpu_isa_name(SL_CPU_ISA_AVX512), "avx512");
+}
+
+/* The AVX-512 matmul packs two activation rows per register and reduces both at once: each row's
+ * sums must still be AVX2's bits, for every shape the packing and tiling can meet (odd rows, a
+ * pair's missing row, partial register tiles, weight rows past the last whole tile, more than one
+ * k block, a k % 8 tail, more rows than a packed block) and any split of the columns. */
+Test(kernels, avx512_matmul_gives_the_bits_of_avx2_when_shapes_vary)
+{
+    if (sl_cpu_isa_best() < SL_CPU_ISA_AVX512)
+        cr_skip_test("this CPU has no AVX-512F/VL: the AVX-512 kernels are not used here");
+    const int rows[] = {3, 4, 5, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 70};
+    const int cols[] = {1, 5, 6, 7, 13, 97, 203};
+    const int depth[] = {1, 7, 8, 9, 40, 288, 291, 385, 768, 801};
+    for (int ti = 0; ti < LEN(dtypes); ti++)
+        for (int a = 0; a < LEN(rows); a++)
+            for (int b = 0; b < LEN(cols); b++)
+                for (int c = 0; c < LEN(depth); c++) {
+                    enum sl_dtype t = dtypes[ti];
+                    int n = rows[a], d = cols[b], k = depth[c];
+                    if (t == SL_DTYPE_Q8_0)
+                        k = (k + 31) / 32 * 32;
+                    float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k), *deq;
+                    void *buf;
+                    struct sl_mat w = make_mat(t, src, d, k, &deq, &buf);
+                    float *want = malloc((size_t)n * d * sizeof(float));
+                    float *got = malloc((size_t)n * d * sizeof(float));
+                    use_isa(SL_CPU_ISA_AVX2);
+                    sl_cpu_matmul(want, x, &w, n);
+                    use_isa(SL_CPU_ISA_AVX512);
+                    int cut = d / 3;
+                    sl_cpu_matmul_cols(got, x, &w, n, 0, cut);
+                    sl_cpu_matmul_cols(got, x, &w, n, cut, d);
+                    for (size_t i = 0; i < (size_t)n * d; i++)
+                        cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                                  "%s n=%d d=%d k=%d [%zu]: avx512 %.9g avx2 %.9g",
+                                  sl_dtype_name(t), n, d, k, i, got[i], want[i]);
+                    free(x);
+                    free(src);
+                    free(deq);
+                    free(buf);
+                    free(want);
+                    free(got);
+                }
 }
 
 struct count_job {

@@ -1,0 +1,382 @@
+/* AVX-512 kernels (AVX-512F + VL on top of the AVX2 set), compiled with per-function target
+ * attributes like avx2.c; ops.c calls them only after checking the CPU (see cpu_impl.h).
+ *
+ * The fp32 matmul of three rows or more gives the same bits as avx2.c's. A dot product there is
+ * eight lane chains (lane l sums x[j]·w[j] for j ≡ l mod 8, in j order, one FMA per step) reduced
+ * by a fixed tree; here a 16-lane register holds the eight lanes of two activation rows at once:
+ * x is packed per k block as row pairs, [k step][pair][2 rows × 8 columns], and each weight
+ * vector of 8 columns is broadcast to both halves as it is loaded (one load µop, no shuffle). A
+ * register tile of RMP row pairs × RN weight rows keeps RMP·RN accumulators: with 32 registers,
+ * 4 pairs × 6 weight rows holds 24 of them (48 rows × weights in AVX2's terms, against 12), so
+ * each k step issues 10 loads for 24 16-lane FMAs where AVX2 needs 7 for 12 8-lane ones. Each
+ * chain still sees the same products in the same order, and the reduction is avx2.c's tree done
+ * on both halves at once, so every weight type that does not take this path, every batch size and
+ * both instruction sets agree bit for bit (tested).
+ */
+#include "cpu_impl.h"
+
+#if SL_CPU_HAVE_AVX512
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#ifndef RMP_MAX
+#define RMP_MAX 4 /* row pairs in a register tile */
+#endif
+#define RN_MAX 8
+
+#define TARGET __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline)) TARGET
+
+/* Per 128-bit lane, [a0+a1, a2+a3, b0+b1, b2+b3]: _mm256_hadd_ps on all four lanes. */
+INLINE __m512 hadd(__m512 a, __m512 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xdd));
+}
+
+/* Four accumulators of (row r | row r + 1) × weights c .. c + 3 -> floats 0..3: row r's four
+ * sums, floats 8..11: row r + 1's, each lane tree ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)) as in
+ * avx2.c's reduce4. */
+INLINE __m512 reduce4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    __m512 t = hadd(hadd(a, b), hadd(c, d));
+    return _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, _MM_SHUFFLE(3, 3, 1, 1)));
+}
+
+/* Eight weights of a row at column j (a multiple of 8) in both halves, converted exactly to fp32.
+ * fp32: vbroadcastf64x4, a load µop (f32x8 would need AVX-512DQ); fp16 and bf16: the 16 bytes
+ * broadcast by the load, then widened. */
+INLINE __m512 load_w(const enum sl_dtype t, const unsigned char *row, int j)
+{
+    switch (t) {
+    case SL_DTYPE_F32:
+        return _mm512_castpd_ps(
+            _mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)((const float *)row + j))));
+    case SL_DTYPE_F16:
+        return _mm512_cvtph_ps(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)j))));
+    case SL_DTYPE_BF16: {
+        __m256i h =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)j)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case SL_DTYPE_Q8_0: break; /* block-wise in tile() */
+    }
+    return _mm512_setzero_ps();
+}
+
+/* One weight as fp32 (the k % 8 tail; never Q8_0, whose rows are whole blocks): avx2.c's. */
+INLINE float scalar_w(const enum sl_dtype t, const unsigned char *row, int j)
+{
+    uint16_t h;
+    switch (t) {
+    case SL_DTYPE_F32: return ((const float *)row)[j];
+    case SL_DTYPE_F16: memcpy(&h, row + 2 * (size_t)j, 2); return _cvtsh_ss(h);
+    case SL_DTYPE_BF16: memcpy(&h, row + 2 * (size_t)j, 2); return sl_cpu_bf16_to_f32(h);
+    case SL_DTYPE_Q8_0: break;
+    }
+    return 0.0f;
+}
+
+/* acc[p][c] += xv[p] · wv for p < RMP. */
+INLINE void fma_col(const int RMP, __m512 acc[][RN_MAX], int c, const __m512 *xv, __m512 wv)
+{
+#pragma GCC unroll 8
+    for (int p = 0; p < RMP; p++)
+        acc[p][c] = _mm512_fmadd_ps(xv[p], wv, acc[p][c]);
+}
+
+/* out[r * ldo + c] (=, or += when j0 != 0) for the block [j0, j1) of the 2·RMP rows in xp (np
+ * pairs per k step) against RN weight rows of type t, wrb bytes apart, then the tail [k8, k) when
+ * j1 == k8; `rows` (1 .. 2·RMP) of them are real. */
+INLINE void tile(const enum sl_dtype t, const int RMP, const int RN, float *out, size_t ldo,
+                 const float *xp, int np, const float *x, size_t ldx, const unsigned char *w,
+                 size_t wrb, int rows, int j0, int j1, int k8, int k)
+{
+    __m512 acc[RMP_MAX][RN_MAX];
+#pragma GCC unroll 8
+    for (int p = 0; p < RMP; p++)
+#pragma GCC unroll 8
+        for (int c = 0; c < RN; c++)
+            acc[p][c] = _mm512_setzero_ps();
+    const float *xs = xp;
+    __m512 xv[RMP_MAX];
+    if (t == SL_DTYPE_Q8_0) {
+        for (int b = j0 / SL_Q8_0_BLOCK; b < j1 / SL_Q8_0_BLOCK; b++) {
+            const unsigned char *blk[RN_MAX];
+            __m512 d[RN_MAX];
+#pragma GCC unroll 8
+            for (int c = 0; c < RN; c++) {
+                uint16_t h;
+                blk[c] = w + (size_t)c * wrb + (size_t)b * SL_Q8_0_BYTES;
+                memcpy(&h, blk[c], 2);
+                d[c] = _mm512_set1_ps(_cvtsh_ss(h));
+            }
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++, xs += (size_t)np * 16) {
+#pragma GCC unroll 8
+                for (int p = 0; p < RMP; p++)
+                    xv[p] = _mm512_loadu_ps(xs + (size_t)p * 16);
+#pragma GCC unroll 8
+                for (int c = 0; c < RN; c++) {
+                    long long q8;
+                    memcpy(&q8, blk[c] + 2 + s * 8, 8);
+                    /* d·q is exact in fp32 (11-bit by 8-bit significands), as in avx2.c. */
+                    __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_set1_epi64x(q8)));
+                    fma_col(RMP, acc, c, xv, _mm512_mul_ps(q, d[c]));
+                }
+            }
+        }
+    } else {
+        for (int j = j0; j < j1; j += 8, xs += (size_t)np * 16) {
+#pragma GCC unroll 8
+            for (int p = 0; p < RMP; p++)
+                xv[p] = _mm512_loadu_ps(xs + (size_t)p * 16);
+#pragma GCC unroll 8
+            for (int c = 0; c < RN; c++)
+                fma_col(RMP, acc, c, xv, load_w(t, w + (size_t)c * wrb, j));
+        }
+    }
+    /* Whole tiles of rows and no tail: the sums go out as vectors, RN columns (a multiple of 4,
+     * or 1, 2, 3 under a mask) of both rows of a pair from each reduction. */
+    if (rows == 2 * RMP && (j1 != k8 || k8 == k)) {
+#pragma GCC unroll 8
+        for (int p = 0; p < RMP; p++)
+#pragma GCC unroll 2
+            for (int c = 0; c < RN; c += 4) {
+                __m512 v = reduce4(acc[p][c], acc[p][c + 1 < RN ? c + 1 : c],
+                                   acc[p][c + 2 < RN ? c + 2 : c], acc[p][c + 3 < RN ? c + 3 : c]);
+                const __mmask8 mk = (__mmask8)(RN - c >= 4 ? 0xf : (1u << (RN - c)) - 1);
+                float *o0 = out + (size_t)2 * p * ldo + c, *o1 = o0 + ldo;
+                __m128 a = _mm512_castps512_ps128(v), b = _mm512_extractf32x4_ps(v, 2);
+                if (j0 != 0) {
+                    a = _mm_add_ps(a, _mm_maskz_loadu_ps(mk, o0));
+                    b = _mm_add_ps(b, _mm_maskz_loadu_ps(mk, o1));
+                }
+                _mm_mask_storeu_ps(o0, mk, a);
+                _mm_mask_storeu_ps(o1, mk, b);
+            }
+        return;
+    }
+    float s[RMP_MAX][2][RN_MAX + 3];
+#pragma GCC unroll 8
+    for (int p = 0; p < RMP; p++)
+#pragma GCC unroll 2
+        for (int c = 0; c < RN; c += 4) {
+            __m512 v = reduce4(acc[p][c], acc[p][c + 1 < RN ? c + 1 : c],
+                               acc[p][c + 2 < RN ? c + 2 : c], acc[p][c + 3 < RN ? c + 3 : c]);
+            _mm_storeu_ps(&s[p][0][c], _mm512_castps512_ps128(v));
+            _mm_storeu_ps(&s[p][1][c], _mm512_extractf32x4_ps(v, 2));
+        }
+    for (int r = 0; r < rows; r++) {
+        float *o = out + (size_t)r * ldo, *sr = s[r / 2][r % 2];
+        const float *xr = x + (size_t)r * ldx;
+        for (int c = 0; c < RN; c++) {
+            float v = sr[c];
+            if (j0 != 0)
+                v = v + o[c];
+            if (j1 == k8)
+                for (int j = k8; j < k; j++)
+                    v += xr[j] * scalar_w(t, w + (size_t)c * wrb, j);
+            o[c] = v;
+        }
+    }
+}
+
+/* Weight rows to fetch while a weight tile is in use: `left` 64-byte lines, `lines` per row from
+ * `row` (the k block's first column), rows `rb` bytes apart; into L1 (t0) or L2. */
+struct fetch {
+    const char *row;
+    size_t rb;
+    int lines, line, left;
+    bool t0;
+};
+
+INLINE void fetch_some(struct fetch *f, int count)
+{
+    for (; count > 0 && f->left > 0; count--, f->left--) {
+        const char *p = f->row + (size_t)f->line * 64;
+        if (f->t0)
+            _mm_prefetch(p, _MM_HINT_T0);
+        else
+            _mm_prefetch(p, _MM_HINT_T1);
+        if (++f->line == f->lines && f->left > 1) { /* never past the last row */
+            f->line = 0;
+            f->row += f->rb;
+        }
+    }
+}
+
+/* Pairs [0, npairs) of the packed block against RN weight rows: RMP-pair tiles, then the rest.
+ * `rows` real rows from x's row 0. f (or NULL): lines to fetch meanwhile, a share before each
+ * register tile rather than in one burst that would stall the tile's own loads. */
+INLINE void tile_pairs(const enum sl_dtype t, const int RN, float *out, size_t ldo, const float *xp,
+                       int np, const float *x, size_t ldx, const unsigned char *w, size_t wrb,
+                       int rows, int j0, int j1, int k8, int k, struct fetch *f)
+{
+    int p = 0, tiles = (np + RMP_MAX - 1) / RMP_MAX;
+    int share = f && tiles > 0 ? (f->left + tiles - 1) / tiles : 0;
+    for (; p + RMP_MAX <= np; p += RMP_MAX) {
+        if (f)
+            fetch_some(f, share);
+        tile(t, RMP_MAX, RN, out + (size_t)2 * p * ldo, ldo, xp + (size_t)p * 16, np,
+             x + (size_t)2 * p * ldx, ldx, w, wrb,
+             rows - 2 * p < 2 * RMP_MAX ? rows - 2 * p : 2 * RMP_MAX, j0, j1, k8, k);
+    }
+    if (f)
+        fetch_some(f, f->left);
+    int left = np - p, r = rows - 2 * p;
+    float *o = out + (size_t)2 * p * ldo;
+    const float *xq = xp + (size_t)p * 16, *xr = x + (size_t)2 * p * ldx;
+    switch (left) {
+    case 3: tile(t, 3, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k); break;
+    case 2: tile(t, 2, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k); break;
+    case 1: tile(t, 1, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k); break;
+    default: break;
+    }
+}
+
+/* Rows [0, rows) of x, columns [j0, j1), as (j1 − j0) / 8 k steps of np pairs of 16 floats
+ * (a missing last row reads as zeros). */
+INLINE void pack(float *xp, const float *x, size_t ldx, int rows, int j0, int j1)
+{
+    int np = (rows + 1) / 2;
+    for (int j = j0; j < j1; j += 8, xp += (size_t)np * 16)
+        for (int p = 0; p < np; p++) {
+            const float *a = x + (size_t)2 * p * ldx + j;
+            __m256 lo = _mm256_loadu_ps(a);
+            __m256 hi = 2 * p + 1 < rows ? _mm256_loadu_ps(a + ldx) : _mm256_setzero_ps();
+            __m512d v = _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+                                           _mm256_castps_pd(hi), 1);
+            _mm512_storeu_ps(xp + (size_t)p * 16, _mm512_castpd_ps(v));
+        }
+}
+
+/* Activation rows per packed block: 3 register tiles of 4 pairs (24 rows · KC_MAX floats, 36 KiB:
+ * L1 and L2 share them with the weight slice). */
+#ifndef ROWS
+#define ROWS 32
+#endif
+#define SLICE 96
+#ifndef TILE_RN
+#define TILE_RN 6 /* weight rows of a register tile in matmul_t */
+#endif
+
+INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const struct sl_mat *m,
+                     int n, int d0, int d1)
+{
+    int k = m->cols, k8 = k & ~7;
+    int nb = k8 ? (k8 + SL_CPU_KC_MAX - 1) / SL_CPU_KC_MAX : 1;
+    int kc = ((k8 + nb - 1) / nb + 31) & ~31;
+    size_t ldo = (size_t)m->rows, ldx = (size_t)k, wrb = sl_dtype_row_bytes(t, k);
+    const unsigned char *w = m->data;
+    _Alignas(64) float xp[ROWS * SL_CPU_KC_MAX]; /* (kc / 8, ROWS / 2, 16) packed rows */
+    /* As in avx2.c: fetching the next slice a whole slice ahead pays where the weights come from
+     * memory and enough rows use them (a decode batch past 24, a matrix beyond the caches); a
+     * small batch does better with the near fetch alone. */
+    bool ahead = n > 24 && (n <= 64 || (size_t)m->rows * wrb >= ((size_t)4 << 20));
+    for (int s0 = d0; s0 < d1; s0 += SLICE) {
+        int s1 = d1 - s0 < SLICE ? d1 : s0 + SLICE;
+        for (int b = 0; b < nb; b++) {
+            int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
+            /* Bytes of columns [0, j0) and [j0, j1) of a row: exact for Q8_0 too (kc is a
+             * multiple of its 32-column blocks). */
+            size_t at = sl_dtype_row_bytes(t, j0), run = sl_dtype_row_bytes(t, j1) - at;
+            int lines = (int)((run + 63) / 64);
+            for (int r0 = 0; r0 < n; r0 += ROWS) {
+                int rows = n - r0 < ROWS ? n - r0 : ROWS, np = (rows + 1) / 2;
+                const float *xr = x + (size_t)r0 * ldx;
+                float *o = out + (size_t)r0 * ldo;
+                pack(xp, xr, ldx, rows, j0, j1);
+                int i = s0;
+                for (; i + TILE_RN <= s1; i += TILE_RN) {
+                    /* In the first pass over a slice: with `ahead`, the same tile of the next
+                     * slice into L2, so that slice comes from L2 rather than memory; the tile
+                     * after next into L1 where nothing fetched it ahead. */
+                    struct fetch f[2];
+                    int nf = 0;
+                    for (int q = 0; q < 2 && r0 == 0; q++) {
+                        int a = q == 0 ? i + SLICE : i + 2 * TILE_RN;
+                        if (a >= d1 || (q == 0 && !ahead) || (q == 1 && ahead && s0 != d0))
+                            continue;
+                        f[nf++] =
+                            (struct fetch){.row = (const char *)(w + (size_t)a * wrb + at),
+                                           .rb = wrb,
+                                           .lines = lines,
+                                           .left = lines * (d1 - a < TILE_RN ? d1 - a : TILE_RN),
+                                           .t0 = q == 1};
+                    }
+                    if (nf == 2)
+                        fetch_some(&f[1], f[1].left);
+                    tile_pairs(t, TILE_RN, o + i, ldo, xp, np, xr, ldx, w + (size_t)i * wrb, wrb,
+                               rows, j0, j1, k8, k, nf ? &f[0] : NULL);
+                }
+                for (; i < s1; i++)
+                    tile_pairs(t, 1, o + i, ldo, xp, np, xr, ldx, w + (size_t)i * wrb, wrb, rows,
+                               j0, j1, k8, k, NULL);
+            }
+        }
+    }
+}
+
+TARGET static void matmul_f32(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                              int d1)
+{
+    matmul_t(SL_DTYPE_F32, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_f16(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                              int d1)
+{
+    matmul_t(SL_DTYPE_F16, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_bf16(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_BF16, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_q8_0(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_Q8_0, out, x, m, n, d0, d1);
+}
+
+/* One or two rows (decode of a single sequence) are bound by the weight stream, not the FMAs:
+ * they keep avx2.c's path. */
+void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
+                               int d1)
+{
+    if (n <= 2) {
+        sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
+        return;
+    }
+    switch (w->type) {
+    case SL_DTYPE_F32: matmul_f32(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_F16: matmul_f16(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_BF16: matmul_bf16(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_Q8_0: matmul_q8_0(out, x, w, n, d0, d1); break;
+    }
+}
+
+TARGET double sl_cpu_avx512_bench_fma(long iters)
+{
+    __m512 a[12];
+    __m512 m = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
+    for (int i = 0; i < 12; i++)
+        a[i] = _mm512_set1_ps((float)i);
+    for (long it = 0; it < iters; it++)
+#pragma GCC unroll 12
+        for (int i = 0; i < 12; i++)
+            a[i] = _mm512_fmadd_ps(a[i], m, c);
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++)
+        s = _mm512_add_ps(s, a[i]);
+    volatile float sink = _mm512_reduce_add_ps(s);
+    (void)sink;
+    return (double)iters * 12 * 16 * 2;
+}
+
+#endif
