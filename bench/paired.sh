@@ -12,7 +12,9 @@
 # both sides this script read 0.998 at batch 32 and 1.031-1.045 on a prompt (a hand-built
 # forerunner 1.007 at batch 32 and 1.01-1.02 at batch 1): run the A/A (OLD_REV = HEAD) beside a
 # comparison, and repeat both. Kernels other than those two functions are this tree's on both
-# sides. Works while bench/paired.patch (the timing and the switch, in worker/cpu_backend.c and
+# sides: on a CPU with AVX-512 the matmul of three rows or more runs kernels/cpu/avx512.c, so pass
+# --isa avx2 to pair avx2.c's matmul there (without it, the per-phase times of one side are still
+# a breakdown of a step). Works while bench/paired.patch (the timing and the switch, in worker/cpu_backend.c and
 # kernels/cpu/ops.c) applies to this tree.
 set -eu
 [ $# -ge 1 ] || { echo "usage: bench/paired.sh OLD_REV [engine-bench arguments]" >&2; exit 2; }

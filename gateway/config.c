@@ -20,6 +20,7 @@ void sl_config_init(struct sl_config *c)
     c->device = sl_xstrdup("auto");
     c->io_threads = 1;
     c->threads = 0;
+    c->cpu_isa = sl_xstrdup("auto");
     c->max_seqs = 32;
     c->max_batch_tokens = 512;
     c->block_size = 16;
@@ -81,6 +82,7 @@ void sl_config_dispose(struct sl_config *c)
     free(c->device);
     free(c->chat_template);
     free(c->log_level);
+    free(c->cpu_isa);
     sl_tenancy_dispose(c);
     memset(c, 0, sizeof *c);
 }
@@ -177,6 +179,7 @@ enum key_type {
     K_STR_OR_NULL,
     K_LISTEN,
     K_LOG_LEVEL,
+    K_CPU_ISA,
     K_TLS,
     K_BOOL,
     K_MODELS,
@@ -202,6 +205,7 @@ static const struct key keys[] = {
     {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
     {"io_threads", K_INT, OFF(io_threads), 1, 64},
     {"threads", K_INT, OFF(threads), 0, 1024},
+    {"cpu_isa", K_CPU_ISA, OFF(cpu_isa), 0, 0},
     {"max_seqs", K_INT, OFF(max_seqs), 1, 4096},
     {"max_batch_tokens", K_INT, OFF(max_batch_tokens), 1, 1 << 20},
     {"block_size", K_INT, OFF(block_size), 1, 1024},
@@ -587,6 +591,14 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
         }
         replace((char **)(base + k->off), json_string_value(v));
         return SL_OK;
+    case K_CPU_ISA:
+        if (!json_is_string(v) || !sl_worker_cpu_isa_valid(json_string_value(v))) {
+            snprintf(err, errlen, "%s: \"cpu_isa\" must be one of auto, avx512, avx2, scalar",
+                     where);
+            return SL_EINVAL;
+        }
+        replace((char **)(base + k->off), json_string_value(v));
+        return SL_OK;
     }
     return SL_EINVAL;
 }
@@ -690,6 +702,10 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "\"log_level\" must be one of debug, info, warn, error");
         return SL_EINVAL;
     }
+    if (!sl_worker_cpu_isa_valid(c->cpu_isa)) {
+        snprintf(err, errlen, "\"cpu_isa\" must be one of auto, avx512, avx2, scalar");
+        return SL_EINVAL;
+    }
     if (c->write_hard_cap_bytes <= c->write_high_water_bytes) {
         snprintf(err, errlen,
                  "\"write_hard_cap_bytes\" (%zu) must be above \"write_high_water_bytes\" (%zu)",
@@ -740,6 +756,7 @@ json_t *sl_config_to_json(const struct sl_config *c)
         case K_FRACTION: v = json_real(*(const double *)(base + k->off)); break;
         case K_STR:
         case K_STR_OR_NULL:
+        case K_CPU_ISA:
         case K_LOG_LEVEL: {
             const char *s = *(char *const *)(base + k->off);
             v = s ? json_string(s) : json_null();

@@ -116,6 +116,13 @@ int main(int argc, char **argv)
     const struct sl_backend_ops *cpu_ops = NULL;
 #endif
 
+    const char *isa;
+    if (sl_worker_set_cpu_isa(cfg->cpu_isa, &isa, err, sizeof err) != SL_OK) {
+        fprintf(stderr, "sluice: %s\n", err);
+        goto out;
+    }
+    sl_log(SL_LOG_INFO, "CPU kernels: %s%s", isa,
+           strcmp(cfg->cpu_isa, "auto") == 0 ? " (the best this CPU has)" : " (cpu_isa)");
     for (int i = 0; i < cfg->n_models; i++, n_engines++)
         if (sl_engine_start(cfg, i, cpu_ops, &engines[i], err, sizeof err) != SL_OK) {
             fprintf(stderr, "sluice: %s\n", err);

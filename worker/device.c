@@ -38,6 +38,42 @@ int sl_worker_device_parse(const char *spec, int *index)
     return SL_OK;
 }
 
+static const char *const cpu_isas[] = {"scalar", "avx2", "avx512"}; /* enum sl_cpu_isa order */
+
+bool sl_worker_cpu_isa_valid(const char *name)
+{
+    if (!name)
+        return false;
+    if (strcmp(name, "auto") == 0)
+        return true;
+    for (size_t i = 0; i < sizeof cpu_isas / sizeof cpu_isas[0]; i++)
+        if (strcmp(name, cpu_isas[i]) == 0)
+            return true;
+    return false;
+}
+
+int sl_worker_set_cpu_isa(const char *name, const char **used, char *err, size_t errlen)
+{
+    if (!sl_worker_cpu_isa_valid(name)) {
+        snprintf(err, errlen,
+                 "cpu_isa \"%.40s\": must be \"auto\", \"avx512\", \"avx2\" or \"scalar\"",
+                 name ? name : "(null)");
+        return SL_EINVAL;
+    }
+    enum sl_cpu_isa best = sl_cpu_isa_best(), want = best;
+    for (int i = 0; i < (int)(sizeof cpu_isas / sizeof cpu_isas[0]); i++)
+        if (strcmp(name, cpu_isas[i]) == 0)
+            want = (enum sl_cpu_isa)i;
+    if (sl_cpu_set_isa(want) != SL_OK) {
+        snprintf(err, errlen, "cpu_isa \"%s\": this CPU has no %s (the best it has is %s)", name,
+                 name, sl_cpu_isa_name(best));
+        return SL_EINVAL;
+    }
+    if (used)
+        *used = sl_cpu_isa_name(want);
+    return SL_OK;
+}
+
 static void set_cpu(struct sl_worker_device *out)
 {
     memset(out, 0, sizeof *out);

@@ -60,6 +60,7 @@ struct sl_config {
     char *chat_template;       /* a builtin chat template's name, or NULL: the model's own */
     int io_threads;            /* event loops (default 1) */
     int threads;               /* CPU kernel threads (0 = all cores) */
+    char *cpu_isa;             /* "auto" (default), "avx512", "avx2" or "scalar": process-wide */
     int max_seqs;              /* most running sequences in a step */
     int max_batch_tokens;      /* most rows in a step */
     int block_size;            /* KV block size in positions */

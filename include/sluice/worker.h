@@ -329,6 +329,16 @@ struct sl_worker_device {
  * SL_OK or SL_EINVAL. Touches no device. */
 int sl_worker_device_parse(const char *spec, int *index);
 
+/* The CPU kernels' instruction set, process-wide: "auto" (the best this CPU has), or "avx512",
+ * "avx2" or "scalar" to force that level. A forced level below the best is slower, never
+ * different: avx512 and avx2 give the same bits; scalar sums in llama2.c's order. Sets *used
+ * (when not NULL) to the name of the level in use. SL_EINVAL with the reason in err for a name
+ * that is none of these (a NULL name included) or a level this CPU lacks. Call before any worker
+ * starts. */
+int sl_worker_set_cpu_isa(const char *name, const char **used, char *err, size_t errlen);
+/* Whether name is "auto", "avx512", "avx2" or "scalar" (a configuration check; no CPU query). */
+bool sl_worker_cpu_isa_valid(const char *name);
+
 /* Resolves a device spec to a backend: "cpu" is the CPU; "cuda:N" is CUDA device N, or SL_ENOENT
  * with err saying why ("no CUDA device: cudaGetDeviceCount: CUDA driver version is insufficient
  * …", "this build has no CUDA support", a device too old for the build's sm_90 code);

@@ -197,6 +197,30 @@ Test(gateway, kv_dtype_defaults_to_f32_and_is_checked_when_given)
     sl_config_dispose(&c);
 }
 
+Test(gateway, cpu_isa_defaults_to_auto_and_is_checked_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    cr_assert_str_eq(c.cpu_isa, "auto");
+    char err[256] = "";
+    const char *ok[] = {"avx512", "avx2", "scalar", "auto"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char doc[64];
+        snprintf(doc, sizeof doc, "{\"cpu_isa\":\"%s\"}", ok[i]);
+        cr_assert_eq(load(&c, doc, err, sizeof err), SL_OK, "%s: %s", ok[i], err);
+        cr_assert_str_eq(c.cpu_isa, ok[i]);
+        json_t *j = sl_config_to_json(&c);
+        cr_assert_str_eq(json_string_value(json_object_get(j, "cpu_isa")), ok[i]);
+        json_decref(j);
+    }
+    cr_assert_eq(load(&c, "{\"cpu_isa\":\"avx1024\"}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"cpu_isa\" must be one of auto, avx512, avx2, scalar"), "%s", err);
+    cr_assert_eq(load(&c, "{\"cpu_isa\":2}", err, sizeof err), SL_EINVAL);
+    cr_assert_eq(load(&c, "{\"cpu_isa\":null}", err, sizeof err), SL_EINVAL);
+    cr_assert_str_eq(c.cpu_isa, "auto", "a refused value leaves the last one");
+    sl_config_dispose(&c);
+}
+
 Test(gateway, transport_limits_default_and_load_when_given)
 {
     struct sl_config c;

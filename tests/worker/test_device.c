@@ -80,3 +80,40 @@ Test(worker, device_cuda_is_an_error_when_no_cuda_device_is_present)
     cr_assert_eq(sl_worker_device_select("gpu", &d, err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "\"gpu\""), "%s", err);
 }
+
+/* "cpu_isa": every level up to this CPU's best is taken and reported; a level above it, an
+ * unknown name and NULL are refused with the reason; "auto" is the best. Whatever the outcome,
+ * the kernels are left on the best level for the tests that follow. */
+Test(worker, cpu_isa_is_forced_when_this_cpu_has_it_and_refused_when_not)
+{
+    const char *names[] = {"scalar", "avx2", "avx512"}; /* enum sl_cpu_isa order */
+    enum sl_cpu_isa best = sl_cpu_isa_best();
+    char err[256];
+    const char *used = NULL;
+    for (int i = 0; i < 3; i++) {
+        err[0] = '\0';
+        int st = sl_worker_set_cpu_isa(names[i], &used, err, sizeof err);
+        if (i <= (int)best) {
+            cr_assert_eq(st, SL_OK, "%s: %s", names[i], err);
+            cr_assert_str_eq(used, names[i]);
+            cr_assert_eq((int)sl_cpu_isa(), i, "%s", names[i]);
+        } else {
+            cr_assert_eq(st, SL_EINVAL, "%s", names[i]);
+            cr_assert(strstr(err, "this CPU has no"), "%s", err);
+            cr_assert_eq((int)sl_cpu_isa(), (int)best, "a refused level changes nothing");
+        }
+    }
+    cr_assert_eq(sl_worker_set_cpu_isa("auto", &used, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_str_eq(used, sl_cpu_isa_name(best));
+    cr_assert_eq(sl_cpu_isa(), best);
+    const char *bad[] = {"", "AVX2", "avx", "sse4", "avx2 ", "native"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert(!sl_worker_cpu_isa_valid(bad[i]), "\"%s\"", bad[i]);
+        err[0] = '\0';
+        cr_assert_eq(sl_worker_set_cpu_isa(bad[i], NULL, err, sizeof err), SL_EINVAL, "\"%s\"",
+                     bad[i]);
+        cr_assert(strstr(err, "must be"), "%s", err);
+    }
+    cr_assert_eq(sl_worker_set_cpu_isa(NULL, NULL, err, sizeof err), SL_EINVAL);
+    cr_assert_eq(sl_cpu_isa(), best);
+}
