@@ -26,6 +26,7 @@ void sl_config_init(struct sl_config *c)
     c->block_size = 16;
     c->kv_cache_mib = 512;
     c->default_max_tokens = 16;
+    c->default_max_tokens_chat = 0;
     c->max_body_bytes = 1 << 20;
     c->max_header_bytes = 16 << 10;
     c->header_timeout_ms = 10000;
@@ -213,6 +214,7 @@ static const struct key keys[] = {
     {"kv_cache_fraction", K_FRACTION, OFF(kv_cache_fraction), 0, 0},
     {"kv_dtype", K_KV_DTYPE, OFF(kv_dtype), 0, 0},
     {"default_max_tokens", K_INT, OFF(default_max_tokens), 1, 1 << 20},
+    {"default_max_tokens_chat", K_INT, OFF(default_max_tokens_chat), 0, 1 << 20},
     {"max_body_bytes", K_SIZE, OFF(max_body_bytes), 64, 1L << 30},
     {"max_header_bytes", K_SIZE, OFF(max_header_bytes), 256, 1L << 20},
     {"header_timeout_ms", K_INT, OFF(header_timeout_ms), 1, 3600000},

@@ -137,6 +137,7 @@ struct sl_openai_completion {
     int n_prompt_ids;
     struct sl_req_params params; /* stop[] points into root; seed valid only when has_seed */
     bool has_seed;
+    bool max_tokens_open; /* chat without max_tokens and no configured default: to the context */
     bool stream;
     bool include_usage;       /* stream_options.include_usage: a final chunk carries usage */
     bool echo;                /* completions: the prompt's text goes before the completion's */

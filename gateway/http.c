@@ -1090,8 +1090,8 @@ static int decode_request(struct conn *c, struct sl_openai_completion *oc, const
                           struct sl_openai_error *err)
 {
     if (c->ident.api == SL_OPENAI_API_CHAT)
-        return sl_openai_chat_decode(oc, body, c->req.body.len, NULL, c->cfg->default_max_tokens,
-                                     err);
+        return sl_openai_chat_decode(oc, body, c->req.body.len, NULL,
+                                     c->cfg->default_max_tokens_chat, err);
     return sl_openai_completion_decode(oc, body, c->req.body.len, NULL, c->cfg->default_max_tokens,
                                        err);
 }
@@ -1385,7 +1385,18 @@ static void serve_completion(struct conn *c)
         return;
     }
     c->has_oc = true;
-    int e = route_model(c, c->oc.model, &err);
+    int e = route_model(c, c->oc.model, &err), n_prompt = -1;
+    if (e >= 0 && c->oc.max_tokens_open) {
+        /* A chat that sets no max_tokens may generate up to the model's context, as OpenAI's and
+         * vLLM's: the rest of the context once the prompt is encoded, a figure that classifying
+         * rules, budgets and admission then see like any other. */
+        if (encode_prompt(c, &c->oc, e, 1, &n_prompt, &err) != SL_OK) {
+            admit_release(c, -1);
+            send_error(c, &err, NULL);
+            return;
+        }
+        c->oc.params.max_tokens = sl_model_config(srv->engines[e].model)->seq_len - n_prompt;
+    }
     if (e < 0 || classify(c, &c->oc, &err) != SL_OK) {
         admit_release(c, -1);
         send_error(c, &err, NULL);
@@ -1398,8 +1409,9 @@ static void serve_completion(struct conn *c)
         admission_decided(c, c->adm.verdict);
         return;
     }
-    int n_prompt = 0;
-    if (encode_prompt(c, &c->oc, e, c->oc.params.max_tokens, &n_prompt, &err) != SL_OK) {
+    /* io->ids still holds the prompt when it was encoded above (nothing ran in between). */
+    if (n_prompt < 0 &&
+        encode_prompt(c, &c->oc, e, c->oc.params.max_tokens, &n_prompt, &err) != SL_OK) {
         admit_release(c, -1);
         send_error(c, &err, NULL);
         return;

@@ -537,7 +537,11 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
     json_t *v;
     int st;
 
-    c->params.max_tokens = default_max_tokens;
+    /* default 0 (chat only): the caller sets max_tokens to what the model's context leaves once
+     * the prompt is encoded (max_tokens_open); 1 stands in until then. */
+    c->params.max_tokens = default_max_tokens > 0 ? default_max_tokens : 1;
+    c->max_tokens_open = default_max_tokens <= 0 && !member(root, "max_tokens") &&
+                         !(chat && member(root, "max_completion_tokens"));
     if ((st = decode_max_tokens(root, "max_tokens", &c->params.max_tokens, err)))
         return st;
     /* Chat's newer name wins over the deprecated one when both are sent (as in vLLM). */

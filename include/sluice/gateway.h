@@ -67,9 +67,10 @@ struct sl_config {
     int kv_cache_mib;          /* KV pool size cap in MiB */
     double kv_cache_fraction;  /* when > 0: the cap is this fraction of available memory instead */
     enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f32) */
-    int default_max_tokens;    /* max_tokens when a request gives none (OpenAI: 16) */
-    size_t max_body_bytes;     /* larger request bodies get 413 */
-    size_t max_header_bytes;   /* larger request heads get 431 */
+    int default_max_tokens;    /* a completion's max_tokens when it gives none (OpenAI: 16) */
+    int default_max_tokens_chat; /* a chat's, when it gives none; 0: up to the model's context */
+    size_t max_body_bytes;       /* larger request bodies get 413 */
+    size_t max_header_bytes;     /* larger request heads get 431 */
     /* Transport limits (reloadable; a connection takes them up at its next request). */
     int header_timeout_ms;         /* the head must arrive within this (408), as must every
                                       piece of a body after the previous one */

@@ -117,6 +117,36 @@ Test(gateway, chat_takes_max_tokens_when_max_completion_tokens_is_absent)
     sl_openai_completion_dispose(&c);
 }
 
+/* With no configured default (0), a chat without either limit is left open for the server to
+ * fill from the context; either field, or null ones, decide as usual. */
+Test(gateway, chat_leaves_max_tokens_open_when_no_limit_or_default_is_given)
+{
+    struct {
+        const char *extra;
+        bool open;
+        int max_tokens;
+    } cases[] = {{"", true, 1},
+                 {",\"max_tokens\":null,\"max_completion_tokens\":null", true, 1},
+                 {",\"max_tokens\":6", false, 6},
+                 {",\"max_completion_tokens\":2", false, 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"messages\":[" USER_HI "]%s}", cases[i].extra);
+        struct sl_openai_completion c;
+        struct sl_openai_error err;
+        cr_assert_eq(sl_openai_chat_decode(&c, body, strlen(body), MODEL, 0, &err), SL_OK, "%s",
+                     err.message);
+        cr_assert_eq(c.max_tokens_open, cases[i].open, "%s", body);
+        cr_assert_eq(c.params.max_tokens, cases[i].max_tokens, "%s", body);
+        sl_openai_completion_dispose(&c);
+        /* A configured default closes it. */
+        cr_assert_eq(sl_openai_chat_decode(&c, body, strlen(body), MODEL, 16, &err), SL_OK);
+        cr_assert(!c.max_tokens_open, "%s", body);
+        cr_assert_eq(c.params.max_tokens, cases[i].open ? 16 : cases[i].max_tokens, "%s", body);
+        sl_openai_completion_dispose(&c);
+    }
+}
+
 Test(gateway, chat_rejects_the_body_when_it_is_not_a_json_object)
 {
     expect_error("", 400, NULL, "invalid_json");

@@ -221,6 +221,23 @@ Test(gateway, cpu_isa_defaults_to_auto_and_is_checked_when_given)
     sl_config_dispose(&c);
 }
 
+Test(gateway, default_max_tokens_chat_defaults_to_the_context_and_is_checked_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    cr_assert_eq(c.default_max_tokens_chat, 0, "0: up to the model's context");
+    cr_assert_eq(c.default_max_tokens, 16);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"default_max_tokens_chat\":64}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(c.default_max_tokens_chat, 64);
+    cr_assert_eq(c.default_max_tokens, 16, "the completions default is its own key");
+    cr_assert_eq(load(&c, "{\"default_max_tokens_chat\":-1}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"default_max_tokens_chat\""), "%s", err);
+    cr_assert_eq(load(&c, "{\"default_max_tokens\":0}", err, sizeof err), SL_EINVAL,
+                 "a completion's default stays at least 1");
+    sl_config_dispose(&c);
+}
+
 Test(gateway, transport_limits_default_and_load_when_given)
 {
     struct sl_config c;

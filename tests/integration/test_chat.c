@@ -437,3 +437,50 @@ Test(chat, serves_a_real_model_with_the_default_template_when_it_has_none)
     response_dispose(&r);
     server_stop(&other);
 }
+
+Test(chat, generates_to_the_context_when_no_max_tokens_is_given)
+{
+    /* OpenAI's and vLLM's chat: no max_tokens means up to the model's context (synthetic:tiny's
+     * 512 positions), not the completions endpoint's default of 16. ignore_eos keeps the model's
+     * stop tokens from ending it first; greedy, so the run is the same every time. */
+    struct answer a = chat("{" MESSAGES ",\"temperature\":0,\"ignore_eos\":true}");
+    cr_assert_str_eq(a.finish, "length");
+    cr_assert_eq(a.prompt_tokens + a.completion_tokens, 512, "prompt %lld + completion %lld",
+                 a.prompt_tokens, a.completion_tokens);
+    answer_dispose(&a);
+    /* Streamed alike. */
+    struct answer b = chat_stream("{" MESSAGES ",\"temperature\":0,\"ignore_eos\":true,"
+                                  "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                                  true);
+    cr_assert_str_eq(b.finish, "length");
+    cr_assert_eq(b.prompt_tokens + b.completion_tokens, 512);
+    answer_dispose(&b);
+}
+
+Test(chat, generates_the_configured_default_when_default_max_tokens_chat_is_set)
+{
+    char *cfg = write_config("{\"default_max_tokens_chat\":5,\"default_max_tokens\":7}");
+    struct server other;
+    const char *args[] = {"--config", cfg, NULL};
+    server_start(&other, args);
+    struct answer a = chat_on(other.port, "{" MESSAGES ",\"temperature\":0,\"ignore_eos\":true}");
+    cr_assert_str_eq(a.finish, "length");
+    cr_assert_eq(a.completion_tokens, 5);
+    answer_dispose(&a);
+    /* A request's own limit still wins. */
+    a = chat_on(other.port, "{" MESSAGES ",\"max_tokens\":3,\"ignore_eos\":true}");
+    cr_assert_eq(a.completion_tokens, 3);
+    answer_dispose(&a);
+    /* The completions endpoint keeps its own default. */
+    struct response r = post(other.port, "/v1/completions",
+                             "{\"prompt\":\"Once upon a time\",\"ignore_eos\":true}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = parse_json(r.body);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 7);
+    json_decref(j);
+    response_dispose(&r);
+    server_stop(&other);
+    unlink(cfg);
+    free(cfg);
+}
