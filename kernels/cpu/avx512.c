@@ -66,17 +66,22 @@ INLINE __m512 load_w(const enum sl_dtype t, const unsigned char *row, int j)
     return _mm512_setzero_ps();
 }
 
-/* One weight as fp32 (the k % 8 tail; never Q8_0, whose rows are whole blocks): avx2.c's. */
+/* One weight as fp32 for the k % 8 tail (never Q8_0, whose rows are whole blocks): the
+ * conversions are exact, so these are avx2.c's values. */
 INLINE float scalar_w(const enum sl_dtype t, const unsigned char *row, int j)
 {
+    if (t == SL_DTYPE_F32)
+        return ((const float *)row)[j];
     uint16_t h;
-    switch (t) {
-    case SL_DTYPE_F32: return ((const float *)row)[j];
-    case SL_DTYPE_F16: memcpy(&h, row + 2 * (size_t)j, 2); return _cvtsh_ss(h);
-    case SL_DTYPE_BF16: memcpy(&h, row + 2 * (size_t)j, 2); return sl_cpu_bf16_to_f32(h);
-    case SL_DTYPE_Q8_0: break;
-    }
-    return 0.0f;
+    memcpy(&h, row + 2 * (size_t)j, 2);
+    return t == SL_DTYPE_F16 ? sl_cpu_f16_to_f32(h) : sl_cpu_bf16_to_f32(h);
+}
+
+/* reduce4 of a pair's accumulators for weight rows c .. c + 3 (the first again past RN). */
+INLINE __m512 reduce_cols(const int RN, const __m512 *a, int c)
+{
+    return reduce4(a[c], a[c + 1 < RN ? c + 1 : c], a[c + 2 < RN ? c + 2 : c],
+                   a[c + 3 < RN ? c + 3 : c]);
 }
 
 /* acc[p][c] += xv[p] · wv for p < RMP. */
@@ -145,8 +150,7 @@ INLINE void tile(const enum sl_dtype t, const int RMP, const int RN, float *out,
         for (int p = 0; p < RMP; p++)
 #pragma GCC unroll 2
             for (int c = 0; c < RN; c += 4) {
-                __m512 v = reduce4(acc[p][c], acc[p][c + 1 < RN ? c + 1 : c],
-                                   acc[p][c + 2 < RN ? c + 2 : c], acc[p][c + 3 < RN ? c + 3 : c]);
+                __m512 v = reduce_cols(RN, acc[p], c);
                 const __mmask8 mk = (__mmask8)(RN - c >= 4 ? 0xf : (1u << (RN - c)) - 1);
                 float *o0 = out + (size_t)2 * p * ldo + c, *o1 = o0 + ldo;
                 __m128 a = _mm512_castps512_ps128(v), b = _mm512_extractf32x4_ps(v, 2);
@@ -164,8 +168,7 @@ INLINE void tile(const enum sl_dtype t, const int RMP, const int RN, float *out,
     for (int p = 0; p < RMP; p++)
 #pragma GCC unroll 2
         for (int c = 0; c < RN; c += 4) {
-            __m512 v = reduce4(acc[p][c], acc[p][c + 1 < RN ? c + 1 : c],
-                               acc[p][c + 2 < RN ? c + 2 : c], acc[p][c + 3 < RN ? c + 3 : c]);
+            __m512 v = reduce_cols(RN, acc[p], c);
             _mm_storeu_ps(&s[p][0][c], _mm512_castps512_ps128(v));
             _mm_storeu_ps(&s[p][1][c], _mm512_extractf32x4_ps(v, 2));
         }
@@ -320,44 +323,20 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
     }
 }
 
-TARGET static void matmul_f32(float *out, const float *x, const struct sl_mat *m, int n, int d0,
-                              int d1)
-{
-    matmul_t(SL_DTYPE_F32, out, x, m, n, d0, d1);
-}
-
-TARGET static void matmul_f16(float *out, const float *x, const struct sl_mat *m, int n, int d0,
-                              int d1)
-{
-    matmul_t(SL_DTYPE_F16, out, x, m, n, d0, d1);
-}
-
-TARGET static void matmul_bf16(float *out, const float *x, const struct sl_mat *m, int n, int d0,
-                               int d1)
-{
-    matmul_t(SL_DTYPE_BF16, out, x, m, n, d0, d1);
-}
-
-TARGET static void matmul_q8_0(float *out, const float *x, const struct sl_mat *m, int n, int d0,
-                               int d1)
-{
-    matmul_t(SL_DTYPE_Q8_0, out, x, m, n, d0, d1);
-}
-
 /* One or two rows (decode of a single sequence) are bound by the weight stream, not the FMAs:
- * they keep avx2.c's path. */
-void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
-                               int d1)
+ * they keep avx2.c's path. Each case is its own copy of matmul_t, for its constant type. */
+TARGET void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n,
+                                      int d0, int d1)
 {
     if (n <= 2) {
         sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
         return;
     }
     switch (w->type) {
-    case SL_DTYPE_F32: matmul_f32(out, x, w, n, d0, d1); break;
-    case SL_DTYPE_F16: matmul_f16(out, x, w, n, d0, d1); break;
-    case SL_DTYPE_BF16: matmul_bf16(out, x, w, n, d0, d1); break;
-    case SL_DTYPE_Q8_0: matmul_q8_0(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_F32: matmul_t(SL_DTYPE_F32, out, x, w, n, d0, d1); break;
+    case SL_DTYPE_F16: matmul_t(SL_DTYPE_F16, out, x, w, n, d0, d1); break;
+    case SL_DTYPE_BF16: matmul_t(SL_DTYPE_BF16, out, x, w, n, d0, d1); break;
+    case SL_DTYPE_Q8_0: matmul_t(SL_DTYPE_Q8_0, out, x, w, n, d0, d1); break;
     }
 }
 
