@@ -3,8 +3,8 @@
  *
  * Prints one JSON object: prefill and decode tokens/s of a model (default synthetic:stories15M)
  * through the real worker interface (paged KV, varlen batches), and, measured in the same run,
- * the streaming read bandwidth and fp32 FMA peak over the same number of threads, with the
- * ceilings they imply:
+ * the streaming read bandwidth and fp32 FMA peak (at the widest vectors the CPU has: fma_isa)
+ * over the same number of threads, with the ceilings they imply:
  *   decode batch-1 ceiling = mem_bw / bytes of weights read per step
  *   FMA ceiling            = fma_gflops / (2 · weights multiplied per token)
  * A decode token multiplies every layer matrix and the classifier; a prefill token multiplies the
@@ -553,6 +553,7 @@ int main(int argc, char **argv)
         print_runs(t_load, prompt, ctx, prefill, prefill_worst, batches, dec, dec_worst, NB);
         printf("  \"mem_bw_gbs\": %.2f,\n", bw);
         printf("  \"fma_gflops\": %.1f,\n", gflops);
+        printf("  \"fma_isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa_best()));
         print_work(&ws, flops_decode_tok, flops_prefill_tok);
         printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
         printf("  \"decode_fma_ceiling_tok_s\": %.1f,\n", fma_decode);
