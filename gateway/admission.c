@@ -299,6 +299,23 @@ static int stats_tier(const struct sl_sched_stats *st, const char *name, int hin
     return -1;
 }
 
+static int64_t choices(const struct sl_admit *a)
+{
+    return a->n > 1 ? a->n : 1;
+}
+
+/* Tokens the request may use: every choice's prompt and max_tokens. */
+static int64_t charge(const struct sl_admit *a)
+{
+    return choices(a) * ((int64_t)a->n_prompt + a->max_tokens);
+}
+
+/* Prompt tokens it puts in the queue: each choice prefills the prompt. */
+static long prompt_work(const struct sl_admit *a)
+{
+    return (long)(choices(a) * a->n_prompt);
+}
+
 /* The guard's prediction for the request as it is now; false when there is none (no scheduler
  * figures yet). queued_self: its own prompt is already counted in its tier's queue here. */
 static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
@@ -325,11 +342,11 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
         struct cell *c = cfg->adm->tiers[ci];
         long mine = atomic_load_explicit(&c->queued_tokens[a->model], memory_order_relaxed);
         if (i == si && queued_self)
-            mine -= a->n_prompt;
+            mine -= prompt_work(a);
         if (mine > q[i])
             q[i] = mine;
     }
-    return sl_adm_predict_ttft(&st, q, si, a->n_prompt, p) == SL_OK;
+    return sl_adm_predict_ttft(&st, q, si, prompt_work(a), p) == SL_OK;
 }
 
 /* Counts the request in its tier's queue for its model, within the caps. */
@@ -381,7 +398,7 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
     const struct sl_config *cfg = a->cfg;
     const struct sl_tier *t = &cfg->tiers[a->tier];
     struct cell *c = cfg->adm->tiers[a->tier];
-    int64_t cost = (int64_t)a->n_prompt + a->max_tokens;
+    int64_t cost = charge(a);
     struct sl_adm_rate rate = tier_rate(t);
     bool took = false;
     if (t->token_rate > 0) {
@@ -401,7 +418,7 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
         }
         took = true;
     }
-    enum sl_adm_reason r = queue_reserve(c, t, a->model, a->n_prompt);
+    enum sl_adm_reason r = queue_reserve(c, t, a->model, prompt_work(a));
     if (r != SL_ADM_REASON_NONE) {
         if (took)
             sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
@@ -420,7 +437,7 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
         a->predicted_ttft_s = p.ttft_s;
         double slo = t->ttft_slo_ms / 1e3, over = sl_adm_over_s(&p, slo);
         if (over > 0) {
-            queue_release(c, a->model, a->n_prompt);
+            queue_release(c, a->model, prompt_work(a));
             if (took)
                 sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
             a->retry_ns = secs_ns(over);
@@ -435,7 +452,7 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
     a->tier_tokens = took ? cost : 0;
     a->queue_cell = c;
     a->queue_model = a->model;
-    a->queue_tokens = a->n_prompt;
+    a->queue_tokens = prompt_work(a);
     a->queued = true;
     a->active = true;
     return SL_ADM_REASON_NONE;
@@ -490,7 +507,7 @@ void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)
     /* Tokens charged and not used; a request that never reached the engine used none and, the
      * server having held it, does not count against the tenant's requests either. */
     bool never_ran = n_generated < 0;
-    int64_t used = never_ran ? 0 : (int64_t)a->n_prompt + n_generated;
+    int64_t used = never_ran ? 0 : choices(a) * a->n_prompt + n_generated;
     if (a->tenant_tokens > used)
         tenant_refund(a, a->tenant_tokens - used, never_ran, now_ns);
     else if (never_ran)
@@ -555,7 +572,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
         case SL_OVERLOAD_CAP_MAX_TOKENS:
             if (a->max_tokens <= s->arg)
                 continue; /* nothing to cap: the next step */
-            tenant_refund(a, a->max_tokens - s->arg, false, now);
+            tenant_refund(a, choices(a) * (a->max_tokens - s->arg), false, now);
             a->max_tokens = s->arg;
             note_add(a, "cap_max_tokens=%d", s->arg);
             break;
@@ -645,7 +662,7 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
         }
         a->tenant_cell = c;
         if (t->tpm > 0) {
-            int64_t cost = (int64_t)n_prompt + max_tokens;
+            int64_t cost = charge(a);
             struct sl_adm_rate r = per_minute(t->tpm);
             if (!sl_adm_bucket_take(&c->tokens, &r, now_ns, cost, &v)) {
                 tenant_refund(a, 0, true, now_ns);

@@ -138,6 +138,8 @@ struct sl_openai_completion {
     struct sl_req_params params; /* stop[] points into root; seed valid only when has_seed */
     bool has_seed;
     bool max_tokens_open; /* chat without max_tokens and no configured default: to the context */
+    int n;                /* choices to generate (OpenAI's n, 1 .. SL_OPENAI_N_MAX) */
+    int best_of;          /* completions' best_of as sent; 0 when absent */
     bool stream;
     bool include_usage;       /* stream_options.include_usage: a final chunk carries usage */
     bool echo;                /* completions: the prompt's text goes before the completion's */
@@ -201,6 +203,7 @@ struct sl_openai_ident {
     const char *model;
     enum sl_openai_api api;
     bool include_usage; /* stream_options.include_usage: every chunk has "usage": null */
+    int index;          /* the choice a chunk or role chunk belongs to (0 .. n - 1) */
 };
 
 /* The log probabilities of the tokens a completion or chunk covers, written as the API's
@@ -212,6 +215,17 @@ struct sl_openai_logprobs {
     size_t text_offset; /* completions: the first token's offset into the whole text */
 };
 
+/* Most choices one request may ask for (OpenAI's limit for n). */
+#define SL_OPENAI_N_MAX 128
+
+/* One choice of a non-streaming answer. */
+struct sl_openai_choice {
+    const char *text; /* valid UTF-8 */
+    size_t len;
+    enum sl_finish finish;
+    const struct sl_openai_logprobs *lp; /* NULL: "logprobs": null */
+};
+
 /* Encoders append one JSON document (no trailing newline) to out. Text must be valid UTF-8.
  * Each writes the shape of id->api: completion and chunk are a text_completion with
  * choices[0].text, or a chat.completion with choices[0].message / a chat.completion.chunk with
@@ -220,12 +234,17 @@ void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_iden
                                  const char *text, size_t len, enum sl_finish finish,
                                  int prompt_tokens, int completion_tokens,
                                  const struct sl_openai_logprobs *lp);
-/* A streaming chunk; finish SL_FINISH_NONE gives "finish_reason": null. */
+/* The same with n choices (index 0 .. n - 1 in order); completion_tokens is their sum. */
+void sl_openai_completion_encode_choices(struct sl_str *out, const struct sl_openai_ident *id,
+                                         const struct sl_openai_choice *ch, int n,
+                                         int prompt_tokens, int completion_tokens);
+/* A streaming chunk of choice id->index; finish SL_FINISH_NONE gives "finish_reason": null. */
 void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
                             size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp);
 /* Bytes of token id's text after prev (what completions' text_offset advances by). */
 size_t sl_openai_token_len(const struct sl_tok *tok, int32_t prev, int32_t id);
-/* The first chunk of a chat stream: delta {"role": "assistant", "content": ""}. */
+/* The first chunk of a chat stream's choice id->index: delta {"role": "assistant",
+ * "content": ""}. */
 void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_ident *id);
 /* The stream_options.include_usage chunk: "choices": [] and the usage. */
 void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id,
@@ -447,7 +466,9 @@ struct sl_admit {
     int policy_tier; /* the tier it was classified into, whose overload policy applies */
     int model;
     int n_prompt;
-    int max_tokens;
+    int max_tokens; /* of each choice */
+    int n;          /* choices (OpenAI's n; 0 reads as 1): each is a sequence of n_prompt +
+                     * max_tokens, so tokens and queued prompt tokens count n times */
     /* The decision. */
     enum sl_admit_verdict verdict;
     enum sl_adm_reason reason; /* what refused or degraded it */
@@ -492,8 +513,9 @@ enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_
 /* The request's first token arrived (or it ended): it leaves its tier's queue. Idempotent. */
 void sl_admit_started(struct sl_admit *a);
 /* The request ended (finished, cancelled, failed, or its client left) after n_generated
- * tokens: releases its queue slot or parking place and refunds the tokens it was charged and
- * did not use. Exactly once: later calls do nothing. */
+ * tokens (all its choices together; < 0: it never reached a scheduler): releases its queue slot or
+ * parking place and refunds the tokens it was charged and did not use. Exactly once: later calls do
+ * nothing. */
 void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns);
 /* Response headers for the decision: x-sluice-admission, and for a refusal Retry-After
  * (seconds, rounded up) and retry-after-ms. Appended as "Name: value\r\n" lines. */

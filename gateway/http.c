@@ -420,6 +420,22 @@ enum conn_timer {
     TIMER_LINGER, /* LINGER_SECS of discarding input after an error answer */
 };
 
+/* One choice of the completion in flight (OpenAI's n: each its own sequence). */
+struct choice {
+    struct sl_req *req; /* the connection's reference, until the whole request ends */
+    bool done;          /* its end arrived (finish) */
+    enum sl_finish finish;
+    int n_gen;          /* tokens received so far */
+    bool echo_pending;  /* streaming with echo: text holds the prompt, its first chunk */
+    struct sl_str text; /* non-streaming: the text so far (the prompt first with echo) */
+    struct sl_str held; /* stream text held back while the client is behind (valid UTF-8) */
+    /* Log probabilities, when the request asked for them: every token's (non-streaming), or
+     * those not sent yet (streaming: of held text, or of tokens whose text is still to come). */
+    struct sl_token_logprobs *lp;
+    int n_lp, cap_lp;
+    size_t lp_offset; /* streaming completions: the next token's text_offset */
+};
+
 struct conn {
     struct io *io;
     /* The configuration of the current request (a reference): the I/O thread's when the request
@@ -446,26 +462,20 @@ struct conn {
     bool read_eof;           /* the client shut its side (or the read failed) */
     struct event *timer;     /* the read deadline, see enum conn_timer */
     enum conn_timer timer_kind; /* what the timer stands for; TIMER_NONE when not pending */
-    struct sl_str held;         /* stream text held back while the client is behind (valid UTF-8) */
 
-    /* The completion in flight (creq != NULL while queued or streaming). */
-    struct sl_req *creq; /* the connection's own reference */
+    /* The completion in flight: its n_ch choices (n_ch > 0 while queued or streaming), each a
+     * sequence of its own on replica `replica` of engines[engine], n_live of them not done. */
+    struct choice *ch;
+    int n_ch, cap_ch, n_live;
     struct sl_openai_ident ident;
     int n_prompt;
     bool stream, include_usage, chunked, head_sent;
-    bool echo_pending;  /* streaming with echo: text holds the prompt, the first chunk to send */
-    struct sl_str text; /* non-streaming: the text so far (the prompt first with echo) */
-    /* Log probabilities, when the request asked for them: every token's (non-streaming), or
-     * those not sent yet (streaming: of held text, or of tokens whose text is still to come). */
-    bool want_lp;
-    struct sl_token_logprobs *lp;
-    int n_lp, cap_lp;
-    size_t lp_offset; /* streaming completions: the next token's text_offset */
+    bool want_lp; /* the request asked for log probabilities */
 
     /* For the access log of the current request. */
     uint64_t t_start_ns, t_first_ns; /* parsed; first token out */
     int status;                      /* HTTP status sent */
-    int n_gen;                       /* tokens received so far */
+    int n_gen;                       /* tokens received so far, all choices together */
     bool logged;
     /* Who sent the current request and its tier (an index into cfg->tiers, -1 until
      * classified); both point into cfg. NULL: not authenticated (yet). */
@@ -481,7 +491,7 @@ struct conn {
      * queue:MS step parks it, its decoded request and the timer that looks again. */
     struct sl_admit adm;
     int engine;
-    int replica; /* of engines[engine] running it (counted in its in_flight while creq is set) */
+    int replica; /* of engines[engine] running it (each choice counted in its in_flight) */
     struct sl_openai_completion oc;
     bool has_oc;
     bool parked;             /* a queue:MS step holds it: no scheduler has it yet */
@@ -769,7 +779,7 @@ static const char *metrics_route(const struct conn *c)
 /* Time to first token at a request's first text, inter-token latency at each later one. Every
  * event of one wake-up carries its time (io->wake_ns: one clock read per batch), which also
  * stamps t_first_ns so that the access log and the metrics agree. */
-static void metrics_on_text(struct conn *c, const struct sl_out_event *e)
+static void metrics_on_text(struct conn *c, const struct choice *ch, const struct sl_out_event *e)
 {
     struct sl_metrics *m = c->io->srv->metrics;
     uint64_t now = c->io->wake_ns;
@@ -778,6 +788,8 @@ static void metrics_on_text(struct conn *c, const struct sl_out_event *e)
     if (!c->t_first_ns) {
         c->t_first_ns = now;
         sl_metrics_observe_ttft(m, c->io->idx, tier, (double)(now - c->t_start_ns) / 1e9);
+    } else if (ch != c->ch) {
+        return; /* inter-token latency is choice 0's: the others' tokens interleave with it */
     } else if (e->n_tokens > 0) {
         sl_metrics_observe_itl(m, c->io->idx, tier, (double)(now - c->t_text_ns) / 1e9,
                                e->n_tokens);
@@ -796,7 +808,7 @@ static void metrics_request_end(struct conn *c, const char *finish, int n_comple
     c->inference = false;
     struct sl_metrics_request r = {
         .outcome = sl_metrics_outcome_of(finish, c->status),
-        .engine = c->creq != NULL,
+        .engine = c->n_ch > 0,
         .prompt_tokens = c->n_prompt,
         .completion_tokens = n_completion,
         .ttft_seconds = -1,
@@ -805,7 +817,7 @@ static void metrics_request_end(struct conn *c, const char *finish, int n_comple
     };
     request_labels(c, &r.tier, &r.tenant);
     uint64_t q;
-    if (c->creq && sl_req_queue_ns(c->creq, &q))
+    if (c->n_ch > 0 && sl_req_queue_ns(c->ch[0].req, &q))
         r.queue_seconds = (double)q / 1e9;
     if (c->t_first_ns) {
         r.ttft_seconds = (double)(c->t_first_ns - c->t_start_ns) / 1e9;
@@ -856,16 +868,18 @@ static void log_access(struct conn *c, const char *finish, int n_completion)
         if (c->adm.predicted_ttft_s >= 0)
             sl_str_appendf(l, ",\"predicted_ttft_ms\":%.0f", c->adm.predicted_ttft_s * 1e3);
     }
-    if (c->creq || finish) {
+    if (c->n_ch > 0 || finish) {
         str_add(l, ",\"model\":\"");
         str_add(l, c->io->srv->engines[c->engine].name);
-        if (c->creq && c->io->srv->engines[c->engine].n_replicas > 1)
+        if (c->n_ch > 0 && c->io->srv->engines[c->engine].n_replicas > 1)
             sl_str_appendf(l, "\",\"replica\":%d,\"id", c->replica);
         else
             str_add(l, "\",\"id");
         sl_str_appendf(l, "\":\"%s\",\"prompt_tokens\":%d,\"completion_tokens\":%d", c->ident.id,
                        c->n_prompt, n_completion);
         sl_str_appendf(l, ",\"finish\":\"%s\"", finish ? finish : "none");
+        if (c->n_ch > 1)
+            sl_str_appendf(l, ",\"n\":%d", c->n_ch);
         if (c->t_first_ns) {
             str_add(l, ",\"ttft_ms\":");
             str_add_ms(l, c->t_first_ns - c->t_start_ns);
@@ -947,28 +961,41 @@ static void admit_release(struct conn *c, int n_generated)
     }
 }
 
+/* Lets go of the choices: the engine's sequences (cancelled first when `cancel`, those not done),
+ * their in_flight counts, and their text. Events still on their way find no connection and are
+ * just freed. */
+static void release_choices(struct conn *c, bool cancel)
+{
+    struct engine *en = &c->io->srv->engines[c->engine];
+    for (int i = 0; i < c->n_ch; i++) {
+        struct choice *ch = &c->ch[i];
+        if (cancel && !ch->done)
+            sl_sched_cancel(en->sched[c->replica], ch->req);
+        atomic_fetch_sub_explicit(&en->in_flight[c->replica], 1, memory_order_relaxed);
+        sl_req_set_user(ch->req, NULL);
+        sl_req_unref(ch->req);
+        ch->req = NULL;
+        sl_str_clear(&ch->text);
+        sl_str_clear(&ch->held);
+        ch->n_lp = 0;
+    }
+    c->n_ch = c->n_live = 0;
+}
+
 static void drop_request(struct conn *c, bool cancel)
 {
     if (cancel && c->parked && !c->logged) {
         c->status = 499; /* its client left while it waited for capacity */
         log_access(c, "cancelled", 0);
     }
-    admit_release(c, c->creq ? c->n_gen : -1);
-    if (!c->creq)
+    admit_release(c, c->n_ch > 0 ? c->n_gen : -1);
+    if (c->n_ch == 0)
         return;
-    struct engine *en = &c->io->srv->engines[c->engine];
     if (cancel) {
         c->status = 499; /* nginx's "client closed request" */
         log_access(c, "cancelled", c->n_gen);
-        sl_sched_cancel(en->sched[c->replica], c->creq);
     }
-    atomic_fetch_sub_explicit(&en->in_flight[c->replica], 1, memory_order_relaxed);
-    /* Events still on their way find no connection and are just freed. */
-    sl_req_set_user(c->creq, NULL);
-    sl_req_unref(c->creq);
-    c->creq = NULL;
-    sl_str_clear(&c->text);
-    sl_str_clear(&c->held);
+    release_choices(c, cancel);
 }
 
 /* ---- tenants, tiers and the admin API ---- */
@@ -1253,36 +1280,59 @@ static void submit(struct conn *c)
     }
     oc->params.max_tokens = a->max_tokens;
     io->n_req++;
-    if (!oc->has_seed)
-        oc->params.seed = random_seed(io);
-    struct sl_req *r = sl_req_new(io->ids, n_prompt, &oc->params);
     c->stream = oc->stream;
     c->include_usage = oc->stream && oc->include_usage;
     c->want_lp = oc->params.logprobs;
-    c->n_lp = 0;
-    c->lp_offset = 0;
-    sl_str_clear(&c->text);
-    if (oc->echo)
-        echo_prompt(&c->text, oc, sl_model_tok(en->model), io->ids, n_prompt);
-    c->echo_pending = oc->echo && oc->stream;
+    int n = oc->n > 1 ? oc->n : 1;
+    if (n > c->cap_ch) {
+        c->ch = sl_xrealloc(c->ch, sizeof *c->ch * (size_t)n);
+        memset(c->ch + c->cap_ch, 0, sizeof *c->ch * (size_t)(n - c->cap_ch));
+        for (int i = c->cap_ch; i < n; i++) {
+            sl_str_init(&c->ch[i].text);
+            sl_str_init(&c->ch[i].held);
+        }
+        c->cap_ch = n;
+    }
+    /* Choice i's seed is the request's plus i: the same seed gives the same n answers, and
+     * choice 0 the answer of the same request with n = 1. */
+    uint64_t seed = oc->has_seed ? oc->params.seed : 0;
+    c->replica = pick_replica(en, NULL);
+    c->n_ch = c->n_live = 0;
+    for (int i = 0; i < n; i++) {
+        struct choice *ch = &c->ch[i];
+        oc->params.seed = oc->has_seed ? seed + (uint64_t)i : random_seed(io);
+        struct sl_req *r = sl_req_new(io->ids, n_prompt, &oc->params);
+        sl_req_set_user(r, c);
+        int st = sl_sched_submit(en->sched[c->replica], r, io->outbox);
+        if (st != SL_OK) {
+            sl_req_set_user(r, NULL);
+            sl_req_unref(r);
+            release_choices(c, true); /* those already queued */
+            admit_release(c, -1);
+            sl_openai_error_set(&err, sl_http_status_code(st), NULL, NULL,
+                                "The request could not be queued: %s.", sl_status_str(st));
+            sl_log(SL_LOG_WARN, "io %d: submit failed: %s", io->idx, sl_status_str(st));
+            sl_openai_completion_dispose(oc);
+            c->has_oc = false;
+            send_error(c, &err, NULL);
+            return;
+        }
+        atomic_fetch_add_explicit(&en->in_flight[c->replica], 1, memory_order_relaxed);
+        ch->req = r;
+        ch->done = false;
+        ch->finish = SL_FINISH_NONE;
+        ch->n_gen = 0;
+        ch->n_lp = 0;
+        ch->lp_offset = 0;
+        sl_str_clear(&ch->text);
+        sl_str_clear(&ch->held);
+        if (oc->echo)
+            echo_prompt(&ch->text, oc, sl_model_tok(en->model), io->ids, n_prompt);
+        ch->echo_pending = oc->echo && oc->stream;
+        c->n_ch = ++c->n_live;
+    }
     sl_openai_completion_dispose(oc);
     c->has_oc = false;
-
-    sl_req_set_user(r, c);
-    c->replica = pick_replica(en, NULL);
-    int st = sl_sched_submit(en->sched[c->replica], r, io->outbox);
-    if (st != SL_OK) {
-        sl_req_set_user(r, NULL);
-        sl_req_unref(r);
-        admit_release(c, -1);
-        sl_openai_error_set(&err, sl_http_status_code(st), NULL, NULL,
-                            "The request could not be queued: %s.", sl_status_str(st));
-        sl_log(SL_LOG_WARN, "io %d: submit failed: %s", io->idx, sl_status_str(st));
-        send_error(c, &err, NULL);
-        return;
-    }
-    c->creq = r;
-    atomic_fetch_add_explicit(&en->in_flight[c->replica], 1, memory_order_relaxed);
     c->n_prompt = n_prompt;
     c->head_sent = false;
     /* HTTP/1.0 has no chunked encoding: the stream then ends with the connection. */
@@ -1403,6 +1453,7 @@ static void serve_completion(struct conn *c)
         return;
     }
     c->engine = e;
+    c->adm.n = c->oc.n; /* admission counts each choice's tokens */
     struct sl_admit_env env = admit_env(c);
     if (sl_admit_precheck(&c->adm, &env, c->cfg, c->tenant, c->tier, e, c->oc.params.max_tokens,
                           (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
@@ -1428,89 +1479,102 @@ static void serve_completion(struct conn *c)
 
 /* ---- log probabilities ---- */
 
-static void lp_append(struct conn *c, const struct sl_token_logprobs *e, int n)
+static void lp_append(struct conn *c, struct choice *ch, const struct sl_token_logprobs *e, int n)
 {
     if (!c->want_lp || n <= 0)
         return;
-    if (c->n_lp + n > c->cap_lp) {
-        while (c->n_lp + n > c->cap_lp)
-            c->cap_lp = c->cap_lp ? 2 * c->cap_lp : 64;
-        c->lp = sl_xrealloc(c->lp, sizeof *c->lp * (size_t)c->cap_lp);
+    if (ch->n_lp + n > ch->cap_lp) {
+        while (ch->n_lp + n > ch->cap_lp)
+            ch->cap_lp = ch->cap_lp ? 2 * ch->cap_lp : 64;
+        ch->lp = sl_xrealloc(ch->lp, sizeof *ch->lp * (size_t)ch->cap_lp);
     }
-    memcpy(c->lp + c->n_lp, e, sizeof *e * (size_t)n);
-    c->n_lp += n;
+    memcpy(ch->lp + ch->n_lp, e, sizeof *e * (size_t)n);
+    ch->n_lp += n;
 }
 
-/* The logprobs of the entries c->lp holds, into *buf; NULL when the request did not ask. */
-static const struct sl_openai_logprobs *lp_pending(struct conn *c, struct sl_openai_logprobs *buf)
+/* The logprobs of the entries ch->lp holds, into *buf; NULL when the request did not ask. */
+static const struct sl_openai_logprobs *lp_pending(struct conn *c, const struct choice *ch,
+                                                   struct sl_openai_logprobs *buf)
 {
     if (!c->want_lp)
         return NULL;
     *buf = (struct sl_openai_logprobs){.tok = sl_model_tok(c->io->srv->engines[c->engine].model),
-                                       .e = c->lp,
-                                       .n = c->n_lp,
-                                       .text_offset = c->lp_offset};
+                                       .e = ch->lp,
+                                       .n = ch->n_lp,
+                                       .text_offset = ch->lp_offset};
     return buf;
 }
 
 /* The pending entries went out in a chunk: the next chunk's offsets start after their text. */
-static void lp_sent(struct conn *c, const struct sl_openai_logprobs *lp)
+static void lp_sent(struct choice *ch, const struct sl_openai_logprobs *lp)
 {
     for (int i = 0; lp && i < lp->n; i++)
-        c->lp_offset += sl_openai_token_len(lp->tok, lp->e[i].prev, lp->e[i].token);
-    c->n_lp = 0;
+        ch->lp_offset += sl_openai_token_len(lp->tok, lp->e[i].prev, lp->e[i].token);
+    ch->n_lp = 0;
 }
 
-/* A chat stream opens with the assistant's role, before any text or the finish. */
-static void stream_role(struct conn *c)
+/* One chunk of choice ch's stream: its text (text, or its held text when text is NULL), its
+ * finish, and the log probabilities pending (all of them when lp_all, else as the text goes). */
+static void stream_chunk(struct conn *c, struct choice *ch, const char *text, size_t len,
+                         enum sl_finish finish, bool lp_all)
 {
     struct sl_str *b = &c->io->out;
     sl_str_clear(b);
-    sl_openai_chunk_role_encode(b, &c->ident);
+    struct sl_openai_logprobs lpb;
+    const struct sl_openai_logprobs *lp = lp_all && ch->n_lp == 0 ? NULL : lp_pending(c, ch, &lpb);
+    c->ident.index = (int)(ch - c->ch);
+    sl_openai_chunk_encode(b, &c->ident, text, len, finish, lp);
+    lp_sent(ch, lp);
     send_sse(c, b->p, b->len);
-    sl_str_clear(b); /* callers encode into the same scratch next */
+    sl_str_clear(b);
 }
 
 /* ---- back-pressure ---- */
 
-/* Sends the text held back from a slow client as one chunk. */
+/* Sends the text held back from a slow client, one chunk per choice that has some. */
 static void stream_release(struct conn *c)
 {
-    if (c->held.len == 0)
-        return;
-    struct sl_str *b = &c->io->out;
-    sl_str_clear(b);
-    struct sl_openai_logprobs lpb;
-    const struct sl_openai_logprobs *lp = lp_pending(c, &lpb);
-    sl_openai_chunk_encode(b, &c->ident, c->held.p, c->held.len, SL_FINISH_NONE, lp);
-    lp_sent(c, lp);
-    sl_str_clear(&c->held);
-    send_sse(c, b->p, b->len);
-    sl_str_clear(b);
+    for (int i = 0; i < c->n_ch; i++) {
+        struct choice *ch = &c->ch[i];
+        if (ch->held.len == 0)
+            continue;
+        stream_chunk(c, ch, ch->held.p, ch->held.len, SL_FINISH_NONE, false);
+        sl_str_clear(&ch->held);
+    }
+}
+
+static size_t held_bytes(const struct conn *c)
+{
+    size_t n = 0;
+    for (int i = 0; i < c->n_ch; i++)
+        n += c->ch[i].held.len;
+    return n;
 }
 
 /* Redis-style output limits for a stream. Above write_high_water_bytes queued for the client,
- * text is held and later sent as one chunk (OpenAI clients concatenate chunks), so a slow reader
- * costs its text, not a JSON chunk per token. Past write_hard_cap_bytes (queued + held) the
- * client is not reading: the request is cancelled in the scheduler and the connection closed.
- * "Queued" is what the kernel has not taken yet (tcp_send_buffer_bytes bounds the kernel's
- * part). Returns true when the text was taken (held, sent with held text, or dropped). */
-static bool stream_hold(struct conn *c, const char *text, size_t len)
+ * text is held and later sent as one chunk per choice (OpenAI clients concatenate chunks), so a
+ * slow reader costs its text, not a JSON chunk per token. Past write_hard_cap_bytes (queued +
+ * held) the client is not reading: the request is cancelled in the scheduler and the connection
+ * closed. "Queued" is what the kernel has not taken yet (tcp_send_buffer_bytes bounds the
+ * kernel's part). Returns true when the text was taken (held, sent with held text, or
+ * dropped). */
+static bool stream_hold(struct conn *c, struct choice *ch, const char *text, size_t len)
 {
     size_t queued = evbuffer_get_length(bufferevent_get_output(c->bev));
     size_t high = c->cfg->write_high_water_bytes;
-    if (c->held.len == 0 && queued <= high)
+    if (held_bytes(c) == 0 && queued <= high)
         return false;
-    sl_str_append(&c->held, text, len);
+    sl_str_append(&ch->held, text, len);
     if (queued <= high) {
         stream_release(c);
         return true;
     }
-    if (queued + c->held.len > c->cfg->write_hard_cap_bytes) {
+    size_t held = held_bytes(c);
+    if (queued + held > c->cfg->write_hard_cap_bytes) {
         sl_log(SL_LOG_WARN,
                "io %d: %s: client is %zu bytes behind the stream (write_hard_cap_bytes %zu); "
                "cancelling",
-               c->io->idx, c->ident.id, queued + c->held.len, c->cfg->write_hard_cap_bytes);
+               c->io->idx, c->ident.id, queued + held, c->cfg->write_hard_cap_bytes);
         conn_close(c);
     }
     return true;
@@ -1522,18 +1586,27 @@ static void stream_head(struct conn *c)
         return;
     c->head_sent = true;
     send_head(c, 200, "text/event-stream", -1, "Cache-Control: no-cache\r\n");
-    if (c->ident.api == SL_OPENAI_API_CHAT)
-        stream_role(c);
-    if (c->echo_pending) {
-        /* echo: the prompt goes out as the first chunk (as vLLM sends it). */
-        c->echo_pending = false;
-        struct sl_str *b = &c->io->out;
-        sl_str_clear(b);
-        sl_openai_chunk_encode(b, &c->ident, c->text.p ? c->text.p : "", c->text.len,
-                               SL_FINISH_NONE, NULL);
-        send_sse(c, b->p, b->len);
-        sl_str_clear(b);
-        sl_str_clear(&c->text);
+    struct sl_str *b = &c->io->out;
+    for (int i = 0; i < c->n_ch; i++) {
+        struct choice *ch = &c->ch[i];
+        c->ident.index = i;
+        if (c->ident.api == SL_OPENAI_API_CHAT) {
+            /* A chat stream opens each choice with the assistant's role. */
+            sl_str_clear(b);
+            sl_openai_chunk_role_encode(b, &c->ident);
+            send_sse(c, b->p, b->len);
+            sl_str_clear(b); /* callers encode into the same scratch next */
+        }
+        if (ch->echo_pending) {
+            /* echo: the prompt goes out as each choice's first chunk (as vLLM sends it). */
+            ch->echo_pending = false;
+            sl_str_clear(b);
+            sl_openai_chunk_encode(b, &c->ident, ch->text.p ? ch->text.p : "", ch->text.len,
+                                   SL_FINISH_NONE, NULL);
+            send_sse(c, b->p, b->len);
+            sl_str_clear(b);
+            sl_str_clear(&ch->text);
+        }
     }
 }
 
@@ -1555,25 +1628,58 @@ static void finish_error(struct conn *c, const struct sl_out_event *e, struct sl
     }
 }
 
-static void on_done(struct conn *c, const struct sl_out_event *e)
+/* Choice ch ended. The response ends with the last choice, or with the first that fails (the
+ * others are cancelled: one answer, not part of one). */
+static void on_done(struct conn *c, struct choice *ch, const struct sl_out_event *e)
 {
     struct sl_str *b = &c->io->out;
     bool ok = e->finish == SL_FINISH_STOP || e->finish == SL_FINISH_LENGTH;
+    c->n_gen += e->n_tokens - ch->n_gen;
+    ch->n_gen = e->n_tokens;
+    ch->done = true;
+    ch->finish = e->finish;
+    c->n_live--;
     struct sl_openai_error err;
-    if (!ok)
+    if (!ok) {
         finish_error(c, e, &err);
+        struct engine *en = &c->io->srv->engines[c->engine];
+        for (int i = 0; i < c->n_ch; i++)
+            if (!c->ch[i].done) {
+                sl_sched_cancel(en->sched[c->replica], c->ch[i].req);
+                c->ch[i].done = true;
+                c->ch[i].finish = SL_FINISH_CANCELLED;
+            }
+        c->n_live = 0;
+    }
     /* Text held back from a slow client goes before the end of the stream. */
     stream_release(c);
+    if (ok && c->stream) {
+        stream_head(c);
+        /* Tokens whose text never came (the end of a stop string) go with the last chunk. */
+        stream_chunk(c, ch, "", 0, e->finish, true);
+    }
+    if (c->n_live > 0)
+        return;
     c->status = ok || c->head_sent ? 200 : err.http;
-    log_access(c, sl_finish_str(e->finish), e->n_tokens);
-    admit_release(c, e->n_tokens);
+    log_access(c, sl_finish_str(e->finish), c->n_gen);
+    admit_release(c, c->n_gen);
     sl_str_clear(b);
-    struct sl_openai_logprobs lpb;
-    if (!c->stream && ok)
-        sl_openai_completion_encode(b, &c->ident, c->text.p ? c->text.p : "", c->text.len,
-                                    e->finish, c->n_prompt, e->n_tokens, lp_pending(c, &lpb));
+    if (!c->stream && ok) {
+        struct sl_openai_choice chs[SL_OPENAI_N_MAX];
+        struct sl_openai_logprobs lps[SL_OPENAI_N_MAX];
+        for (int i = 0; i < c->n_ch; i++) {
+            const struct choice *x = &c->ch[i];
+            chs[i] = (struct sl_openai_choice){.text = x->text.p ? x->text.p : "",
+                                               .len = x->text.len,
+                                               .finish = x->finish,
+                                               .lp = lp_pending(c, x, &lps[i])};
+        }
+        c->ident.index = 0;
+        sl_openai_completion_encode_choices(b, &c->ident, chs, c->n_ch, c->n_prompt, c->n_gen);
+    }
     /* The request is over before the response is: once it is queued, the connection may move
      * on to its next request. */
+    int n_prompt = c->n_prompt, n_gen = c->n_gen;
     drop_request(c, false);
 
     if (!c->stream && ok) {
@@ -1587,16 +1693,13 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     }
     stream_head(c);
     if (ok) {
-        /* Tokens whose text never came (the end of a stop string) go with the last chunk. */
-        sl_openai_chunk_encode(b, &c->ident, "", 0, e->finish,
-                               c->n_lp > 0 ? lp_pending(c, &lpb) : NULL);
-        send_sse(c, b->p, b->len);
         if (c->include_usage) {
             sl_str_clear(b);
-            sl_openai_usage_chunk_encode(b, &c->ident, c->n_prompt, e->n_tokens);
+            sl_openai_usage_chunk_encode(b, &c->ident, n_prompt, n_gen);
             send_sse(c, b->p, b->len);
         }
     } else {
+        sl_str_clear(b);
         sl_openai_error_encode(b, &err);
         send_sse(c, b->p, b->len);
     }
@@ -1606,28 +1709,32 @@ static void on_done(struct conn *c, const struct sl_out_event *e)
     conn_done(c);
 }
 
-static void on_text(struct conn *c, const struct sl_out_event *e)
+static void on_text(struct conn *c, struct choice *ch, const struct sl_out_event *e)
 {
     sl_admit_started(&c->adm);
-    metrics_on_text(c, e);
+    metrics_on_text(c, ch, e);
     if (!c->t_first_ns)
         c->t_first_ns = sl_clock_ns();
     c->n_gen += e->n_tokens;
-    lp_append(c, e->lp, e->n_lp);
+    ch->n_gen += e->n_tokens;
+    lp_append(c, ch, e->lp, e->n_lp);
     if (!c->stream) {
-        sl_str_append(&c->text, e->text, e->len);
+        sl_str_append(&ch->text, e->text, e->len);
         return;
     }
     stream_head(c);
-    if (e->len == 0 || stream_hold(c, e->text, e->len))
+    if (e->len == 0 || stream_hold(c, ch, e->text, e->len))
         return;
-    struct sl_str *b = &c->io->out;
-    sl_str_clear(b);
-    struct sl_openai_logprobs lpb;
-    const struct sl_openai_logprobs *lp = lp_pending(c, &lpb);
-    sl_openai_chunk_encode(b, &c->ident, e->text, e->len, SL_FINISH_NONE, lp);
-    lp_sent(c, lp);
-    send_sse(c, b->p, b->len);
+    stream_chunk(c, ch, e->text, e->len, SL_FINISH_NONE, false);
+}
+
+/* The choice of c that e belongs to, or NULL (an event of a request c has let go of). */
+static struct choice *choice_of(struct conn *c, const struct sl_req *r)
+{
+    for (int i = 0; i < c->n_ch; i++)
+        if (c->ch[i].req == r)
+            return c->ch[i].done ? NULL : &c->ch[i];
+    return NULL;
 }
 
 static void on_wake(evutil_socket_t fd, short what, void *arg)
@@ -1639,11 +1746,12 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     while (e) {
         struct sl_out_event *next = e->next;
         struct conn *c = sl_req_user(e->req);
-        if (c && !c->closed && c->creq == e->req) {
+        struct choice *ch = c && !c->closed ? choice_of(c, e->req) : NULL;
+        if (ch) {
             if (e->kind == SL_OUT_TEXT)
-                on_text(c, e);
+                on_text(c, ch, e);
             else
-                on_done(c, e);
+                on_done(c, ch, e);
         }
         sl_out_event_free(e);
         e = next;
@@ -2205,9 +2313,12 @@ static void conn_free(struct conn *c)
         event_free(c->read_ev);
     bufferevent_free(c->bev);
     sl_http_parser_dispose(&c->req);
-    sl_str_dispose(&c->text);
-    sl_str_dispose(&c->held);
-    free(c->lp);
+    for (int i = 0; i < c->cap_ch; i++) {
+        sl_str_dispose(&c->ch[i].text);
+        sl_str_dispose(&c->ch[i].held);
+        free(c->ch[i].lp);
+    }
+    free(c->ch);
     free(c);
 }
 
@@ -2319,8 +2430,6 @@ static void conn_open(struct io *io, evutil_socket_t fd, bool tls)
     c->state = CONN_READING;
     c->tier = -1;
     sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);
-    sl_str_init(&c->text);
-    sl_str_init(&c->held);
     c->timer = evtimer_new(io->base, conn_on_timer, c);
     list_push(&io->conns, c);
     bufferevent_setcb(bev, conn_on_read, conn_on_write, conn_on_event, c);
@@ -2473,15 +2582,20 @@ static void on_drain_cancel(evutil_socket_t fd, short what, void *arg)
             send_error(c, &err, "Retry-After: 1\r\n");
             continue;
         }
-        if (c->closed || !c->creq)
+        if (c->closed || c->n_live == 0)
             continue;
-        sl_sched_cancel(io->srv->engines[c->engine].sched[c->replica], c->creq);
-        struct sl_out_event e = {.req = c->creq,
+        /* Ended as cancelled: the first choice still running ends the response, and with it
+         * the others (on_done cancels them in the scheduler). */
+        struct choice *ch = c->ch;
+        while (ch->done)
+            ch++;
+        sl_sched_cancel(io->srv->engines[c->engine].sched[c->replica], ch->req);
+        struct sl_out_event e = {.req = ch->req,
                                  .kind = SL_OUT_DONE,
                                  .finish = SL_FINISH_CANCELLED,
-                                 .n_tokens = c->n_gen};
+                                 .n_tokens = ch->n_gen};
         c->keep_alive = false;
-        on_done(c, &e);
+        on_done(c, ch, &e);
     }
 }
 

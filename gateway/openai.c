@@ -516,8 +516,8 @@ static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_
     if ((v = member(root, "best_of"))) {
         if (!json_is_integer(v))
             return bad_type(err, "best_of", "an integer", v);
-        if (json_integer_value(v) != 1)
-            return unsupported(err, "best_of", "Only best_of=1 is supported for now.");
+        json_int_t b = json_integer_value(v);
+        c->best_of = b < 1 ? -1 : b > INT_MAX ? INT_MAX : (int)b; /* checked against n */
     }
     if ((v = member(root, "suffix"))) {
         if (!json_is_string(v))
@@ -614,16 +614,31 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
         c->user = json_string_value(v);
     }
 
-    /* `n` is a known field whose silent omission would change the answer's shape. */
+    /* n choices, each generated as its own sequence (the prompt is prefilled for each). */
+    c->n = 1;
     if ((v = member(root, "n"))) {
         if (!json_is_integer(v))
             return bad_type(err, "n", "an integer", v);
-        if (json_integer_value(v) != 1) {
-            sl_openai_error_set(err, 400, "n", "unsupported_value",
-                                "Only n=1 is supported for now.");
+        json_int_t n = json_integer_value(v);
+        if (n < 1 || n > SL_OPENAI_N_MAX) {
+            sl_openai_error_set(err, 400, "n",
+                                n < 1 ? "integer_below_min_value" : "integer_above_max_value",
+                                "Invalid 'n': expected an integer from 1 to %d, but got %lld "
+                                "instead.",
+                                SL_OPENAI_N_MAX, (long long)n);
             return SL_EINVAL;
         }
+        c->n = (int)n;
     }
+    /* best_of > n means generating best_of and answering the n of highest log probability:
+     * not implemented, and refused rather than answered differently. */
+    if (c->best_of && c->best_of != c->n)
+        return unsupported(err, "best_of",
+                           c->best_of < c->n
+                               ? "best_of must be at least n."
+                               : "best_of above n (choosing the likeliest of more choices than "
+                                 "are returned) is not supported; send best_of equal to n or "
+                                 "leave it out.");
     return SL_OK;
 }
 
@@ -1121,12 +1136,13 @@ static void put_logprobs(struct sl_str *out, const struct sl_openai_ident *id,
         put_completion_logprobs(out, lp);
 }
 
-static void put_choice(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
-                       size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp)
+static void put_choice(struct sl_str *out, const struct sl_openai_ident *id, int index,
+                       const char *text, size_t len, enum sl_finish finish,
+                       const struct sl_openai_logprobs *lp)
 {
     put_lit(out, "{\"text\":");
     put_str(out, text, len);
-    put_lit(out, ",\"index\":0");
+    sl_str_appendf(out, ",\"index\":%d", index);
     put_logprobs(out, id, lp);
     put_finish(out, finish);
     put_lit(out, "}");
@@ -1153,17 +1169,29 @@ void sl_openai_completion_encode(struct sl_str *out, const struct sl_openai_iden
                                  int prompt_tokens, int completion_tokens,
                                  const struct sl_openai_logprobs *lp)
 {
+    struct sl_openai_choice ch = {text, len, finish, lp};
+    sl_openai_completion_encode_choices(out, id, &ch, 1, prompt_tokens, completion_tokens);
+}
+
+void sl_openai_completion_encode_choices(struct sl_str *out, const struct sl_openai_ident *id,
+                                         const struct sl_openai_choice *ch, int n,
+                                         int prompt_tokens, int completion_tokens)
+{
     put_head(out, id, false);
     put_lit(out, ",\"choices\":[");
-    if (id->api == SL_OPENAI_API_CHAT) {
-        put_lit(out, "{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
-        put_str(out, text, len);
+    for (int i = 0; i < n; i++) {
+        if (i)
+            put_lit(out, ",");
+        if (id->api != SL_OPENAI_API_CHAT) {
+            put_choice(out, id, i, ch[i].text, ch[i].len, ch[i].finish, ch[i].lp);
+            continue;
+        }
+        sl_str_appendf(out, "{\"index\":%d,\"message\":{\"role\":\"assistant\",\"content\":", i);
+        put_str(out, ch[i].text, ch[i].len);
         put_lit(out, ",\"refusal\":null}");
-        put_logprobs(out, id, lp);
-        put_finish(out, finish);
+        put_logprobs(out, id, ch[i].lp);
+        put_finish(out, ch[i].finish);
         put_lit(out, "}");
-    } else {
-        put_choice(out, id, text, len, finish, lp);
     }
     put_lit(out, "],");
     put_usage(out, prompt_tokens, completion_tokens);
@@ -1177,7 +1205,7 @@ void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id
     put_lit(out, ",\"choices\":[");
     if (id->api == SL_OPENAI_API_CHAT) {
         /* OpenAI's last chunk has an empty delta and the finish_reason. */
-        put_lit(out, "{\"index\":0,\"delta\":{");
+        sl_str_appendf(out, "{\"index\":%d,\"delta\":{", id->index);
         if (len > 0 || finish == SL_FINISH_NONE) {
             put_lit(out, "\"content\":");
             put_str(out, text, len);
@@ -1187,7 +1215,7 @@ void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id
         put_finish(out, finish);
         put_lit(out, "}");
     } else {
-        put_choice(out, id, text, len, finish, lp);
+        put_choice(out, id, id->index, text, len, finish, lp);
     }
     put_lit(out, "]");
     put_chunk_tail(out, id);
@@ -1196,8 +1224,11 @@ void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id
 void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_ident *id)
 {
     put_head(out, id, true);
-    put_lit(out, ",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                 "\"logprobs\":null,\"finish_reason\":null}]");
+    sl_str_appendf(
+        out,
+        ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+        "\"logprobs\":null,\"finish_reason\":null}]",
+        id->index);
     put_chunk_tail(out, id);
 }
 

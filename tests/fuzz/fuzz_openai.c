@@ -110,7 +110,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < 1)
         return 0;
     bool chat = data[0] & 1;
-    int default_max_tokens = 1 + (data[0] >> 1);
+    /* Chat's default may be 0 (up to the context, decided after encoding: max_tokens_open). */
+    int default_max_tokens = (data[0] >> 1) + (chat ? 0 : 1);
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
     const struct sl_model_config *mc = sl_model_config(model);
@@ -128,6 +129,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     check_params(&c);
+    fuzz_check(c.n >= 1 && c.n <= SL_OPENAI_N_MAX, "n %d", c.n);
+    fuzz_check(c.best_of == 0 || c.best_of == c.n, "best_of %d with n %d", c.best_of, c.n);
+    fuzz_check(!c.max_tokens_open || (chat && default_max_tokens == 0),
+               "max_tokens left open without a chat default of 0");
     if (sl_openai_check_vocab(&c, mc->vocab_size, &err) != SL_OK)
         check_error(&err, true);
     int32_t *ids = malloc(sizeof *ids * (size_t)mc->seq_len);

@@ -375,6 +375,52 @@ Test(gateway, admission_refunds_unused_tokens_exactly_once_when_requests_end)
     sl_config_dispose(&c);
 }
 
+/* n choices are n sequences: n times the prompt and max_tokens charged, n times the prompt in the
+ * queue, and what the choices together did not use refunded. */
+Test(gateway, admission_charges_each_choice_when_n_is_above_one)
+{
+    struct sl_config c;
+    world(&c, ",\"max_queue_tokens\":250", "", ",\"tpm\":1000");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit_env env = env_of(&f);
+    struct sl_admit a, b;
+    char h[64];
+    /* 3 choices of 100 + 200: 900 of the tenant's 1000 a minute. */
+    sl_admit_init(&a);
+    a.n = 3;
+    cr_assert_eq(sl_admit_begin(&a, &env, &c, &c.tenants[0], 0, 0, 100, 200, 0), SL_ADMIT_OK, "%s",
+                 a.why);
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "100");
+    /* They generated 150 tokens together: 3 × 100 + 150 used, 450 back. */
+    sl_admit_end(&a, 150, 0);
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "550");
+    /* Each choice prefills the prompt: n × prompt tokens in the tier's queue (cap 250). */
+    sl_admit_init(&a);
+    a.n = 2;
+    cr_assert_eq(sl_admit_begin(&a, &env, &c, &c.tenants[0], 0, 0, 100, 10, 0), SL_ADMIT_OK);
+    int n;
+    long tok;
+    sl_admission_queue(&c, 0, 0, &n, &tok);
+    cr_assert_eq(n, 1, "one request");
+    cr_assert_eq(tok, 200, "its two prompts");
+    sl_admit_init(&b);
+    b.n = 2; /* 200 + 2 × 100 > 250 */
+    cr_assert_neq(sl_admit_begin(&b, &env, &c, &c.tenants[0], 0, 0, 100, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_QUEUE_TOKENS, "%s", b.why);
+    sl_admit_end(&b, -1, 0);
+    sl_admit_init(&b); /* 200 + 50 */
+    cr_assert_eq(sl_admit_begin(&b, &env, &c, &c.tenants[0], 0, 0, 50, 10, 0), SL_ADMIT_OK, "%s",
+                 b.why);
+    sl_admit_end(&b, 10, 0);
+    sl_admit_end(&a, 20, 0);
+    sl_admission_queue(&c, 0, 0, &n, &tok);
+    cr_assert_eq(tok, 0, "all of it leaves the queue");
+    sl_config_dispose(&c);
+}
+
 /* ---- the tier ---- */
 
 Test(gateway, admission_counts_the_tier_queue_until_the_first_token_when_capped)

@@ -268,7 +268,8 @@ Test(gateway, chat_rejects_shared_fields_when_they_are_invalid)
 {
     expect_error("{\"model\":\"gpt-4o\",\"messages\":[" USER_HI "]}", 404, "model",
                  "model_not_found");
-    expect_error("{\"messages\":[" USER_HI "],\"n\":2}", 400, "n", "unsupported_value");
+    expect_error("{\"messages\":[" USER_HI "],\"n\":0}", 400, "n", "integer_below_min_value");
+    expect_error("{\"messages\":[" USER_HI "],\"n\":129}", 400, "n", "integer_above_max_value");
     expect_error("{\"messages\":[" USER_HI "],\"n\":\"2\"}", 400, "n", "invalid_type");
     expect_error("{\"messages\":[" USER_HI "],\"max_completion_tokens\":\"5\"}", 400,
                  "max_completion_tokens", "invalid_type");

@@ -164,7 +164,10 @@ Test(gateway, rejects_out_of_range_values_when_limits_are_crossed)
     expect_error("{\"prompt\":\"a\",\"top_p\":1.5}", 400, "top_p", "decimal_above_max_value");
     expect_error("{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\"]}", 400, "stop",
                  "array_above_max_length");
-    expect_error("{\"prompt\":\"a\",\"n\":2}", 400, "n", NULL);
+    expect_error("{\"prompt\":\"a\",\"n\":0}", 400, "n", NULL);
+    expect_error("{\"prompt\":\"a\",\"n\":129}", 400, "n", NULL);
+    expect_error("{\"prompt\":\"a\",\"n\":2,\"best_of\":3}", 400, "best_of", NULL);
+    expect_error("{\"prompt\":\"a\",\"n\":3,\"best_of\":2}", 400, "best_of", NULL);
 }
 
 Test(gateway, accepts_boundary_values_when_they_are_inclusive)

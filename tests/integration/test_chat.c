@@ -76,7 +76,9 @@ static void read_usage(json_t *u, struct answer *a)
                  a->prompt_tokens + a->completion_tokens);
 }
 
-static struct answer chat_on(int port, const char *body)
+/* A non-streaming chat answer of n choices: out[i] gets choice i (its index i), out[0] also the
+ * usage (completion_tokens summed over the choices). */
+static void chat_n(int port, const char *body, int n, struct answer *out)
 {
     struct response r = post(port, "/v1/chat/completions", body);
     cr_assert_eq(r.status, 200, "body: %s", r.body);
@@ -87,17 +89,26 @@ static struct answer chat_on(int port, const char *body)
     cr_assert(json_is_integer(json_object_get(j, "created")));
     cr_assert_str_eq(str(j, "model"), "synthetic:tiny");
     json_t *choices = json_object_get(j, "choices");
-    cr_assert_eq(json_array_size(choices), 1);
-    json_t *c = json_array_get(choices, 0);
-    cr_assert_eq(json_integer_value(json_object_get(c, "index")), 0);
-    json_t *msg = json_object_get(c, "message");
-    cr_assert_str_eq(str(msg, "role"), "assistant");
-    struct answer a = {.content = strdup(str(msg, "content"))};
-    snprintf(a.finish, sizeof a.finish, "%s", str(c, "finish_reason"));
-    cr_assert(strcmp(a.finish, "stop") == 0 || strcmp(a.finish, "length") == 0, "%s", a.finish);
-    read_usage(json_object_get(j, "usage"), &a);
+    cr_assert_eq(json_array_size(choices), (size_t)n, "%s", r.body);
+    for (int i = 0; i < n; i++) {
+        json_t *c = json_array_get(choices, (size_t)i);
+        cr_assert_eq(json_integer_value(json_object_get(c, "index")), i);
+        json_t *msg = json_object_get(c, "message");
+        cr_assert_str_eq(str(msg, "role"), "assistant");
+        out[i] = (struct answer){.content = strdup(str(msg, "content"))};
+        snprintf(out[i].finish, sizeof out[i].finish, "%s", str(c, "finish_reason"));
+        cr_assert(strcmp(out[i].finish, "stop") == 0 || strcmp(out[i].finish, "length") == 0, "%s",
+                  out[i].finish);
+    }
+    read_usage(json_object_get(j, "usage"), &out[0]);
     json_decref(j);
     response_dispose(&r);
+}
+
+static struct answer chat_on(int port, const char *body)
+{
+    struct answer a;
+    chat_n(port, body, 1, &a);
     return a;
 }
 
@@ -106,23 +117,28 @@ static struct answer chat(const char *body)
     return chat_on(srv.port, body);
 }
 
-/* Streams a chat completion and checks every event against OpenAI's stream: each chunk a
- * chat.completion.chunk with the same id, created and model; the first chunk's delta carries
- * the role and no other does; content chunks have a null finish_reason; the last chunk with a
- * choice has the finish_reason and an empty delta; with include_usage every other chunk has
- * "usage": null and a last chunk has empty choices and the usage; then data: [DONE], then
- * nothing. */
-static struct answer chat_stream(const char *body, bool include_usage)
+/* Streams a chat completion of n choices and checks every event against OpenAI's stream: each
+ * chunk a chat.completion.chunk with the same id, created and model and one choice, its index
+ * below n; each choice's first delta carries the role and no other does; content chunks have a
+ * null finish_reason; each choice's last chunk has its finish_reason and an empty delta; with
+ * include_usage every other chunk has "usage": null and a last chunk has empty choices and the
+ * usage (completion_tokens summed over the choices); then data: [DONE], then nothing. out[i]
+ * gets choice i's text and finish; out[0] the usage. */
+static void chat_stream_n(int port, const char *body, bool include_usage, int n, struct answer *out)
 {
-    struct response r = post(srv.port, "/v1/chat/completions", body);
+    struct response r = post(port, "/v1/chat/completions", body);
     cr_assert_eq(r.status, 200, "body: %s", r.body);
     cr_assert(strstr(response_header(&r, "content-type"), "text/event-stream"));
-    struct answer a = {.content = calloc(1, 1)};
-    size_t len = 0;
+    size_t len[8] = {0};
+    int seen[8] = {0}; /* chunks of each choice so far */
+    bool finished[8] = {0};
+    cr_assert_leq(n, 8);
+    for (int i = 0; i < n; i++)
+        out[i] = (struct answer){.content = calloc(1, 1)};
     char id[64] = "", model[64] = "";
     json_int_t created = -1;
-    int n = 0; /* chunks so far */
-    bool finished = false, usage_seen = false, done = false;
+    int chunks = 0, n_finished = 0;
+    bool usage_seen = false, done = false;
     for (char *ev = r.body; *ev;) {
         char *end = strstr(ev, "\n\n");
         cr_assert_not_null(end, "event not terminated by a blank line: %s", ev);
@@ -138,7 +154,7 @@ static struct answer chat_stream(const char *body, bool include_usage)
         json_t *j = parse_json(data);
         cr_assert_null(json_object_get(j, "error"), "error mid-stream: %s", data);
         cr_assert_str_eq(str(j, "object"), "chat.completion.chunk");
-        if (n == 0) {
+        if (chunks++ == 0) {
             snprintf(id, sizeof id, "%s", str(j, "id"));
             snprintf(model, sizeof model, "%s", str(j, "model"));
             created = json_integer_value(json_object_get(j, "created"));
@@ -154,50 +170,60 @@ static struct answer chat_stream(const char *body, bool include_usage)
         json_t *usage = json_object_get(j, "usage");
         if (json_array_size(choices) == 0) {
             cr_assert(include_usage, "a chunk without choices only with include_usage: %s", data);
-            cr_assert(finished, "usage comes after the finish_reason");
-            read_usage(usage, &a);
+            cr_assert_eq(n_finished, n, "usage comes after every finish_reason");
+            read_usage(usage, &out[0]);
             usage_seen = true;
-        } else {
-            cr_assert_eq(json_array_size(choices), 1);
-            cr_assert(!finished, "no choice after the finish_reason: %s", data);
-            if (include_usage)
-                cr_assert(usage && json_is_null(usage), "usage: null in every other chunk");
-            else
-                cr_assert_null(usage, "no usage member without include_usage: %s", data);
-            json_t *c = json_array_get(choices, 0);
-            cr_assert_eq(json_integer_value(json_object_get(c, "index")), 0);
-            json_t *d = json_object_get(c, "delta");
-            cr_assert(json_is_object(d), "%s", data);
-            json_t *role = json_object_get(d, "role");
-            if (n == 0)
-                cr_assert(json_is_string(role) && strcmp(json_string_value(role), "assistant") == 0,
-                          "the first delta has the role: %s", data);
-            else
-                cr_assert_null(role, "only the first delta has the role: %s", data);
-            json_t *f = json_object_get(c, "finish_reason");
-            if (json_is_string(f)) {
-                snprintf(a.finish, sizeof a.finish, "%s", json_string_value(f));
-                cr_assert_eq(json_object_size(d), 0, "the finishing delta is empty: %s", data);
-                finished = true;
-            } else {
-                cr_assert(json_is_null(f), "finish_reason is null before the end: %s", data);
-                json_t *t = json_object_get(d, "content");
-                cr_assert(json_is_string(t), "content in every delta before the end: %s", data);
-                size_t tl = json_string_length(t);
-                a.content = realloc(a.content, len + tl + 1);
-                memcpy(a.content + len, json_string_value(t), tl + 1);
-                len += tl;
-                if (n > 0)
-                    a.content_chunks++;
-            }
+            json_decref(j);
+            continue;
         }
-        n++;
+        cr_assert_eq(json_array_size(choices), 1);
+        if (include_usage)
+            cr_assert(usage && json_is_null(usage), "usage: null in every other chunk");
+        else
+            cr_assert_null(usage, "no usage member without include_usage: %s", data);
+        json_t *c = json_array_get(choices, 0);
+        json_int_t k = json_integer_value(json_object_get(c, "index"));
+        cr_assert(k >= 0 && k < n, "index %lld of %d choices: %s", (long long)k, n, data);
+        struct answer *a = &out[k];
+        cr_assert(!finished[k], "no chunk of a choice after its finish_reason: %s", data);
+        json_t *d = json_object_get(c, "delta");
+        cr_assert(json_is_object(d), "%s", data);
+        json_t *role = json_object_get(d, "role");
+        if (seen[k] == 0)
+            cr_assert(json_is_string(role) && strcmp(json_string_value(role), "assistant") == 0,
+                      "each choice's first delta has the role: %s", data);
+        else
+            cr_assert_null(role, "only the first delta has the role: %s", data);
+        json_t *f = json_object_get(c, "finish_reason");
+        if (json_is_string(f)) {
+            snprintf(a->finish, sizeof a->finish, "%s", json_string_value(f));
+            cr_assert_eq(json_object_size(d), 0, "the finishing delta is empty: %s", data);
+            finished[k] = true;
+            n_finished++;
+        } else {
+            cr_assert(json_is_null(f), "finish_reason is null before the end: %s", data);
+            json_t *t = json_object_get(d, "content");
+            cr_assert(json_is_string(t), "content in every delta before the end: %s", data);
+            size_t tl = json_string_length(t);
+            a->content = realloc(a->content, len[k] + tl + 1);
+            memcpy(a->content + len[k], json_string_value(t), tl + 1);
+            len[k] += tl;
+            if (seen[k] > 0)
+                a->content_chunks++;
+        }
+        seen[k]++;
         json_decref(j);
     }
     cr_assert(done, "the stream ends with data: [DONE]");
-    cr_assert(finished, "a chunk carries the finish_reason");
+    cr_assert_eq(n_finished, n, "a chunk carries each choice's finish_reason");
     cr_assert_eq(usage_seen, include_usage, "a usage chunk exactly when include_usage is set");
     response_dispose(&r);
+}
+
+static struct answer chat_stream(const char *body, bool include_usage)
+{
+    struct answer a;
+    chat_stream_n(srv.port, body, include_usage, 1, &a);
     return a;
 }
 
@@ -280,9 +306,41 @@ static void expect_400(const char *body, const char *param)
     response_dispose(&r);
 }
 
-Test(chat, refuses_n_above_one_with_400_when_n_is_2)
+/* n choices: each its own sample (choice i seeded with seed + i, so choice 0 is the n = 1
+ * answer and the same request gives the same n answers), the usage their sum, streamed the
+ * same as not. */
+Test(chat, answers_n_choices_when_n_is_above_one)
 {
-    expect_400("{" MESSAGES ",\"n\":2}", "n");
+    const char *req = "{" MESSAGES ",\"max_tokens\":12,\"temperature\":1,\"seed\":77,"
+                      "\"ignore_eos\":true%s}";
+    char body[1024];
+    struct answer one, a[3], b[3], st[3];
+    snprintf(body, sizeof body, req, "");
+    one = chat(body);
+    snprintf(body, sizeof body, req, ",\"n\":3");
+    chat_n(srv.port, body, 3, a);
+    chat_n(srv.port, body, 3, b);
+    snprintf(body, sizeof body, req,
+             ",\"n\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true}");
+    chat_stream_n(srv.port, body, true, 3, st);
+    cr_assert_str_eq(a[0].content, one.content, "choice 0 is the n = 1 answer");
+    cr_assert_eq(a[0].prompt_tokens, one.prompt_tokens, "the prompt counts once");
+    cr_assert_eq(a[0].completion_tokens, 3 * 12, "completion_tokens sums the choices");
+    cr_assert_eq(st[0].completion_tokens, 3 * 12);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_str_eq(a[i].finish, "length");
+        cr_assert_str_eq(a[i].content, b[i].content, "the same seed, the same choice %d", i);
+        cr_assert_str_eq(a[i].content, st[i].content, "streamed as not, choice %d", i);
+        cr_assert_str_eq(st[i].finish, "length");
+    }
+    cr_assert(strcmp(a[0].content, a[1].content) != 0 || strcmp(a[1].content, a[2].content) != 0,
+              "sampled choices differ: %s | %s | %s", a[0].content, a[1].content, a[2].content);
+    answer_dispose(&one);
+    for (int i = 0; i < 3; i++) {
+        answer_dispose(&a[i]);
+        answer_dispose(&b[i]);
+        answer_dispose(&st[i]);
+    }
 }
 
 Test(chat, names_the_param_with_400_when_messages_are_bad)

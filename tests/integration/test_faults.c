@@ -449,6 +449,58 @@ Test(faults, failed_step_gets_500_or_error_event_and_server_stays_ready_when_wor
     response_dispose(&r);
 }
 
+/* n choices are n sequences: when a step fails, the first choice it fails ends the answer (an
+ * error event, then [DONE]) and the others are cancelled, so nothing is left running or holding
+ * KV blocks; the next request of n choices is served whole. */
+Test(faults, failed_step_ends_every_choice_when_n_is_above_one, .init = make_dir,
+     .fini = remove_dir, .timeout = 300)
+{
+    /* Call 3 is a decode step of the first request (its prompts take one or two calls). */
+    cr_assert_eq(setenv("SLUICE_FAULT_FORWARD", "3", 1), 0);
+    const char *bin = getenv("SLUICE_FAULT_BIN");
+    cr_assert_not_null(bin, "SLUICE_FAULT_BIN is not set (run through meson test)");
+    server_start_bin(&srv, bin, NULL);
+    unsetenv("SLUICE_FAULT_FORWARD");
+
+    struct response r = request(srv.port, "/v1/completions",
+                                "{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"n\":3,"
+                                "\"ignore_eos\":true,\"stream\":true}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    const char *err = strstr(r.body, "data: {\"error\":");
+    cr_assert_not_null(err, "no error event: %s", r.body);
+    cr_assert(strstr(err, "\"type\":\"server_error\""), "%s", err);
+    cr_assert(strstr(err, "data: [DONE]\n\n"), "%s", err);
+    cr_assert_null(strstr(r.body, "\"finish_reason\":\"length\""), "%s", r.body);
+    response_dispose(&r);
+    server_wait_log(&srv, "fault injection: forward call 3 fails");
+    wait_engine_idle(srv.port);
+
+    r = request(srv.port, "/v1/completions",
+                "{\"prompt\":\"Once\",\"max_tokens\":8,\"n\":2,\"ignore_eos\":true}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(strstr(r.body, "\"index\":1"), "%s", r.body);
+    cr_assert(strstr(r.body, "\"completion_tokens\":16"), "%s", r.body);
+    response_dispose(&r);
+    wait_engine_idle(srv.port);
+}
+
+/* A client that leaves a stream of n choices cancels every one of them. */
+Test(faults, leaving_a_stream_cancels_every_choice_when_n_is_above_one, .init = make_dir,
+     .fini = remove_dir, .timeout = 300)
+{
+    server_start(&srv, NULL);
+    int fd = client_connect(srv.port);
+    client_request(fd, "POST", "/v1/completions",
+                   "{\"prompt\":\"Tell me a long story\",\"max_tokens\":400,\"n\":4,"
+                   "\"ignore_eos\":true,\"stream\":true}",
+                   false);
+    char buf[8192];
+    cr_assert(client_read_until(fd, "\"text\"", buf, sizeof buf), "a first chunk arrives");
+    close(fd);
+    server_wait_log(&srv, "\"finish\":\"cancelled\"");
+    wait_engine_idle(srv.port);
+}
+
 Test(faults, release_binary_ignores_the_fault_variable_when_it_is_set, .init = make_dir,
      .fini = remove_dir)
 {

@@ -204,7 +204,7 @@ BODY(enormous_temperature, "{\"prompt\":\"x\",\"temperature\":1e308}")
 BODY(infinite_temperature, "{\"prompt\":\"x\",\"temperature\":1e999}")
 BODY(zero_top_p, "{\"prompt\":\"x\",\"top_p\":0}")
 BODY(negative_top_k, "{\"prompt\":\"x\",\"top_k\":-2}")
-BODY(two_choices, "{\"prompt\":\"x\",\"n\":2}")
+BODY(two_choices, "{\"prompt\":\"x\",\"n\":129}")
 BODY(not_an_object, "[1,2,3]")
 BODY(empty_body, "")
 BODY(truncated_json, "{\"prompt\":\"x\",")
@@ -277,7 +277,7 @@ static const struct bad table[] = {
     {"temperature 1e999", infinite_temperature, 400, "invalid_json", NULL},
     {"top_p 0", zero_top_p, 400, "decimal_below_min_value", "top_p"},
     {"top_k -2", negative_top_k, 400, "integer_below_min_value", "top_k"},
-    {"n 2", two_choices, 400, "unsupported_value", "n"},
+    {"n 129", two_choices, 400, "integer_above_max_value", "n"},
     {"five stop strings", many_stops, 400, "array_above_max_length", "stop"},
     {"a body that is an array", not_an_object, 400, "invalid_json", NULL},
     {"an empty body", empty_body, 400, "invalid_json", NULL},

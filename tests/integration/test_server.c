@@ -559,3 +559,71 @@ Test(integration, chat_logprobs_list_each_token_with_its_bytes_when_asked)
     json_decref(j);
     response_dispose(&r);
 }
+
+/* n choices of a completion: with echo each starts with the prompt (greedy: all alike); sampled
+ * with a seed, each choice's text and log probabilities are the same streamed (chunks by index)
+ * as not, and the usage sums the choices. */
+Test(integration, completions_answer_n_choices_alike_streamed_or_not)
+{
+    char *plain =
+        complete("{\"prompt\":\"Once upon\",\"max_tokens\":6,\"temperature\":0}", 6, NULL);
+    char want[512];
+    snprintf(want, sizeof want, "Once upon%s", plain);
+    struct response r = roundtrip("POST", "/v1/completions",
+                                  "{\"prompt\":\"Once upon\",\"max_tokens\":6,\"temperature\":0,"
+                                  "\"echo\":true,\"n\":2}");
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = parse_json(r.body);
+    json_t *chs = json_object_get(j, "choices");
+    cr_assert_eq(json_array_size(chs), 2, "%s", r.body);
+    for (size_t i = 0; i < 2; i++) {
+        json_t *c = json_array_get(chs, i);
+        cr_assert_eq(json_integer_value(json_object_get(c, "index")), (json_int_t)i);
+        cr_assert_str_eq(json_string_value(json_object_get(c, "text")), want);
+    }
+    json_decref(j);
+    response_dispose(&r);
+    free(plain);
+
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":9,\"temperature\":1,"
+                       "\"seed\":11,\"logprobs\":2,\"ignore_eos\":true,\"n\":3";
+    char whole[256], streamed[256];
+    snprintf(whole, sizeof whole, "%s}", body);
+    snprintf(streamed, sizeof streamed, "%s,\"stream\":true}", body);
+    r = roundtrip("POST", "/v1/completions", whole);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    j = parse_json(r.body);
+    chs = json_object_get(j, "choices");
+    cr_assert_eq(json_array_size(chs), 3);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")), 27);
+    char text[3][256] = {{0}};
+    json_t *events = stream_events("/v1/completions", streamed);
+    size_t at[3] = {0};
+    for (size_t e = 0; e < json_array_size(events); e++) {
+        json_t *c = json_array_get(json_object_get(json_array_get(events, e), "choices"), 0);
+        if (!c)
+            continue;
+        json_int_t k = json_integer_value(json_object_get(c, "index"));
+        cr_assert(k >= 0 && k < 3, "index %lld", (long long)k);
+        strncat(text[k], json_string_value(json_object_get(c, "text")),
+                sizeof text[k] - strlen(text[k]) - 1);
+        json_t *l = json_object_get(c, "logprobs");
+        json_t *want_tokens =
+            json_object_get(json_object_get(json_array_get(chs, (size_t)k), "logprobs"), "tokens");
+        for (size_t i = 0; json_is_object(l) && i < json_array_size(json_object_get(l, "tokens"));
+             i++, at[k]++)
+            cr_assert_str_eq(json_string_value(json_array_get(json_object_get(l, "tokens"), i)),
+                             json_string_value(json_array_get(want_tokens, at[k])),
+                             "choice %lld token %zu", (long long)k, at[k]);
+    }
+    for (size_t i = 0; i < 3; i++) {
+        json_t *c = json_array_get(chs, i);
+        cr_assert_str_eq(text[i], json_string_value(json_object_get(c, "text")), "choice %zu", i);
+        cr_assert_eq(at[i], 9, "choice %zu: %zu streamed log probabilities", i, at[i]);
+        cr_assert_eq(json_array_size(json_object_get(json_object_get(c, "logprobs"), "tokens")), 9);
+    }
+    json_decref(events);
+    json_decref(j);
+    response_dispose(&r);
+}

@@ -160,17 +160,42 @@ const checks = {
       'ignore_eos generates max_tokens', full.usage);
   },
 
+  // n choices: one message per index, and a stream whose chunks each carry one index, the
+  // per-index text the same as the whole answer's for the same seed.
+  async choices() {
+    const ask = {
+      model, messages, max_completion_tokens: 8, temperature: 1, seed: 9, n: 2, ignore_eos: true,
+    };
+    const r = await client.chat.completions.create(ask);
+    check(r.choices.length === 2, 'two choices', r.choices.length);
+    r.choices.forEach((c, i) => check(c.index === i, 'choices in index order', c.index));
+    check(r.usage.completion_tokens === 16, 'usage sums the choices', r.usage);
+    const stream = await client.chat.completions.create({
+      ...ask, stream: true, stream_options: { include_usage: true },
+    });
+    const text = ['', ''];
+    let usage;
+    for await (const c of stream) {
+      if (c.choices.length === 0) { usage = c.usage; continue; }
+      check(c.choices.length === 1, 'one choice per chunk', c);
+      text[c.choices[0].index] += c.choices[0].delta.content ?? '';
+    }
+    r.choices.forEach((c, i) => check(text[i] === c.message.content,
+      'each streamed choice equals the whole answer\'s', { i, streamed: text[i], whole: c.message.content }));
+    check(usage?.completion_tokens === 16, 'the streamed usage sums the choices', usage);
+  },
+
   async badRequest() {
     try {
-      await client.chat.completions.create({ model, messages, n: 2 });
+      await client.chat.completions.create({ model, messages, n: 129 });
     } catch (e) {
-      check(e instanceof OpenAI.BadRequestError, 'n=2 raises BadRequestError', e?.constructor?.name);
+      check(e instanceof OpenAI.BadRequestError, 'n=129 raises BadRequestError', e?.constructor?.name);
       check(e.status === 400, 'status 400', e.status);
       check(e.param === 'n', 'error.param names n', e.param);
       check(e.type === 'invalid_request_error', 'error.type', e.type);
       return;
     }
-    throw new Mismatch('n=2 was accepted');
+    throw new Mismatch('n=129 was accepted');
   },
 };
 
@@ -197,6 +222,7 @@ const chatText = await run('chat');
 if (chatText !== undefined) await run('chatStreaming', chatText);
 await run('promptIds');
 await run('ignoreEos');
+await run('choices');
 await run('badRequest');
 console.log(failed ? `${failed} check(s) failed` : 'all checks passed');
 // Exit explicitly: idle keep-alive sockets must not hold the process open.
