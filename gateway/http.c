@@ -1513,8 +1513,8 @@ static void lp_sent(struct choice *ch, const struct sl_openai_logprobs *lp)
     ch->n_lp = 0;
 }
 
-/* One chunk of choice ch's stream: its text (text, or its held text when text is NULL), its
- * finish, and the log probabilities pending (all of them when lp_all, else as the text goes). */
+/* One chunk of choice ch's stream: text, its finish, and the log probabilities pending (with
+ * lp_all, "logprobs" is null when none are: the last chunk of a choice). */
 static void stream_chunk(struct conn *c, struct choice *ch, const char *text, size_t len,
                          enum sl_finish finish, bool lp_all)
 {
