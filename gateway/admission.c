@@ -304,10 +304,16 @@ static int64_t choices(const struct sl_admit *a)
     return a->n > 1 ? a->n : 1;
 }
 
+/* Sequences per choice index: one per prompt. */
+static int64_t prompts(const struct sl_admit *a)
+{
+    return a->prompts > 1 ? a->prompts : 1;
+}
+
 /* Tokens the request may use: every choice's prompt and max_tokens. */
 static int64_t charge(const struct sl_admit *a)
 {
-    return choices(a) * ((int64_t)a->n_prompt + a->max_tokens);
+    return choices(a) * ((int64_t)a->n_prompt + prompts(a) * a->max_tokens);
 }
 
 /* Prompt tokens it puts in the queue: each choice prefills the prompt. */
@@ -572,7 +578,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
         case SL_OVERLOAD_CAP_MAX_TOKENS:
             if (a->max_tokens <= s->arg)
                 continue; /* nothing to cap: the next step */
-            tenant_refund(a, choices(a) * (a->max_tokens - s->arg), false, now);
+            tenant_refund(a, choices(a) * prompts(a) * (a->max_tokens - s->arg), false, now);
             a->max_tokens = s->arg;
             note_add(a, "cap_max_tokens=%d", s->arg);
             break;

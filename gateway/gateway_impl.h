@@ -128,12 +128,25 @@ struct sl_chat_msg {
 
 /* A decoded POST /v1/completions or /v1/chat/completions body. Strings point into `root`, which
  * owns them. */
+/* One prompt of a completion: text, or token ids. */
+struct sl_openai_prompt {
+    const char *text; /* points into the request's JSON; NULL when given as ids */
+    size_t len;
+    int32_t *ids; /* owned; NULL when given as text */
+    int n_ids;
+};
+
 struct sl_openai_completion {
     json_t *root;
-    const char *model;  /* "model" as sent, or NULL */
-    const char *prompt; /* the prompt as text, or NULL when given as token ids */
+    const char *model; /* "model" as sent, or NULL */
+    /* Completions: every prompt sent (n_prompts >= 1; OpenAI's array of prompts gives one
+     * answer per prompt and choice), and the one selected (sl_openai_prompt_select; the first
+     * after decoding) in the four fields below. */
+    struct sl_openai_prompt *prompts;
+    int n_prompts;
+    const char *prompt; /* the selected prompt as text, or NULL when given as token ids */
     size_t prompt_len;
-    int32_t *prompt_ids; /* the prompt as token ids (owned), or NULL */
+    const int32_t *prompt_ids; /* the selected prompt as token ids (prompts' own), or NULL */
     int n_prompt_ids;
     struct sl_req_params params; /* stop[] points into root; seed valid only when has_seed */
     bool has_seed;
@@ -183,6 +196,8 @@ int sl_openai_prompt_encode(const struct sl_tok *tok, int seq_len, const char *p
                             int max_tokens, int32_t *ids, int *n_ids, struct sl_openai_error *err);
 /* A completion's prompt ids for a model: its token ids as given, or its text tokenized as
  * sl_openai_prompt_encode does; checked against the context for max_tokens either way. */
+/* Makes prompt i (0 .. n_prompts - 1) the selected one. */
+void sl_openai_prompt_select(struct sl_openai_completion *c, int i);
 int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_tok *tok,
                          int seq_len, int max_tokens, int32_t *ids, int *n_ids,
                          struct sl_openai_error *err);
@@ -465,10 +480,12 @@ struct sl_admit {
     int tier;        /* the tier it runs in (after a demotion) */
     int policy_tier; /* the tier it was classified into, whose overload policy applies */
     int model;
-    int n_prompt;
+    int n_prompt;   /* tokens of its prompts, all of them together */
     int max_tokens; /* of each choice */
-    int n;          /* choices (OpenAI's n; 0 reads as 1): each is a sequence of n_prompt +
-                     * max_tokens, so tokens and queued prompt tokens count n times */
+    int n;          /* choices of each prompt (OpenAI's n; 0 reads as 1) */
+    int prompts;    /* prompts (a completion's array of them; 0 reads as 1): each choice of
+                     * each prompt is a sequence, so the request may use n · (n_prompt +
+                     * prompts · max_tokens) tokens and queues n · n_prompt prompt tokens */
     /* The decision. */
     enum sl_admit_verdict verdict;
     enum sl_adm_reason reason; /* what refused or degraded it */

@@ -1170,6 +1170,25 @@ static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, 
     return st;
 }
 
+/* The request's prompts for engine e, each checked as encode_prompt does: *n_prompt gets their
+ * tokens together; io->ids holds the last one's. The first prompt is left selected. */
+static int encode_prompts(struct conn *c, struct sl_openai_completion *oc, int e, int max_tokens,
+                          int *n_prompt, struct sl_openai_error *err)
+{
+    if (oc->n_prompts <= 1)
+        return encode_prompt(c, oc, e, max_tokens, n_prompt, err);
+    int total = 0, st = SL_OK;
+    for (int i = 0; i < oc->n_prompts && st == SL_OK; i++) {
+        int n = 0;
+        sl_openai_prompt_select(oc, i);
+        st = encode_prompt(c, oc, e, max_tokens, &n, err);
+        total += n;
+    }
+    sl_openai_prompt_select(oc, 0);
+    *n_prompt = total;
+    return st;
+}
+
 /* ---- admission ---- */
 
 /* The replica of engine en a request goes to now: the fewest requests in flight, then the
@@ -1213,7 +1232,7 @@ static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt)
     struct sl_openai_error err;
     if (model < 0 || model >= c->io->srv->n_engines || !c->io->srv->engines[model].sched[0])
         return SL_ENOENT;
-    return encode_prompt(c, &c->oc, model, max_tokens, n_prompt, &err);
+    return encode_prompts(c, &c->oc, model, max_tokens, n_prompt, &err);
 }
 
 static struct sl_admit_env admit_env(struct conn *c)
@@ -1257,8 +1276,8 @@ static void submit(struct conn *c)
     const struct sl_admit *a = &c->adm;
     /* io->ids holds this request's prompt for its model unless admission changed the model
      * since, or another request used the scratch while this one was parked. */
-    int n_prompt = a->n_prompt;
-    if (a->park_start_ns || a->model != c->engine) {
+    int n_prompt = a->n_prompt, n_prompts = oc->n_prompts > 1 ? oc->n_prompts : 1;
+    if (n_prompts == 1 && (a->park_start_ns || a->model != c->engine)) {
         if (encode_prompt(c, oc, a->model, a->max_tokens, &n_prompt, &err) != SL_OK) {
             admit_release(c, -1);
             send_error(c, &err, NULL);
@@ -1283,25 +1302,39 @@ static void submit(struct conn *c)
     c->stream = oc->stream;
     c->include_usage = oc->stream && oc->include_usage;
     c->want_lp = oc->params.logprobs;
-    int n = oc->n > 1 ? oc->n : 1;
-    if (n > c->cap_ch) {
-        c->ch = sl_xrealloc(c->ch, sizeof *c->ch * (size_t)n);
-        memset(c->ch + c->cap_ch, 0, sizeof *c->ch * (size_t)(n - c->cap_ch));
-        for (int i = c->cap_ch; i < n; i++) {
+    /* Choices in OpenAI's order: prompt p's choice j has index p · n + j. */
+    int n = oc->n > 1 ? oc->n : 1, total = n_prompts * n;
+    if (total > c->cap_ch) {
+        c->ch = sl_xrealloc(c->ch, sizeof *c->ch * (size_t)total);
+        memset(c->ch + c->cap_ch, 0, sizeof *c->ch * (size_t)(total - c->cap_ch));
+        for (int i = c->cap_ch; i < total; i++) {
             sl_str_init(&c->ch[i].text);
             sl_str_init(&c->ch[i].held);
         }
-        c->cap_ch = n;
+        c->cap_ch = total;
     }
-    /* Choice i's seed is the request's plus i: the same seed gives the same n answers, and
-     * choice 0 the answer of the same request with n = 1. */
+    /* Choice j's seed is the request's plus j: the same seed gives the same n answers, and
+     * choice 0 the answer of the same request with n = 1 (and with this prompt alone). */
     uint64_t seed = oc->has_seed ? oc->params.seed : 0;
     c->replica = pick_replica(en, NULL);
     c->n_ch = c->n_live = 0;
-    for (int i = 0; i < n; i++) {
+    int n_ids = n_prompt; /* the current prompt's tokens, in io->ids */
+    for (int i = 0; i < total; i++) {
         struct choice *ch = &c->ch[i];
-        oc->params.seed = oc->has_seed ? seed + (uint64_t)i : random_seed(io);
-        struct sl_req *r = sl_req_new(io->ids, n_prompt, &oc->params);
+        if (n_prompts > 1 && i % n == 0) {
+            /* io->ids holds the last prompt encoded: each prompt again, in turn. */
+            sl_openai_prompt_select(oc, i / n);
+            if (encode_prompt(c, oc, c->engine, a->max_tokens, &n_ids, &err) != SL_OK) {
+                release_choices(c, true);
+                admit_release(c, -1);
+                sl_openai_completion_dispose(oc);
+                c->has_oc = false;
+                send_error(c, &err, NULL);
+                return;
+            }
+        }
+        oc->params.seed = oc->has_seed ? seed + (uint64_t)(i % n) : random_seed(io);
+        struct sl_req *r = sl_req_new(io->ids, n_ids, &oc->params);
         sl_req_set_user(r, c);
         int st = sl_sched_submit(en->sched[c->replica], r, io->outbox);
         if (st != SL_OK) {
@@ -1327,7 +1360,7 @@ static void submit(struct conn *c)
         sl_str_clear(&ch->text);
         sl_str_clear(&ch->held);
         if (oc->echo)
-            echo_prompt(&ch->text, oc, sl_model_tok(en->model), io->ids, n_prompt);
+            echo_prompt(&ch->text, oc, sl_model_tok(en->model), io->ids, n_ids);
         ch->echo_pending = oc->echo && oc->stream;
         c->n_ch = ++c->n_live;
     }
@@ -1454,6 +1487,7 @@ static void serve_completion(struct conn *c)
     }
     c->engine = e;
     c->adm.n = c->oc.n; /* admission counts each choice's tokens */
+    c->adm.prompts = c->oc.n_prompts;
     struct sl_admit_env env = admit_env(c);
     if (sl_admit_precheck(&c->adm, &env, c->cfg, c->tenant, c->tier, e, c->oc.params.max_tokens,
                           (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
@@ -1462,7 +1496,7 @@ static void serve_completion(struct conn *c)
     }
     /* io->ids still holds the prompt when it was encoded above (nothing ran in between). */
     if (n_prompt < 0 &&
-        encode_prompt(c, &c->oc, e, c->oc.params.max_tokens, &n_prompt, &err) != SL_OK) {
+        encode_prompts(c, &c->oc, e, c->oc.params.max_tokens, &n_prompt, &err) != SL_OK) {
         admit_release(c, -1);
         send_error(c, &err, NULL);
         return;

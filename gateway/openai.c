@@ -158,7 +158,7 @@ static int decode_model(struct sl_openai_completion *c, const char *model_id,
 
 /* A prompt given as token ids (param names it, e.g. "prompt" or "prompt[0]"): used as they are
  * (no BOS added, as vLLM and OpenAI do), checked against a vocabulary by sl_openai_check_vocab. */
-static int decode_prompt_ids(struct sl_openai_completion *c, json_t *arr, const char *param,
+static int decode_prompt_ids(struct sl_openai_prompt *p, json_t *arr, const char *param,
                              struct sl_openai_error *err)
 {
     size_t n = json_array_size(arr);
@@ -167,13 +167,13 @@ static int decode_prompt_ids(struct sl_openai_completion *c, json_t *arr, const 
                             "Invalid '%s': a prompt of token ids needs at least one id.", param);
         return SL_EINVAL;
     }
-    c->prompt_ids = sl_xmalloc(sizeof(int32_t) * n);
+    p->ids = sl_xmalloc(sizeof(int32_t) * n);
     size_t i;
     json_t *id;
     json_array_foreach(arr, i, id)
     {
-        char at[48];
-        snprintf(at, sizeof at, "%s[%zu]", param, i);
+        char at[64];
+        snprintf(at, sizeof at, "%.32s[%zu]", param, i);
         if (!json_is_integer(id))
             return bad_type(err, at, "an integer (a token id)", id);
         json_int_t x = json_integer_value(id);
@@ -182,14 +182,23 @@ static int decode_prompt_ids(struct sl_openai_completion *c, json_t *arr, const 
                                 "Invalid '%s': %lld is not a token id.", at, (long long)x);
             return SL_EINVAL;
         }
-        c->prompt_ids[i] = (int32_t)x;
+        p->ids[i] = (int32_t)x;
     }
-    c->n_prompt_ids = (int)n;
+    p->n_ids = (int)n;
     return SL_OK;
 }
 
-/* prompt: a string, token ids, or a one-element array of either (several prompts in one
- * request would need several choices, which this server does not return). */
+void sl_openai_prompt_select(struct sl_openai_completion *c, int i)
+{
+    const struct sl_openai_prompt *p = &c->prompts[i];
+    c->prompt = p->text;
+    c->prompt_len = p->len;
+    c->prompt_ids = p->ids;
+    c->n_prompt_ids = p->n_ids;
+}
+
+/* prompt: a string, token ids, or an array of prompts, each a string or token ids (at most
+ * SL_OPENAI_N_MAX; with n, prompts × n choices at most that). */
 static int decode_prompt(struct sl_openai_completion *c, struct sl_openai_error *err)
 {
     json_t *v = member(c->root, "prompt");
@@ -198,28 +207,34 @@ static int decode_prompt(struct sl_openai_completion *c, struct sl_openai_error 
                             "Missing required parameter: 'prompt'.");
         return SL_EINVAL;
     }
-    if (json_is_array(v)) {
-        json_t *first = json_array_get(v, 0);
-        if (json_is_integer(first) || json_array_size(v) == 0)
-            return decode_prompt_ids(c, v, "prompt", err);
-        if (json_array_size(v) > 1) {
-            sl_openai_error_set(err, 400, "prompt", "unsupported_value",
-                                "Only one prompt per request is supported for now (a string, "
-                                "token ids, or an array of one of those); this one has %zu. "
-                                "Send one request per prompt.",
-                                json_array_size(v));
-            return SL_EINVAL;
-        }
-        if (json_is_array(first))
-            return decode_prompt_ids(c, first, "prompt[0]", err);
-        if (!json_is_string(first))
-            return bad_type(err, "prompt[0]", "a string or an array of token ids", first);
-        v = first;
-    } else if (!json_is_string(v)) {
-        return bad_type(err, "prompt", "a string or an array of token ids", v);
+    /* One prompt: a string or an array of ids (an empty array is an empty list of ids). */
+    bool one =
+        !json_is_array(v) || json_array_size(v) == 0 || json_is_integer(json_array_get(v, 0));
+    size_t n = one ? 1 : json_array_size(v);
+    if (n > SL_OPENAI_N_MAX) {
+        sl_openai_error_set(err, 400, "prompt", "invalid_value",
+                            "Invalid 'prompt': at most %d prompts in one request, got %zu.",
+                            SL_OPENAI_N_MAX, n);
+        return SL_EINVAL;
     }
-    c->prompt = json_string_value(v);
-    c->prompt_len = json_string_length(v);
+    c->prompts = sl_xcalloc(n, sizeof *c->prompts);
+    c->n_prompts = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = one ? v : json_array_get(v, i);
+        char at[32];
+        snprintf(at, sizeof at, one ? "prompt" : "prompt[%zu]", i);
+        int st = SL_OK;
+        if (json_is_array(p))
+            st = decode_prompt_ids(&c->prompts[i], p, at, err);
+        else if (json_is_string(p))
+            c->prompts[i] = (struct sl_openai_prompt){.text = json_string_value(p),
+                                                      .len = json_string_length(p)};
+        else
+            st = bad_type(err, at, "a string or an array of token ids", p);
+        if (st != SL_OK)
+            return st;
+    }
+    sl_openai_prompt_select(c, 0);
     return SL_OK;
 }
 
@@ -311,10 +326,15 @@ int sl_openai_check_vocab(const struct sl_openai_completion *c, int vocab,
                           struct sl_openai_error *err)
 {
     const struct sl_req_params *p = &c->params;
-    for (int k = 0; k < 3; k++) {
-        const int32_t *ids = k == 0 ? p->bias_ids : k == 1 ? p->stop_ids : c->prompt_ids;
-        int n = k == 0 ? p->n_bias : k == 1 ? p->n_stop_ids : c->n_prompt_ids;
-        const char *param = k == 0 ? "logit_bias" : k == 1 ? "stop_token_ids" : "prompt";
+    /* logit_bias, stop_token_ids, then every prompt given as ids. */
+    for (int k = 0; k < 2 + c->n_prompts; k++) {
+        const struct sl_openai_prompt *q = k >= 2 ? &c->prompts[k - 2] : NULL;
+        const int32_t *ids = k == 0 ? p->bias_ids : k == 1 ? p->stop_ids : q->ids;
+        int n = k == 0 ? p->n_bias : k == 1 ? p->n_stop_ids : q->n_ids;
+        char param[32];
+        snprintf(param, sizeof param, "%s", k == 0 ? "logit_bias" : "stop_token_ids");
+        if (q)
+            snprintf(param, sizeof param, c->n_prompts > 1 ? "prompt[%d]" : "prompt", k - 2);
         for (int i = 0; i < n; i++)
             if (ids[i] >= vocab) {
                 sl_openai_error_set(err, 400, param, "invalid_value",
@@ -630,6 +650,13 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
         }
         c->n = (int)n;
     }
+    if (c->n_prompts > 1 && c->n * c->n_prompts > SL_OPENAI_N_MAX) {
+        sl_openai_error_set(err, 400, "n", "invalid_value",
+                            "Invalid 'n': %d prompts × n = %d choices, more than the %d one "
+                            "request may have.",
+                            c->n_prompts, c->n_prompts * c->n, SL_OPENAI_N_MAX);
+        return SL_EINVAL;
+    }
     /* best_of > n means generating best_of and answering the n of highest log probability:
      * not implemented, and refused rather than answered differently. */
     if (c->best_of && c->best_of != c->n)
@@ -898,7 +925,9 @@ void sl_openai_completion_dispose(struct sl_openai_completion *c)
     free(c->bias_ids);
     free(c->bias);
     free(c->stop_ids);
-    free(c->prompt_ids);
+    for (int i = 0; i < c->n_prompts; i++)
+        free(c->prompts[i].ids);
+    free(c->prompts);
     json_decref(c->root);
     memset(c, 0, sizeof *c);
 }

@@ -138,17 +138,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int32_t *ids = malloc(sizeof *ids * (size_t)mc->seq_len);
     int n = 0;
     if (!chat) {
-        fuzz_check((c.prompt != NULL) != (c.prompt_ids != NULL), "a completion without a prompt");
-        fuzz_check(!c.prompt_ids || c.n_prompt_ids >= 1, "%d prompt ids given", c.n_prompt_ids);
-        for (int i = 0; i < c.n_prompt_ids; i++)
-            fuzz_check(c.prompt_ids[i] >= 0, "prompt id %d", (int)c.prompt_ids[i]);
-        if (c.prompt)
-            check_encoders(c.prompt, c.prompt_len, false);
-        st = sl_openai_prompt_ids(&c, tok, mc->seq_len, c.params.max_tokens, ids, &n, &err);
-        if (st != SL_OK)
-            check_error(&err, true);
-        else
-            fuzz_check(n >= 1 && n + c.params.max_tokens <= mc->seq_len, "%d prompt ids", n);
+        fuzz_check(c.n_prompts >= 1 && c.n_prompts <= SL_OPENAI_N_MAX &&
+                       (c.n_prompts == 1 || c.n_prompts * c.n <= SL_OPENAI_N_MAX),
+                   "%d prompts, n %d", c.n_prompts, c.n);
+        for (int k = 0; k < c.n_prompts; k++) {
+            sl_openai_prompt_select(&c, k);
+            fuzz_check((c.prompt != NULL) != (c.prompt_ids != NULL), "prompt %d is neither", k);
+            fuzz_check(!c.prompt_ids || c.n_prompt_ids >= 1, "%d prompt ids given", c.n_prompt_ids);
+            for (int i = 0; i < c.n_prompt_ids; i++)
+                fuzz_check(c.prompt_ids[i] >= 0, "prompt id %d", (int)c.prompt_ids[i]);
+            if (c.prompt)
+                check_encoders(c.prompt, c.prompt_len, false);
+            st = sl_openai_prompt_ids(&c, tok, mc->seq_len, c.params.max_tokens, ids, &n, &err);
+            if (st != SL_OK)
+                check_error(&err, true);
+            else
+                fuzz_check(n >= 1 && n + c.params.max_tokens <= mc->seq_len, "%d prompt ids", n);
+        }
     } else {
         fuzz_check(c.n_messages >= 1 && c.messages, "a chat without messages");
         for (int i = 0; i < c.n_messages; i++)

@@ -421,6 +421,30 @@ Test(gateway, admission_charges_each_choice_when_n_is_above_one)
     sl_config_dispose(&c);
 }
 
+/* An array of prompts: n_prompt is all of them together, and every prompt's n choices may each
+ * generate max_tokens. */
+Test(gateway, admission_charges_each_prompt_and_choice_when_prompts_are_an_array)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"tpm\":1000");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit_env env = env_of(&f);
+    struct sl_admit a;
+    char h[64];
+    sl_admit_init(&a);
+    a.n = 2;
+    a.prompts = 3; /* 2 × (90 + 3 × 100) = 780 */
+    cr_assert_eq(sl_admit_begin(&a, &env, &c, &c.tenants[0], 0, 0, 90, 100, 0), SL_ADMIT_OK, "%s",
+                 a.why);
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "220");
+    sl_admit_end(&a, 60, 0); /* 2 × 90 + 60 used */
+    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+                     "760");
+    sl_config_dispose(&c);
+}
+
 /* ---- the tier ---- */
 
 Test(gateway, admission_counts_the_tier_queue_until_the_first_token_when_capped)

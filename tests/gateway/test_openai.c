@@ -208,14 +208,35 @@ Test(gateway, decodes_a_prompt_given_as_token_ids_or_a_one_element_array)
     sl_openai_completion_dispose(&c);
 }
 
-Test(gateway, rejects_several_prompts_or_bad_ids_naming_the_element)
+/* An array of prompts: each a string or ids, kept in order, the first selected; selecting
+ * another gives its fields. */
+Test(gateway, takes_several_prompts_in_order_when_prompt_is_an_array_of_them)
 {
     struct sl_openai_completion c;
     struct sl_openai_error err;
-    expect_error("{\"prompt\":[\"a\",\"b\"]}", 400, "prompt", "unsupported_value");
-    expect_error("{\"prompt\":[[1],[2]]}", 400, "prompt", "unsupported_value");
-    decode(&c, "{\"prompt\":[\"a\",\"b\"]}", &err);
-    cr_assert(strstr(err.message, "one prompt per request"), "%s", err.message);
+    cr_assert_eq(decode(&c, "{\"prompt\":[\"ab\",[4,5,6],\"c\"],\"n\":2}", &err), SL_OK, "%s",
+                 err.message);
+    cr_assert_eq(c.n_prompts, 3);
+    cr_assert_eq(c.n, 2);
+    cr_assert_eq(c.prompt_len, 2);
+    cr_assert_eq(memcmp(c.prompt, "ab", 2), 0);
+    cr_assert_null(c.prompt_ids);
+    sl_openai_prompt_select(&c, 1);
+    cr_assert_null(c.prompt);
+    cr_assert_eq(c.n_prompt_ids, 3);
+    cr_assert_eq(c.prompt_ids[2], 6);
+    sl_openai_prompt_select(&c, 2);
+    cr_assert_eq(c.prompt_len, 1);
+    cr_assert_eq(c.prompt[0], 'c');
+    sl_openai_completion_dispose(&c);
+    /* prompts × n choices at most SL_OPENAI_N_MAX. */
+    expect_error("{\"prompt\":[\"a\",\"b\"],\"n\":65}", 400, "n", "invalid_value");
+    cr_assert_eq(decode(&c, "{\"prompt\":[\"a\",\"b\"],\"n\":64}", &err), SL_OK, "%s", err.message);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, rejects_bad_prompts_or_ids_naming_the_element)
+{
     expect_error("{\"prompt\":[]}", 400, "prompt", "invalid_value");
     expect_error("{\"prompt\":[[]]}", 400, "prompt[0]", "invalid_value");
     expect_error("{\"prompt\":[1,\"x\"]}", 400, "prompt[1]", "invalid_type");

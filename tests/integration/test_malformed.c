@@ -210,7 +210,7 @@ BODY(empty_body, "")
 BODY(truncated_json, "{\"prompt\":\"x\",")
 BODY(wrong_model, "{\"prompt\":\"x\",\"model\":\"../../etc/passwd\"}")
 BODY(prompt_of_wrong_type, "{\"prompt\":5}")
-BODY(two_prompts, "{\"prompt\":[[1,2,3],[4]]}")
+BODY(two_prompts, "{\"prompt\":[[1,2,3],[4,512]]}")
 BODY(prompt_id_outside_vocab, "{\"prompt\":[1,2,512]}")
 
 #define CHAT(name, json)                                                                           \
@@ -284,7 +284,8 @@ static const struct bad table[] = {
     {"truncated JSON", truncated_json, 400, "invalid_json", NULL},
     {"a model that is a path", wrong_model, 404, "model_not_found", "model"},
     {"a prompt that is a number", prompt_of_wrong_type, 400, "invalid_type", "prompt"},
-    {"two prompts of token ids", two_prompts, 400, "unsupported_value", "prompt"},
+    {"the second of two prompts outside the vocabulary", two_prompts, 400, "invalid_value",
+     "prompt[1]"},
     {"a prompt id outside the vocabulary", prompt_id_outside_vocab, 400, "invalid_value", "prompt"},
     {"empty messages", empty_messages, 400, "empty_array", "messages"},
     {"messages that are a string", messages_not_array, 400, "invalid_type", "messages"},

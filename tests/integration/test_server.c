@@ -627,3 +627,93 @@ Test(integration, completions_answer_n_choices_alike_streamed_or_not)
     json_decref(j);
     response_dispose(&r);
 }
+
+/* choices[] of a completion response body, checked for count and order; caller decrefs j. */
+static json_t *choices_of(const struct response *r, size_t n, json_t **j)
+{
+    cr_assert_eq(r->status, 200, "%s", r->body);
+    *j = parse_json(r->body);
+    json_t *chs = json_object_get(*j, "choices");
+    cr_assert_eq(json_array_size(chs), n, "%s", r->body);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(json_integer_value(json_object_get(json_array_get(chs, i), "index")),
+                     (json_int_t)i);
+    return chs;
+}
+
+static const char *choice_text(json_t *chs, size_t i)
+{
+    return json_string_value(json_object_get(json_array_get(chs, i), "text"));
+}
+
+/* An array of prompts: prompt p's choice j is choices[p · n + j], the answer that prompt gets
+ * alone with the same seed; the usage counts every prompt once and every choice's tokens; with
+ * echo each choice starts with its own prompt; streamed alike; a prompt too long for the
+ * context is refused whatever its place. */
+Test(integration, completions_answer_every_prompt_of_an_array_in_order)
+{
+    const char *tail = "\"max_tokens\":5,\"temperature\":1,\"seed\":21,\"ignore_eos\":true";
+    char body[512];
+    json_t *one[3], *all;
+    const char *prompts[3] = {"\"Once upon\"", "[1, 300, 301, 302]", "\"The cat\""};
+    long long prompt_tokens = 0;
+    for (int p = 0; p < 3; p++) {
+        snprintf(body, sizeof body, "{\"prompt\":%s,\"n\":2,%s}", prompts[p], tail);
+        struct response r = roundtrip("POST", "/v1/completions", body);
+        choices_of(&r, 2, &one[p]);
+        prompt_tokens +=
+            json_integer_value(json_object_get(json_object_get(one[p], "usage"), "prompt_tokens"));
+        response_dispose(&r);
+    }
+    snprintf(body, sizeof body, "{\"prompt\":[%s,%s,%s],\"n\":2,%s}", prompts[0], prompts[1],
+             prompts[2], tail);
+    struct response r = roundtrip("POST", "/v1/completions", body);
+    json_t *chs = choices_of(&r, 6, &all);
+    json_t *usage = json_object_get(all, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(usage, "prompt_tokens")), prompt_tokens);
+    cr_assert_eq(json_integer_value(json_object_get(usage, "completion_tokens")), 6 * 5);
+    for (int p = 0; p < 3; p++)
+        for (int j = 0; j < 2; j++)
+            cr_assert_str_eq(choice_text(chs, (size_t)(p * 2 + j)),
+                             choice_text(json_object_get(one[p], "choices"), (size_t)j),
+                             "prompt %d choice %d", p, j);
+    /* Streamed: the same text under each index. */
+    snprintf(body, sizeof body, "{\"prompt\":[%s,%s,%s],\"n\":2,%s,\"stream\":true}", prompts[0],
+             prompts[1], prompts[2], tail);
+    json_t *events = stream_events("/v1/completions", body);
+    char text[6][256] = {{0}};
+    for (size_t e = 0; e < json_array_size(events); e++) {
+        json_t *c = json_array_get(json_object_get(json_array_get(events, e), "choices"), 0);
+        if (!c)
+            continue;
+        json_int_t k = json_integer_value(json_object_get(c, "index"));
+        cr_assert(k >= 0 && k < 6, "index %lld", (long long)k);
+        strncat(text[k], json_string_value(json_object_get(c, "text")),
+                sizeof text[k] - strlen(text[k]) - 1);
+    }
+    for (size_t i = 0; i < 6; i++)
+        cr_assert_str_eq(text[i], choice_text(chs, i), "streamed choice %zu", i);
+    json_decref(events);
+    response_dispose(&r);
+    json_decref(all);
+    for (int p = 0; p < 3; p++)
+        json_decref(one[p]);
+
+    /* echo: each choice after its own prompt's text. */
+    r = roundtrip("POST", "/v1/completions",
+                  "{\"prompt\":[\"Once upon\",\"The cat\"],\"max_tokens\":3,\"temperature\":0,"
+                  "\"echo\":true}");
+    chs = choices_of(&r, 2, &all);
+    cr_assert_eq(strncmp(choice_text(chs, 0), "Once upon", 9), 0, "%s", choice_text(chs, 0));
+    cr_assert_eq(strncmp(choice_text(chs, 1), "The cat", 7), 0, "%s", choice_text(chs, 1));
+    json_decref(all);
+    response_dispose(&r);
+
+    /* The context is checked for each prompt (tiny's is 512 positions: 2 + 505 fit, the second
+     * prompt's 10 + 505 do not). */
+    r = roundtrip("POST", "/v1/completions",
+                  "{\"prompt\":[[1,2],[1,2,3,4,5,6,7,8,9,10]],\"max_tokens\":505}");
+    assert_error_object(&r, 400, "invalid_request_error");
+    cr_assert(strstr(r.body, "context_length_exceeded"), "%s", r.body);
+    response_dispose(&r);
+}

@@ -183,6 +183,14 @@ const checks = {
     r.choices.forEach((c, i) => check(text[i] === c.message.content,
       'each streamed choice equals the whole answer\'s', { i, streamed: text[i], whole: c.message.content }));
     check(usage?.completion_tokens === 16, 'the streamed usage sums the choices', usage);
+    // An array of prompts (the SDK's string[] prompt): one choice each, in order.
+    const batch = await client.completions.create({
+      model, prompt: ['Once upon a time', [1, 300, 301]], max_tokens: 4, temperature: 0,
+      ignore_eos: true,
+    });
+    check(batch.choices.length === 2 && batch.choices.every((c, i) => c.index === i),
+      'one choice per prompt, in order', batch.choices);
+    check(batch.usage.completion_tokens === 8, 'usage sums the prompts\' choices', batch.usage);
   },
 
   async badRequest() {
