@@ -560,6 +560,20 @@ Test(integration, chat_logprobs_list_each_token_with_its_bytes_when_asked)
     response_dispose(&r);
 }
 
+/* Event e's choice of a streamed completion of n choices (NULL for the usage chunk), its text
+ * appended to text[its index]. */
+static json_t *stream_choice(json_t *events, size_t e, int n, char text[][256])
+{
+    json_t *c = json_array_get(json_object_get(json_array_get(events, e), "choices"), 0);
+    if (!c)
+        return NULL;
+    json_int_t k = json_integer_value(json_object_get(c, "index"));
+    cr_assert(k >= 0 && k < n, "index %lld of %d", (long long)k, n);
+    strncat(text[k], json_string_value(json_object_get(c, "text")),
+            sizeof text[k] - strlen(text[k]) - 1);
+    return c;
+}
+
 /* n choices of a completion: with echo each starts with the prompt (greedy: all alike); sampled
  * with a seed, each choice's text and log probabilities are the same streamed (chunks by index)
  * as not, and the usage sums the choices. */
@@ -601,13 +615,10 @@ Test(integration, completions_answer_n_choices_alike_streamed_or_not)
     json_t *events = stream_events("/v1/completions", streamed);
     size_t at[3] = {0};
     for (size_t e = 0; e < json_array_size(events); e++) {
-        json_t *c = json_array_get(json_object_get(json_array_get(events, e), "choices"), 0);
+        json_t *c = stream_choice(events, e, 3, text);
         if (!c)
             continue;
         json_int_t k = json_integer_value(json_object_get(c, "index"));
-        cr_assert(k >= 0 && k < 3, "index %lld", (long long)k);
-        strncat(text[k], json_string_value(json_object_get(c, "text")),
-                sizeof text[k] - strlen(text[k]) - 1);
         json_t *l = json_object_get(c, "logprobs");
         json_t *want_tokens =
             json_object_get(json_object_get(json_array_get(chs, (size_t)k), "logprobs"), "tokens");
@@ -682,15 +693,8 @@ Test(integration, completions_answer_every_prompt_of_an_array_in_order)
              prompts[1], prompts[2], tail);
     json_t *events = stream_events("/v1/completions", body);
     char text[6][256] = {{0}};
-    for (size_t e = 0; e < json_array_size(events); e++) {
-        json_t *c = json_array_get(json_object_get(json_array_get(events, e), "choices"), 0);
-        if (!c)
-            continue;
-        json_int_t k = json_integer_value(json_object_get(c, "index"));
-        cr_assert(k >= 0 && k < 6, "index %lld", (long long)k);
-        strncat(text[k], json_string_value(json_object_get(c, "text")),
-                sizeof text[k] - strlen(text[k]) - 1);
-    }
+    for (size_t e = 0; e < json_array_size(events); e++)
+        stream_choice(events, e, 6, text);
     for (size_t i = 0; i < 6; i++)
         cr_assert_str_eq(text[i], choice_text(chs, i), "streamed choice %zu", i);
     json_decref(events);
