@@ -196,6 +196,24 @@ int sl_openai_prompt_encode(const struct sl_tok *tok, int seq_len, const char *p
                             int max_tokens, int32_t *ids, int *n_ids, struct sl_openai_error *err);
 /* A completion's prompt ids for a model: its token ids as given, or its text tokenized as
  * sl_openai_prompt_encode does; checked against the context for max_tokens either way. */
+/* vLLM's POST /tokenize ({"model", "prompt": text, "add_special_tokens"} or {"model",
+ * "messages"}: the ids a completion or chat would see) and POST /detokenize ({"model",
+ * "tokens": ids}). */
+struct sl_openai_tokenize {
+    struct sl_openai_completion c; /* root and model; messages for a chat, prompt for text */
+    bool chat;                     /* messages were given */
+    bool add_special;              /* add_special_tokens (default true): a BOS before the text */
+    int32_t *tokens;               /* detokenize: the ids (owned), checked >= 0 only */
+    int n_tokens;
+};
+/* SL_OK, or an error (400, naming the param) in err. */
+int sl_openai_tokenize_decode(struct sl_openai_tokenize *t, const char *body, size_t len,
+                              bool detokenize, struct sl_openai_error *err);
+void sl_openai_tokenize_dispose(struct sl_openai_tokenize *t);
+/* {"count": n, "max_model_len": max_len, "tokens": [...]} and {"prompt": text}. */
+void sl_openai_tokens_encode(struct sl_str *out, const int32_t *ids, int n, int max_len);
+void sl_openai_detokenized_encode(struct sl_str *out, const char *text, size_t len);
+
 /* Makes prompt i (0 .. n_prompts - 1) the selected one. */
 void sl_openai_prompt_select(struct sl_openai_completion *c, int i);
 int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_tok *tok,
@@ -266,8 +284,10 @@ void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ide
                                   int prompt_tokens, int completion_tokens);
 void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e);
 /* GET /v1/models (the n served ids, the default first) and GET /v1/models/{id}. */
-void sl_openai_models_encode(struct sl_str *out, const char *const *ids, int n, int64_t created);
-void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t created);
+/* Each model card has vLLM's max_model_len (the model's context, max_lens[i]). */
+void sl_openai_models_encode(struct sl_str *out, const char *const *ids, const int *max_lens, int n,
+                             int64_t created);
+void sl_openai_model_encode(struct sl_str *out, const char *model_id, int max_len, int64_t created);
 
 /* ---------------------------------------------------------------------------------------------
  * Tenants, tiers and classification (tenant.c)

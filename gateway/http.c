@@ -760,8 +760,8 @@ static void request_labels(const struct conn *c, const char **tier, const char *
 static const char *metrics_route(const struct conn *c)
 {
     static const char *const routes[] = {
-        "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz", "/readyz",
-        "/metrics",        "/admin/config"};
+        "/v1/completions", "/v1/chat/completions", "/v1/models", "/healthz",   "/readyz",
+        "/metrics",        "/admin/config",        "/tokenize",  "/detokenize"};
     static const char models[] = "/v1/models/";
     const struct sl_http_parser *p = &c->req;
     if (p->state != SL_HTTP_PARSE_DONE)
@@ -1824,6 +1824,90 @@ static void not_allowed(struct conn *c, const char *allow)
     send_error(c, &err, extra);
 }
 
+/* vLLM's POST /tokenize and /detokenize: what a model's tokenizer makes of a prompt or of chat
+ * messages (rendered with the chat template a completion would use), and the text of ids. Not
+ * inference: no admission, no engine. A prompt longer than the context is still tokenized
+ * (count above max_model_len says so). */
+static void serve_tokenize(struct conn *c, bool detokenize)
+{
+    struct sl_http_server *srv = c->io->srv;
+    struct sl_openai_error err;
+    struct sl_openai_tokenize t;
+    const char *body = c->req.body.len ? sl_http_span_ptr(&c->req, c->req.body) : "";
+    if (sl_openai_tokenize_decode(&t, body, c->req.body.len, detokenize, &err) != SL_OK) {
+        send_error(c, &err, NULL);
+        return;
+    }
+    int e = route_model(c, t.c.model, &err);
+    if (e < 0) {
+        sl_openai_tokenize_dispose(&t);
+        send_error(c, &err, NULL);
+        return;
+    }
+    const struct engine *en = &srv->engines[e];
+    const struct sl_tok *tok = sl_model_tok(en->model);
+    int max_len = sl_model_config(en->model)->seq_len;
+    struct sl_str *b = &c->io->out;
+    sl_str_clear(b);
+    if (detokenize) {
+        int vocab = sl_model_config(en->model)->vocab_size;
+        for (int i = 0; i < t.n_tokens; i++)
+            if (t.tokens[i] >= vocab) {
+                char at[32];
+                snprintf(at, sizeof at, "tokens[%d]", i);
+                sl_openai_error_set(&err, 400, at, "invalid_value",
+                                    "Invalid '%s': token id %d is not in this model's vocabulary "
+                                    "(ids 0 to %d).",
+                                    at, (int)t.tokens[i], vocab - 1);
+                sl_openai_tokenize_dispose(&t);
+                send_error(c, &err, NULL);
+                return;
+            }
+        struct sl_str text;
+        sl_str_init(&text);
+        struct sl_detok *d = sl_detok_new(tok, -1, NULL, 0);
+        for (int i = 0; i < t.n_tokens; i++)
+            sl_detok_push(d, t.tokens[i], &text, NULL);
+        sl_detok_finish(d, &text);
+        sl_detok_free(d);
+        sl_openai_detokenized_encode(b, text.p ? text.p : "", text.len);
+        sl_str_dispose(&text);
+    } else {
+        /* Room for every byte as a token, plus BOS and the chat markers. */
+        size_t cap = (t.chat ? 0 : t.c.prompt_len) + 2;
+        struct sl_chat_prompt p;
+        sl_chat_prompt_init(&p);
+        if (t.chat) {
+            int tmpl =
+                c->cfg->chat_template ? sl_chat_template_from_name(c->cfg->chat_template) : -1;
+            sl_chat_render(&p, tmpl >= 0 ? (enum sl_chat_template)tmpl : en->chat_template,
+                           t.c.messages, t.c.n_messages);
+            cap = p.text.len + (size_t)p.n_segs + 2;
+        }
+        int32_t *ids = sl_xmalloc(sizeof *ids * cap);
+        int n = 0, st;
+        if (t.chat)
+            st = sl_chat_prompt_encode(tok, (int)cap, &p, 0, ids, &n, &err);
+        else
+            st = sl_tok_encode(tok, t.c.prompt, t.c.prompt_len, t.add_special, ids, (int)cap, &n);
+        sl_chat_prompt_dispose(&p);
+        if (st != SL_OK && !t.chat)
+            sl_openai_error_set(&err, 400, "prompt", "invalid_value",
+                                "Invalid 'prompt': it could not be tokenized (%s).",
+                                st == SL_EINVAL ? "not valid UTF-8" : sl_status_str(st));
+        if (st != SL_OK) {
+            free(ids);
+            sl_openai_tokenize_dispose(&t);
+            send_error(c, &err, NULL);
+            return;
+        }
+        sl_openai_tokens_encode(b, ids, n, max_len);
+        free(ids);
+    }
+    sl_openai_tokenize_dispose(&t);
+    send_json(c, 200, b, NULL);
+}
+
 static void serve_metrics(struct conn *c)
 {
     struct sl_http_server *srv = c->io->srv;
@@ -1883,12 +1967,23 @@ static void route(struct conn *c)
         serve_completion(c);
         return;
     }
+    if (path_is(p, path, "/tokenize") || path_is(p, path, "/detokenize")) {
+        if (p->method != HTTP_POST) {
+            not_allowed(c, "POST");
+            return;
+        }
+        serve_tokenize(c, path_is(p, path, "/detokenize"));
+        return;
+    }
     if (path_is(p, path, "/v1/models")) {
         if (!method_is_get(p)) {
             not_allowed(c, "GET, HEAD");
             return;
         }
-        sl_openai_models_encode(b, srv->engine_names, srv->n_engines, srv->created);
+        int lens[SL_MODELS_MAX];
+        for (int i = 0; i < srv->n_engines; i++)
+            lens[i] = sl_model_config(srv->engines[i].model)->seq_len;
+        sl_openai_models_encode(b, srv->engine_names, lens, srv->n_engines, srv->created);
         send_json(c, 200, b, NULL);
         return;
     }
@@ -1903,7 +1998,8 @@ static void route(struct conn *c)
         for (int i = 0; i < srv->n_engines; i++) {
             const char *id = srv->engines[i].name;
             if (n == strlen(id) && memcmp(want, id, n) == 0) {
-                sl_openai_model_encode(b, id, srv->created);
+                sl_openai_model_encode(b, id, sl_model_config(srv->engines[i].model)->seq_len,
+                                       srv->created);
                 send_json(c, 200, b, NULL);
                 return;
             }

@@ -916,6 +916,73 @@ int sl_openai_chat_decode(struct sl_openai_completion *c, const char *body, size
     return decode_body(c, body, len, model_id, default_max_tokens, decode_chat_fields, err);
 }
 
+int sl_openai_tokenize_decode(struct sl_openai_tokenize *t, const char *body, size_t len,
+                              bool detokenize, struct sl_openai_error *err)
+{
+    memset(t, 0, sizeof *t);
+    t->add_special = true;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    if (!root) {
+        sl_openai_error_set(err, 400, NULL, "invalid_json",
+                            "We could not parse the JSON body of your request: %s (line %d, "
+                            "column %d).",
+                            je.text, je.line, je.column);
+        return SL_EFORMAT;
+    }
+    if (!json_is_object(root)) {
+        sl_openai_error_set(err, 400, NULL, "invalid_json",
+                            "The request body must be a JSON object, but got %s.", json_kind(root));
+        json_decref(root);
+        return SL_EINVAL;
+    }
+    if (!detokenize && member(root, "messages")) {
+        /* The messages exactly as a chat completion takes them. */
+        json_decref(root);
+        t->chat = true;
+        return sl_openai_chat_decode(&t->c, body, len, NULL, 1, err);
+    }
+    t->c.root = root;
+    int st = decode_model(&t->c, NULL, err);
+    json_t *v;
+    if (st == SL_OK && detokenize) {
+        struct sl_openai_prompt p = {0};
+        if (!(v = member(root, "tokens"))) {
+            st = SL_EINVAL;
+            sl_openai_error_set(err, 400, "tokens", "missing_required_parameter",
+                                "Missing required parameter: 'tokens'.");
+        } else if (!json_is_array(v)) {
+            st = bad_type(err, "tokens", "an array of token ids", v);
+        } else if (json_array_size(v) > 0) {
+            st = decode_prompt_ids(&p, v, "tokens", err);
+        }
+        t->tokens = p.ids;
+        t->n_tokens = p.n_ids;
+    } else if (st == SL_OK) {
+        if (!(v = member(root, "prompt"))) {
+            st = SL_EINVAL;
+            sl_openai_error_set(err, 400, "prompt", "missing_required_parameter",
+                                "Missing required parameter: 'prompt' (or 'messages').");
+        } else if (!json_is_string(v)) {
+            st = bad_type(err, "prompt", "a string", v);
+        } else {
+            t->c.prompt = json_string_value(v);
+            t->c.prompt_len = json_string_length(v);
+            st = decode_bool(root, "add_special_tokens", &t->add_special, err);
+        }
+    }
+    if (st != SL_OK)
+        sl_openai_tokenize_dispose(t);
+    return st;
+}
+
+void sl_openai_tokenize_dispose(struct sl_openai_tokenize *t)
+{
+    free(t->tokens);
+    sl_openai_completion_dispose(&t->c);
+    memset(t, 0, sizeof *t);
+}
+
 void sl_openai_completion_dispose(struct sl_openai_completion *c)
 {
     for (int i = 0; i < c->n_messages; i++)
@@ -1302,21 +1369,39 @@ void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
     put_lit(out, "}}");
 }
 
-void sl_openai_model_encode(struct sl_str *out, const char *model_id, int64_t created)
+void sl_openai_model_encode(struct sl_str *out, const char *model_id, int max_len, int64_t created)
 {
     put_lit(out, "{\"id\":");
     put_cstr(out, model_id);
-    sl_str_appendf(out, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sluice\"}",
-                   (long long)created);
+    sl_str_appendf(out,
+                   ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"sluice\","
+                   "\"max_model_len\":%d}",
+                   (long long)created, max_len);
 }
 
-void sl_openai_models_encode(struct sl_str *out, const char *const *ids, int n, int64_t created)
+void sl_openai_models_encode(struct sl_str *out, const char *const *ids, const int *max_lens, int n,
+                             int64_t created)
 {
     put_lit(out, "{\"object\":\"list\",\"data\":[");
     for (int i = 0; i < n; i++) {
         if (i)
             put_lit(out, ",");
-        sl_openai_model_encode(out, ids[i], created);
+        sl_openai_model_encode(out, ids[i], max_lens[i], created);
     }
     put_lit(out, "]}");
+}
+
+void sl_openai_tokens_encode(struct sl_str *out, const int32_t *ids, int n, int max_len)
+{
+    sl_str_appendf(out, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n, max_len);
+    for (int i = 0; i < n; i++)
+        sl_str_appendf(out, "%s%d", i ? "," : "", (int)ids[i]);
+    put_lit(out, "]}");
+}
+
+void sl_openai_detokenized_encode(struct sl_str *out, const char *text, size_t len)
+{
+    put_lit(out, "{\"prompt\":");
+    put_str(out, text, len);
+    put_lit(out, "}");
 }

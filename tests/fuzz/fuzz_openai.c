@@ -3,9 +3,11 @@
  * passes: the prompt tokenized or the messages rendered with every chat template and tokenized,
  * with the context check. Any refusal must be a 4xx whose error object (as sent) is valid JSON;
  * an accepted request's parameters must be inside their documented ranges; and the response
- * encoders, given the request's own text, must write JSON that reads back to that text.
+ * encoders, given the request's own text, must write JSON that reads back to that text. The
+ * same body is also decoded as a /tokenize or /detokenize request.
  *
- * Input: byte 0 picks the endpoint and default_max_tokens, the rest is the body. */
+ * Input: byte 0 picks the endpoint (bit 0: chat; bit 1: detokenize) and default_max_tokens, the
+ * rest is the body. */
 #include "gateway_impl.h"
 
 #include "fuzz.h"
@@ -119,6 +121,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     struct sl_openai_completion c;
     struct sl_openai_error err;
+    /* The same body as a /tokenize or /detokenize request. */
+    struct sl_openai_tokenize t;
+    bool detok = data[0] & 2;
+    if (sl_openai_tokenize_decode(&t, body, len, detok, &err) != SL_OK) {
+        check_error(&err, true);
+    } else {
+        for (int i = 0; detok && i < t.n_tokens; i++)
+            fuzz_check(t.tokens[i] >= 0, "token %d", (int)t.tokens[i]);
+        fuzz_check(detok || t.chat || t.c.prompt != NULL, "a tokenize request without a prompt");
+        fuzz_check(!t.chat || t.c.n_messages >= 1, "a tokenize request without messages");
+        sl_openai_tokenize_dispose(&t);
+    }
     int st =
         chat ? sl_openai_chat_decode(&c, body, len, sl_model_id(model), default_max_tokens, &err)
              : sl_openai_completion_decode(&c, body, len, sl_model_id(model), default_max_tokens,

@@ -516,7 +516,8 @@ Test(gateway, lists_the_one_model_when_models_are_listed)
     struct sl_str s;
     sl_str_init(&s);
     const char *ids[1] = {MODEL};
-    sl_openai_models_encode(&s, ids, 1, 1234);
+    const int lens[1] = {2048};
+    sl_openai_models_encode(&s, ids, lens, 1, 1234);
     json_t *j = parse(&s);
     cr_assert_str_eq(str_at(j, "object", NULL), "list");
     json_t *data = json_object_get(j, "data");
@@ -526,6 +527,7 @@ Test(gateway, lists_the_one_model_when_models_are_listed)
     cr_assert_str_eq(json_string_value(json_object_get(m, "object")), "model");
     cr_assert_eq(json_integer_value(json_object_get(m, "created")), 1234);
     cr_assert_str_eq(json_string_value(json_object_get(m, "owned_by")), "sluice");
+    cr_assert_eq(json_integer_value(json_object_get(m, "max_model_len")), 2048);
     json_decref(j);
     sl_str_dispose(&s);
 }

@@ -721,3 +721,83 @@ Test(integration, completions_answer_every_prompt_of_an_array_in_order)
     cr_assert(strstr(r.body, "context_length_exceeded"), "%s", r.body);
     response_dispose(&r);
 }
+
+/* The "usage.prompt_tokens" of a response body. */
+static json_int_t prompt_tokens_of(const char *path, const char *body)
+{
+    struct response r = roundtrip("POST", path, body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = parse_json(r.body);
+    json_int_t n =
+        json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens"));
+    json_decref(j);
+    response_dispose(&r);
+    return n;
+}
+
+/* vLLM's /tokenize and /detokenize: the ids a completion or chat sees (as many as its usage
+ * counts), BOS as add_special_tokens says, back to the prompt's text; the context in
+ * max_model_len, as in the model card; bad ids named. */
+Test(integration, tokenize_gives_the_ids_a_request_sees_and_detokenize_the_text_back)
+{
+    const char *text = "Once upon a time, there was a girl.";
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", text);
+    struct response r = roundtrip("POST", "/tokenize", body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = parse_json(r.body);
+    json_t *ids = json_object_get(j, "tokens");
+    json_int_t count = json_integer_value(json_object_get(j, "count"));
+    cr_assert_eq((json_int_t)json_array_size(ids), count);
+    cr_assert_eq(json_integer_value(json_object_get(j, "max_model_len")), 512);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":1}", text);
+    cr_assert_eq(prompt_tokens_of("/v1/completions", body), count);
+    /* Without BOS: the same ids after the first. */
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"add_special_tokens\":false}", text);
+    struct response r2 = roundtrip("POST", "/tokenize", body);
+    json_t *j2 = parse_json(r2.body);
+    json_t *ids2 = json_object_get(j2, "tokens");
+    cr_assert_eq(json_array_size(ids2) + 1, json_array_size(ids));
+    for (size_t i = 0; i < json_array_size(ids2); i++)
+        cr_assert_eq(json_integer_value(json_array_get(ids2, i)),
+                     json_integer_value(json_array_get(ids, i + 1)));
+    json_decref(j2);
+    response_dispose(&r2);
+    /* And back. */
+    char *dumped = json_dumps(ids, JSON_COMPACT);
+    snprintf(body, sizeof body, "{\"tokens\":%s}", dumped);
+    free(dumped);
+    r2 = roundtrip("POST", "/detokenize", body);
+    cr_assert_eq(r2.status, 200, "%s", r2.body);
+    j2 = parse_json(r2.body);
+    cr_assert_str_eq(json_string_value(json_object_get(j2, "prompt")), text);
+    json_decref(j2);
+    response_dispose(&r2);
+    json_decref(j);
+    response_dispose(&r);
+
+    /* Messages: what a chat completion counts. */
+    const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}]";
+    snprintf(body, sizeof body, "{%s}", msgs);
+    r = roundtrip("POST", "/tokenize", body);
+    j = parse_json(r.body);
+    snprintf(body, sizeof body, "{%s,\"max_tokens\":1}", msgs);
+    cr_assert_eq(json_integer_value(json_object_get(j, "count")),
+                 prompt_tokens_of("/v1/chat/completions", body));
+    json_decref(j);
+    response_dispose(&r);
+
+    r = roundtrip("POST", "/detokenize", "{\"tokens\":[1,512]}");
+    assert_error_object(&r, 400, "invalid_request_error");
+    cr_assert(strstr(r.body, "\"param\":\"tokens[1]\""), "%s", r.body);
+    response_dispose(&r);
+    r = roundtrip("POST", "/tokenize", "{\"prompt\":[1,2]}");
+    assert_error_object(&r, 400, "invalid_request_error");
+    response_dispose(&r);
+    r = roundtrip("GET", "/tokenize", NULL);
+    cr_assert_eq(r.status, 405);
+    response_dispose(&r);
+    r = roundtrip("GET", "/v1/models", NULL);
+    cr_assert(strstr(r.body, "\"max_model_len\":512"), "%s", r.body);
+    response_dispose(&r);
+}
