@@ -1259,6 +1259,8 @@ static void echo_prompt(struct sl_str *out, const struct sl_openai_completion *o
         return;
     }
     struct sl_detok *d = sl_detok_new(tok, -1, NULL, 0);
+    if (oc->params.keep_special)
+        sl_detok_keep_special(d);
     for (int i = 0; i < n; i++)
         sl_detok_push(d, ids[i], out, NULL);
     sl_detok_finish(d, out);

@@ -489,9 +489,7 @@ static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_
     if ((v = member(root, "skip_special_tokens"))) {
         if (!json_is_boolean(v))
             return bad_type(err, "skip_special_tokens", "a boolean", v);
-        if (json_is_false(v))
-            return unsupported(err, "skip_special_tokens",
-                               "Special tokens are always left out of the text by this server.");
+        c->params.keep_special = json_is_false(v);
     }
     if (chat) {
         if (asks(root, "web_search_options"))

@@ -234,6 +234,8 @@ static void handle(struct sl_sched *s, struct msg *m)
         const struct sl_tok *tok = sl_model_tok(sl_worker_model(s->worker));
         r->detok = sl_detok_new(tok, r->prompt[r->n_prompt - 1], r->params.stop, r->params.n_stop);
         sl_detok_stop_options(r->detok, r->params.min_tokens, r->params.include_stop_str);
+        if (r->params.keep_special)
+            sl_detok_keep_special(r->detok);
         int st =
             sl_req_cancelled(r) ? SL_ECANCELED : sl_sched_core_submit(s->core, r, sl_clock_ns());
         if (st != SL_OK)

@@ -16,6 +16,7 @@ struct sl_detok {
     int pushed;     /* tokens pushed so far */
     int min_tokens; /* stop strings match once more tokens than this were pushed */
     bool include_stop;
+    bool keep_special; /* special tokens add their text */
 };
 
 struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *const *stops,
@@ -44,6 +45,11 @@ void sl_detok_stop_options(struct sl_detok *d, int min_tokens, bool include_stop
 {
     d->min_tokens = min_tokens;
     d->include_stop = include_stop;
+}
+
+void sl_detok_keep_special(struct sl_detok *d)
+{
+    d->keep_special = true;
 }
 
 void sl_detok_free(struct sl_detok *d)
@@ -134,7 +140,9 @@ size_t sl_detok_push(struct sl_detok *d, int32_t token, struct sl_str *out, bool
         return 0;
     }
     size_t n;
-    const char *piece = sl_tok_decode(d->tok, d->prev, token, &n);
+    const char *piece;
+    if (!d->keep_special || !sl_tok_special_text(d->tok, token, &piece, &n))
+        piece = sl_tok_decode(d->tok, d->prev, token, &n);
     d->prev = token;
     d->pushed++;
     sl_str_append(&d->raw, piece, n);

@@ -849,6 +849,15 @@ const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size
     return p;
 }
 
+bool sl_tok_special_text(const struct sl_tok *t, int32_t id, const char **text, size_t *len)
+{
+    if (id < 0 || id >= t->vocab_size || !t->special || !t->special[id])
+        return false;
+    *text = t->pieces[id];
+    *len = t->piece_len[id];
+    return true;
+}
+
 int32_t sl_tok_special_id(const struct sl_tok *t, const char *s, size_t len)
 {
     if (len == 0)

@@ -67,6 +67,7 @@ struct sl_req_params {
      * model's stop tokens and stop_ids are not sampled (their logits are masked) and stop
      * strings do not match. */
     bool include_stop_str;
+    bool keep_special; /* vLLM's skip_special_tokens: false: control tokens add their text */
     int n_stop_ids;
     const int32_t *stop_ids;
     bool ignore_eos;

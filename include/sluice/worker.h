@@ -100,6 +100,10 @@ int sl_tok_encode(const struct sl_tok *t, const char *text, size_t len, bool bos
  * necessarily valid UTF-8 on their own. Returns a pointer into the tokenizer (valid as long as
  * the model) and sets *len; an out-of-range id gives "". */
 const char *sl_tok_decode(const struct sl_tok *t, int32_t prev, int32_t id, size_t *len);
+/* Whether id is a control or special token (one sl_tok_decode gives no text), and its text as
+ * the vocabulary spells it (e.g. "</s>", "<|im_end|>"): what vLLM's skip_special_tokens: false
+ * shows. Not special: false. */
+bool sl_tok_special_text(const struct sl_tok *t, int32_t id, const char **text, size_t *len);
 /* The id of the special token whose text is exactly s[0..len): a control token of a GGUF
  * vocabulary (token_type 3, e.g. "<s>") or an added token of tokenizer.json (e.g.
  * "<|im_start|>"); -1 when the vocabulary has no such special token (ordinary pieces do not
@@ -123,6 +127,9 @@ void sl_detok_free(struct sl_detok *d);
  * include_stop the stop string's own text is released too (nothing after it). Call before the
  * first push. */
 void sl_detok_stop_options(struct sl_detok *d, int min_tokens, bool include_stop);
+/* Control and special tokens add their own text (sl_tok_special_text) instead of none. Call
+ * before the first push. */
+void sl_detok_keep_special(struct sl_detok *d);
 /* Feeds one sampled token; appends the newly released text to out. Returns the number of bytes
  * appended. After *stopped is set, further pushes are ignored. */
 size_t sl_detok_push(struct sl_detok *d, int32_t token, struct sl_str *out, bool *stopped);

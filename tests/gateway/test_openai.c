@@ -719,8 +719,6 @@ Test(gateway, refuses_vllm_extensions_it_does_not_implement_when_they_ask_for_so
                  "unsupported_value");
     expect_error("{\"prompt\":\"x\",\"prompt_logprobs\":0}", 400, "prompt_logprobs",
                  "unsupported_value");
-    expect_error("{\"prompt\":\"x\",\"skip_special_tokens\":false}", 400, "skip_special_tokens",
-                 "unsupported_value");
     expect_error("{\"prompt\":\"x\",\"skip_special_tokens\":0}", 400, "skip_special_tokens",
                  "invalid_type");
     /* Their defaults, as clients that fill in every field send them. */
@@ -732,6 +730,12 @@ Test(gateway, refuses_vllm_extensions_it_does_not_implement_when_they_ask_for_so
                         "\"skip_special_tokens\":true}",
                         &err),
                  SL_OK, "%s", err.message);
+    cr_assert(!c.params.keep_special);
+    sl_openai_completion_dispose(&c);
+    /* skip_special_tokens: false keeps control tokens' text. */
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\",\"skip_special_tokens\":false}", &err), SL_OK, "%s",
+                 err.message);
+    cr_assert(c.params.keep_special);
     sl_openai_completion_dispose(&c);
 }
 

@@ -801,3 +801,25 @@ Test(integration, tokenize_gives_the_ids_a_request_sees_and_detokenize_the_text_
     cr_assert(strstr(r.body, "\"max_model_len\":512"), "%s", r.body);
     response_dispose(&r);
 }
+
+/* skip_special_tokens: false. A bias of 100 makes </s> (id 2) the greedy choice and ignore_eos
+ * lets it repeat: by default it adds no text; kept, each adds the vocabulary's text for it. */
+Test(integration, control_tokens_add_their_text_when_skip_special_tokens_is_false)
+{
+    const char *base =
+        "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0,\"ignore_eos\":true,"
+        "\"logit_bias\":{\"2\":100}";
+    char body[256];
+    snprintf(body, sizeof body, "%s}", base);
+    char *plain = complete(body, 3, NULL);
+    cr_assert_str_eq(plain, "");
+    snprintf(body, sizeof body, "%s,\"skip_special_tokens\":false}", base);
+    char *kept = complete(body, 3, NULL);
+    size_t n = strlen(kept);
+    cr_assert(n > 0 && n % 3 == 0, "\"%s\"", kept);
+    cr_assert(memcmp(kept, kept + n / 3, n / 3) == 0 && memcmp(kept, kept + 2 * n / 3, n / 3) == 0,
+              "three times the same text: \"%s\"", kept);
+    cr_assert(strstr(kept, "</s>"), "\"%s\"", kept);
+    free(plain);
+    free(kept);
+}

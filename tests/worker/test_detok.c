@@ -251,3 +251,44 @@ Test(worker, detok_includes_the_stop_string_when_asked, .init = setup, .fini = t
     sl_detok_free(d);
     sl_str_dispose(&out);
 }
+
+/* skip_special_tokens: false. The synthetic vocabulary's <s> and </s> (ids 1, 2) are control
+ * tokens: no text by default, their own text when kept; ordinary tokens are unchanged. */
+Test(worker, detok_shows_control_tokens_only_when_asked_to_keep_them, .init = setup,
+     .fini = teardown)
+{
+    const char *t1, *t2;
+    size_t l1, l2;
+    cr_assert(sl_tok_special_text(tok, 1, &t1, &l1));
+    cr_assert(sl_tok_special_text(tok, 2, &t2, &l2));
+    cr_assert_gt(l1, 0);
+    cr_assert_gt(l2, 0);
+    cr_assert(!sl_tok_special_text(tok, piece("a"), &t1, &l1), "an ordinary piece");
+    cr_assert(!sl_tok_special_text(tok, -1, &t1, &l1));
+    int32_t seq[] = {piece("a"), 2, piece("a"), 1};
+    struct sl_str plain, kept, want;
+    sl_str_init(&plain);
+    sl_str_init(&kept);
+    sl_str_init(&want);
+    struct sl_detok *d = sl_detok_new(tok, 42, NULL, 0), *k = sl_detok_new(tok, 42, NULL, 0);
+    sl_detok_keep_special(k);
+    for (int i = 0; i < 4; i++) {
+        sl_detok_push(d, seq[i], &plain, NULL);
+        sl_detok_push(k, seq[i], &kept, NULL);
+    }
+    sl_detok_finish(d, &plain);
+    sl_detok_finish(k, &kept);
+    cr_assert_str_eq(plain.p, "aa");
+    sl_tok_special_text(tok, 2, &t2, &l2);
+    sl_tok_special_text(tok, 1, &t1, &l1);
+    sl_str_append(&want, "a", 1);
+    sl_str_append(&want, t2, l2);
+    sl_str_append(&want, "a", 1);
+    sl_str_append(&want, t1, l1);
+    cr_assert_str_eq(kept.p, want.p);
+    sl_detok_free(d);
+    sl_detok_free(k);
+    sl_str_dispose(&plain);
+    sl_str_dispose(&kept);
+    sl_str_dispose(&want);
+}
