@@ -872,6 +872,29 @@ static int decode_chat_fields(struct sl_openai_completion *c, const char *model_
 }
 
 /* Parses the body as a JSON object into c->root, then decodes its fields with `fields`. */
+/* The request body as a JSON object into *root (the caller's reference), or a 400 in err. */
+static int parse_object(const char *body, size_t len, json_t **root, struct sl_openai_error *err)
+{
+    json_error_t je;
+    *root = json_loadb(body, len, 0, &je);
+    if (!*root) {
+        sl_openai_error_set(err, 400, NULL, "invalid_json",
+                            "We could not parse the JSON body of your request: %s (line %d, "
+                            "column %d).",
+                            je.text, je.line, je.column);
+        return SL_EFORMAT;
+    }
+    if (!json_is_object(*root)) {
+        sl_openai_error_set(err, 400, NULL, "invalid_json",
+                            "The request body must be a JSON object, but got %s.",
+                            json_kind(*root));
+        json_decref(*root);
+        *root = NULL;
+        return SL_EINVAL;
+    }
+    return SL_OK;
+}
+
 static int decode_body(struct sl_openai_completion *c, const char *body, size_t len,
                        const char *model_id, int default_max_tokens,
                        int (*fields)(struct sl_openai_completion *, const char *, int,
@@ -879,23 +902,10 @@ static int decode_body(struct sl_openai_completion *c, const char *body, size_t 
                        struct sl_openai_error *err)
 {
     memset(c, 0, sizeof *c);
-    json_error_t je;
-    c->root = json_loadb(body, len, 0, &je);
-    if (!c->root) {
-        sl_openai_error_set(err, 400, NULL, "invalid_json",
-                            "We could not parse the JSON body of your request: %s (line %d, "
-                            "column %d).",
-                            je.text, je.line, je.column);
-        return SL_EFORMAT;
-    }
-    if (!json_is_object(c->root)) {
-        sl_openai_error_set(err, 400, NULL, "invalid_json",
-                            "The request body must be a JSON object, but got %s.",
-                            json_kind(c->root));
-        sl_openai_completion_dispose(c);
-        return SL_EINVAL;
-    }
-    int st = fields(c, model_id, default_max_tokens, err);
+    int st = parse_object(body, len, &c->root, err);
+    if (st != SL_OK)
+        return st;
+    st = fields(c, model_id, default_max_tokens, err);
     if (st != SL_OK)
         sl_openai_completion_dispose(c);
     return st;
@@ -919,21 +929,10 @@ int sl_openai_tokenize_decode(struct sl_openai_tokenize *t, const char *body, si
 {
     memset(t, 0, sizeof *t);
     t->add_special = true;
-    json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
-    if (!root) {
-        sl_openai_error_set(err, 400, NULL, "invalid_json",
-                            "We could not parse the JSON body of your request: %s (line %d, "
-                            "column %d).",
-                            je.text, je.line, je.column);
-        return SL_EFORMAT;
-    }
-    if (!json_is_object(root)) {
-        sl_openai_error_set(err, 400, NULL, "invalid_json",
-                            "The request body must be a JSON object, but got %s.", json_kind(root));
-        json_decref(root);
-        return SL_EINVAL;
-    }
+    json_t *root;
+    int st = parse_object(body, len, &root, err);
+    if (st != SL_OK)
+        return st;
     if (!detokenize && member(root, "messages")) {
         /* The messages exactly as a chat completion takes them. */
         json_decref(root);
@@ -941,7 +940,7 @@ int sl_openai_tokenize_decode(struct sl_openai_tokenize *t, const char *body, si
         return sl_openai_chat_decode(&t->c, body, len, NULL, 1, err);
     }
     t->c.root = root;
-    int st = decode_model(&t->c, NULL, err);
+    st = decode_model(&t->c, NULL, err);
     json_t *v;
     if (st == SL_OK && detokenize) {
         struct sl_openai_prompt p = {0};
