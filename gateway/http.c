@@ -1145,6 +1145,13 @@ static int route_model(struct conn *c, const char *model, struct sl_openai_error
     return -1;
 }
 
+/* The chat template of engine en's chats: the configured one, else the model's own. */
+static enum sl_chat_template chat_template_of(const struct conn *c, const struct engine *en)
+{
+    int t = c->cfg->chat_template ? sl_chat_template_from_name(c->cfg->chat_template) : -1;
+    return t >= 0 ? (enum sl_chat_template)t : en->chat_template;
+}
+
 /* The prompt's token ids for engine e into io->ids: the prompt as it is, or the messages
  * rendered with the configured chat template (the model's own when the configuration names
  * none), checked against the model's context for max_tokens. */
@@ -1159,11 +1166,9 @@ static int encode_prompt(struct conn *c, const struct sl_openai_completion *oc, 
     if (c->ident.api != SL_OPENAI_API_CHAT)
         return sl_openai_prompt_ids(oc, sl_model_tok(m), seq_len, max_tokens, c->io->ids, n_prompt,
                                     err);
-    int t = c->cfg->chat_template ? sl_chat_template_from_name(c->cfg->chat_template) : -1;
     struct sl_chat_prompt p;
     sl_chat_prompt_init(&p);
-    sl_chat_render(&p, t >= 0 ? (enum sl_chat_template)t : en->chat_template, oc->messages,
-                   oc->n_messages);
+    sl_chat_render(&p, chat_template_of(c, en), oc->messages, oc->n_messages);
     int st =
         sl_chat_prompt_encode(sl_model_tok(m), seq_len, &p, max_tokens, c->io->ids, n_prompt, err);
     sl_chat_prompt_dispose(&p);
@@ -1276,16 +1281,11 @@ static void submit(struct conn *c)
     struct sl_openai_completion *oc = &c->oc;
     struct sl_openai_error err;
     const struct sl_admit *a = &c->adm;
-    /* io->ids holds this request's prompt for its model unless admission changed the model
-     * since, or another request used the scratch while this one was parked. */
-    int n_prompt = a->n_prompt, n_prompts = oc->n_prompts > 1 ? oc->n_prompts : 1;
-    if (n_prompts == 1 && (a->park_start_ns || a->model != c->engine)) {
-        if (encode_prompt(c, oc, a->model, a->max_tokens, &n_prompt, &err) != SL_OK) {
-            admit_release(c, -1);
-            send_error(c, &err, NULL);
-            return;
-        }
-    }
+    /* io->ids holds this request's one prompt for its model unless admission changed the model
+     * since, or another request used the scratch while this one was parked; several prompts
+     * are each encoded again in turn. */
+    int n_prompts = oc->n_prompts > 1 ? oc->n_prompts : 1;
+    bool encode = n_prompts > 1 || a->park_start_ns || a->model != c->engine;
     c->engine = a->model;
     struct engine *en = &srv->engines[c->engine];
     if (a->tier != c->tier) {
@@ -1320,17 +1320,14 @@ static void submit(struct conn *c)
     uint64_t seed = oc->has_seed ? oc->params.seed : 0;
     c->replica = pick_replica(en, NULL);
     c->n_ch = c->n_live = 0;
-    int n_ids = n_prompt; /* the current prompt's tokens, in io->ids */
+    int n_ids = a->n_prompt; /* the current prompt's tokens, in io->ids */
     for (int i = 0; i < total; i++) {
         struct choice *ch = &c->ch[i];
-        if (n_prompts > 1 && i % n == 0) {
-            /* io->ids holds the last prompt encoded: each prompt again, in turn. */
+        if (encode && i % n == 0) {
             sl_openai_prompt_select(oc, i / n);
             if (encode_prompt(c, oc, c->engine, a->max_tokens, &n_ids, &err) != SL_OK) {
-                release_choices(c, true);
-                admit_release(c, -1);
-                sl_openai_completion_dispose(oc);
-                c->has_oc = false;
+                release_choices(c, true); /* those already queued */
+                admit_release(c, -1);     /* which lets go of oc too */
                 send_error(c, &err, NULL);
                 return;
             }
@@ -1342,13 +1339,11 @@ static void submit(struct conn *c)
         if (st != SL_OK) {
             sl_req_set_user(r, NULL);
             sl_req_unref(r);
-            release_choices(c, true); /* those already queued */
+            release_choices(c, true);
             admit_release(c, -1);
             sl_openai_error_set(&err, sl_http_status_code(st), NULL, NULL,
                                 "The request could not be queued: %s.", sl_status_str(st));
             sl_log(SL_LOG_WARN, "io %d: submit failed: %s", io->idx, sl_status_str(st));
-            sl_openai_completion_dispose(oc);
-            c->has_oc = false;
             send_error(c, &err, NULL);
             return;
         }
@@ -1368,7 +1363,7 @@ static void submit(struct conn *c)
     }
     sl_openai_completion_dispose(oc);
     c->has_oc = false;
-    c->n_prompt = n_prompt;
+    c->n_prompt = a->n_prompt; /* all the prompts together, as admission encoded them */
     c->head_sent = false;
     /* HTTP/1.0 has no chunked encoding: the stream then ends with the connection. */
     c->chunked = c->req.http_major == 1 && c->req.http_minor >= 1;
@@ -1715,7 +1710,6 @@ static void on_done(struct conn *c, struct choice *ch, const struct sl_out_event
     }
     /* The request is over before the response is: once it is queued, the connection may move
      * on to its next request. */
-    int n_prompt = c->n_prompt, n_gen = c->n_gen;
     drop_request(c, false);
 
     if (!c->stream && ok) {
@@ -1731,7 +1725,7 @@ static void on_done(struct conn *c, struct choice *ch, const struct sl_out_event
     if (ok) {
         if (c->include_usage) {
             sl_str_clear(b);
-            sl_openai_usage_chunk_encode(b, &c->ident, n_prompt, n_gen);
+            sl_openai_usage_chunk_encode(b, &c->ident, c->n_prompt, c->n_gen);
             send_sse(c, b->p, b->len);
         }
     } else {
@@ -1880,10 +1874,7 @@ static void serve_tokenize(struct conn *c, bool detokenize)
         struct sl_chat_prompt p;
         sl_chat_prompt_init(&p);
         if (t.chat) {
-            int tmpl =
-                c->cfg->chat_template ? sl_chat_template_from_name(c->cfg->chat_template) : -1;
-            sl_chat_render(&p, tmpl >= 0 ? (enum sl_chat_template)tmpl : en->chat_template,
-                           t.c.messages, t.c.n_messages);
+            sl_chat_render(&p, chat_template_of(c, en), t.c.messages, t.c.n_messages);
             cap = p.text.len + (size_t)p.n_segs + 2;
         }
         int32_t *ids = sl_xmalloc(sizeof *ids * cap);

@@ -486,11 +486,11 @@ static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_
     if (member(root, "prompt_logprobs"))
         return unsupported(err, "prompt_logprobs",
                            "Prompt log probabilities are not supported by this server.");
-    if ((v = member(root, "skip_special_tokens"))) {
-        if (!json_is_boolean(v))
-            return bad_type(err, "skip_special_tokens", "a boolean", v);
-        c->params.keep_special = json_is_false(v);
-    }
+    bool skip_special = true;
+    int st = decode_bool(root, "skip_special_tokens", &skip_special, err);
+    if (st != SL_OK)
+        return st;
+    c->params.keep_special = !skip_special;
     if (chat) {
         if (asks(root, "web_search_options"))
             return unsupported(err, "web_search_options",

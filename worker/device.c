@@ -38,18 +38,18 @@ int sl_worker_device_parse(const char *spec, int *index)
     return SL_OK;
 }
 
-static const char *const cpu_isas[] = {"scalar", "avx2", "avx512"}; /* enum sl_cpu_isa order */
+/* The level named `name` as sl_cpu_isa_name spells it, or -1 ("auto" included). */
+static int isa_of(const char *name)
+{
+    for (int i = SL_CPU_ISA_SCALAR; name && i <= SL_CPU_ISA_AVX512; i++)
+        if (strcmp(name, sl_cpu_isa_name((enum sl_cpu_isa)i)) == 0)
+            return i;
+    return -1;
+}
 
 bool sl_worker_cpu_isa_valid(const char *name)
 {
-    if (!name)
-        return false;
-    if (strcmp(name, "auto") == 0)
-        return true;
-    for (size_t i = 0; i < sizeof cpu_isas / sizeof cpu_isas[0]; i++)
-        if (strcmp(name, cpu_isas[i]) == 0)
-            return true;
-    return false;
+    return name && (strcmp(name, "auto") == 0 || isa_of(name) >= 0);
 }
 
 int sl_worker_set_cpu_isa(const char *name, const char **used, char *err, size_t errlen)
@@ -60,10 +60,8 @@ int sl_worker_set_cpu_isa(const char *name, const char **used, char *err, size_t
                  name ? name : "(null)");
         return SL_EINVAL;
     }
-    enum sl_cpu_isa best = sl_cpu_isa_best(), want = best;
-    for (int i = 0; i < (int)(sizeof cpu_isas / sizeof cpu_isas[0]); i++)
-        if (strcmp(name, cpu_isas[i]) == 0)
-            want = (enum sl_cpu_isa)i;
+    enum sl_cpu_isa best = sl_cpu_isa_best();
+    enum sl_cpu_isa want = strcmp(name, "auto") == 0 ? best : (enum sl_cpu_isa)isa_of(name);
     if (sl_cpu_set_isa(want) != SL_OK) {
         snprintf(err, errlen, "cpu_isa \"%s\": this CPU has no %s (the best it has is %s)", name,
                  name, sl_cpu_isa_name(best));
