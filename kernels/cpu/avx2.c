@@ -992,11 +992,16 @@ TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float 
         attention_multi_f32(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
 }
 
-/* Prefetches part i (of `part` bytes, a multiple of 64) of the `run` bytes at p into L1. */
+/* Prefetches part i (of `part` bytes, a multiple of 64) of the `run` bytes at p into L2. Into L2
+ * rather than L1: an L1 fetch holds one of the core's few L1 miss buffers until its line comes,
+ * and a page's run (18 KiB for stories15M) fetched into L1 ran out of them; to L2, attention in a
+ * batch-32 step took 0.930-0.937 of the time (paired.sh, three runs; the fetch one, two or three
+ * pages ahead read the same, and L1 fetches of the next page beside L2 fetches of the one after
+ * it 1.02). */
 INLINE void prefetch_part(const unsigned char *p, size_t run, size_t part, int i)
 {
     for (size_t o = (size_t)i * part; o < run && o < (size_t)(i + 1) * part; o += 64)
-        _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + o), _MM_HINT_T1);
 }
 
 /* Scores of query head q against the n rows of one page's KV head starting at position t0
