@@ -18,6 +18,9 @@
 #if SL_CPU_HAVE_AVX512
 
 #include <immintrin.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -92,28 +95,31 @@ INLINE void fma_col(const int RMP, __m512 acc[][RN_MAX], int c, const __m512 *xv
         acc[p][c] = _mm512_fmadd_ps(xv[p], wv, acc[p][c]);
 }
 
-/* Weight rows to fetch while a weight tile is in use: `left` 64-byte lines, `lines` per row from
- * `row` (the k block's first column), rows `rb` bytes apart; into L1 (t0) or L2. */
+/* Weight rows to fetch while a weight tile is in use: `left` 64-byte lines from address p, `lines`
+ * of them per row, then a jump of `skip` bytes to the next row's (signed; rows whose runs are
+ * contiguous, a k block that is the whole row, count as one run of INT_MAX lines). Into L1 (t0)
+ * or L2. Addresses are integers: past the last row the jump may point beyond the matrix. */
 struct fetch {
-    const char *row;
-    size_t rb;
-    int lines, line, left;
+    uintptr_t p;
+    ptrdiff_t skip;
+    int in_row, lines, left;
     bool t0;
 };
 
-/* One line of f into L1 or L2, or nothing once f is done. */
+/* One line of f, or nothing once f is done: a test, the fetch, two additions and a rarely taken
+ * branch per k step, where a row index and a line index took twice the µops. */
 INLINE void fetch_one(struct fetch *f)
 {
     if (f->left <= 0)
         return;
-    const char *p = f->row + (size_t)f->line * 64;
     if (f->t0)
-        _mm_prefetch(p, _MM_HINT_T0);
+        _mm_prefetch((const char *)f->p, _MM_HINT_T0);
     else
-        _mm_prefetch(p, _MM_HINT_T1);
-    if (++f->line == f->lines && f->left > 1) { /* never past the last row */
-        f->line = 0;
-        f->row += f->rb;
+        _mm_prefetch((const char *)f->p, _MM_HINT_T1);
+    f->p += 64;
+    if (--f->in_row == 0) {
+        f->p += (uintptr_t)f->skip;
+        f->in_row = f->lines;
     }
     f->left--;
 }
@@ -296,6 +302,7 @@ INLINE void slice_pass(const enum sl_dtype t, const struct mm *c, float *out, co
      * its 32-column blocks). */
     size_t at = sl_dtype_row_bytes(t, j0), run = sl_dtype_row_bytes(t, j1) - at, wrb = c->wrb;
     int lines = (int)((run + 63) / 64), np = (rows + 1) / 2, d1 = c->d1;
+    bool flat = j0 == 0 && j1 == c->k8; /* one block: a tile's rows are one run of memory */
     const float *xr = x + (size_t)r0 * c->ldx;
     float *o = out + (size_t)r0 * c->ldo;
     int i = s0;
@@ -309,11 +316,19 @@ INLINE void slice_pass(const enum sl_dtype t, const struct mm *c, float *out, co
             int a = q == 0 ? i + SLICE : i + 2 * TILE_RN;
             if (a >= d1 || (q == 0 && !c->ahead) || (q == 1 && c->ahead && s0 != c->d0))
                 continue;
-            f[nf++] = (struct fetch){.row = (const char *)(c->w + (size_t)a * wrb + at),
-                                     .rb = wrb,
-                                     .lines = lines,
-                                     .left = lines * (d1 - a < TILE_RN ? d1 - a : TILE_RN),
-                                     .t0 = q == 1};
+            int n_rows = d1 - a < TILE_RN ? d1 - a : TILE_RN;
+            uintptr_t p = (uintptr_t)(c->w + (size_t)a * wrb + at);
+            f[nf++] = flat ? (struct fetch){.p = p,
+                                            .in_row = INT_MAX,
+                                            .lines = INT_MAX,
+                                            .left = (int)(((size_t)n_rows * wrb + 63) / 64),
+                                            .t0 = q == 1}
+                           : (struct fetch){.p = p,
+                                            .skip = (ptrdiff_t)wrb - (ptrdiff_t)lines * 64,
+                                            .in_row = lines,
+                                            .lines = lines,
+                                            .left = lines * n_rows,
+                                            .t0 = q == 1};
         }
         if (nf == 2)
             fetch_some(&f[1], f[1].left);
