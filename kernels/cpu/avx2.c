@@ -992,26 +992,19 @@ TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float 
         attention_multi_f32(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
 }
 
-/* Prefetches part i (of `part` bytes, a multiple of 64) of the `run` bytes at p into L2. Into L2
- * rather than L1: an L1 fetch holds one of the core's few L1 miss buffers until its line comes,
- * and a page's run (18 KiB for stories15M) fetched into L1 ran out of them; to L2, attention in a
- * batch-32 step took 0.930-0.937 of the time (paired.sh, three runs; the fetch one, two or three
- * pages ahead read the same, and L1 fetches of the next page beside L2 fetches of the one after
- * it 1.02). */
-INLINE void prefetch_part(const unsigned char *p, size_t run, size_t part, int i)
-{
-    for (size_t o = (size_t)i * part; o < run && o < (size_t)(i + 1) * part; o += 64)
-        _mm_prefetch((const char *)(p + o), _MM_HINT_T1);
-}
-
 /* Scores of query head q against the n rows of one page's KV head starting at position t0
- * (rows hs elements apart), each computed as attention_t computes it. */
+ * (rows hs elements apart), each computed as attention_t computes it; meanwhile the pf_bytes at
+ * pf (or none) are fetched into L2, a share before each group of four rows. */
 INLINE void row_scores(const enum sl_dtype ty, float *att, const float *q, const unsigned char *k,
-                       int t0, int n, int hs, __m128 scale4, float scale)
+                       int t0, int n, int hs, __m128 scale4, float scale, const unsigned char *pf,
+                       size_t pf_bytes)
 {
     size_t rb = (size_t)hs * elem_bytes(ty);
     int s = 0;
+    size_t per = pf ? ((pf_bytes / 64 + 3) / 4) * 64 : 0, o = 0;
     for (; s + 4 <= n; s += 4) {
+        for (size_t e = o + per; pf && o < e && o < pf_bytes; o += 64)
+            _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                          _mm256_setzero_ps()};
         for (int j = 0; j < hs; j += 8) {
@@ -1022,6 +1015,8 @@ INLINE void row_scores(const enum sl_dtype ty, float *att, const float *q, const
         }
         _mm_storeu_ps(att + t0 + s, _mm_div_ps(reduce4(acc[0], acc[1], acc[2], acc[3]), scale4));
     }
+    for (; pf && o < pf_bytes; o += 64)
+        _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
     for (; s < n; s++) {
         __m256 acc = _mm256_setzero_ps();
         for (int j = 0; j < hs; j += 8)
@@ -1031,16 +1026,21 @@ INLINE void row_scores(const enum sl_dtype ty, float *att, const float *q, const
 }
 
 /* out[j0 .. j0 + 8·NV) (=, or += continuing each lane's chain when !first) Σ att[t0 + s] · v_s
- * over the n rows of one page's KV head. */
+ * over the n rows of one page's KV head; meanwhile the pf_bytes at pf (or none) are fetched into
+ * L2, a share before each row. */
 INLINE void row_values(const enum sl_dtype ty, const int NV, float *out, const float *att,
-                       const unsigned char *v, int t0, int n, int hs, int j0, bool first)
+                       const unsigned char *v, int t0, int n, int hs, int j0, bool first,
+                       const unsigned char *pf, size_t pf_bytes)
 {
     size_t rb = (size_t)hs * elem_bytes(ty);
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int c = 0; c < NV; c++)
         acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + j0 + 8 * c);
+    size_t per = pf && n > 0 ? (pf_bytes / 64 + (size_t)n - 1) / (size_t)n * 64 : 0, o = 0;
     for (int s = 0; s < n; s++) {
+        for (size_t e = o + per; pf && o < e && o < pf_bytes; o += 64)
+            _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
         __m256 a = _mm256_set1_ps(att[t0 + s]);
 #pragma GCC unroll 8
         for (int c = 0; c < NV; c++)
@@ -1066,18 +1066,23 @@ INLINE void attention_row_t(const enum sl_dtype ty, float *out, const float *q, 
     int ps = k->page_size, kv_mul = n_heads / n_kv_heads, n_pages = (n_ctx + ps - 1) / ps;
     size_t es = elem_bytes(ty), head_bytes = (size_t)ps * (size_t)hs * es;
     size_t run = head_bytes * (size_t)n_kv_heads;
-    /* The next page's run is fetched a part before each head's work on this page: spread over
-     * the page, the misses overlap the arithmetic, where a burst of them at the page's start
-     * stalled it (attention 10-20 % faster in a batch-32 step). */
+    /* The next page's run is fetched a part during each head's work on this page, spread over
+     * its rows: the misses overlap the arithmetic, where a burst of them at the page's start
+     * stalled it (attention 10-20 % faster in a batch-32 step; all of the next run at the page's
+     * start 1.115 against a part before each head, and a part spread over each head's rows
+     * against that 0.953-0.967). Into L2 rather than L1: an L1 fetch holds one of the core's few
+     * L1 miss buffers until its line comes, and a page's run (18 KiB for stories15M) fetched
+     * into L1 ran out of them (to L2: 0.916-0.937; one, two or three pages ahead the same). */
     size_t part = (run / (size_t)n_heads + 63) & ~(size_t)63;
     for (int p = 0; p < n_pages; p++) {
         const unsigned char *base = page_base(ty, k, p);
         const unsigned char *next = p + 1 < n_pages ? page_base(ty, k, p + 1) : page_base(ty, v, 0);
         int t0 = p * ps, n = n_ctx - t0 < ps ? n_ctx - t0 : ps;
         for (int h = 0; h < n_heads; h++) {
-            prefetch_part(next, run, part, h);
+            size_t lo = (size_t)h * part, hi = lo + part < run ? lo + part : run;
             row_scores(ty, att + (size_t)h * stride, q + (size_t)h * hs,
-                       base + (size_t)(h / kv_mul) * head_bytes, t0, n, hs, scale4, scale);
+                       base + (size_t)(h / kv_mul) * head_bytes, t0, n, hs, scale4, scale,
+                       lo < run ? next + lo : NULL, lo < run ? hi - lo : 0);
         }
     }
     for (int h = 0; h < n_heads; h++)
@@ -1087,22 +1092,23 @@ INLINE void attention_row_t(const enum sl_dtype ty, float *out, const float *q, 
         const unsigned char *next = p + 1 < n_pages ? page_base(ty, v, p + 1) : NULL;
         int t0 = p * ps, n = n_ctx - t0 < ps ? n_ctx - t0 : ps;
         for (int h = 0; h < n_heads; h++) {
-            if (next)
-                prefetch_part(next, run, part, h);
+            size_t lo = (size_t)h * part, hi = lo + part < run ? lo + part : run;
+            const unsigned char *pf = next && lo < run ? next + lo : NULL;
+            size_t pfb = pf ? hi - lo : 0;
             const unsigned char *vh = base + (size_t)(h / kv_mul) * head_bytes;
             const float *a = att + (size_t)h * stride;
             float *o = out + (size_t)h * hs;
             int j0 = 0;
-            for (; j0 + 64 <= hs; j0 += 64)
-                row_values(ty, 8, o, a, vh, t0, n, hs, j0, p == 0);
+            for (; j0 + 64 <= hs; j0 += 64, pf = NULL)
+                row_values(ty, 8, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb);
             switch ((hs - j0) / 8) {
-            case 7: row_values(ty, 7, o, a, vh, t0, n, hs, j0, p == 0); break;
-            case 6: row_values(ty, 6, o, a, vh, t0, n, hs, j0, p == 0); break;
-            case 5: row_values(ty, 5, o, a, vh, t0, n, hs, j0, p == 0); break;
-            case 4: row_values(ty, 4, o, a, vh, t0, n, hs, j0, p == 0); break;
-            case 3: row_values(ty, 3, o, a, vh, t0, n, hs, j0, p == 0); break;
-            case 2: row_values(ty, 2, o, a, vh, t0, n, hs, j0, p == 0); break;
-            case 1: row_values(ty, 1, o, a, vh, t0, n, hs, j0, p == 0); break;
+            case 7: row_values(ty, 7, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb); break;
+            case 6: row_values(ty, 6, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb); break;
+            case 5: row_values(ty, 5, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb); break;
+            case 4: row_values(ty, 4, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb); break;
+            case 3: row_values(ty, 3, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb); break;
+            case 2: row_values(ty, 2, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb); break;
+            case 1: row_values(ty, 1, o, a, vh, t0, n, hs, j0, p == 0, pf, pfb); break;
             default: break;
             }
         }
