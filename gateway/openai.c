@@ -55,6 +55,13 @@ static int bad_type(struct sl_openai_error *err, const char *param, const char *
     return SL_EINVAL;
 }
 
+static int missing(struct sl_openai_error *err, const char *param)
+{
+    sl_openai_error_set(err, 400, param, "missing_required_parameter",
+                        "Missing required parameter: '%s'.", param);
+    return SL_EINVAL;
+}
+
 /* An optional member: NULL when absent or null, because clients that fill every field send null
  * for "use the default". */
 static json_t *member(json_t *root, const char *key)
@@ -202,11 +209,8 @@ void sl_openai_prompt_select(struct sl_openai_completion *c, int i)
 static int decode_prompt(struct sl_openai_completion *c, struct sl_openai_error *err)
 {
     json_t *v = member(c->root, "prompt");
-    if (!v) {
-        sl_openai_error_set(err, 400, "prompt", "missing_required_parameter",
-                            "Missing required parameter: 'prompt'.");
-        return SL_EINVAL;
-    }
+    if (!v)
+        return missing(err, "prompt");
     /* One prompt: a string or an array of ids (an empty array is an empty list of ids). */
     bool one =
         !json_is_array(v) || json_array_size(v) == 0 || json_is_integer(json_array_get(v, 0));
@@ -678,13 +682,6 @@ static int decode_fields(struct sl_openai_completion *c, const char *model_id,
 
 /* ---- chat messages ---- */
 
-static int missing(struct sl_openai_error *err, const char *param)
-{
-    sl_openai_error_set(err, 400, param, "missing_required_parameter",
-                        "Missing required parameter: '%s'.", param);
-    return SL_EINVAL;
-}
-
 /* One content part: {"type": "text", "text": "…"}; anything else names the param. */
 static int decode_part(json_t *part, size_t i, size_t j, struct sl_openai_error *err)
 {
@@ -944,15 +941,12 @@ int sl_openai_tokenize_decode(struct sl_openai_tokenize *t, const char *body, si
     json_t *v;
     if (st == SL_OK && detokenize) {
         struct sl_openai_prompt p = {0};
-        if (!(v = member(root, "tokens"))) {
-            st = SL_EINVAL;
-            sl_openai_error_set(err, 400, "tokens", "missing_required_parameter",
-                                "Missing required parameter: 'tokens'.");
-        } else if (!json_is_array(v)) {
+        if (!(v = member(root, "tokens")))
+            st = missing(err, "tokens");
+        else if (!json_is_array(v))
             st = bad_type(err, "tokens", "an array of token ids", v);
-        } else if (json_array_size(v) > 0) {
+        else if (json_array_size(v) > 0)
             st = decode_prompt_ids(&p, v, "tokens", err);
-        }
         t->tokens = p.ids;
         t->n_tokens = p.n_ids;
     } else if (st == SL_OK) {
