@@ -124,6 +124,20 @@ INLINE void fetch_one(struct fetch *f)
     f->left--;
 }
 
+/* fetch_one where the lines are one run (a tile of whole rows): no row bookkeeping, so its state
+ * stays in registers beside the tile's. */
+INLINE void fetch_flat(struct fetch *f)
+{
+    if (f->left <= 0)
+        return;
+    if (f->t0)
+        _mm_prefetch((const char *)f->p, _MM_HINT_T0);
+    else
+        _mm_prefetch((const char *)f->p, _MM_HINT_T1);
+    f->p += 64;
+    f->left--;
+}
+
 INLINE void fetch_some(struct fetch *f, int count)
 {
     for (; count > 0 && f->left > 0; count--)
@@ -136,9 +150,10 @@ INLINE void fetch_some(struct fetch *f, int count)
  * Spread so, a tile's fetches cost a few µops among its 24 FMAs per step and never queue behind
  * each other; fetched in a burst of a quarter of the lines before each tile, the same rows made
  * a batch-32 step 5-10 % slower (engine-bench, binaries alternated). */
-INLINE void tile(const enum sl_dtype t, const int RMP, const int RN, float *out, size_t ldo,
-                 const float *xp, int np, const float *x, size_t ldx, const unsigned char *w,
-                 size_t wrb, int rows, int j0, int j1, int k8, int k, struct fetch *f)
+INLINE void tile(const enum sl_dtype t, const bool FLAT, const int RMP, const int RN, float *out,
+                 size_t ldo, const float *xp, int np, const float *x, size_t ldx,
+                 const unsigned char *w, size_t wrb, int rows, int j0, int j1, int k8, int k,
+                 struct fetch *f)
 {
     struct fetch fl = f ? *f : (struct fetch){.left = 0};
     __m512 acc[RMP_MAX][RN_MAX];
@@ -178,7 +193,10 @@ INLINE void tile(const enum sl_dtype t, const int RMP, const int RN, float *out,
         }
     } else {
         for (int j = j0; j < j1; j += 8, xs += (size_t)np * 16) {
-            fetch_one(&fl);
+            if (FLAT)
+                fetch_flat(&fl);
+            else
+                fetch_one(&fl);
 #pragma GCC unroll 8
             for (int p = 0; p < RMP; p++)
                 xv[p] = _mm512_loadu_ps(xs + (size_t)p * 16);
@@ -236,13 +254,13 @@ INLINE void tile(const enum sl_dtype t, const int RMP, const int RN, float *out,
 /* Pairs [0, npairs) of the packed block against RN weight rows: RMP-pair tiles, then the rest.
  * `rows` real rows from x's row 0. f (or NULL): lines to fetch meanwhile, one per k step of the
  * tiles (see tile()), what is left after them at once. */
-INLINE void tile_pairs(const enum sl_dtype t, const int RN, float *out, size_t ldo, const float *xp,
-                       int np, const float *x, size_t ldx, const unsigned char *w, size_t wrb,
-                       int rows, int j0, int j1, int k8, int k, struct fetch *f)
+INLINE void tile_pairs(const enum sl_dtype t, const bool FLAT, const int RN, float *out, size_t ldo,
+                       const float *xp, int np, const float *x, size_t ldx, const unsigned char *w,
+                       size_t wrb, int rows, int j0, int j1, int k8, int k, struct fetch *f)
 {
     int p = 0;
     for (; p + RMP_MAX <= np; p += RMP_MAX) {
-        tile(t, RMP_MAX, RN, out + (size_t)2 * p * ldo, ldo, xp + (size_t)p * 16, np,
+        tile(t, FLAT, RMP_MAX, RN, out + (size_t)2 * p * ldo, ldo, xp + (size_t)p * 16, np,
              x + (size_t)2 * p * ldx, ldx, w, wrb,
              rows - 2 * p < 2 * RMP_MAX ? rows - 2 * p : 2 * RMP_MAX, j0, j1, k8, k, f);
     }
@@ -250,9 +268,9 @@ INLINE void tile_pairs(const enum sl_dtype t, const int RN, float *out, size_t l
     float *o = out + (size_t)2 * p * ldo;
     const float *xq = xp + (size_t)p * 16, *xr = x + (size_t)2 * p * ldx;
     switch (left) {
-    case 3: tile(t, 3, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
-    case 2: tile(t, 2, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
-    case 1: tile(t, 1, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
+    case 3: tile(t, FLAT, 3, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
+    case 2: tile(t, FLAT, 2, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
+    case 1: tile(t, FLAT, 1, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
     default: break;
     }
     if (f)
@@ -332,16 +350,45 @@ INLINE void slice_pass(const enum sl_dtype t, const struct mm *c, float *out, co
         }
         if (nf == 2)
             fetch_some(&f[1], f[1].left);
-        tile_pairs(t, TILE_RN, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb, wrb, rows,
-                   j0, j1, c->k8, c->k, nf ? &f[0] : NULL);
+        if (flat)
+            tile_pairs(t, true, TILE_RN, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb,
+                       wrb, rows, j0, j1, c->k8, c->k, nf ? &f[0] : NULL);
+        else
+            tile_pairs(t, false, TILE_RN, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb,
+                       wrb, rows, j0, j1, c->k8, c->k, nf ? &f[0] : NULL);
     }
     for (; i < s1; i++)
-        tile_pairs(t, 1, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb, wrb, rows, j0,
-                   j1, c->k8, c->k, NULL);
+        tile_pairs(t, false, 1, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb, wrb,
+                   rows, j0, j1, c->k8, c->k, NULL);
+}
+
+/* A thread's packed rows of x: the last k block it packed, and for which x (NULL: none that can be
+ * used again). In thread-local storage rather than on the stack so that a job's later calls can
+ * find it. */
+static _Thread_local struct {
+    _Alignas(64) float xp[ROWS * SL_CPU_KC_MAX]; /* (kc / 8, ROWS / 2, 16) packed rows */
+    const float *x;
+    uint64_t epoch;
+    int n, j0, j1;
+} packed;
+
+/* packed.xp := rows [0, rows) of x, columns [j0, j1), unless it holds them for this epoch. */
+INLINE const float *pack_for(const float *x, size_t ldx, int rows, int j0, int j1, uint64_t epoch)
+{
+    if (epoch == 0 || packed.epoch != epoch || packed.x != x || packed.n != rows ||
+        packed.j0 != j0 || packed.j1 != j1) {
+        pack(packed.xp, x, ldx, rows, j0, j1);
+        packed.x = epoch ? x : NULL;
+        packed.epoch = epoch;
+        packed.n = rows;
+        packed.j0 = j0;
+        packed.j1 = j1;
+    }
+    return packed.xp;
 }
 
 INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const struct sl_mat *m,
-                     int n, int d0, int d1)
+                     int n, int d0, int d1, uint64_t epoch)
 {
     int k = m->cols, k8 = k & ~7;
     int nb = k8 ? (k8 + SL_CPU_KC_MAX - 1) / SL_CPU_KC_MAX : 1;
@@ -359,16 +406,16 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
                    .k8 = k8,
                    .k = k,
                    .ahead = n > 24 && (n <= 64 || (size_t)m->rows * wrb >= ((size_t)4 << 20))};
-    _Alignas(64) float xp[ROWS * SL_CPU_KC_MAX]; /* (kc / 8, ROWS / 2, 16) packed rows */
     if (n <= ROWS && (nb == 1 || (size_t)(d1 - d0) * wrb <= ((size_t)1 << 20))) {
         /* One chunk of rows (a decode batch): each k block packed once for every slice rather
-         * than once per slice (a 32-row product 3-7 % faster hot). Block by block, a slice's
-         * weights are read in nb passes: where they do not stay in L2 between passes (past
-         * 1 MiB) that cost more than the packing (k = 8192: 0.93-0.97). The blocks of an output
-         * are still added in k order, so the bits are the same. */
+         * than once per slice (a 32-row product 3-7 % faster hot), and with one block, once for
+         * every call of the job. Block by block, a slice's weights are read in nb passes: where
+         * they do not stay in L2 between passes (past 1 MiB) that cost more than the packing
+         * (k = 8192: 0.93-0.97). The blocks of an output are still added in k order, so the
+         * bits are the same. */
         for (int b = 0; b < nb; b++) {
-            int j0 = b * c.kc;
-            pack(xp, x, c.ldx, n, j0, j0 + c.kc < k8 ? j0 + c.kc : k8);
+            int j0 = b * c.kc, j1 = j0 + c.kc < k8 ? j0 + c.kc : k8;
+            const float *xp = pack_for(x, c.ldx, n, j0, j1, nb == 1 ? epoch : 0);
             for (int s0 = d0; s0 < d1; s0 += SLICE)
                 slice_pass(t, &c, out, x, xp, s0, d1 - s0 < SLICE ? d1 : s0 + SLICE, b, 0, n);
         }
@@ -380,7 +427,7 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
             int j0 = b * c.kc, j1 = j0 + c.kc < k8 ? j0 + c.kc : k8;
             for (int r0 = 0; r0 < n; r0 += ROWS) {
                 int rows = n - r0 < ROWS ? n - r0 : ROWS;
-                pack(xp, x + (size_t)r0 * c.ldx, c.ldx, rows, j0, j1);
+                const float *xp = pack_for(x + (size_t)r0 * c.ldx, c.ldx, rows, j0, j1, 0);
                 slice_pass(t, &c, out, x, xp, s0, s1, b, r0, rows);
             }
         }
@@ -390,17 +437,17 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
 /* One or two rows (decode of a single sequence) are bound by the weight stream, not the FMAs:
  * they keep avx2.c's path. Each case is its own copy of matmul_t, for its constant type. */
 TARGET void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n,
-                                      int d0, int d1)
+                                      int d0, int d1, uint64_t x_epoch)
 {
     if (n <= 2) {
         sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
         return;
     }
     switch (w->type) {
-    case SL_DTYPE_F32: matmul_t(SL_DTYPE_F32, out, x, w, n, d0, d1); break;
-    case SL_DTYPE_F16: matmul_t(SL_DTYPE_F16, out, x, w, n, d0, d1); break;
-    case SL_DTYPE_BF16: matmul_t(SL_DTYPE_BF16, out, x, w, n, d0, d1); break;
-    case SL_DTYPE_Q8_0: matmul_t(SL_DTYPE_Q8_0, out, x, w, n, d0, d1); break;
+    case SL_DTYPE_F32: matmul_t(SL_DTYPE_F32, out, x, w, n, d0, d1, x_epoch); break;
+    case SL_DTYPE_F16: matmul_t(SL_DTYPE_F16, out, x, w, n, d0, d1, x_epoch); break;
+    case SL_DTYPE_BF16: matmul_t(SL_DTYPE_BF16, out, x, w, n, d0, d1, x_epoch); break;
+    case SL_DTYPE_Q8_0: matmul_t(SL_DTYPE_Q8_0, out, x, w, n, d0, d1, x_epoch); break;
     }
 }
 

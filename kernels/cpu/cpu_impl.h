@@ -35,10 +35,13 @@ void sl_cpu_avx2_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 float sl_cpu_avx2_bench_read(const float *buf, size_t n);
 double sl_cpu_avx2_bench_fma(long iters);
 
-/* The AVX-512 kernels (avx512.c): AVX-512F and VL on top of the AVX2 set. */
+/* The AVX-512 kernels (avx512.c): AVX-512F and VL on top of the AVX2 set. x_epoch: 0, or a
+ * number that every call over the same contents of x shares and no call over other contents
+ * does (one per matmul job, see ops.c): a thread then packs x once for all its calls of the job
+ * rather than once per call. */
 #define SL_CPU_HAVE_AVX512 1
 void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
-                               int d1);
+                               int d1, uint64_t x_epoch);
 double sl_cpu_avx512_bench_fma(long iters);
 #else
 #define SL_CPU_HAVE_AVX2 0

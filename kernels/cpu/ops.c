@@ -320,13 +320,16 @@ static void matmul_scalar(float *out, const float *x, const struct sl_mat *w, in
     }
 }
 
-void sl_cpu_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1)
+/* sl_cpu_matmul_cols; x_epoch as in sl_cpu_avx512_matmul_cols (0 where the caller cannot vouch
+ * that x is unchanged since another call). */
+static void matmul_cols_e(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1,
+                          uint64_t x_epoch)
 {
     if (n < 1 || d0 >= d1)
         return;
 #if SL_CPU_HAVE_AVX2
     if (AVX512()) {
-        sl_cpu_avx512_matmul_cols(out, x, w, n, d0, d1);
+        sl_cpu_avx512_matmul_cols(out, x, w, n, d0, d1, x_epoch);
         return;
     }
     if (AVX2()) {
@@ -334,7 +337,13 @@ void sl_cpu_matmul_cols(float *out, const float *x, const struct sl_mat *w, int 
         return;
     }
 #endif
+    (void)x_epoch;
     matmul_scalar(out, x, w, n, d0, d1);
+}
+
+void sl_cpu_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1)
+{
+    matmul_cols_e(out, x, w, n, d0, d1, 0);
 }
 
 void sl_cpu_matmul(float *out, const float *x, const struct sl_mat *w, int n)
@@ -754,16 +763,20 @@ struct mm_job {
     int n;
     float *gate_h;    /* swiglu: h (n, rows) gated by outs[1] after both are computed */
     int total;        /* rows to compute: all matrices end to end, or the gated width */
+    uint64_t epoch;   /* this job's x (see sl_cpu_avx512_matmul_cols) */
     _Atomic int next; /* next unit to hand out */
 };
+
+/* The last job's epoch: each job takes the next, so none shares another's. */
+static _Atomic uint64_t mm_epoch;
 
 static void mm_range(const struct mm_job *j, int lo, int hi)
 {
     if (j->gate_h) {
         /* Both matrices have the same rows: take the same columns of each, then gate them. */
         int hid = j->ws[0].rows;
-        sl_cpu_matmul_cols(j->gate_h, j->x, &j->ws[0], j->n, lo, hi);
-        sl_cpu_matmul_cols(j->outs[1], j->x, &j->ws[1], j->n, lo, hi);
+        matmul_cols_e(j->gate_h, j->x, &j->ws[0], j->n, lo, hi, j->epoch);
+        matmul_cols_e(j->outs[1], j->x, &j->ws[1], j->n, lo, hi, j->epoch);
         for (int r = 0; r < j->n; r++)
             sl_cpu_swiglu(j->gate_h + (size_t)r * hid + lo, j->outs[1] + (size_t)r * hid + lo,
                           hi - lo);
@@ -774,7 +787,7 @@ static void mm_range(const struct mm_job *j, int lo, int hi)
         int rows = j->ws[m].rows;
         int a = lo > off ? lo - off : 0, b = hi - off < rows ? hi - off : rows;
         if (a < b)
-            sl_cpu_matmul_cols(j->outs[m], j->x, &j->ws[m], j->n, a, b);
+            matmul_cols_e(j->outs[m], j->x, &j->ws[m], j->n, a, b, j->epoch);
         off += rows;
     }
 }
@@ -799,6 +812,7 @@ static void mm_dispatch(struct sl_cpu_pool *p, struct mm_job *j, int rows_work, 
 {
     int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN;
     int nth = sl_cpu_pool_threads(p);
+    j->epoch = atomic_fetch_add_explicit(&mm_epoch, 1, memory_order_relaxed) + 1;
     /* Below about a hundred thousand multiply-adds a dispatch costs more than it saves. */
     if (nth == 1 || (int64_t)j->n * rows_work * k < 100000 || units < 2) {
         mm_range(j, 0, j->total);

@@ -286,6 +286,49 @@ Test(kernels, matmul_mt_is_bitwise_equal_when_thread_count_changes)
     }
 }
 
+/* A thread keeps the rows it packed for a job's later calls (avx512.c): a new job, or a direct
+ * call, over the same buffer with new contents must see the new rows. */
+Test(kernels, matmul_sees_new_rows_when_x_changes_in_place_between_jobs)
+{
+    FOR_EACH_ISA(isa)
+    for (int ti = 0; ti < LEN(dtypes); ti++) {
+        int n = 19, d = 301, k = 96;
+        float *xa = rand_vec((size_t)n * k), *xb = rand_vec((size_t)n * k);
+        float *x = malloc((size_t)n * k * sizeof(float)), *src = rand_vec((size_t)d * k);
+        float *deq, *ra = malloc((size_t)n * d * 4), *rb = malloc((size_t)n * d * 4);
+        float *out = malloc((size_t)n * d * 4);
+        void *buf;
+        struct sl_mat w = make_mat(dtypes[ti], src, d, k, &deq, &buf);
+        sl_cpu_matmul(ra, xa, &w, n);
+        sl_cpu_matmul(rb, xb, &w, n);
+        for (int th = 1; th <= 3; th++) {
+            struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+            cr_assert_not_null(p);
+            const float *want[] = {ra, rb, rb, ra, ra};
+            for (int step = 0; step < LEN(want); step++) {
+                memcpy(x, want[step] == ra ? xa : xb, (size_t)n * k * sizeof(float));
+                if (step == 2 || step == 3)
+                    sl_cpu_matmul_cols(out, x, &w, n, 0, d);
+                else
+                    sl_cpu_matmul_mt(p, out, x, &w, n);
+                cr_assert(memcmp(want[step], out, (size_t)n * d * sizeof(float)) == 0,
+                          "[%s] %s threads %d step %d: rows of an earlier x", sl_cpu_isa_name(isa),
+                          sl_dtype_name(dtypes[ti]), th, step);
+            }
+            sl_cpu_pool_free(p);
+        }
+        free(xa);
+        free(xb);
+        free(x);
+        free(src);
+        free(deq);
+        free(buf);
+        free(ra);
+        free(rb);
+        free(out);
+    }
+}
+
 Test(kernels, conversions_round_trip_when_values_are_representable)
 {
     /* Every half is exactly representable in fp32 and comes back unchanged. */
