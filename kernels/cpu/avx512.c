@@ -210,12 +210,16 @@ INLINE void tile(const enum sl_dtype t, const bool FLAT, const int RMP, const in
     /* Whole tiles of rows and no tail: the sums go out as vectors, RN columns (a multiple of 4,
      * or 1, 2, 3 under a mask) of both rows of a pair from each reduction. */
     if (rows == 2 * RMP && (j1 != k8 || k8 == k)) {
+        /* Columns in fours, then (RN % 4 == 2) the last two of two pairs in one reduction:
+         * reduce4 is four independent trees, so grouping does not change a sum (RN = 6: six
+         * reductions for four pairs, not eight). */
+        const int C4 = RN % 4 == 2 ? RN - 2 : RN;
 #pragma GCC unroll 8
         for (int p = 0; p < RMP; p++)
 #pragma GCC unroll 2
-            for (int c = 0; c < RN; c += 4) {
+            for (int c = 0; c < C4; c += 4) {
                 __m512 v = reduce_cols(RN, acc[p], c);
-                const __mmask8 mk = (__mmask8)(RN - c >= 4 ? 0xf : (1u << (RN - c)) - 1);
+                const __mmask8 mk = (__mmask8)(C4 - c >= 4 ? 0xf : (1u << (C4 - c)) - 1);
                 float *o0 = out + (size_t)2 * p * ldo + c, *o1 = o0 + ldo;
                 __m128 a = _mm512_castps512_ps128(v), b = _mm512_extractf32x4_ps(v, 2);
                 if (j0 != 0) {
@@ -225,6 +229,29 @@ INLINE void tile(const enum sl_dtype t, const bool FLAT, const int RMP, const in
                 _mm_mask_storeu_ps(o0, mk, a);
                 _mm_mask_storeu_ps(o1, mk, b);
             }
+        if (C4 == RN)
+            return;
+#pragma GCC unroll 4
+        for (int p = 0; p < RMP; p += 2) {
+            /* Floats 0, 1: row 2p's last two sums, 2, 3: row 2p + 2's, 8 .. 11 the odd rows'. */
+            const int q = p + 1 < RMP ? p + 1 : p;
+            __m512 v = reduce4(acc[p][C4], acc[p][C4 + 1], acc[q][C4], acc[q][C4 + 1]);
+            float *o0 = out + (size_t)2 * p * ldo + C4, *o1 = o0 + ldo;
+            float *o2 = out + (size_t)2 * q * ldo + C4, *o3 = o2 + ldo;
+            __m128 a = _mm512_castps512_ps128(v), b = _mm512_extractf32x4_ps(v, 2);
+            if (j0 != 0) {
+                a = _mm_add_ps(a, _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)o0),
+                                               (const __m64 *)o2));
+                b = _mm_add_ps(b, _mm_loadh_pi(_mm_loadl_pi(_mm_setzero_ps(), (const __m64 *)o1),
+                                               (const __m64 *)o3));
+            }
+            _mm_storel_pi((__m64 *)o0, a);
+            _mm_storel_pi((__m64 *)o1, b);
+            if (q != p) {
+                _mm_storeh_pi((__m64 *)o2, a);
+                _mm_storeh_pi((__m64 *)o3, b);
+            }
+        }
         return;
     }
     float s[RMP_MAX][2][RN_MAX + 3];
