@@ -107,8 +107,10 @@ struct fetch {
 };
 
 /* One line of f, or nothing once f is done: a test, the fetch, two additions and a rarely taken
- * branch per k step, where a row index and a line index took twice the µops. */
-INLINE void fetch_one(struct fetch *f)
+ * branch per k step, where a row index and a line index took twice the µops. FLAT: the lines are
+ * one run (a tile of whole rows), so no row bookkeeping, and the compiler keeps the state in
+ * registers beside the tile's rather than in memory. */
+INLINE void fetch_one(struct fetch *f, const bool FLAT)
 {
     if (f->left <= 0)
         return;
@@ -117,31 +119,17 @@ INLINE void fetch_one(struct fetch *f)
     else
         _mm_prefetch((const char *)f->p, _MM_HINT_T1);
     f->p += 64;
-    if (--f->in_row == 0) {
+    if (!FLAT && --f->in_row == 0) {
         f->p += (uintptr_t)f->skip;
         f->in_row = f->lines;
     }
     f->left--;
 }
 
-/* fetch_one where the lines are one run (a tile of whole rows): no row bookkeeping, so its state
- * stays in registers beside the tile's. */
-INLINE void fetch_flat(struct fetch *f)
-{
-    if (f->left <= 0)
-        return;
-    if (f->t0)
-        _mm_prefetch((const char *)f->p, _MM_HINT_T0);
-    else
-        _mm_prefetch((const char *)f->p, _MM_HINT_T1);
-    f->p += 64;
-    f->left--;
-}
-
 INLINE void fetch_some(struct fetch *f, int count)
 {
     for (; count > 0 && f->left > 0; count--)
-        fetch_one(f);
+        fetch_one(f, false);
 }
 
 /* out[r * ldo + c] (=, or += when j0 != 0) for the block [j0, j1) of the 2·RMP rows in xp (np
@@ -177,7 +165,7 @@ INLINE void tile(const enum sl_dtype t, const bool FLAT, const int RMP, const in
             }
 #pragma GCC unroll 4
             for (int s = 0; s < 4; s++, xs += (size_t)np * 16) {
-                fetch_one(&fl);
+                fetch_one(&fl, false);
 #pragma GCC unroll 8
                 for (int p = 0; p < RMP; p++)
                     xv[p] = _mm512_loadu_ps(xs + (size_t)p * 16);
@@ -193,10 +181,7 @@ INLINE void tile(const enum sl_dtype t, const bool FLAT, const int RMP, const in
         }
     } else {
         for (int j = j0; j < j1; j += 8, xs += (size_t)np * 16) {
-            if (FLAT)
-                fetch_flat(&fl);
-            else
-                fetch_one(&fl);
+            fetch_one(&fl, FLAT);
 #pragma GCC unroll 8
             for (int p = 0; p < RMP; p++)
                 xv[p] = _mm512_loadu_ps(xs + (size_t)p * 16);
