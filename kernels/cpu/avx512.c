@@ -134,7 +134,8 @@ INLINE void fetch_some(struct fetch *f, int count)
 
 /* out[r * ldo + c] (=, or += when j0 != 0) for the block [j0, j1) of the 2·RMP rows in xp (np
  * pairs per k step) against RN weight rows of type t, wrb bytes apart, then the tail [k8, k) when
- * j1 == k8; `rows` (1 .. 2·RMP) of them are real. f (or NULL): one line of it fetched per k step.
+ * j1 == k8; `rows` (1 .. 2·RMP) of them are real. f (or NULL): one line of it fetched per k step
+ * (FLAT: its lines are one run, see fetch_one).
  * Spread so, a tile's fetches cost a few µops among its 24 FMAs per step and never queue behind
  * each other; fetched in a burst of a quarter of the lines before each tile, the same rows made
  * a batch-32 step 5-10 % slower (engine-bench, binaries alternated). */
