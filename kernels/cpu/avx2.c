@@ -992,6 +992,15 @@ TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float 
         attention_multi_f32(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
 }
 
+/* Fetches into L2 the lines of pf from offset o up to end (at most pf_bytes; none when pf is
+ * NULL) and returns where it stopped: a share of the next page's run spread over a head's rows. */
+INLINE size_t fetch_share(const unsigned char *pf, size_t o, size_t end, size_t pf_bytes)
+{
+    for (; pf && o < end && o < pf_bytes; o += 64)
+        _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
+    return o;
+}
+
 /* Scores of query head q against the n rows of one page's KV head starting at position t0
  * (rows hs elements apart), each computed as attention_t computes it; meanwhile the pf_bytes at
  * pf (or none) are fetched into L2, a share before each group of four rows. */
@@ -1003,8 +1012,7 @@ INLINE void row_scores(const enum sl_dtype ty, float *att, const float *q, const
     int s = 0;
     size_t per = pf ? ((pf_bytes / 64 + 3) / 4) * 64 : 0, o = 0;
     for (; s + 4 <= n; s += 4) {
-        for (size_t e = o + per; pf && o < e && o < pf_bytes; o += 64)
-            _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
+        o = fetch_share(pf, o, o + per, pf_bytes);
         __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                          _mm256_setzero_ps()};
         for (int j = 0; j < hs; j += 8) {
@@ -1015,8 +1023,7 @@ INLINE void row_scores(const enum sl_dtype ty, float *att, const float *q, const
         }
         _mm_storeu_ps(att + t0 + s, _mm_div_ps(reduce4(acc[0], acc[1], acc[2], acc[3]), scale4));
     }
-    for (; pf && o < pf_bytes; o += 64)
-        _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
+    fetch_share(pf, o, pf_bytes, pf_bytes);
     for (; s < n; s++) {
         __m256 acc = _mm256_setzero_ps();
         for (int j = 0; j < hs; j += 8)
@@ -1039,8 +1046,7 @@ INLINE void row_values(const enum sl_dtype ty, const int NV, float *out, const f
         acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + j0 + 8 * c);
     size_t per = pf && n > 0 ? (pf_bytes / 64 + (size_t)n - 1) / (size_t)n * 64 : 0, o = 0;
     for (int s = 0; s < n; s++) {
-        for (size_t e = o + per; pf && o < e && o < pf_bytes; o += 64)
-            _mm_prefetch((const char *)(pf + o), _MM_HINT_T1);
+        o = fetch_share(pf, o, o + per, pf_bytes);
         __m256 a = _mm256_set1_ps(att[t0 + s]);
 #pragma GCC unroll 8
         for (int c = 0; c < NV; c++)

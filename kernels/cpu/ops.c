@@ -797,10 +797,12 @@ static void mm_task(void *arg, int ith, int nth)
     (void)ith;
     struct mm_job *j = arg;
     int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN, end;
-    /* The AVX-512 matmul packs all of x's rows for every call, a cost against the call's
-     * columns: calls of at least 48 columns keep it small (on one thread, a 12-column call of a
-     * 256-row prompt ran at 0.65 of a 96-column one, 48 columns at 0.92; in the step, prompts
-     * took 7 % less time, batch-32 decode 2-5 %, batch 16 5-9 %; 96 columns balanced worse). */
+    /* The AVX-512 matmul packs x's rows for every call of a prompt (a decode batch's once per
+     * thread and job), a cost against the call's columns: calls of at least 48 columns keep it
+     * small (on one thread, a 12-column call of a 256-row prompt ran at 0.65 of a 96-column one,
+     * 48 columns at 0.92; in the step, prompts took 7 % less time, batch-32 decode 2-5 %, batch
+     * 16 5-9 %; 96 columns balanced worse). With decode's packing shared, 24 or 12 columns were
+     * still slower than 48 (--only-decode 32: 4,850-5,050 against 4,970-5,220 tok/s). */
     int min_units = AVX512() && j->n > 2 ? 4 : 1;
     for (int u; (u = sl_cpu_grab(&j->next, units, nth, min_units, &end)) < units;) {
         int hi = end * ROW_ALIGN;
