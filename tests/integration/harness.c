@@ -590,3 +590,9 @@ long raise_nofile(long want)
     }
     return rl.rlim_cur == RLIM_INFINITY ? want : (long)rl.rlim_cur;
 }
+
+bool sanitized_build(void)
+{
+    const char *s = getenv("SLUICE_SANITIZE");
+    return s && *s && strcmp(s, "none") != 0;
+}
