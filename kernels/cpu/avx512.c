@@ -264,27 +264,73 @@ INLINE void tile(const enum sl_dtype t, const bool FLAT, const int RMP, const in
     }
 }
 
-/* Pairs [0, npairs) of the packed block against RN weight rows: RMP-pair tiles, then the rest.
- * `rows` real rows from x's row 0. f (or NULL): lines to fetch meanwhile, one per k step of the
- * tiles (see tile()), what is left after them at once. */
+#ifndef TILE_RN
+#define TILE_RN 6 /* weight rows of a register tile in matmul_t */
+#endif
+
+/* What a tile() call reads besides its constants. */
+struct tile_args {
+    float *out;
+    size_t ldo, ldx, wrb;
+    const float *xp, *x;
+    const unsigned char *w;
+    int np, rows, j0, j1, k8, k;
+    struct fetch *f;
+};
+
+/* tile() for the (t, FLAT, RMP, RN) of a call, each its own inlined copy in one function that
+ * nothing else is inlined into. Inlined into the slice loops, the tile's weight row offsets did
+ * not fit in the general registers left there and were reloaded from the stack each k step (six
+ * loads among the 24 FMAs): on its own the 4 × 6 loop keeps them in registers, and a hot 32 × 288
+ * × 864 product on one thread ran 167-178 GFLOPS against 143-164. */
+#define TILE_KEY(T, F, M, N) ((((int)(T)*2 + (F)) * (RMP_MAX + 1) + (M)) * (RN_MAX + 1) + (N))
+#define TILE_CASE(T, F, M, N)                                                                      \
+    case TILE_KEY(T, F, M, N):                                                                     \
+        tile(T, F, M, N, a->out, a->ldo, a->xp, a->np, a->x, a->ldx, a->w, a->wrb, a->rows, a->j0, \
+             a->j1, a->k8, a->k, a->f);                                                            \
+        return;
+#define TILE_CASES_N(T, F, M) TILE_CASE(T, F, M, TILE_RN) TILE_CASE(T, F, M, 1)
+#define TILE_CASES_M(T, F)                                                                         \
+    TILE_CASES_N(T, F, 1) TILE_CASES_N(T, F, 2) TILE_CASES_N(T, F, 3) TILE_CASES_N(T, F, 4)
+#define TILE_CASES(T) TILE_CASES_M(T, true) TILE_CASES_M(T, false)
+_Static_assert(RMP_MAX == 4, "tile_call lists row-pair counts 1 to 4");
+
+static __attribute__((noinline)) TARGET void tile_call(enum sl_dtype t, bool flat, int rmp, int rn,
+                                                       const struct tile_args *a)
+{
+    switch (TILE_KEY(t, flat, rmp, rn)) {
+        TILE_CASES(SL_DTYPE_F32)
+        TILE_CASES(SL_DTYPE_F16)
+        TILE_CASES(SL_DTYPE_BF16)
+        TILE_CASES(SL_DTYPE_Q8_0)
+    default: break;
+    }
+}
+
+/* Pairs [0, np) of the packed block against RN weight rows, RMP_MAX pairs to a tile (the last
+ * with fewer). `rows` real rows from x's row 0. f (or NULL): lines to fetch meanwhile, one per k
+ * step of the tiles (see tile()), what is left after them at once. */
 INLINE void tile_pairs(const enum sl_dtype t, const bool FLAT, const int RN, float *out, size_t ldo,
                        const float *xp, int np, const float *x, size_t ldx, const unsigned char *w,
                        size_t wrb, int rows, int j0, int j1, int k8, int k, struct fetch *f)
 {
-    int p = 0;
-    for (; p + RMP_MAX <= np; p += RMP_MAX) {
-        tile(t, FLAT, RMP_MAX, RN, out + (size_t)2 * p * ldo, ldo, xp + (size_t)p * 16, np,
-             x + (size_t)2 * p * ldx, ldx, w, wrb,
-             rows - 2 * p < 2 * RMP_MAX ? rows - 2 * p : 2 * RMP_MAX, j0, j1, k8, k, f);
-    }
-    int left = np - p, r = rows - 2 * p;
-    float *o = out + (size_t)2 * p * ldo;
-    const float *xq = xp + (size_t)p * 16, *xr = x + (size_t)2 * p * ldx;
-    switch (left) {
-    case 3: tile(t, FLAT, 3, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
-    case 2: tile(t, FLAT, 2, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
-    case 1: tile(t, FLAT, 1, RN, o, ldo, xq, np, xr, ldx, w, wrb, r, j0, j1, k8, k, f); break;
-    default: break;
+    struct tile_args a = {.ldo = ldo,
+                          .ldx = ldx,
+                          .wrb = wrb,
+                          .w = w,
+                          .np = np,
+                          .j0 = j0,
+                          .j1 = j1,
+                          .k8 = k8,
+                          .k = k,
+                          .f = f};
+    for (int p = 0; p < np; p += RMP_MAX) {
+        int m = np - p < RMP_MAX ? np - p : RMP_MAX;
+        a.out = out + (size_t)2 * p * ldo;
+        a.xp = xp + (size_t)p * 16;
+        a.x = x + (size_t)2 * p * ldx;
+        a.rows = rows - 2 * p < 2 * m ? rows - 2 * p : 2 * m;
+        tile_call(t, FLAT, m, RN, &a);
     }
     if (f)
         fetch_some(f, f->left);
@@ -312,9 +358,6 @@ INLINE void pack(float *xp, const float *x, size_t ldx, int rows, int j0, int j1
 #define ROWS 32
 #endif
 #define SLICE 96
-#ifndef TILE_RN
-#define TILE_RN 6 /* weight rows of a register tile in matmul_t */
-#endif
 
 /* What matmul_t's passes share: the call's shape and where its weights are. */
 struct mm {
