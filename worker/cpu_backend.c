@@ -136,6 +136,10 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     uint64_t cache_floats = c->kv_type == SL_DTYPE_F16 ? (cache + 1) / 2 : cache;
     ok = ok && cache_floats <= SIZE_MAX / sizeof(float) &&
          map_kv(c, (size_t)cache_floats * sizeof(float));
+    /* The widest x a matmul reads: the step's rows of the down projection's input (or dim). */
+    ok =
+        ok && sl_cpu_pool_reserve(c->pool, o->max_batch_tokens,
+                                  cfg->hidden_dim > cfg->dim ? cfg->hidden_dim : cfg->dim) == SL_OK;
     if (!ok) {
         cpu_free(c);
         return SL_ENOMEM;

@@ -207,6 +207,12 @@ struct sl_cpu_pool *sl_cpu_pool_new(int threads);
 void sl_cpu_pool_free(struct sl_cpu_pool *p);
 int sl_cpu_pool_threads(const struct sl_cpu_pool *p);
 
+/* Room for the pool's matmuls to pack x (up to rows × cols) once per job rather than once per
+ * piece of work (the AVX-512 matmul; elsewhere a no-op): allocated here, so that a forward pass
+ * need not. A job larger than the room still runs, packing piece by piece. SL_ENOMEM when the
+ * room cannot be had (the pool keeps what it had). */
+enum sl_status sl_cpu_pool_reserve(struct sl_cpu_pool *p, int rows, int cols);
+
 /* Runs fn(arg, ith, nth) on every thread of the pool (ith in [0, nth), the caller is 0) and
  * returns when all have returned. NULL pool: fn(arg, 0, 1) on the caller. */
 void sl_cpu_pool_run(struct sl_cpu_pool *p, void (*fn)(void *arg, int ith, int nth), void *arg);

@@ -354,9 +354,7 @@ INLINE void pack(float *xp, const float *x, size_t ldx, int rows, int j0, int j1
 
 /* Activation rows per packed block: 4 register tiles of 4 pairs (32 rows · kc floats, 36 KiB at
  * kc = 288, 48 KiB at KC_MAX: L1 and L2 share them with the weight slice). */
-#ifndef ROWS
-#define ROWS 32
-#endif
+#define ROWS SL_CPU_AVX512_ROWS
 #define SLICE 96
 
 /* What matmul_t's passes share: the call's shape and where its weights are. */
@@ -418,36 +416,66 @@ INLINE void slice_pass(const enum sl_dtype t, const struct mm *c, float *out, co
                    rows, j0, j1, c->k8, c->k, NULL);
 }
 
-/* A thread's packed rows of x: the last k block it packed, and for which x (NULL: none that can be
- * used again). In thread-local storage rather than on the stack so that a job's later calls can
- * find it. */
+/* The k blocks of a row of k columns: nb blocks of kc columns (a multiple of 32), the last
+ * shorter; k8 = k rounded down to 8 (see SL_CPU_KC_MAX). */
+static inline void k_blocks(int k, int *k8, int *nb, int *kc)
+{
+    *k8 = k & ~7;
+    *nb = *k8 ? (*k8 + SL_CPU_KC_MAX - 1) / SL_CPU_KC_MAX : 1;
+    *kc = ((*k8 + *nb - 1) / *nb + 31) & ~31;
+}
+
+/* Where a whole pack (sl_cpu_avx512_pack_unit) keeps k block [j0, ·) of the row block from row
+ * r0 (a multiple of ROWS) of n rows of k8 packed columns: each row block's blocks one after the
+ * other, (kc / 8, np, 16) floats each. */
+static inline size_t pack_at(int n, int k8, int r0, int j0)
+{
+    int rows = n - r0 < ROWS ? n - r0 : ROWS;
+    return (size_t)r0 * (size_t)k8 + (size_t)j0 * (size_t)(2 * ((rows + 1) / 2));
+}
+
+size_t sl_cpu_avx512_pack_floats(int n, int k)
+{
+    return (size_t)(n + 1) * (size_t)(k & ~7);
+}
+
+int sl_cpu_avx512_pack_units(int n, int k)
+{
+    int k8, nb, kc;
+    k_blocks(k, &k8, &nb, &kc);
+    return (n + ROWS - 1) / ROWS * nb;
+}
+
+TARGET void sl_cpu_avx512_pack_unit(float *xp, const float *x, int n, int k, int u)
+{
+    int k8, nb, kc;
+    k_blocks(k, &k8, &nb, &kc);
+    int r0 = u / nb * ROWS, j0 = u % nb * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
+    int rows = n - r0 < ROWS ? n - r0 : ROWS;
+    pack(xp + pack_at(n, k8, r0, j0), x + (size_t)r0 * (size_t)k, (size_t)k, rows, j0, j1);
+}
+
+/* A thread's rows of x packed for one call, where the caller has no whole pack: in thread-local
+ * storage rather than on the stack, which a worker thread's may not hold. */
 static _Thread_local struct {
     _Alignas(64) float xp[ROWS * SL_CPU_KC_MAX]; /* (kc / 8, ROWS / 2, 16) packed rows */
-    const float *x;
-    uint64_t epoch;
-    int n, j0, j1;
 } packed;
 
-/* packed.xp := rows [0, rows) of x, columns [j0, j1), unless it holds them for this epoch. */
-INLINE const float *pack_for(const float *x, size_t ldx, int rows, int j0, int j1, uint64_t epoch)
+/* Rows [r0, r0 + rows) of x, columns [j0, j1), packed: in xall (a whole pack) or packed now. */
+INLINE const float *pack_for(const float *xall, int n, int k8, const float *x, size_t ldx, int r0,
+                             int rows, int j0, int j1)
 {
-    if (epoch == 0 || packed.epoch != epoch || packed.x != x || packed.n != rows ||
-        packed.j0 != j0 || packed.j1 != j1) {
-        pack(packed.xp, x, ldx, rows, j0, j1);
-        packed.x = epoch ? x : NULL;
-        packed.epoch = epoch;
-        packed.n = rows;
-        packed.j0 = j0;
-        packed.j1 = j1;
-    }
+    if (xall)
+        return xall + pack_at(n, k8, r0, j0);
+    pack(packed.xp, x + (size_t)r0 * ldx, ldx, rows, j0, j1);
     return packed.xp;
 }
 
-INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const struct sl_mat *m,
-                     int n, int d0, int d1, uint64_t epoch)
+INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const float *xall,
+                     const struct sl_mat *m, int n, int d0, int d1)
 {
-    int k = m->cols, k8 = k & ~7;
-    int nb = k8 ? (k8 + SL_CPU_KC_MAX - 1) / SL_CPU_KC_MAX : 1;
+    int k = m->cols, k8, nb, kc;
+    k_blocks(k, &k8, &nb, &kc);
     size_t wrb = sl_dtype_row_bytes(t, k);
     /* As in avx2.c: fetching the next slice a whole slice ahead pays where the weights come from
      * memory and enough rows use them (a decode batch past 24, a matrix beyond the caches); a
@@ -458,20 +486,20 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
                    .wrb = wrb,
                    .d0 = d0,
                    .d1 = d1,
-                   .kc = ((k8 + nb - 1) / nb + 31) & ~31,
+                   .kc = kc,
                    .k8 = k8,
                    .k = k,
                    .ahead = n > 24 && (n <= 64 || (size_t)m->rows * wrb >= ((size_t)4 << 20))};
     if (n <= ROWS && (nb == 1 || (size_t)(d1 - d0) * wrb <= ((size_t)1 << 20))) {
-        /* One chunk of rows (a decode batch): each k block packed once for every slice rather
-         * than once per slice (a 32-row product 3-7 % faster hot), and with one block, once for
-         * every call of the job. Block by block, a slice's weights are read in nb passes: where
-         * they do not stay in L2 between passes (past 1 MiB) that cost more than the packing
-         * (k = 8192: 0.93-0.97). The blocks of an output are still added in k order, so the
-         * bits are the same. */
+        /* One chunk of rows (a decode batch): each k block packed (when not packed already)
+         * once for every slice rather than once per slice (a 32-row product 3-7 % faster
+         * hot). Block by block, a slice's weights are read in nb passes: where they do not stay
+         * in L2 between passes (past 1 MiB) that cost more than the packing (k = 8192:
+         * 0.93-0.97). The blocks of an output are still added in k order, so the bits are the
+         * same. */
         for (int b = 0; b < nb; b++) {
-            int j0 = b * c.kc, j1 = j0 + c.kc < k8 ? j0 + c.kc : k8;
-            const float *xp = pack_for(x, c.ldx, n, j0, j1, nb == 1 ? epoch : 0);
+            int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
+            const float *xp = pack_for(xall, n, k8, x, c.ldx, 0, n, j0, j1);
             for (int s0 = d0; s0 < d1; s0 += SLICE)
                 slice_pass(t, &c, out, x, xp, s0, d1 - s0 < SLICE ? d1 : s0 + SLICE, b, 0, n);
         }
@@ -480,10 +508,10 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
     for (int s0 = d0; s0 < d1; s0 += SLICE) {
         int s1 = d1 - s0 < SLICE ? d1 : s0 + SLICE;
         for (int b = 0; b < nb; b++) {
-            int j0 = b * c.kc, j1 = j0 + c.kc < k8 ? j0 + c.kc : k8;
+            int j0 = b * kc, j1 = j0 + kc < k8 ? j0 + kc : k8;
             for (int r0 = 0; r0 < n; r0 += ROWS) {
                 int rows = n - r0 < ROWS ? n - r0 : ROWS;
-                const float *xp = pack_for(x + (size_t)r0 * c.ldx, c.ldx, rows, j0, j1, 0);
+                const float *xp = pack_for(xall, n, k8, x, c.ldx, r0, rows, j0, j1);
                 slice_pass(t, &c, out, x, xp, s0, s1, b, r0, rows);
             }
         }
@@ -492,18 +520,18 @@ INLINE void matmul_t(const enum sl_dtype t, float *out, const float *x, const st
 
 /* One or two rows (decode of a single sequence) are bound by the weight stream, not the FMAs:
  * they keep avx2.c's path. Each case is its own copy of matmul_t, for its constant type. */
-TARGET void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n,
-                                      int d0, int d1, uint64_t x_epoch)
+TARGET void sl_cpu_avx512_matmul_cols(float *out, const float *x, const float *xp,
+                                      const struct sl_mat *w, int n, int d0, int d1)
 {
     if (n <= 2) {
         sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
         return;
     }
     switch (w->type) {
-    case SL_DTYPE_F32: matmul_t(SL_DTYPE_F32, out, x, w, n, d0, d1, x_epoch); break;
-    case SL_DTYPE_F16: matmul_t(SL_DTYPE_F16, out, x, w, n, d0, d1, x_epoch); break;
-    case SL_DTYPE_BF16: matmul_t(SL_DTYPE_BF16, out, x, w, n, d0, d1, x_epoch); break;
-    case SL_DTYPE_Q8_0: matmul_t(SL_DTYPE_Q8_0, out, x, w, n, d0, d1, x_epoch); break;
+    case SL_DTYPE_F32: matmul_t(SL_DTYPE_F32, out, x, xp, w, n, d0, d1); break;
+    case SL_DTYPE_F16: matmul_t(SL_DTYPE_F16, out, x, xp, w, n, d0, d1); break;
+    case SL_DTYPE_BF16: matmul_t(SL_DTYPE_BF16, out, x, xp, w, n, d0, d1); break;
+    case SL_DTYPE_Q8_0: matmul_t(SL_DTYPE_Q8_0, out, x, xp, w, n, d0, d1); break;
     }
 }
 

@@ -35,13 +35,18 @@ void sl_cpu_avx2_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 float sl_cpu_avx2_bench_read(const float *buf, size_t n);
 double sl_cpu_avx2_bench_fma(long iters);
 
-/* The AVX-512 kernels (avx512.c): AVX-512F and VL on top of the AVX2 set. x_epoch: 0, or a
- * number that every call over the same contents of x shares and no call over other contents
- * does (one per matmul job, see ops.c): a thread then packs x once for all its calls of the job
- * rather than once per call. */
+/* The AVX-512 kernels (avx512.c): AVX-512F and VL on top of the AVX2 set. The matmul of three
+ * rows or more packs x in row pairs: xp (or NULL) is x (n, k) packed whole beforehand, by
+ * sl_cpu_avx512_pack_unit for each of its sl_cpu_avx512_pack_units(n, k) units (in any order,
+ * on any threads) into sl_cpu_avx512_pack_floats(n, k) floats, so that the calls of a job that
+ * share x do not each pack the rows they use; without it a call packs them itself. */
 #define SL_CPU_HAVE_AVX512 1
-void sl_cpu_avx512_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
-                               int d1, uint64_t x_epoch);
+#define SL_CPU_AVX512_ROWS 32 /* rows of x packed as one block (a unit has one k block of them) */
+void sl_cpu_avx512_matmul_cols(float *out, const float *x, const float *xp, const struct sl_mat *w,
+                               int n, int d0, int d1);
+size_t sl_cpu_avx512_pack_floats(int n, int k);
+int sl_cpu_avx512_pack_units(int n, int k);
+void sl_cpu_avx512_pack_unit(float *xp, const float *x, int n, int k, int u);
 double sl_cpu_avx512_bench_fma(long iters);
 #else
 #define SL_CPU_HAVE_AVX2 0

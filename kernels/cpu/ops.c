@@ -320,16 +320,15 @@ static void matmul_scalar(float *out, const float *x, const struct sl_mat *w, in
     }
 }
 
-/* sl_cpu_matmul_cols; x_epoch as in sl_cpu_avx512_matmul_cols (0 where the caller cannot vouch
- * that x is unchanged since another call). */
-static void matmul_cols_e(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1,
-                          uint64_t x_epoch)
+/* sl_cpu_matmul_cols; xp: x packed whole for the AVX-512 matmul (see cpu_impl.h), or NULL. */
+static void matmul_cols_p(float *out, const float *x, const float *xp, const struct sl_mat *w,
+                          int n, int d0, int d1)
 {
     if (n < 1 || d0 >= d1)
         return;
 #if SL_CPU_HAVE_AVX2
     if (AVX512()) {
-        sl_cpu_avx512_matmul_cols(out, x, w, n, d0, d1, x_epoch);
+        sl_cpu_avx512_matmul_cols(out, x, xp, w, n, d0, d1);
         return;
     }
     if (AVX2()) {
@@ -337,13 +336,13 @@ static void matmul_cols_e(float *out, const float *x, const struct sl_mat *w, in
         return;
     }
 #endif
-    (void)x_epoch;
+    (void)xp;
     matmul_scalar(out, x, w, n, d0, d1);
 }
 
 void sl_cpu_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1)
 {
-    matmul_cols_e(out, x, w, n, d0, d1, 0);
+    matmul_cols_p(out, x, NULL, w, n, d0, d1);
 }
 
 void sl_cpu_matmul(float *out, const float *x, const struct sl_mat *w, int n)
@@ -602,6 +601,10 @@ struct sl_cpu_pool {
     _Atomic bool quit;
     void (*fn)(void *arg, int ith, int nth); /* the current job; read after gen is seen */
     void *arg;
+    /* A matmul job's x packed whole (sl_cpu_pool_reserve): by all threads into pack when its
+     * rows are many, by each thread into its own own[ith] when they are few. */
+    float *pack, **own;
+    size_t pack_floats, own_floats;
 };
 
 struct pool_arg {
@@ -697,7 +700,49 @@ void sl_cpu_pool_free(struct sl_cpu_pool *p)
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->mu);
     free(p->tids);
+    free(p->pack);
+    for (int i = 0; p->own && i < p->n_threads; i++)
+        free(p->own[i]);
+    free(p->own);
     free(p);
+}
+
+#if SL_CPU_HAVE_AVX512
+/* *buf := room for `floats` (64-byte aligned) unless it has as much; false when out of memory. */
+static bool grow(float **buf, size_t *have, size_t floats)
+{
+    if (floats <= *have)
+        return true;
+    void *m = NULL;
+    if (floats > SIZE_MAX / sizeof(float) || posix_memalign(&m, 64, floats * sizeof(float)) != 0)
+        return false;
+    free(*buf);
+    *buf = m;
+    *have = floats;
+    return true;
+}
+#endif
+
+enum sl_status sl_cpu_pool_reserve(struct sl_cpu_pool *p, int rows, int cols)
+{
+    if (!p || rows < 1 || cols < 1)
+        return SL_EINVAL;
+#if SL_CPU_HAVE_AVX512
+    int few = rows < SL_CPU_AVX512_ROWS ? rows : SL_CPU_AVX512_ROWS;
+    size_t own = sl_cpu_avx512_pack_floats(few, cols);
+    if (!p->own)
+        p->own = sl_xcalloc((size_t)p->n_threads, sizeof(float *));
+    for (int i = 0; i < p->n_threads; i++) {
+        size_t have = p->own_floats;
+        if (!grow(&p->own[i], &have, own))
+            return SL_ENOMEM; /* every buffer still holds own_floats */
+    }
+    p->own_floats = own > p->own_floats ? own : p->own_floats;
+    if (rows > SL_CPU_AVX512_ROWS &&
+        !grow(&p->pack, &p->pack_floats, sl_cpu_avx512_pack_floats(rows, cols)))
+        return SL_ENOMEM;
+#endif
+    return SL_OK;
 }
 
 int sl_cpu_pool_threads(const struct sl_cpu_pool *p)
@@ -761,22 +806,23 @@ struct mm_job {
     struct sl_mat ws[4];
     const float *x;
     int n;
-    float *gate_h;    /* swiglu: h (n, rows) gated by outs[1] after both are computed */
-    int total;        /* rows to compute: all matrices end to end, or the gated width */
-    uint64_t epoch;   /* this job's x (see sl_cpu_avx512_matmul_cols) */
-    _Atomic int next; /* next unit to hand out */
+    float *gate_h; /* swiglu: h (n, rows) gated by outs[1] after both are computed */
+    int total;     /* rows to compute: all matrices end to end, or the gated width */
+    /* x packed whole (AVX-512, see cpu_impl.h), in units: into xp by all threads together, or
+     * (own, not NULL) by each thread into own[ith]; neither: each call packs what it uses. */
+    float *xp, *const *own;
+    int pack_units;
+    _Atomic int pack_next, pack_done; /* units of xp claimed, and packed */
+    _Atomic int next;                 /* next unit to hand out */
 };
 
-/* The last job's epoch: each job takes the next, so none shares another's. */
-static _Atomic uint64_t mm_epoch;
-
-static void mm_range(const struct mm_job *j, int lo, int hi)
+static void mm_range(const struct mm_job *j, const float *xp, int lo, int hi)
 {
     if (j->gate_h) {
         /* Both matrices have the same rows: take the same columns of each, then gate them. */
         int hid = j->ws[0].rows;
-        matmul_cols_e(j->gate_h, j->x, &j->ws[0], j->n, lo, hi, j->epoch);
-        matmul_cols_e(j->outs[1], j->x, &j->ws[1], j->n, lo, hi, j->epoch);
+        matmul_cols_p(j->gate_h, j->x, xp, &j->ws[0], j->n, lo, hi);
+        matmul_cols_p(j->outs[1], j->x, xp, &j->ws[1], j->n, lo, hi);
         for (int r = 0; r < j->n; r++)
             sl_cpu_swiglu(j->gate_h + (size_t)r * hid + lo, j->outs[1] + (size_t)r * hid + lo,
                           hi - lo);
@@ -787,26 +833,52 @@ static void mm_range(const struct mm_job *j, int lo, int hi)
         int rows = j->ws[m].rows;
         int a = lo > off ? lo - off : 0, b = hi - off < rows ? hi - off : rows;
         if (a < b)
-            matmul_cols_e(j->outs[m], j->x, &j->ws[m], j->n, a, b, j->epoch);
+            matmul_cols_p(j->outs[m], j->x, xp, &j->ws[m], j->n, a, b);
         off += rows;
     }
 }
 
+/* Thread ith's packed x for job j, packed now: its own (all units), or its share of the common
+ * one, returned once every unit is in; NULL where the job packs call by call. */
+static const float *mm_pack(struct mm_job *j, int ith)
+{
+#if SL_CPU_HAVE_AVX512
+    int k = j->ws[0].cols;
+    if (j->own) {
+        for (int u = 0; u < j->pack_units; u++)
+            sl_cpu_avx512_pack_unit(j->own[ith], j->x, j->n, k, u);
+        return j->own[ith];
+    }
+    if (!j->xp)
+        return NULL;
+    for (int u;
+         (u = atomic_fetch_add_explicit(&j->pack_next, 1, memory_order_relaxed)) < j->pack_units;) {
+        sl_cpu_avx512_pack_unit(j->xp, j->x, j->n, k, u);
+        atomic_fetch_add_explicit(&j->pack_done, 1, memory_order_release);
+    }
+    while (atomic_load_explicit(&j->pack_done, memory_order_acquire) < j->pack_units)
+        cpu_relax();
+    return j->xp;
+#else
+    (void)j;
+    (void)ith;
+    return NULL;
+#endif
+}
+
 static void mm_task(void *arg, int ith, int nth)
 {
-    (void)ith;
     struct mm_job *j = arg;
     int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN, end;
-    /* The AVX-512 matmul packs x's rows for every call of a prompt (a decode batch's once per
-     * thread and job), a cost against the call's columns: calls of at least 48 columns keep it
-     * small (on one thread, a 12-column call of a 256-row prompt ran at 0.65 of a 96-column one,
-     * 48 columns at 0.92; in the step, prompts took 7 % less time, batch-32 decode 2-5 %, batch
-     * 16 5-9 %; 96 columns balanced worse). With decode's packing shared, 24 or 12 columns were
-     * still slower than 48 (--only-decode 32: 4,850-5,050 against 4,970-5,220 tok/s). */
+    const float *xp = mm_pack(j, ith);
+    /* Chunks of at least 48 columns for the AVX-512 matmul: with x packed for the job, smaller
+     * ones only add calls; without (a pool with no reserve), each call packs the rows it uses, a
+     * cost against its columns (on one thread, a 12-column call of a 256-row prompt ran at 0.65
+     * of a 96-column one, 48 columns at 0.92; 96 columns balanced worse). */
     int min_units = AVX512() && j->n > 2 ? 4 : 1;
     for (int u; (u = sl_cpu_grab(&j->next, units, nth, min_units, &end)) < units;) {
         int hi = end * ROW_ALIGN;
-        mm_range(j, u * ROW_ALIGN, hi < j->total ? hi : j->total);
+        mm_range(j, xp, u * ROW_ALIGN, hi < j->total ? hi : j->total);
     }
 }
 
@@ -814,10 +886,26 @@ static void mm_dispatch(struct sl_cpu_pool *p, struct mm_job *j, int rows_work, 
 {
     int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN;
     int nth = sl_cpu_pool_threads(p);
-    j->epoch = atomic_fetch_add_explicit(&mm_epoch, 1, memory_order_relaxed) + 1;
+#if SL_CPU_HAVE_AVX512
+    /* x packed once for the job rather than by each call (each chunk a thread takes, each
+     * matrix) for the rows it uses. A decode batch (one row block) is packed by every thread
+     * for itself: read from another core's cache, a common pack made a hot 32 × 288 × 864
+     * product 7 % slower (58-60 against 63-65 µs, two threads); a prompt's rows are many, and
+     * their units are shared out. */
+    if (AVX512() && j->n > 2 && p) {
+        size_t need = sl_cpu_avx512_pack_floats(j->n, k);
+        if (j->n <= SL_CPU_AVX512_ROWS && p->own && need <= p->own_floats)
+            j->own = p->own;
+        else if (j->n > SL_CPU_AVX512_ROWS && p->pack && need <= p->pack_floats)
+            j->xp = p->pack;
+        j->pack_units = sl_cpu_avx512_pack_units(j->n, k);
+        atomic_store_explicit(&j->pack_next, 0, memory_order_relaxed);
+        atomic_store_explicit(&j->pack_done, 0, memory_order_relaxed);
+    }
+#endif
     /* Below about a hundred thousand multiply-adds a dispatch costs more than it saves. */
     if (nth == 1 || (int64_t)j->n * rows_work * k < 100000 || units < 2) {
-        mm_range(j, 0, j->total);
+        mm_range(j, mm_pack(j, 0), 0, j->total);
         return;
     }
     atomic_store_explicit(&j->next, 0, memory_order_relaxed);

@@ -223,71 +223,101 @@ Test(kernels, matmul_is_bitwise_equal_when_rows_are_batched_differently)
     }
 }
 
-Test(kernels, matmul_mt_is_bitwise_equal_when_thread_count_changes)
+/* The _mt matmuls against one-thread sl_cpu_matmul, bit for bit, for each thread count, with and
+ * without room reserved for x packed whole (AVX-512: then packed once per job, by unit, on any
+ * thread; room for one row fewer than the job falls back to packing call by call). Shapes: one
+ * row block; three row blocks (the last of 11 rows, odd) over three k blocks; a k % 8 tail. */
+static void check_mt(enum sl_cpu_isa isa, enum sl_dtype t, int n, int d, int k, int hid)
+{
+    float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k);
+    float *src1 = rand_vec((size_t)hid * k), *src3 = rand_vec((size_t)hid * k);
+    float *deq, *deq1, *deq3;
+    void *buf, *buf1, *buf3;
+    struct sl_mat w = make_mat(t, src, d, k, &deq, &buf);
+    struct sl_mat w1 = make_mat(t, src1, hid, k, &deq1, &buf1);
+    struct sl_mat w3 = make_mat(t, src3, hid, k, &deq3, &buf3);
+    float *ref = malloc((size_t)n * d * sizeof(float));
+    float *h1 = malloc((size_t)n * hid * sizeof(float));
+    float *h3 = malloc((size_t)n * hid * sizeof(float));
+    float *out = malloc((size_t)n * d * sizeof(float));
+    float *o1 = malloc((size_t)n * hid * sizeof(float));
+    float *o3 = malloc((size_t)n * hid * sizeof(float));
+    sl_cpu_matmul(ref, x, &w, n);
+    sl_cpu_matmul(h1, x, &w1, n);
+    sl_cpu_matmul(h3, x, &w3, n);
+    float *gated = malloc((size_t)n * hid * sizeof(float));
+    memcpy(gated, h1, (size_t)n * hid * sizeof(float));
+    sl_cpu_swiglu(gated, h3, n * hid);
+    for (int room = 0; room < 3; room++)
+        for (int th = 1; th <= 4; th++) {
+            struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+            cr_assert_not_null(p);
+            if (room)
+                cr_assert_eq(sl_cpu_pool_reserve(p, room == 1 ? n : n - 1, k), SL_OK);
+            const char *what[] = {"no room", "room", "room for n - 1"};
+            memset(out, 0xff, (size_t)n * d * sizeof(float));
+            sl_cpu_matmul_mt(p, out, x, &w, n);
+            cr_assert(memcmp(ref, out, (size_t)n * d * sizeof(float)) == 0,
+                      "[%s] %s %dx%dx%d mt, %s, threads %d", sl_cpu_isa_name(isa), sl_dtype_name(t),
+                      n, d, k, what[room], th);
+            float *const outs[3] = {out, o1, o3};
+            const struct sl_mat ws[3] = {w, w1, w3};
+            sl_cpu_matmul_multi_mt(p, 3, outs, x, ws, n);
+            cr_assert(memcmp(ref, out, (size_t)n * d * sizeof(float)) == 0 &&
+                          memcmp(h1, o1, (size_t)n * hid * sizeof(float)) == 0 &&
+                          memcmp(h3, o3, (size_t)n * hid * sizeof(float)) == 0,
+                      "[%s] %s %dx%dx%d multi, %s, threads %d", sl_cpu_isa_name(isa),
+                      sl_dtype_name(t), n, d, k, what[room], th);
+            sl_cpu_matmul_swiglu_mt(p, o1, o3, x, &w1, &w3, n);
+            cr_assert(memcmp(gated, o1, (size_t)n * hid * sizeof(float)) == 0,
+                      "[%s] %s %dx%dx%d swiglu, %s, threads %d", sl_cpu_isa_name(isa),
+                      sl_dtype_name(t), n, d, k, what[room], th);
+            sl_cpu_pool_free(p);
+        }
+    free(deq);
+    free(deq1);
+    free(deq3);
+    free(buf);
+    free(buf1);
+    free(buf3);
+    free(ref);
+    free(h1);
+    free(h3);
+    free(out);
+    free(o1);
+    free(o3);
+    free(gated);
+    free(x);
+    free(src);
+    free(src1);
+    free(src3);
+}
+
+Test(kernels, matmul_mt_is_bitwise_equal_when_thread_count_or_packing_changes)
 {
     FOR_EACH_ISA(isa)
-    {
-        int n = 19, d = 301, k = 96, hid = 130;
-        float *x = rand_vec((size_t)n * k), *src = rand_vec((size_t)d * k);
-        float *src1 = rand_vec((size_t)hid * k), *src3 = rand_vec((size_t)hid * k);
-        for (int ti = 0; ti < LEN(dtypes); ti++) {
-            float *deq, *deq1, *deq3;
-            void *buf, *buf1, *buf3;
-            struct sl_mat w = make_mat(dtypes[ti], src, d, k, &deq, &buf);
-            struct sl_mat w1 = make_mat(dtypes[ti], src1, hid, k, &deq1, &buf1);
-            struct sl_mat w3 = make_mat(dtypes[ti], src3, hid, k, &deq3, &buf3);
-            float *ref = malloc((size_t)n * d * sizeof(float));
-            float *h1 = malloc((size_t)n * hid * sizeof(float));
-            float *h3 = malloc((size_t)n * hid * sizeof(float));
-            float *out = malloc((size_t)n * d * sizeof(float));
-            float *o1 = malloc((size_t)n * hid * sizeof(float));
-            float *o3 = malloc((size_t)n * hid * sizeof(float));
-            sl_cpu_matmul(ref, x, &w, n);
-            sl_cpu_matmul(h1, x, &w1, n);
-            sl_cpu_matmul(h3, x, &w3, n);
-            float *gated = malloc((size_t)n * hid * sizeof(float));
-            memcpy(gated, h1, (size_t)n * hid * sizeof(float));
-            sl_cpu_swiglu(gated, h3, n * hid);
-            for (int th = 1; th <= 4; th++) {
-                struct sl_cpu_pool *p = sl_cpu_pool_new(th);
-                cr_assert_not_null(p);
-                sl_cpu_matmul_mt(p, out, x, &w, n);
-                cr_assert(memcmp(ref, out, (size_t)n * d * sizeof(float)) == 0, "mt %d", th);
-                float *const outs[3] = {out, o1, o3};
-                const struct sl_mat ws[3] = {w, w1, w3};
-                sl_cpu_matmul_multi_mt(p, 3, outs, x, ws, n);
-                cr_assert(memcmp(ref, out, (size_t)n * d * sizeof(float)) == 0, "multi %d", th);
-                cr_assert(memcmp(h1, o1, (size_t)n * hid * sizeof(float)) == 0, "multi %d", th);
-                cr_assert(memcmp(h3, o3, (size_t)n * hid * sizeof(float)) == 0, "multi %d", th);
-                sl_cpu_matmul_swiglu_mt(p, o1, o3, x, &w1, &w3, n);
-                cr_assert(memcmp(gated, o1, (size_t)n * hid * sizeof(float)) == 0,
-                          "swiglu %s %s threads %d", sl_cpu_isa_name(isa),
-                          sl_dtype_name(dtypes[ti]), th);
-                sl_cpu_pool_free(p);
-            }
-            free(deq);
-            free(deq1);
-            free(deq3);
-            free(buf);
-            free(buf1);
-            free(buf3);
-            free(ref);
-            free(h1);
-            free(h3);
-            free(out);
-            free(o1);
-            free(o3);
-            free(gated);
-        }
-        free(x);
-        free(src);
-        free(src1);
-        free(src3);
+    for (int ti = 0; ti < LEN(dtypes); ti++) {
+        check_mt(isa, dtypes[ti], 19, 301, 96, 130);
+        check_mt(isa, dtypes[ti], 75, 61, 800, 50);
+        if (dtypes[ti] != SL_DTYPE_Q8_0) /* whole 32-column blocks only */
+            check_mt(isa, dtypes[ti], 37, 29, 803, 27);
     }
 }
 
-/* A thread keeps the rows it packed for a job's later calls (avx512.c): a new job, or a direct
- * call, over the same buffer with new contents must see the new rows. */
+Test(kernels, pool_reserve_refuses_nonsense_and_keeps_working)
+{
+    struct sl_cpu_pool *p = sl_cpu_pool_new(2);
+    cr_assert_not_null(p);
+    cr_assert_eq(sl_cpu_pool_reserve(NULL, 4, 4), SL_EINVAL);
+    cr_assert_eq(sl_cpu_pool_reserve(p, 0, 4), SL_EINVAL);
+    cr_assert_eq(sl_cpu_pool_reserve(p, 4, -1), SL_EINVAL);
+    cr_assert_eq(sl_cpu_pool_reserve(p, 64, 64), SL_OK);
+    cr_assert_eq(sl_cpu_pool_reserve(p, 8, 8), SL_OK); /* smaller: keeps what it has */
+    sl_cpu_pool_free(p);
+}
+
+/* A pool's matmul packs x once for a job's calls (avx512.c): a new job, or a direct call, over
+ * the same buffer with new contents must see the new rows. */
 Test(kernels, matmul_sees_new_rows_when_x_changes_in_place_between_jobs)
 {
     FOR_EACH_ISA(isa)
@@ -304,6 +334,8 @@ Test(kernels, matmul_sees_new_rows_when_x_changes_in_place_between_jobs)
         for (int th = 1; th <= 3; th++) {
             struct sl_cpu_pool *p = sl_cpu_pool_new(th);
             cr_assert_not_null(p);
+            if (th != 2) /* x packed whole for each job, or (2 threads) call by call */
+                cr_assert_eq(sl_cpu_pool_reserve(p, n, k), SL_OK);
             const float *want[] = {ra, rb, rb, ra, ra};
             for (int step = 0; step < LEN(want); step++) {
                 memcpy(x, want[step] == ra ? xa : xb, (size_t)n * k * sizeof(float));
