@@ -307,12 +307,12 @@ static __attribute__((noinline)) TARGET void tile_call(enum sl_dtype t, bool fla
     }
 }
 
-/* Pairs [0, np) of the packed block against RN weight rows, RMP_MAX pairs to a tile (the last
- * with fewer). `rows` real rows from x's row 0. f (or NULL): lines to fetch meanwhile, one per k
- * step of the tiles (see tile()), what is left after them at once. */
-INLINE void tile_pairs(const enum sl_dtype t, const bool FLAT, const int RN, float *out, size_t ldo,
-                       const float *xp, int np, const float *x, size_t ldx, const unsigned char *w,
-                       size_t wrb, int rows, int j0, int j1, int k8, int k, struct fetch *f)
+/* Pairs [0, np) of the packed block against rn weight rows, RMP_MAX pairs to a tile (the last
+ * with fewer), flat as tile()'s FLAT. `rows` real rows from x's row 0. f (or NULL): lines to fetch
+ * meanwhile, one per k step of the tiles (see tile()), what is left after them at once. */
+INLINE void tile_pairs(enum sl_dtype t, bool flat, int rn, float *out, size_t ldo, const float *xp,
+                       int np, const float *x, size_t ldx, const unsigned char *w, size_t wrb,
+                       int rows, int j0, int j1, int k8, int k, struct fetch *f)
 {
     struct tile_args a = {.ldo = ldo,
                           .ldx = ldx,
@@ -330,7 +330,7 @@ INLINE void tile_pairs(const enum sl_dtype t, const bool FLAT, const int RN, flo
         a.xp = xp + (size_t)p * 16;
         a.x = x + (size_t)2 * p * ldx;
         a.rows = rows - 2 * p < 2 * m ? rows - 2 * p : 2 * m;
-        tile_call(t, FLAT, m, RN, &a);
+        tile_call(t, flat, m, rn, &a);
     }
     if (f)
         fetch_some(f, f->left);
@@ -404,12 +404,8 @@ INLINE void slice_pass(const enum sl_dtype t, const struct mm *c, float *out, co
         }
         if (nf == 2)
             fetch_some(&f[1], f[1].left);
-        if (flat)
-            tile_pairs(t, true, TILE_RN, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb,
-                       wrb, rows, j0, j1, c->k8, c->k, nf ? &f[0] : NULL);
-        else
-            tile_pairs(t, false, TILE_RN, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb,
-                       wrb, rows, j0, j1, c->k8, c->k, nf ? &f[0] : NULL);
+        tile_pairs(t, flat, TILE_RN, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb, wrb,
+                   rows, j0, j1, c->k8, c->k, nf ? &f[0] : NULL);
     }
     for (; i < s1; i++)
         tile_pairs(t, false, 1, o + i, c->ldo, xp, np, xr, c->ldx, c->w + (size_t)i * wrb, wrb,

@@ -29,12 +29,12 @@ struct server {
     size_t log_len;
 };
 
-/* Starts build/sluice (SLUICE_BIN) with the given extra arguments and --listen 127.0.0.1:0, and
- * waits for its "listening on" line. Fails the test when it exits first. */
 /* True when the server under test was built with a sanitizer (meson's b_sanitize, passed in
  * SLUICE_SANITIZE), whose slowdown and memory overhead some figures must allow for. */
 bool sanitized_build(void);
 
+/* Starts build/sluice (SLUICE_BIN) with the given extra arguments and --listen 127.0.0.1:0, and
+ * waits for its "listening on" line. Fails the test when it exits first. */
 void server_start(struct server *s, const char *const *args);
 /* The same with another executable (a test build of sluice, such as SLUICE_FAULT_BIN). */
 void server_start_bin(struct server *s, const char *bin, const char *const *args);
