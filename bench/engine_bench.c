@@ -47,7 +47,7 @@ static void usage(void)
             "  --ctx     context of each decoding sequence (default 128)\n"
             "  --isa     force the kernels' instruction set (the ceilings stay the\n"
             "            machine's: the FMA peak is measured at its widest vectors)\n"
-            "  --kv-dtype how the CPU backend stores K and V (default f32, the server's default)\n"
+            "  --kv-dtype how the CPU backend stores K and V (default f16, the server's default)\n"
             "  --reps    timed repetitions per figure, best reported (default 5)\n"
             "  --only-decode B  run only decode at batch B, for a profiler\n"
             "  --only-prefill N run only N prefills of the prompt (mean and fastest), for a\n"
@@ -261,7 +261,7 @@ int main(int argc, char **argv)
 {
     const char *spec = "synthetic:stories15M", *device = "cpu";
     int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
-    enum sl_kv_dtype kv_dtype = SL_KV_F32;
+    enum sl_kv_dtype kv_dtype = SL_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -285,7 +285,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--kv-dtype") == 0) {
             if (strcmp(v, "f32") != 0 && strcmp(v, "f16") != 0)
                 usage();
-            kv_dtype = strcmp(v, "f16") == 0 ? SL_KV_F16 : SL_KV_F32;
+            kv_dtype = strcmp(v, "f32") == 0 ? SL_KV_F32 : SL_KV_F16;
         } else if (strcmp(a, "--isa") == 0) {
             enum sl_cpu_isa isa = SL_CPU_ISA_SCALAR;
             while (isa <= SL_CPU_ISA_AVX512 && strcmp(v, sl_cpu_isa_name(isa)) != 0)

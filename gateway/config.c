@@ -25,6 +25,7 @@ void sl_config_init(struct sl_config *c)
     c->max_batch_tokens = 512;
     c->block_size = 16;
     c->kv_cache_mib = 512;
+    c->kv_dtype = SL_KV_F16; /* as llama.cpp's default cache type; f32 on request */
     c->default_max_tokens = 16;
     c->default_max_tokens_chat = 0;
     c->max_body_bytes = 1 << 20;

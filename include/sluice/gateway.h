@@ -66,7 +66,7 @@ struct sl_config {
     int block_size;            /* KV block size in positions */
     int kv_cache_mib;          /* KV pool size cap in MiB */
     double kv_cache_fraction;  /* when > 0: the cap is this fraction of available memory instead */
-    enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f32) */
+    enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f16) */
     int default_max_tokens;    /* a completion's max_tokens when it gives none (OpenAI: 16) */
     int default_max_tokens_chat; /* a chat's, when it gives none; 0: up to the model's context */
     size_t max_body_bytes;       /* larger request bodies get 413 */

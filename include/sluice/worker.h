@@ -243,9 +243,10 @@ struct sl_batch {
 };
 
 /* How a backend stores K and V. The CPU backend honours it; the CUDA backend stores them in its
- * compute type (F32, or 16-bit for 16-bit and Q8_0 weights) whatever is asked. */
+ * compute type (F32, or 16-bit for 16-bit and Q8_0 weights) whatever is asked. Zeroed options
+ * mean F32; the server's configuration defaults to F16 (sl_config_init). */
 enum sl_kv_dtype {
-    SL_KV_F32, /* exact: the reference implementations' fp32 (default) */
+    SL_KV_F32, /* exact: the reference implementations' fp32 */
     SL_KV_F16, /* IEEE half, rounded to nearest even when written: half the bytes per block */
 };
 

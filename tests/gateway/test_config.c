@@ -178,17 +178,19 @@ Test(gateway, kv_cache_fraction_is_checked_when_given)
     sl_config_dispose(&c);
 }
 
-Test(gateway, kv_dtype_defaults_to_f32_and_is_checked_when_given)
+Test(gateway, kv_dtype_defaults_to_f16_and_is_checked_when_given)
 {
     struct sl_config c;
     sl_config_init(&c);
-    cr_assert_eq(c.kv_dtype, SL_KV_F32);
+    cr_assert_eq(c.kv_dtype, SL_KV_F16);
     char err[256] = "";
+    cr_assert_eq(load(&c, "{\"kv_dtype\":\"f32\"}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(c.kv_dtype, SL_KV_F32);
+    json_t *j = sl_config_to_json(&c);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "kv_dtype")), "f32");
+    json_decref(j);
     cr_assert_eq(load(&c, "{\"kv_dtype\":\"f16\"}", err, sizeof err), SL_OK, "%s", err);
     cr_assert_eq(c.kv_dtype, SL_KV_F16);
-    json_t *j = sl_config_to_json(&c);
-    cr_assert_str_eq(json_string_value(json_object_get(j, "kv_dtype")), "f16");
-    json_decref(j);
     cr_assert_eq(load(&c, "{\"kv_dtype\":\"bf16\"}", err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "\"kv_dtype\" must be \"f32\" or \"f16\""), "%s", err);
     cr_assert_eq(load(&c, "{\"kv_dtype\":16}", err, sizeof err), SL_EINVAL);
