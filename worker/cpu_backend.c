@@ -268,6 +268,7 @@ struct glue_job {
     struct sl_cpu_ctx *c;
     const struct sl_batch *b;
     enum glue_op op;
+    int n; /* rows [0, n): the batch's, or the last layer's sampled rows once gathered */
     int layer;
     bool add;
     const float *norm; /* (dim) GLUE_NORM's weights */
@@ -316,8 +317,7 @@ static void glue_rows(const struct glue_job *j, int r0, int r1)
 static void glue_task(void *arg, int ith, int nth)
 {
     const struct glue_job *j = arg;
-    int n = j->b->n_tokens;
-    glue_rows(j, n * ith / nth, n * (ith + 1) / nth);
+    glue_rows(j, j->n * ith / nth, j->n * (ith + 1) / nth);
 }
 
 /* Rows are split evenly over the pool when there are enough of them to pay for a hand-off (a
@@ -328,10 +328,37 @@ static void glue_task(void *arg, int ith, int nth)
 
 static void glue(struct sl_cpu_ctx *c, const struct glue_job *j)
 {
-    if (c->n_threads > 1 && j->b->n_tokens >= GLUE_MIN_ROWS)
+    if (c->n_threads > 1 && j->n >= GLUE_MIN_ROWS)
         sl_cpu_pool_run(c->pool, glue_task, (void *)j);
     else
-        glue_rows(j, 0, j->b->n_tokens);
+        glue_rows(j, 0, j->n);
+}
+
+/* The last layer's attention tasks where only some rows sample: one task (all heads, as
+ * attend_row) for each sampled row, whose bits are those its group would give it. Returns the
+ * number of tasks. */
+static int sampled_rows_tasks(struct sl_cpu_ctx *c, const struct sl_batch *b)
+{
+    int nkv1 = c->cfg.n_kv_heads + 1;
+    for (int i = 0; i < b->n_logits; i++) {
+        c->attn_rows[i] = b->logit_rows[i];
+        c->attn_tasks[i] = i * nkv1;
+    }
+    return b->n_logits;
+}
+
+/* Rows logit_rows[i] of the residual stream x and of the attention output xb moved to row i
+ * (ascending rows: a row is read before anything is written over it). */
+static void gather_sampled_rows(struct sl_cpu_ctx *c, const struct sl_batch *b)
+{
+    size_t dim = (size_t)c->cfg.dim;
+    for (int i = 0; i < b->n_logits; i++) {
+        size_t r = (size_t)b->logit_rows[i];
+        if (r == (size_t)i)
+            continue;
+        memcpy(c->x + (size_t)i * dim, c->x + r * dim, dim * sizeof(float));
+        memcpy(c->xb + (size_t)i * dim, c->xb + r * dim, dim * sizeof(float));
+    }
 }
 
 static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
@@ -345,7 +372,7 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
     const struct sl_model_config *cfg = &c->cfg;
     const struct sl_model_weights *w = &c->m->w;
     int n = b->n_tokens, dim = cfg->dim, L = cfg->n_layers;
-    glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_EMBED});
+    glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_EMBED, .n = n});
 
     /* Consecutive rows of one sequence (a prefill chunk) are attended in groups. */
     int n_groups = 0;
@@ -364,7 +391,12 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
     }
 
     /* The residual add of each block goes with the norm that follows it. */
-    glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_NORM, .norm = w->layers[0].rms_att});
+    glue(c,
+         &(struct glue_job){.c = c, .b = b, .op = GLUE_NORM, .n = n, .norm = w->layers[0].rms_att});
+    /* The last layer's output is wanted only at the rows that sample: a prompt chunk's other
+     * rows need that layer for their K and V alone, in the cache once its QKV is done (as
+     * llama.cpp's output ids; 0.12 of a 256-token prompt's flops, none of a decode batch's). */
+    bool gather = b->n_logits < n;
     for (int l = 0; l < L; l++) {
         const struct sl_layer_weights *Lw = &w->layers[l];
         float *const qkv_out[3] = {c->q, c->k, c->v};
@@ -372,19 +404,29 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         sl_cpu_matmul_multi_mt(c->pool, 3, qkv_out, c->xb, qkv, n);
         /* Every row's K and V go to the cache before any row attends, so a prefill chunk sees
          * its own earlier rows. */
-        glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_KV, .layer = l});
+        glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_KV, .n = n, .layer = l});
+        if (l == L - 1 && gather) {
+            if (b->n_logits == 0)
+                return SL_OK;
+            n_tasks = sampled_rows_tasks(c, b);
+        }
         struct attn_job aj = {.c = c, .b = b, .layer = l, .n_tasks = n_tasks};
         atomic_store_explicit(&aj.next, 0, memory_order_relaxed);
         sl_cpu_pool_run(c->pool, attn_task, &aj);
+        if (l == L - 1 && gather) {
+            gather_sampled_rows(c, b);
+            n = b->n_logits;
+        }
         sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, &Lw->wo, n);
-        glue(c,
-             &(struct glue_job){.c = c, .b = b, .op = GLUE_NORM, .add = true, .norm = Lw->rms_ffn});
+        glue(c, &(struct glue_job){
+                    .c = c, .b = b, .op = GLUE_NORM, .n = n, .add = true, .norm = Lw->rms_ffn});
         sl_cpu_matmul_swiglu_mt(c->pool, c->hb, c->hb2, c->xb, &Lw->w1, &Lw->w3, n);
         sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, &Lw->w2, n);
         if (l + 1 < L)
             glue(c, &(struct glue_job){.c = c,
                                        .b = b,
                                        .op = GLUE_NORM,
+                                       .n = n,
                                        .add = true,
                                        .norm = w->layers[l + 1].rms_att});
         else
@@ -393,8 +435,9 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
 
     /* Only rows that sample pay for the final norm and the (vocab, dim) classifier. */
     for (int i = 0; i < b->n_logits; i++)
-        sl_cpu_rmsnorm(c->xl + (size_t)i * dim, c->x + (size_t)b->logit_rows[i] * dim, w->rms_final,
-                       1, dim, cfg->rms_eps);
+        sl_cpu_rmsnorm(c->xl + (size_t)i * dim,
+                       c->x + (size_t)(gather ? i : b->logit_rows[i]) * dim, w->rms_final, 1, dim,
+                       cfg->rms_eps);
     if (b->n_logits > 0)
         sl_cpu_matmul_mt(c->pool, logits, c->xl, &w->wcls, b->n_logits);
     return SL_OK;

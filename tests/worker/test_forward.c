@@ -214,6 +214,66 @@ Test(worker, logits_stay_close_to_f32_when_kv_is_f16)
     sl_model_free(m);
 }
 
+/* The last layer runs its attention, output projection and FFN only for the rows that sample,
+ * gathered to the front: a chunk with no sampled row stops after that layer's K and V, and a
+ * sampled row's logits are the bits it gets when every row samples, wherever it sits in a mixed
+ * batch. */
+Test(worker, logits_are_bitwise_equal_when_only_some_rows_sample)
+{
+    for (kv_dtype = SL_KV_F32; kv_dtype <= SL_KV_F16; kv_dtype++)
+        for (int threads = 1; threads <= 2; threads++) {
+            struct sl_model *m = wt_load("synthetic", NULL);
+            int V = sl_model_config(m)->vocab_size;
+            float *ref = reference_a(m);
+            float *refb = malloc((size_t)6 * V * sizeof(float));
+            float *logits = malloc((size_t)48 * V * sizeof(float));
+            int32_t ta[8] = {9, 3, 17, 40, 22, 63, 5, 11}, tb[4] = {8, 33, 2, 50};
+            const int32_t *tables[2] = {ta, tb};
+            struct wt_step s = {0};
+            int32_t ctx[2] = {6, 0};
+            struct sl_worker *w = new_worker(m, threads);
+            for (int i = 0; i < 6; i++)
+                wt_step_add(&s, 0, wt_seq_b[i], i);
+            wt_run_step(w, &s, 1, (const int32_t *const[]){tb}, ctx, refb); /* B alone */
+            sl_worker_free(w);
+
+            w = new_worker(m, threads);
+            /* Step 1: A's first 9 rows, none sampled. */
+            s.n = 0;
+            for (int i = 0; i < 9; i++)
+                wt_step_add(&s, 0, wt_seq_a[i], i);
+            struct sl_batch b = wt_batch_of(&s, 1, tables, (int32_t[]){9});
+            b.n_logits = 0;
+            cr_assert_eq(sl_worker_forward(w, &b, NULL), SL_OK);
+            /* Step 2: A's other 11 rows, then B's 6, rows 3, 10 and 16 of 17 sampled. */
+            s.n = 0;
+            for (int i = 9; i < 20; i++)
+                wt_step_add(&s, 0, wt_seq_a[i], i);
+            for (int i = 0; i < 6; i++)
+                wt_step_add(&s, 1, wt_seq_b[i], i);
+            ctx[0] = 20;
+            ctx[1] = 6;
+            b = wt_batch_of(&s, 2, tables, ctx);
+            int32_t rows[3] = {3, 10, 16};
+            b.n_logits = 3;
+            b.logit_rows = rows;
+            cr_assert_eq(sl_worker_forward(w, &b, logits), SL_OK);
+            const char *kv = sl_kv_dtype_name(kv_dtype);
+            cr_assert(memcmp(logits, ref + (size_t)12 * V, (size_t)V * sizeof(float)) == 0,
+                      "%s KV, %d threads: A's position 12 differs", kv, threads);
+            cr_assert(memcmp(logits + V, ref + (size_t)19 * V, (size_t)V * sizeof(float)) == 0,
+                      "%s KV, %d threads: A's position 19 differs", kv, threads);
+            cr_assert(memcmp(logits + (size_t)2 * V, refb + (size_t)5 * V,
+                             (size_t)V * sizeof(float)) == 0,
+                      "%s KV, %d threads: B's position 5 differs", kv, threads);
+            sl_worker_free(w);
+            free(logits);
+            free(refb);
+            free(ref);
+            sl_model_free(m);
+        }
+}
+
 /* A prefill chunk's rows attend in groups that share K and V reads, the grouped-query heads of a
  * KV head together ("synthetic" has 8 query heads over 4 KV heads); each query must still get
  * the bits it gets alone, so a whole-prompt prefill equals a one-token-at-a-time decode exactly. */
