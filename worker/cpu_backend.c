@@ -180,8 +180,8 @@ static void kv_pages(const struct sl_cpu_ctx *c, const struct sl_batch *b, int r
 }
 
 /* Rows of one sequence attended together: their scores against a K row are taken while it is
- * in registers. */
-#define ATTN_ROWS 3
+ * in registers (the AVX-512 kernel takes 8 queries at once, the AVX2 one 3 at a time). */
+#define ATTN_ROWS SL_CPU_ATTN_MAX_Q
 
 /* Causal attention of rows [r0, r1) (one sequence, consecutive in the batch) for the query heads
  * of KV head g: RoPE of each query head, then each (row, head) over positions 0..pos of the

@@ -172,7 +172,7 @@ void sl_cpu_attention(float *out, const float *q, const struct sl_cpu_pages *k,
                       const struct sl_cpu_pages *v, int n_ctx, int hs, float *att);
 
 /* The most queries sl_cpu_attention_multi takes at once. */
-#define SL_CPU_ATTN_MAX_Q 3
+#define SL_CPU_ATTN_MAX_Q 8
 
 /* nq (1..SL_CPU_ATTN_MAX_Q) queries over the same K and V (the heads of a grouped-query group,
  * or rows of one sequence): for each i, outs[i] (hs) = sl_cpu_attention(qs[i], k, v, n_ctx[i]),

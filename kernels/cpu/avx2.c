@@ -774,7 +774,7 @@ INLINE void attention_t(const enum sl_dtype ty, float *out, const float *q,
             sc += q[j] * scalar_w(ty, kr, j);
         att[t] = sc / scale;
     }
-    sl_cpu_avx2_softmax(att, n_ctx);
+    sl_cpu_softmax(att, n_ctx);
     int j0 = 0;
     for (; j0 + 64 <= h8; j0 += 64)
         attn_values(ty, 8, out + j0, att, v, n_ctx, j0);
@@ -940,7 +940,7 @@ INLINE void attention_multi_t(const enum sl_dtype ty, const int NQ, float *const
     }
     multi_scores(ty, NQ, qs, n_ctx, k, 0, n_max, hs, att, stride);
     for (int i = 0; i < NQ; i++)
-        sl_cpu_avx2_softmax(att + (size_t)i * stride, n_ctx[i]);
+        sl_cpu_softmax(att + (size_t)i * stride, n_ctx[i]);
     /* 24 lanes at a time: 3 queries × 4 vectors plus the 4 value vectors and a broadcast are
      * 17 registers, and the accumulator that spilled put a store and a reload in every
      * position's FMA chain (a fifth of the kernel's time). */
@@ -1092,7 +1092,7 @@ INLINE void attention_row_t(const enum sl_dtype ty, float *out, const float *q, 
         }
     }
     for (int h = 0; h < n_heads; h++)
-        sl_cpu_avx2_softmax(att + (size_t)h * stride, n_ctx);
+        sl_cpu_softmax(att + (size_t)h * stride, n_ctx);
     for (int p = 0; p < n_pages; p++) {
         const unsigned char *base = page_base(ty, v, p);
         const unsigned char *next = p + 1 < n_pages ? page_base(ty, v, p + 1) : NULL;

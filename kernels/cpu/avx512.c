@@ -19,6 +19,7 @@
 
 #include <immintrin.h>
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -529,6 +530,374 @@ TARGET void sl_cpu_avx512_matmul_cols(float *out, const float *x, const float *x
     case SL_DTYPE_BF16: matmul_t(SL_DTYPE_BF16, out, x, xp, w, n, d0, d1); break;
     case SL_DTYPE_Q8_0: matmul_t(SL_DTYPE_Q8_0, out, x, xp, w, n, d0, d1); break;
     }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Softmax and SwiGLU: avx2.c's arithmetic lane for lane on 16 lanes (its e^x, the same
+ * operations in the same order), and softmax's sum in its order (8-lane chunks added in turn,
+ * then its tree), so both give avx2.c's bits.
+ */
+
+/* avx2.c's exp8 on 16 lanes. */
+INLINE __m512 exp16(__m512 x)
+{
+    __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+    __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+    return _mm512_maskz_mov_ps((__mmask16)~zero, y);
+}
+
+INLINE __m256 hi256(__m512 v)
+{
+    return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+
+/* avx2.c's reduce1: ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). */
+INLINE float reduce1_256(__m256 a)
+{
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, a), _mm256_hadd_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
+TARGET void sl_cpu_avx512_softmax(float *x, int n)
+{
+    int n8 = n & ~7;
+    /* The maximum as avx2.c takes it (the same order, whatever NaN does). */
+    __m256 mv = _mm256_set1_ps(x[0]);
+    for (int i = 0; i < n8; i += 8)
+        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    float mb[8];
+    _mm256_storeu_ps(mb, mv);
+    float max = mb[0];
+    for (int i = 1; i < 8; i++)
+        max = mb[i] > max ? mb[i] : max;
+    for (int i = n8; i < n; i++)
+        max = x[i] > max ? x[i] : max;
+    __m512 m = _mm512_set1_ps(max);
+    __m256 sum = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+        _mm512_storeu_ps(x + i, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        sum = _mm256_add_ps(sum, hi256(e));
+    }
+    if (i < n) {
+        /* A whole 8-chunk and/or avx2.c's padded tail chunk: padding lanes are -inf, exactly 0. */
+        _Alignas(64) float tb[16];
+        for (int c = 0; c < 16; c++)
+            tb[c] = i + c < n ? x[i + c] : -INFINITY;
+        __m512 e = exp16(_mm512_sub_ps(_mm512_load_ps(tb), m));
+        _mm512_store_ps(tb, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        if (n - i > 8)
+            sum = _mm256_add_ps(sum, hi256(e));
+        memcpy(x + i, tb, (size_t)(n - i) * sizeof(float));
+    }
+    float s = reduce1_256(sum);
+    __m512 sv = _mm512_set1_ps(s);
+    int n16 = n & ~15;
+    for (i = 0; i < n16; i += 16)
+        _mm512_storeu_ps(x + i, _mm512_div_ps(_mm512_loadu_ps(x + i), sv));
+    for (; i < n; i++)
+        x[i] /= s;
+}
+
+/* avx2.c's swiglu8 on 16 lanes: silu(h) * g, llama2.c's expression order. */
+INLINE __m512 swiglu16(__m512 h, __m512 g)
+{
+    __m512 one = _mm512_set1_ps(1.0f);
+    __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), h));
+    __m512 v = _mm512_mul_ps(h, _mm512_div_ps(one, _mm512_add_ps(one, e)));
+    return _mm512_mul_ps(v, g);
+}
+
+TARGET void sl_cpu_avx512_swiglu(float *h, const float *g, int n)
+{
+    int n16 = n & ~15;
+    for (int i = 0; i < n16; i += 16)
+        _mm512_storeu_ps(h + i, swiglu16(_mm512_loadu_ps(h + i), _mm512_loadu_ps(g + i)));
+    if (n16 < n) {
+        __mmask16 mk = (__mmask16)((1u << (n - n16)) - 1);
+        _mm512_mask_storeu_ps(
+            h + n16, mk,
+            swiglu16(_mm512_maskz_loadu_ps(mk, h + n16), _mm512_maskz_loadu_ps(mk, g + n16)));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention of several queries over the same K and V (a prompt chunk's rows of one KV head),
+ * with each query's bits those of avx2.c's sl_cpu_avx2_attention: its scores by the same lane
+ * chains and tree (two queries to a register, as the matmul's row pairs, four positions to a
+ * reduction), the same softmax, and each output lane's FMA chain over the positions in order
+ * (16 lanes to a register, up to 8 queries × 48 lanes of accumulators at once).
+ */
+
+/* The rows of paged K or V from position t on, in order, without a division per row. */
+struct kv_iter {
+    const struct sl_cpu_pages *p;
+    size_t es;
+    int page, slot;
+};
+
+INLINE struct kv_iter kv_at(const struct sl_cpu_pages *p, size_t es, int t)
+{
+    return (struct kv_iter){p, es, t / p->page_size, t % p->page_size};
+}
+
+INLINE const unsigned char *kv_next(struct kv_iter *it)
+{
+    const struct sl_cpu_pages *p = it->p;
+    const unsigned char *r =
+        (const unsigned char *)p->base +
+        ((size_t)p->pages[it->page] * p->page_stride + (size_t)it->slot * p->row_stride) * it->es;
+    if (++it->slot == p->page_size) {
+        it->slot = 0;
+        it->page++;
+    }
+    return r;
+}
+
+/* 16 elements of a K or V row from column j as fp32 (fp32 or fp16 storage), lanes past `left`
+ * zero (left is even: the caller takes even head sizes only). */
+INLINE __m512 load_kv16(const enum sl_dtype ty, const unsigned char *row, int j, int left)
+{
+    if (ty == SL_DTYPE_F16) {
+        const __m256i *a = (const __m256i *)(row + 2 * (size_t)j);
+        __m256i h = left >= 16 ? _mm256_loadu_si256(a)
+                               : _mm256_maskz_loadu_epi32((__mmask8)((1u << (left / 2)) - 1), a);
+        return _mm512_cvtph_ps(h);
+    }
+    const float *a = (const float *)row + j;
+    return left >= 16 ? _mm512_loadu_ps(a)
+                      : _mm512_maskz_loadu_ps((__mmask16)((1u << left) - 1), a);
+}
+
+/* Scores of the nq queries packed in qp (NP pairs per 8-column step) against positions t .. t + 3
+ * (rows kt, the last repeated where fewer than four are left): att[i][t + c] for the positions
+ * below n_ctx[i]. */
+INLINE void attn_scores4(const enum sl_dtype ty, const int NP, float *att, size_t stride,
+                         const float *qp, const float *const *qs, const int *n_ctx, int nq,
+                         const unsigned char *const *kt, int t, int hs, float scale)
+{
+    int h8 = hs & ~7;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            acc[p][c] = _mm512_setzero_ps();
+    for (int j = 0; j < h8; j += 8, qp += NP * 16) {
+        __m512 kv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kv[c] = load_w(ty, kt[c], j);
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            __m512 x = _mm512_loadu_ps(qp + p * 16);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[p][c] = _mm512_fmadd_ps(x, kv[c], acc[p][c]);
+        }
+    }
+    __m128 scale4 = _mm_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++) {
+        __m512 v = reduce4(acc[p][0], acc[p][1], acc[p][2], acc[p][3]);
+        for (int half = 0; half < 2; half++) {
+            int i = 2 * p + half;
+            if (i >= nq || t >= n_ctx[i])
+                continue;
+            float sv[4];
+            _mm_storeu_ps(sv, half ? _mm512_extractf32x4_ps(v, 2) : _mm512_castps512_ps128(v));
+            if (h8 < hs)
+                for (int c = 0; c < 4; c++)
+                    for (int j = h8; j < hs; j++)
+                        sv[c] += qs[i][j] * scalar_w(ty, kt[c], j);
+            float *a = att + (size_t)i * stride;
+            if (t + 4 <= n_ctx[i]) {
+                _mm_storeu_ps(a + t, _mm_div_ps(_mm_loadu_ps(sv), scale4));
+            } else {
+                for (int c = 0; c < 4 && t + c < n_ctx[i]; c++)
+                    a[t + c] = sv[c] / scale;
+            }
+        }
+    }
+}
+
+/* Scores of every query over positions [0, max n_ctx). */
+INLINE void attn_scores_all(const enum sl_dtype ty, const int NP, float *att, size_t stride,
+                            const float *qp, const float *const *qs, const int *n_ctx, int nq,
+                            const struct sl_cpu_pages *k, int n_max, int hs, float scale)
+{
+    struct kv_iter it = kv_at(k, ty == SL_DTYPE_F16 ? 2 : 4, 0);
+    for (int t = 0; t < n_max; t += 4) {
+        const unsigned char *kt[4];
+        for (int c = 0; c < 4; c++)
+            kt[c] = t + c < n_max ? kv_next(&it) : kt[c - 1];
+        attn_scores4(ty, NP, att, stride, qp, qs, n_ctx, nq, kt, t, hs, scale);
+    }
+}
+
+/* outs[i][j0 .. j0 + 16·NV) (lanes below hs; =, or += continuing each lane's chain when !first)
+ * Σ_{t in [t0, t1)} att_i[t] · v_t for NQ queries. */
+INLINE void attn_values16(const enum sl_dtype ty, const int NQ, const int NV, float *const *outs,
+                          const float *att, size_t stride, const struct sl_cpu_pages *v, int t0,
+                          int t1, int j0, int hs, bool first)
+{
+    size_t es = ty == SL_DTYPE_F16 ? 2 : 4;
+    __m512 acc[8][3];
+    __mmask16 mk[3];
+#pragma GCC unroll 3
+    for (int c = 0; c < NV; c++) {
+        int left = hs - (j0 + 16 * c);
+        mk[c] = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 3
+        for (int c = 0; c < NV; c++)
+            acc[i][c] =
+                first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[c], outs[i] + j0 + 16 * c);
+    struct kv_iter it = kv_at(v, es, t0);
+    for (int t = t0; t < t1; t++) {
+        const unsigned char *vt = kv_next(&it);
+        __m512 vv[3];
+#pragma GCC unroll 3
+        for (int c = 0; c < NV; c++)
+            vv[c] = load_kv16(ty, vt, j0 + 16 * c, hs - (j0 + 16 * c));
+#pragma GCC unroll 8
+        for (int i = 0; i < NQ; i++) {
+            __m512 a = _mm512_set1_ps(att[(size_t)i * stride + t]);
+#pragma GCC unroll 3
+            for (int c = 0; c < NV; c++)
+                acc[i][c] = _mm512_fmadd_ps(a, vv[c], acc[i][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < NQ; i++)
+#pragma GCC unroll 3
+        for (int c = 0; c < NV; c++)
+            _mm512_mask_storeu_ps(outs[i] + j0 + 16 * c, mk[c], acc[i][c]);
+}
+
+/* The values of NQ queries: positions [0, n_min) together, then each query alone over the ones
+ * only it sees, 48 lanes a pass. */
+INLINE void attn_values_q(const enum sl_dtype ty, const int NQ, float *const *outs,
+                          const float *att, size_t stride, const struct sl_cpu_pages *v,
+                          const int *n_ctx, int hs)
+{
+    int n_min = n_ctx[0];
+    for (int i = 1; i < NQ; i++)
+        n_min = n_ctx[i] < n_min ? n_ctx[i] : n_min;
+    for (int j0 = 0; j0 < hs; j0 += 48) {
+        int nv = (hs - j0 + 15) / 16;
+        nv = nv < 3 ? nv : 3;
+        switch (nv) {
+        case 3: attn_values16(ty, NQ, 3, outs, att, stride, v, 0, n_min, j0, hs, true); break;
+        case 2: attn_values16(ty, NQ, 2, outs, att, stride, v, 0, n_min, j0, hs, true); break;
+        default: attn_values16(ty, NQ, 1, outs, att, stride, v, 0, n_min, j0, hs, true); break;
+        }
+        for (int i = 0; i < NQ; i++) {
+            if (n_ctx[i] <= n_min)
+                continue;
+            const float *a = att + (size_t)i * stride;
+            switch (nv) {
+            case 3:
+                attn_values16(ty, 1, 3, outs + i, a, stride, v, n_min, n_ctx[i], j0, hs, false);
+                break;
+            case 2:
+                attn_values16(ty, 1, 2, outs + i, a, stride, v, n_min, n_ctx[i], j0, hs, false);
+                break;
+            default:
+                attn_values16(ty, 1, 1, outs + i, a, stride, v, n_min, n_ctx[i], j0, hs, false);
+                break;
+            }
+        }
+    }
+}
+
+INLINE void attention_multi_t(const enum sl_dtype ty, int nq, float *const *outs,
+                              const float *const *qs, const int *n_ctx,
+                              const struct sl_cpu_pages *k, const struct sl_cpu_pages *v, int hs,
+                              float *att, size_t stride)
+{
+    /* The queries in pairs, [8-column step][pair][2 × 8] (a missing last query reads as zeros). */
+    _Alignas(64) float qp[SL_CPU_AVX512_ATTN_HS / 8 * 4 * 16];
+    int h8 = hs & ~7, np = (nq + 1) / 2, n_max = 0;
+    for (int j = 0; j < h8; j += 8)
+        for (int p = 0; p < np; p++) {
+            float *d = qp + ((size_t)(j / 8) * (size_t)np + (size_t)p) * 16;
+            memcpy(d, qs[2 * p] + j, 8 * sizeof(float));
+            if (2 * p + 1 < nq)
+                memcpy(d + 8, qs[2 * p + 1] + j, 8 * sizeof(float));
+            else
+                memset(d + 8, 0, 8 * sizeof(float));
+        }
+    for (int i = 0; i < nq; i++)
+        n_max = n_ctx[i] > n_max ? n_ctx[i] : n_max;
+    float scale = sqrtf((float)hs);
+    switch (np) {
+    case 1: attn_scores_all(ty, 1, att, stride, qp, qs, n_ctx, nq, k, n_max, hs, scale); break;
+    case 2: attn_scores_all(ty, 2, att, stride, qp, qs, n_ctx, nq, k, n_max, hs, scale); break;
+    case 3: attn_scores_all(ty, 3, att, stride, qp, qs, n_ctx, nq, k, n_max, hs, scale); break;
+    default: attn_scores_all(ty, 4, att, stride, qp, qs, n_ctx, nq, k, n_max, hs, scale); break;
+    }
+    for (int i = 0; i < nq; i++)
+        sl_cpu_avx512_softmax(att + (size_t)i * stride, n_ctx[i]);
+    /* Queries in groups of 8, 4, 2 and 1. */
+    for (int i = 0; i < nq;) {
+        int g = nq - i >= 8 ? 8 : nq - i >= 4 ? 4 : nq - i >= 2 ? 2 : 1;
+        const float *a = att + (size_t)i * stride;
+        switch (g) {
+        case 8: attn_values_q(ty, 8, outs + i, a, stride, v, n_ctx + i, hs); break;
+        case 4: attn_values_q(ty, 4, outs + i, a, stride, v, n_ctx + i, hs); break;
+        case 2: attn_values_q(ty, 2, outs + i, a, stride, v, n_ctx + i, hs); break;
+        default: attn_values_q(ty, 1, outs + i, a, stride, v, n_ctx + i, hs); break;
+        }
+        i += g;
+    }
+}
+
+TARGET static void attention_multi_f32(int nq, float *const *outs, const float *const *qs,
+                                       const int *n_ctx, const struct sl_cpu_pages *k,
+                                       const struct sl_cpu_pages *v, int hs, float *att,
+                                       size_t stride)
+{
+    attention_multi_t(SL_DTYPE_F32, nq, outs, qs, n_ctx, k, v, hs, att, stride);
+}
+
+TARGET static void attention_multi_f16(int nq, float *const *outs, const float *const *qs,
+                                       const int *n_ctx, const struct sl_cpu_pages *k,
+                                       const struct sl_cpu_pages *v, int hs, float *att,
+                                       size_t stride)
+{
+    attention_multi_t(SL_DTYPE_F16, nq, outs, qs, n_ctx, k, v, hs, att, stride);
+}
+
+void sl_cpu_avx512_attention_multi(int nq, float *const *outs, const float *const *qs,
+                                   const int *n_ctx, const struct sl_cpu_pages *k,
+                                   const struct sl_cpu_pages *v, int hs, float *att,
+                                   size_t att_stride)
+{
+    if (k->type == SL_DTYPE_F16)
+        attention_multi_f16(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
+    else
+        attention_multi_f32(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
 }
 
 TARGET double sl_cpu_avx512_bench_fma(long iters)

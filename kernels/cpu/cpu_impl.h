@@ -47,6 +47,15 @@ void sl_cpu_avx512_matmul_cols(float *out, const float *x, const float *xp, cons
 size_t sl_cpu_avx512_pack_floats(int n, int k);
 int sl_cpu_avx512_pack_units(int n, int k);
 void sl_cpu_avx512_pack_unit(float *xp, const float *x, int n, int k, int u);
+void sl_cpu_avx512_softmax(float *x, int n);
+void sl_cpu_avx512_swiglu(float *h, const float *g, int n);
+/* sl_cpu_attention_multi for 1 .. 8 queries, the bits of sl_cpu_avx2_attention each; hs even
+ * and at most SL_CPU_AVX512_ATTN_HS. */
+#define SL_CPU_AVX512_ATTN_HS 256
+void sl_cpu_avx512_attention_multi(int nq, float *const *outs, const float *const *qs,
+                                   const int *n_ctx, const struct sl_cpu_pages *k,
+                                   const struct sl_cpu_pages *v, int hs, float *att,
+                                   size_t att_stride);
 double sl_cpu_avx512_bench_fma(long iters);
 #else
 #define SL_CPU_HAVE_AVX2 0

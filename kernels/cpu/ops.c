@@ -408,6 +408,10 @@ int32_t sl_cpu_argmax(const float *x, int n)
 void sl_cpu_softmax(float *x, int n)
 {
 #if SL_CPU_HAVE_AVX2
+    if (AVX512()) {
+        sl_cpu_avx512_softmax(x, n);
+        return;
+    }
     if (AVX2()) {
         sl_cpu_avx2_softmax(x, n);
         return;
@@ -475,6 +479,10 @@ void sl_cpu_rope(float *x, int n_heads, int head_size, int pos, float theta)
 void sl_cpu_swiglu(float *h, const float *g, int n)
 {
 #if SL_CPU_HAVE_AVX2
+    if (AVX512()) {
+        sl_cpu_avx512_swiglu(h, g, n);
+        return;
+    }
     if (AVX2()) {
         sl_cpu_avx2_swiglu(h, g, n);
         return;
@@ -549,8 +557,15 @@ void sl_cpu_attention_multi(int nq, float *const *outs, const float *const *qs, 
                             float *att, size_t att_stride)
 {
 #if SL_CPU_HAVE_AVX2
+    if (AVX512() && nq > 1 && hs % 2 == 0 && hs <= SL_CPU_AVX512_ATTN_HS) {
+        sl_cpu_avx512_attention_multi(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
+        return;
+    }
     if (AVX2()) {
-        sl_cpu_avx2_attention_multi(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
+        /* Three queries at a time: the AVX2 registers hold no more. */
+        for (int i = 0; i < nq; i += 3)
+            sl_cpu_avx2_attention_multi(nq - i < 3 ? nq - i : 3, outs + i, qs + i, n_ctx + i, k, v,
+                                        hs, att + (size_t)i * att_stride, att_stride);
         return;
     }
 #endif

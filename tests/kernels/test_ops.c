@@ -532,6 +532,42 @@ Test(kernels, swiglu_is_bitwise_equal_when_split_anywhere)
     }
 }
 
+/* The AVX-512 softmax and SwiGLU take avx2.c's arithmetic lane for lane and its sum order, so
+ * their bits are AVX2's at every length (16-lane bodies, 8-lane chunks and padded tails), with
+ * values that underflow e^x and values past its clamp. */
+Test(kernels, softmax_and_swiglu_give_avx2_bits_when_isa_is_avx512)
+{
+    if (sl_cpu_isa_best() < SL_CPU_ISA_AVX512)
+        cr_skip_test("no AVX-512 on this CPU");
+    for (int n = 1; n <= 140; n += n < 40 ? 1 : 13)
+        for (int wide = 0; wide < 2; wide++) {
+            float *x = rand_vec((size_t)n), *g = rand_vec((size_t)n);
+            for (int i = 0; i < n; i++)
+                x[i] = x[i] * (wide ? (i % 3 ? 30.0f : 150.0f) : 2.0f);
+            float *out[2][2];
+            for (int v = 0; v < 2; v++) {
+                use_isa(v ? SL_CPU_ISA_AVX512 : SL_CPU_ISA_AVX2);
+                out[v][0] = malloc((size_t)n * sizeof(float));
+                out[v][1] = malloc((size_t)n * sizeof(float));
+                memcpy(out[v][0], x, (size_t)n * sizeof(float));
+                memcpy(out[v][1], x, (size_t)n * sizeof(float));
+                sl_cpu_softmax(out[v][0], n);
+                sl_cpu_swiglu(out[v][1], g, n);
+            }
+            cr_assert(memcmp(out[0][0], out[1][0], (size_t)n * sizeof(float)) == 0,
+                      "softmax n %d wide %d", n, wide);
+            cr_assert(memcmp(out[0][1], out[1][1], (size_t)n * sizeof(float)) == 0,
+                      "swiglu n %d wide %d", n, wide);
+            for (int v = 0; v < 2; v++) {
+                free(out[v][0]);
+                free(out[v][1]);
+            }
+            free(x);
+            free(g);
+        }
+    use_isa(sl_cpu_isa_best());
+}
+
 Test(kernels, rmsnorm_matches_reference_when_shapes_are_odd)
 {
     FOR_EACH_ISA(isa)
@@ -920,8 +956,11 @@ Test(kernels, attention_multi_equals_attention_when_queries_share_pages)
         enum sl_dtype kt = kv_types[ti];
         size_t es = kt == SL_DTYPE_F16 ? 2 : 4;
         int sizes[] = {2, 6, 8, 10, 48, 64, 72, 130};
-        int ctxs[][3] = {{1, 1, 1},   {3, 4, 5},    {4, 8, 12},  {17, 5, 40},
-                         {40, 40, 1}, {13, 14, 15}, {7, 40, 23}, {2, 1, 3}};
+        int ctxs[][SL_CPU_ATTN_MAX_Q] = {
+            {1, 1, 1, 1, 1, 1, 1, 1},        {3, 4, 5, 6, 7, 8, 9, 10},
+            {4, 8, 12, 16, 20, 24, 28, 32},  {17, 5, 40, 9, 33, 2, 21, 14},
+            {40, 40, 1, 40, 40, 39, 38, 40}, {13, 14, 15, 16, 17, 18, 19, 20},
+            {7, 40, 23, 1, 2, 3, 36, 11},    {2, 1, 3, 4, 1, 2, 5, 6}};
         for (int a = 0; a < LEN(sizes); a++)
             for (int b = 0; b < LEN(ctxs); b++)
                 for (int nq = 1; nq <= SL_CPU_ATTN_MAX_Q; nq++) {
@@ -930,17 +969,22 @@ Test(kernels, attention_multi_equals_attention_when_queries_share_pages)
                     float *kc = rand_vec(n_pages * page), *vc = rand_vec(n_pages * page);
                     char *ks = kv_store(kt, kc, n_pages * page);
                     char *vs = kv_store(kt, vc, n_pages * page);
-                    float *q = rand_vec(3 * (size_t)hs), *out = malloc(3 * (size_t)hs * 4);
-                    float *want = malloc((size_t)hs * 4), *att = malloc(3 * stride * 4);
-                    for (int j = 0; j < 3 * hs; j++)
+                    enum { M = SL_CPU_ATTN_MAX_Q };
+                    float *q = rand_vec(M * (size_t)hs), *out = malloc(M * (size_t)hs * 4);
+                    float *want = malloc((size_t)hs * 4), *att = malloc(M * stride * 4);
+                    for (int j = 0; j < M * hs; j++)
                         q[j] *= 3.0f;
                     int32_t pages[20];
                     for (int i = 0; i < n_pages; i++)
                         pages[i] = (i * 7 + 3) % n_pages;
                     struct sl_cpu_pages kp = {ks + hs * es, pages, page, row, ps, kt};
                     struct sl_cpu_pages vp = {vs + hs * es, pages, page, row, ps, kt};
-                    float *const outs[3] = {out, out + hs, out + 2 * hs};
-                    const float *const qs[3] = {q, q + hs, q + 2 * hs};
+                    float *outs[M];
+                    const float *qs[M];
+                    for (int i = 0; i < M; i++) {
+                        outs[i] = out + (size_t)i * hs;
+                        qs[i] = q + (size_t)i * hs;
+                    }
                     sl_cpu_attention_multi(nq, outs, qs, n_ctx, &kp, &vp, hs, att, stride);
                     for (int i = 0; i < nq; i++) {
                         sl_cpu_attention(want, qs[i], &kp, &vp, n_ctx[i], hs, att);
