@@ -639,6 +639,54 @@ TARGET void sl_cpu_avx512_swiglu(float *h, const float *g, int n)
     }
 }
 
+/* sl_cpu_argmax over the values above -inf, or -1 when there is none, as avx2.c's: each lane
+ * of four 16-lane accumulators keeps its first strict maximum (ordered compares: NaN never
+ * wins), then the largest value at the lowest index across them; four chains, because one waits
+ * on its compare every step. */
+TARGET int32_t sl_cpu_avx512_argmax(const float *x, int n)
+{
+    enum { A = 4 };
+    int n64 = n & ~(16 * A - 1);
+    __m512 best[A];
+    __m512i at[A], idx[A];
+    for (int a = 0; a < A; a++) {
+        best[a] = _mm512_set1_ps(-INFINITY);
+        at[a] = _mm512_set1_epi32(-1);
+        idx[a] = _mm512_add_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(16 * a));
+    }
+    const __m512i step = _mm512_set1_epi32(16 * A);
+    for (int i = 0; i < n64; i += 16 * A)
+#pragma GCC unroll 4
+        for (int a = 0; a < A; a++) {
+            __m512 v = _mm512_loadu_ps(x + i + 16 * a);
+            __mmask16 gt = _mm512_cmp_ps_mask(v, best[a], _CMP_GT_OQ);
+            best[a] = _mm512_mask_mov_ps(best[a], gt, v);
+            at[a] = _mm512_mask_mov_epi32(at[a], gt, idx[a]);
+            idx[a] = _mm512_add_epi32(idx[a], step);
+        }
+    float m = -INFINITY;
+    int32_t where = -1;
+    for (int a = 0; a < A; a++) {
+        float bv[16];
+        int32_t bi[16];
+        _mm512_storeu_ps(bv, best[a]);
+        _mm512_storeu_si512(bi, at[a]);
+        for (int l = 0; l < 16; l++)
+            if (bi[l] >= 0 && (bv[l] > m || (bv[l] == m && bi[l] < where))) {
+                m = bv[l];
+                where = bi[l];
+            }
+    }
+    for (int i = n64; i < n; i++)
+        if (x[i] > m) {
+            m = x[i];
+            where = i;
+        }
+    return where;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Attention of several queries over the same K and V (a prompt chunk's rows of one KV head),
  * with each query's bits those of avx2.c's sl_cpu_avx2_attention: its scores by the same lane

@@ -48,6 +48,7 @@ size_t sl_cpu_avx512_pack_floats(int n, int k);
 int sl_cpu_avx512_pack_units(int n, int k);
 void sl_cpu_avx512_pack_unit(float *xp, const float *x, int n, int k, int u);
 void sl_cpu_avx512_softmax(float *x, int n);
+int32_t sl_cpu_avx512_argmax(const float *x, int n);
 void sl_cpu_avx512_swiglu(float *h, const float *g, int n);
 /* sl_cpu_attention_multi for 1 .. 8 queries, the bits of sl_cpu_avx2_attention each; hs even
  * and at most SL_CPU_AVX512_ATTN_HS. */

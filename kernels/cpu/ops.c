@@ -396,8 +396,8 @@ static int32_t argmax_scalar(const float *x, int n)
 int32_t sl_cpu_argmax(const float *x, int n)
 {
 #if SL_CPU_HAVE_AVX2
-    if (AVX2()) {
-        int32_t i = sl_cpu_avx2_argmax(x, n);
+    if (AVX512() || AVX2()) {
+        int32_t i = AVX512() ? sl_cpu_avx512_argmax(x, n) : sl_cpu_avx2_argmax(x, n);
         if (i >= 0)
             return i;
     }
