@@ -1,5 +1,6 @@
-/* The CPU backend: a Llama forward over a varlen batch with a paged KV pool (fp32, or fp16 when
- * asked: half the bytes for attention to read, values rounded once when written).
+/* The CPU backend: a Llama forward over a varlen batch with a paged KV pool (fp32, or fp16 as
+ * the server configures by default: half the bytes for attention to read, values rounded once
+ * when written).
  *
  * Every projection is one matrix-matrix product over all rows of the step (kernels/cpu), split
  * over the pool by weight rows; attention is split over the pool by (row group, KV head), a
@@ -7,7 +8,8 @@
  * the pool runs five jobs per layer (QKV, attention, output, gate/up + SwiGLU, down) plus the
  * classifier; the cheap row-wise glue (embedding, RoPE tables, residual adds with the norms after
  * them, RoPE of K, KV writes) is split over the pool by rows for a prompt chunk and stays on the
- * calling thread for a decode batch. */
+ * calling thread for a decode batch. The last layer runs past its QKV only for the rows that
+ * sample. */
 #include "worker_impl.h"
 
 #include <math.h>
