@@ -1012,44 +1012,50 @@ Test(kernels, attention_row_equals_attention_of_each_head)
         int sizes[] = {6, 8, 48, 64, 72, 128};
         int heads[][2] = {{1, 1}, {6, 6}, {4, 2}, {8, 1}, {6, 3}};
         int ctxs[] = {1, 3, 4, 5, 16, 17, 40, 59};
-        for (int a = 0; a < LEN(sizes); a++)
-            for (int g = 0; g < LEN(heads); g++)
-                for (int b = 0; b < LEN(ctxs); b++) {
-                    int hs = sizes[a], nh = heads[g][0], nkv = heads[g][1], n_ctx = ctxs[b];
-                    int ps = 4, n_pages = 16;
-                    /* A page: (nkv, ps, hs) of this layer, inside a page_stride of two layers. */
-                    size_t head = (size_t)ps * (size_t)hs, page = 2 * (size_t)nkv * head;
-                    size_t stride = 61;
-                    float *kc = rand_vec(n_pages * page), *vc = rand_vec(n_pages * page);
-                    char *ks = kv_store(kt, kc, n_pages * page);
-                    char *vs = kv_store(kt, vc, n_pages * page);
-                    float *q = rand_vec((size_t)nh * hs), *out = malloc((size_t)nh * hs * 4);
-                    float *want = malloc((size_t)hs * 4), *att = malloc((size_t)nh * stride * 4);
-                    for (int j = 0; j < nh * hs; j++)
-                        q[j] *= 3.0f;
-                    int32_t pages[16];
-                    for (int i = 0; i < n_pages; i++)
-                        pages[i] = (i * 5 + 3) % n_pages;
-                    size_t layer = (size_t)nkv * head; /* the second layer of each page */
-                    struct sl_cpu_pages kp = {ks + layer * es, pages, page, (size_t)hs, ps, kt};
-                    struct sl_cpu_pages vp = {vs + layer * es, pages, page, (size_t)hs, ps, kt};
-                    sl_cpu_attention_row(out, q, nh, nkv, &kp, &vp, n_ctx, hs, att, stride);
-                    for (int h = 0; h < nh; h++) {
-                        struct sl_cpu_pages kh = kp, vh = vp;
-                        kh.base = ks + (layer + (size_t)(h / (nh / nkv)) * head) * es;
-                        vh.base = vs + (layer + (size_t)(h / (nh / nkv)) * head) * es;
-                        sl_cpu_attention(want, q + (size_t)h * hs, &kh, &vh, n_ctx, hs, att);
-                        cr_assert(memcmp(want, out + (size_t)h * hs, (size_t)hs * 4) == 0,
-                                  "[%s, %s KV] hs %d heads %d/%d n_ctx %d: head %d differs from "
-                                  "alone",
-                                  sl_cpu_isa_name(isa), sl_dtype_name(kt), hs, nh, nkv, n_ctx, h);
+        /* Pages of 4 rows, and of 16 (the default block, whole groups of 8 rows), and of 5. */
+        int page_sizes[] = {4, 16, 5};
+        for (int pi = 0; pi < LEN(page_sizes); pi++)
+            for (int a = 0; a < LEN(sizes); a++)
+                for (int g = 0; g < LEN(heads); g++)
+                    for (int b = 0; b < LEN(ctxs); b++) {
+                        int hs = sizes[a], nh = heads[g][0], nkv = heads[g][1], n_ctx = ctxs[b];
+                        int ps = page_sizes[pi], n_pages = 16;
+                        /* A page: (nkv, ps, hs) of this layer, inside a page_stride of two layers.
+                         */
+                        size_t head = (size_t)ps * (size_t)hs, page = 2 * (size_t)nkv * head;
+                        size_t stride = 61;
+                        float *kc = rand_vec(n_pages * page), *vc = rand_vec(n_pages * page);
+                        char *ks = kv_store(kt, kc, n_pages * page);
+                        char *vs = kv_store(kt, vc, n_pages * page);
+                        float *q = rand_vec((size_t)nh * hs), *out = malloc((size_t)nh * hs * 4);
+                        float *want = malloc((size_t)hs * 4),
+                              *att = malloc((size_t)nh * stride * 4);
+                        for (int j = 0; j < nh * hs; j++)
+                            q[j] *= 3.0f;
+                        int32_t pages[16];
+                        for (int i = 0; i < n_pages; i++)
+                            pages[i] = (i * 5 + 3) % n_pages;
+                        size_t layer = (size_t)nkv * head; /* the second layer of each page */
+                        struct sl_cpu_pages kp = {ks + layer * es, pages, page, (size_t)hs, ps, kt};
+                        struct sl_cpu_pages vp = {vs + layer * es, pages, page, (size_t)hs, ps, kt};
+                        sl_cpu_attention_row(out, q, nh, nkv, &kp, &vp, n_ctx, hs, att, stride);
+                        for (int h = 0; h < nh; h++) {
+                            struct sl_cpu_pages kh = kp, vh = vp;
+                            kh.base = ks + (layer + (size_t)(h / (nh / nkv)) * head) * es;
+                            vh.base = vs + (layer + (size_t)(h / (nh / nkv)) * head) * es;
+                            sl_cpu_attention(want, q + (size_t)h * hs, &kh, &vh, n_ctx, hs, att);
+                            cr_assert(memcmp(want, out + (size_t)h * hs, (size_t)hs * 4) == 0,
+                                      "[%s, %s KV] hs %d heads %d/%d n_ctx %d page %d: head %d "
+                                      "differs from alone",
+                                      sl_cpu_isa_name(isa), sl_dtype_name(kt), hs, nh, nkv, n_ctx,
+                                      ps, h);
+                        }
+                        kv_free(kt, ks, kc);
+                        kv_free(kt, vs, vc);
+                        free(q);
+                        free(out);
+                        free(want);
+                        free(att);
                     }
-                    kv_free(kt, ks, kc);
-                    kv_free(kt, vs, vc);
-                    free(q);
-                    free(out);
-                    free(want);
-                    free(att);
-                }
     }
 }
