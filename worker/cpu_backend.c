@@ -397,7 +397,7 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
          &(struct glue_job){.c = c, .b = b, .op = GLUE_NORM, .n = n, .norm = w->layers[0].rms_att});
     /* The last layer's output is wanted only at the rows that sample: a prompt chunk's other
      * rows need that layer for their K and V alone, in the cache once its QKV is done (as
-     * llama.cpp's output ids; 0.12 of a 256-token prompt's flops, none of a decode batch's). */
+     * llama.cpp's output ids; 0.13 of a 256-token prompt's flops, none of a decode batch's). */
     bool gather = b->n_logits < n;
     for (int l = 0; l < L; l++) {
         const struct sl_layer_weights *Lw = &w->layers[l];
