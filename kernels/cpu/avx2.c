@@ -438,18 +438,19 @@ TARGET float sl_cpu_avx2_dot(const float *a, const float *b, int n)
  * clamped (e^88 ≈ 1.65e38), so softmax and SiLU never see inf or NaN from it. */
 INLINE __m256 exp8(__m256 x)
 {
-    __m256 zero = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33654f), _CMP_LT_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 zero = _mm256_cmp_ps(x, _mm256_set1_ps(SL_CPU_EXP_MIN), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(SL_CPU_EXP_MIN)),
+                      _mm256_set1_ps(SL_CPU_EXP_MAX));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(SL_CPU_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SL_CPU_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(SL_CPU_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(SL_CPU_EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SL_CPU_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SL_CPU_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SL_CPU_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SL_CPU_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(SL_CPU_EXP_P5));
     __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
     y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
     __m256i e =
@@ -505,7 +506,7 @@ TARGET void sl_cpu_avx2_rope_apply(float *x, int n_heads, int head_size, const f
     }
 }
 
-TARGET void sl_cpu_avx2_softmax(float *x, int n)
+TARGET float sl_cpu_avx2_softmax_max(const float *x, int n)
 {
     int n8 = n & ~7;
     __m256 mv = _mm256_set1_ps(x[0]);
@@ -518,6 +519,18 @@ TARGET void sl_cpu_avx2_softmax(float *x, int n)
         max = mb[i] > max ? mb[i] : max;
     for (int i = n8; i < n; i++)
         max = x[i] > max ? x[i] : max;
+    return max;
+}
+
+TARGET float sl_cpu_avx2_sum_tree(const float *lanes)
+{
+    return reduce1(_mm256_loadu_ps(lanes));
+}
+
+TARGET void sl_cpu_avx2_softmax(float *x, int n)
+{
+    int n8 = n & ~7;
+    float max = sl_cpu_avx2_softmax_max(x, n);
     __m256 m = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
     for (int i = 0; i < n8; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
@@ -984,12 +997,17 @@ TARGET void sl_cpu_avx2_attention_multi(int nq, float *const *outs, const float 
                                         const struct sl_cpu_pages *v, int hs, float *att,
                                         size_t att_stride)
 {
-    if (nq == 1)
-        sl_cpu_avx2_attention(outs[0], qs[0], k, v, n_ctx[0], hs, att);
-    else if (k->type == SL_DTYPE_F16)
-        attention_multi_f16(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
-    else
-        attention_multi_f32(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
+    /* Three queries at a time: the registers hold no more. */
+    for (int i = 0; i < nq; i += 3) {
+        int m = nq - i < 3 ? nq - i : 3;
+        float *a = att + (size_t)i * att_stride;
+        if (m == 1)
+            sl_cpu_avx2_attention(outs[i], qs[i], k, v, n_ctx[i], hs, a);
+        else if (k->type == SL_DTYPE_F16)
+            attention_multi_f16(m, outs + i, qs + i, n_ctx + i, k, v, hs, a, att_stride);
+        else
+            attention_multi_f32(m, outs + i, qs + i, n_ctx + i, k, v, hs, a, att_stride);
+    }
 }
 
 /* Fetches into L2 the lines of pf from offset o up to end (at most pf_bytes; none when pf is

@@ -541,18 +541,19 @@ TARGET void sl_cpu_avx512_matmul_cols(float *out, const float *x, const float *x
 /* avx2.c's exp8 on 16 lanes. */
 INLINE __m512 exp16(__m512 x)
 {
-    __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654f), _CMP_LT_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(SL_CPU_EXP_MIN), _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(SL_CPU_EXP_MIN)),
+                      _mm512_set1_ps(SL_CPU_EXP_MAX));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(SL_CPU_EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SL_CPU_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(SL_CPU_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(SL_CPU_EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SL_CPU_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SL_CPU_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SL_CPU_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SL_CPU_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(SL_CPU_EXP_P5));
     __m512 y = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
     y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
     __m512i e =
@@ -566,28 +567,10 @@ INLINE __m256 hi256(__m512 v)
     return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
 }
 
-/* avx2.c's reduce1: ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). */
-INLINE float reduce1_256(__m256 a)
-{
-    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, a), _mm256_hadd_ps(a, a));
-    return _mm_cvtss_f32(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-}
-
 TARGET void sl_cpu_avx512_softmax(float *x, int n)
 {
-    int n8 = n & ~7;
     /* The maximum as avx2.c takes it (the same order, whatever NaN does). */
-    __m256 mv = _mm256_set1_ps(x[0]);
-    for (int i = 0; i < n8; i += 8)
-        mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
-    float mb[8];
-    _mm256_storeu_ps(mb, mv);
-    float max = mb[0];
-    for (int i = 1; i < 8; i++)
-        max = mb[i] > max ? mb[i] : max;
-    for (int i = n8; i < n; i++)
-        max = x[i] > max ? x[i] : max;
-    __m512 m = _mm512_set1_ps(max);
+    __m512 m = _mm512_set1_ps(sl_cpu_avx2_softmax_max(x, n));
     __m256 sum = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -608,7 +591,9 @@ TARGET void sl_cpu_avx512_softmax(float *x, int n)
             sum = _mm256_add_ps(sum, hi256(e));
         memcpy(x + i, tb, (size_t)(n - i) * sizeof(float));
     }
-    float s = reduce1_256(sum);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    float s = sl_cpu_avx2_sum_tree(lanes);
     __m512 sv = _mm512_set1_ps(s);
     int n16 = n & ~15;
     for (i = 0; i < n16; i += 16)

@@ -16,6 +16,10 @@ void sl_cpu_avx2_matmul_cols(float *out, const float *x, const struct sl_mat *w,
                              int d1);
 void sl_cpu_avx2_rmsnorm(float *out, const float *x, const float *w, int n, int dim, float eps);
 void sl_cpu_avx2_softmax(float *x, int n);
+/* Softmax's pieces the AVX-512 version shares, for the same bits: the maximum of x (n) as
+ * sl_cpu_avx2_softmax takes it, and its tree over an 8-lane sum. */
+float sl_cpu_avx2_softmax_max(const float *x, int n);
+float sl_cpu_avx2_sum_tree(const float *lanes);
 int32_t sl_cpu_avx2_argmax(const float *x, int n);
 void sl_cpu_avx2_div(float *x, int n, float d);
 void sl_cpu_avx2_swiglu(float *h, const float *g, int n);
@@ -62,6 +66,21 @@ double sl_cpu_avx512_bench_fma(long iters);
 #define SL_CPU_HAVE_AVX2 0
 #define SL_CPU_HAVE_AVX512 0
 #endif
+
+/* e^x as avx2.c's exp8 and avx512.c's exp16 compute it (Cephes' expf), one set of constants so
+ * the two stay bit for bit the same: inputs clamped to [MIN, MAX] (below MIN: 0), x = n·ln2 + r
+ * with ln2 in two parts, and a degree-6 polynomial P0..P5 for e^r. */
+#define SL_CPU_EXP_MIN -87.33654f
+#define SL_CPU_EXP_MAX 88.0f
+#define SL_CPU_EXP_LOG2E 1.44269504088896341f
+#define SL_CPU_EXP_LN2_HI 0.693359375f
+#define SL_CPU_EXP_LN2_LO -2.12194440e-4f
+#define SL_CPU_EXP_P0 1.9875691500e-4f
+#define SL_CPU_EXP_P1 1.3981999507e-3f
+#define SL_CPU_EXP_P2 8.3334519073e-3f
+#define SL_CPU_EXP_P3 4.1665795894e-2f
+#define SL_CPU_EXP_P4 1.6666665459e-1f
+#define SL_CPU_EXP_P5 5.0000001201e-1f
 
 /* The k blocking of a vector dot product (avx2.c): k rounded down to 8 is cut into
  * ceil(k8 / SL_CPU_KC_MAX) blocks of equal length, rounded up to 32. avx512.c cuts the same

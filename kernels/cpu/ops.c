@@ -562,10 +562,7 @@ void sl_cpu_attention_multi(int nq, float *const *outs, const float *const *qs, 
         return;
     }
     if (AVX2()) {
-        /* Three queries at a time: the AVX2 registers hold no more. */
-        for (int i = 0; i < nq; i += 3)
-            sl_cpu_avx2_attention_multi(nq - i < 3 ? nq - i : 3, outs + i, qs + i, n_ctx + i, k, v,
-                                        hs, att + (size_t)i * att_stride, att_stride);
+        sl_cpu_avx2_attention_multi(nq, outs, qs, n_ctx, k, v, hs, att, att_stride);
         return;
     }
 #endif
