@@ -17,6 +17,10 @@
  * element-wise work are not counted. The CPU backend runs the last layer past its QKV for the
  * sampled row alone, so it executes fewer flops than that count: the CPU JSON gives both
  * ("flops_per_prefill_token_executed", and "prefill_executed_vs_fma" beside "prefill_vs_fma").
+ * With --isa forcing narrower kernels (AVX2 on an AVX-512 CPU), the peak of that instruction set
+ * is measured too ("isa_fma_gflops") and the batch-32 and prefill rates are given against it as
+ * well ("decode_32_vs_isa_fma", "prefill_vs_isa_fma"): how near the kernels come to what their
+ * own vectors can do, beside how near to the machine's.
  *
  * On a CUDA device the same loops run through the CUDA backend, decode steps sampling greedily on
  * the device (only ids come back, as when serving), at batch 1, 16, 64 and 256; the ceilings are
@@ -31,6 +35,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,10 +53,12 @@ static void usage(void)
             "  --prompt  prefill prompt length (default min(512, seq_len); 2048 on CUDA)\n"
             "  --ctx     context of each decoding sequence (default 128)\n"
             "  --isa     force the kernels' instruction set (the ceilings stay the\n"
-            "            machine's: the FMA peak is measured at its widest vectors)\n"
+            "            machine's: the FMA peak is measured at its widest vectors;\n"
+            "            isa_fma_gflops and the *_vs_isa_fma ratios are the forced one's)\n"
             "  --kv-dtype how the CPU backend stores K and V (default f16, the server's default)\n"
             "  --reps    timed repetitions per figure, best reported (default 5)\n"
-            "  --only-decode B  run only decode at batch B, for a profiler\n"
+            "  --only-decode B  run only decode at batch B (1, 4, 16, 32 or 64; on CUDA 1, 16,\n"
+            "                   64 or 256), for a profiler\n"
             "  --only-prefill N run only N prefills of the prompt (mean and fastest), for a\n"
             "                   profiler or an A/B comparison\n");
     exit(2);
@@ -85,14 +92,13 @@ static double measure_bw(struct sl_cpu_pool *p, int reps, size_t bytes)
     return (double)bytes / best / 1e9;
 }
 
-/* The machine's fp32 FMA peak: at its widest vectors whatever ISA the kernels were forced onto,
- * so that a forced narrower path is measured against the same ceiling. */
-static double measure_fma(struct sl_cpu_pool *p, int reps)
+/* The fp32 FMA peak with isa's vectors (the kernels' ISA is put back after). */
+static double measure_fma(struct sl_cpu_pool *p, int reps, enum sl_cpu_isa isa)
 {
     long iters = 20000000;
     double best = 0;
     enum sl_cpu_isa kernels = sl_cpu_isa();
-    sl_cpu_set_isa(sl_cpu_isa_best());
+    sl_cpu_set_isa(isa);
     for (int r = 0; r < reps + 1; r++) {
         double t0 = now_s();
         double flops = sl_cpu_bench_fma(p, iters);
@@ -256,6 +262,26 @@ static void print_work(const struct mat_sums *ws, double flops_decode_tok, doubl
     printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
 }
 
+/* "name": value as JSON, null where the value is not a finite number (nothing measured). */
+static void print_num(const char *name, double v, const char *fmt)
+{
+    printf("  \"%s\": ", name);
+    if (isfinite(v) && v > 0)
+        printf(fmt, v);
+    else
+        printf("null");
+    printf(",\n");
+}
+
+/* "name": num / den inside the ratios object, null where den is not positive. */
+static void print_ratio(const char *name, double num, double den)
+{
+    if (den > 0 && isfinite(num / den))
+        printf("\"%s\": %.3f", name, num / den);
+    else
+        printf("\"%s\": null", name);
+}
+
 #define BLOCK 16
 #define NB 5 /* decode batch sizes measured */
 
@@ -313,6 +339,18 @@ int main(int argc, char **argv)
     static const int cpu_batches[NB] = {1, 4, 16, 32, 64}, gpu_batches[NB] = {1, 16, 64, 256, 0};
     const int *batches = cuda ? gpu_batches : cpu_batches;
     int MAX_B = cuda ? 256 : 64;
+    if (only) {
+        int bi = 0;
+        while (bi < NB && batches[bi] != only)
+            bi++;
+        if (bi == NB || only <= 0) {
+            fprintf(stderr, "engine-bench: --only-decode takes one of the batch sizes measured:");
+            for (bi = 0; bi < NB && batches[bi]; bi++)
+                fprintf(stderr, " %d", batches[bi]);
+            fprintf(stderr, "\n");
+            return 2;
+        }
+    }
     struct sl_model *m = NULL;
     double t_load = now_s();
     if (sl_model_load(spec, NULL, &m, err, sizeof(err)) != SL_OK) {
@@ -332,7 +370,7 @@ int main(int argc, char **argv)
     }
 
     int nth = 0;
-    double bw = 0, gflops = 0;
+    double bw = 0, gflops = 0, isa_gflops = 0;
     if (cuda) {
 #if SL_HAVE_CUDA
         /* bw: GB/s of the copy kernel; gflops: GFLOP/s of the BF16 GEMM. */
@@ -346,7 +384,13 @@ int main(int argc, char **argv)
         nth = sl_cpu_pool_threads(pool);
         bool skip = only || only_prefill;
         bw = skip ? 0 : measure_bw(pool, reps, (size_t)1 << 30);
-        gflops = skip ? 0 : measure_fma(pool, reps);
+        /* The machine's peak at its widest vectors, whatever ISA the kernels were forced onto,
+         * so that a forced narrower path is measured against the same ceiling; and the peak of
+         * the kernels' own ISA beside it. */
+        gflops = skip ? 0 : measure_fma(pool, reps, sl_cpu_isa_best());
+        isa_gflops = skip                                ? 0
+                     : sl_cpu_isa() == sl_cpu_isa_best() ? gflops
+                                                         : measure_fma(pool, reps, sl_cpu_isa());
         sl_cpu_pool_free(pool);
     }
 
@@ -511,6 +555,16 @@ int main(int argc, char **argv)
         dec_worst[bi] = B / wt;
     }
 
+    if (only) {
+        /* The one figure measured, as --only-prefill prints its own. */
+        for (int bi = 0; bi < NB; bi++)
+            if (batches[bi] == only)
+                printf("{\"decode_tok_s\": {\"%d\": %.1f}, "
+                       "\"decode_tok_s_worst\": {\"%d\": %.1f}}\n",
+                       only, dec[bi], only, dec_worst[bi]);
+        return 0;
+    }
+
     struct mat_sums ws = weight_sums(m);
     double attn = 4.0 * cfg->dim * cfg->n_layers; /* flops per attended position of a row */
     double flops_decode_tok = 2 * ws.decode + attn * ctx;
@@ -579,6 +633,9 @@ int main(int argc, char **argv)
         printf("  \"step_bytes_bw_gbs\": %.2f,\n", ws_bw);
         printf("  \"fma_gflops\": %.1f,\n", gflops);
         printf("  \"fma_isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa_best()));
+        /* The peak of the kernels' own instruction set (fma_gflops unless --isa forced a
+         * narrower one; null for the scalar kernels, which have no FMA loop to measure). */
+        print_num("isa_fma_gflops", isa_gflops, "%.1f");
         print_work(&ws, flops_decode_tok, flops_prefill_tok);
         printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
         printf("  \"decode_step_bytes_bw_ceiling_tok_s\": %.1f,\n", ws_ceiling);
@@ -587,9 +644,14 @@ int main(int argc, char **argv)
         printf("  \"flops_per_prefill_token_executed\": %.0f,\n", flops_prefill_run);
         printf("  \"ratios\": {\"decode_1_vs_bw\": %.3f, \"decode_1_vs_step_bytes_bw\": %.3f, "
                "\"decode_32_vs_fma\": %.3f, \"decode_64_vs_fma\": %.3f, \"prefill_vs_fma\": %.3f, "
-               "\"prefill_executed_vs_fma\": %.3f}\n",
+               "\"prefill_executed_vs_fma\": %.3f, ",
                dec[0] / bw_ceiling, dec[0] / ws_ceiling, dec[3] / fma_decode, dec[4] / fma_decode,
                prefill / fma_prefill, prefill * flops_prefill_run / (gflops * 1e9));
+        double isa_fma = isa_gflops * 1e9;
+        print_ratio("decode_32_vs_isa_fma", dec[3] * flops_decode_tok, isa_fma);
+        printf(", ");
+        print_ratio("prefill_vs_isa_fma", prefill * flops_prefill_tok, isa_fma);
+        printf("}\n");
         printf("}\n");
     }
     sl_worker_free(w);
