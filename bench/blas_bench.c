@@ -144,7 +144,7 @@ int main(int argc, char **argv)
         memcpy(shapes, def, sizeof def);
         n = 4;
     }
-    struct sl_cpu_pool *pool = sl_cpu_pool_new(threads);
+    struct sl_cpu_pool *pool = sl_cpu_pool_new(threads, true);
     Dl_info info = {0};
     const char *lib = dladdr((void *)cblas_sgemm, &info) && info.dli_fname ? info.dli_fname : "?";
     printf("{\n  \"blas\": \"%s\",\n  \"isa\": \"%s\",\n  \"threads\": %d,\n  \"reps\": %d,\n"

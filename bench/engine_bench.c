@@ -45,7 +45,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: engine-bench [--model SPEC] [--device cpu|cuda[:N]] [--threads N]\n"
             "                    [--prompt N] [--ctx N] [--isa scalar|avx2|avx512] [--reps N]\n"
-            "                    [--kv-dtype f32|f16]\n"
+            "                    [--kv-dtype f32|f16] [--no-pin]\n"
             "  --model   model spec (default synthetic:stories15M)\n"
             "  --device  cpu (default) or a CUDA device: decode at batch 1, 16, 64, 256\n"
             "            against the device's copy bandwidth and BF16 GEMM ceilings\n"
@@ -56,6 +56,7 @@ static void usage(void)
             "            machine's: the FMA peak is measured at its widest vectors;\n"
             "            isa_fma_gflops and the *_vs_isa_fma ratios are the forced one's)\n"
             "  --kv-dtype how the CPU backend stores K and V (default f16, the server's default)\n"
+            "  --no-pin  leave the kernel threads unpinned (the server's pin_threads false)\n"
             "  --reps    timed repetitions per figure, best reported (default 5)\n"
             "  --only-decode B  run only decode at batch B (1, 4, 16, 32 or 64; on CUDA 1, 16,\n"
             "                   64 or 256), for a profiler\n"
@@ -290,8 +291,13 @@ int main(int argc, char **argv)
     const char *spec = "synthetic:stories15M", *device = "cpu";
     int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
     enum sl_kv_dtype kv_dtype = SL_KV_F16;
+    bool pin = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--no-pin") == 0) {
+            pin = false;
+            continue;
+        }
         if (!v)
             usage();
         if (strcmp(a, "--model") == 0)
@@ -380,7 +386,7 @@ int main(int argc, char **argv)
         gflops = tflops * 1e3;
 #endif
     } else {
-        struct sl_cpu_pool *pool = sl_cpu_pool_new(threads);
+        struct sl_cpu_pool *pool = sl_cpu_pool_new(threads, pin);
         nth = sl_cpu_pool_threads(pool);
         bool skip = only || only_prefill;
         bw = skip ? 0 : measure_bw(pool, reps, (size_t)1 << 30);
@@ -402,6 +408,7 @@ int main(int argc, char **argv)
                                 .max_batch_tokens = cap,
                                 .max_seqs = MAX_B,
                                 .threads = threads,
+                                .no_pin = !pin,
                                 .device = dev.index,
                                 .kv_dtype = kv_dtype};
     struct sl_worker *w = NULL;
@@ -605,7 +612,7 @@ int main(int argc, char **argv)
          * one's L3 was reported as 480 MiB), batch 1 is bound by that rate, not memory's. */
         double ws_bw = 0;
         if (!only && !only_prefill) {
-            struct sl_cpu_pool *pool = sl_cpu_pool_new(threads);
+            struct sl_cpu_pool *pool = sl_cpu_pool_new(threads, pin);
             ws_bw = measure_bw(pool, reps, ((size_t)ws.bytes + 255) / 256 * 256);
             sl_cpu_pool_free(pool);
         }

@@ -20,6 +20,7 @@ void sl_config_init(struct sl_config *c)
     c->device = sl_xstrdup("auto");
     c->io_threads = 1;
     c->threads = 0;
+    c->pin_threads = true;
     c->cpu_isa = sl_xstrdup("auto");
     c->max_seqs = 32;
     c->max_batch_tokens = 512;
@@ -207,6 +208,7 @@ static const struct key keys[] = {
     {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
     {"io_threads", K_INT, OFF(io_threads), 1, 64},
     {"threads", K_INT, OFF(threads), 0, 1024},
+    {"pin_threads", K_BOOL, OFF(pin_threads), 0, 0},
     {"cpu_isa", K_CPU_ISA, OFF(cpu_isa), 0, 0},
     {"max_seqs", K_INT, OFF(max_seqs), 1, 4096},
     {"max_batch_tokens", K_INT, OFF(max_batch_tokens), 1, 1 << 20},

@@ -83,6 +83,7 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
         .max_batch_tokens = cfg->max_batch_tokens,
         .max_seqs = cfg->max_seqs,
         .threads = cm->threads >= 0 ? cm->threads : cfg->threads,
+        .no_pin = !cfg->pin_threads,
         .device = dev.index,
         .kv_dtype = cfg->kv_dtype,
     };

@@ -102,12 +102,19 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     c->o = *o;
     c->head_size = head_size;
     c->kv_dim = c->head_size * cfg->n_kv_heads;
-    c->pool = sl_cpu_pool_new(o->threads);
+    c->pool = sl_cpu_pool_new(o->threads, !o->no_pin);
     if (!c->pool) {
         cpu_free(c);
         return SL_EBACKEND;
     }
     c->n_threads = sl_cpu_pool_threads(c->pool);
+    int pinned = sl_cpu_pool_pinned(c->pool);
+    if (c->n_threads > 1)
+        sl_log(SL_LOG_INFO, "cpu backend: %d kernel threads, %s", c->n_threads,
+               o->no_pin                    ? "unpinned (pin_threads false)"
+               : pinned == c->n_threads - 1 ? "each pool thread pinned to its own CPU"
+               : pinned == 0                ? "unpinned (more threads than CPUs, or refused)"
+                             : "some pool threads pinned (the system refused the rest)");
     uint64_t T = (uint64_t)o->max_batch_tokens, dim = (uint64_t)cfg->dim;
     uint64_t hid = (uint64_t)cfg->hidden_dim, kv = (uint64_t)c->kv_dim;
     bool ok = true;

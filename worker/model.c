@@ -419,7 +419,7 @@ static int load_synthetic(struct sl_model *m, const char *name, char *err, size_
     /* Uniform ±sqrt(3/fan_in) has variance 1/fan_in: every projection keeps the scale of its
      * input, so activations stay O(1) through the layers and logits stay soft. */
     float a_dim = sqrtf(3.0f / (float)dim), a_hid = sqrtf(3.0f / (float)hid);
-    struct synth s = {m, sl_cpu_pool_new(0), t, 0};
+    struct synth s = {m, sl_cpu_pool_new(0, true), t, 0};
     if (!s.pool) {
         set_err(err, errlen, "synthetic:%s: cannot start threads", name);
         return SL_EBACKEND;

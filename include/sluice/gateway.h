@@ -59,7 +59,8 @@ struct sl_config {
     int n_devices;             /* 0: "device" */
     char *chat_template;       /* a builtin chat template's name, or NULL: the model's own */
     int io_threads;            /* event loops (default 1) */
-    int threads;               /* CPU kernel threads (0 = all cores) */
+    int threads;               /* CPU kernel threads (0 = one per CPU the process may use) */
+    bool pin_threads;          /* each CPU kernel thread on a CPU of its own (default true) */
     char *cpu_isa;             /* "auto" (default), "avx512", "avx2" or "scalar": process-wide */
     int max_seqs;              /* most running sequences in a step */
     int max_batch_tokens;      /* most rows in a step */
@@ -178,9 +179,9 @@ int sl_http_server_add_replica(struct sl_http_server *s, const char *name, struc
                                char *err, size_t errlen);
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
  * every request that starts from now on; requests in flight keep theirs. Keys that only take
- * effect at start (listen, listen_backlog, tls.listen, model, threads, KV and batch sizes,
- * io_threads) keep their running values, each change logged as needing a restart. With a TLS
- * listener the certificate and key are loaded again first: when they do not load or do not
+ * effect at start (listen, listen_backlog, tls.listen, model, threads, pin_threads, KV and
+ * batch sizes, io_threads) keep their running values, each change logged as needing a restart. With
+ * a TLS listener the certificate and key are loaded again first: when they do not load or do not
  * match, nothing changes and SL_EINVAL says why; otherwise new TLS connections use them and open
  * ones keep theirs. Tenant and tier budgets and queue counts carry over by name. Every model's
  * scheduler is handed the new tier table (sl_sched_set_tiers). Callable from any thread. */

@@ -201,11 +201,20 @@ void sl_cpu_attention_row(float *out, const float *q, int n_heads, int n_kv_head
  */
 struct sl_cpu_pool;
 
-/* threads: total threads including the caller (0 = online cores). Returns NULL only when a
- * thread cannot be started. */
-struct sl_cpu_pool *sl_cpu_pool_new(int threads);
+/* threads: total threads including the caller (0 = one per CPU this thread may run on, its
+ * affinity mask: what taskset or a cpuset allows). With pin, and from 2 threads up to that many
+ * CPUs, each thread runs on a CPU of its own: pool thread i on the mask's CPU i, and the thread
+ * that calls sl_cpu_pool_run on its first (from its first run; sl_cpu_pool_free, called by that
+ * thread, gives it its mask back; threads it starts meanwhile inherit the one CPU). Unpinned, a
+ * worker woken after a pause could be placed on the caller's CPU, and on the project's 2-vCPU VM
+ * each job then waited on it (a 60 µs matmul took 400-700) until the kernel moved it, 10-20 ms
+ * later: a prompt reaching an idle server had a third more TTFT. Returns NULL only when a thread
+ * cannot be started; a CPU the system refuses leaves that thread unpinned. */
+struct sl_cpu_pool *sl_cpu_pool_new(int threads, bool pin);
 void sl_cpu_pool_free(struct sl_cpu_pool *p);
 int sl_cpu_pool_threads(const struct sl_cpu_pool *p);
+/* Pool threads (not counting the caller) that run pinned to a CPU of their own. */
+int sl_cpu_pool_pinned(const struct sl_cpu_pool *p);
 
 /* Room for the pool's matmuls to pack x (up to rows × cols) once per job rather than once per
  * piece of work (the AVX-512 matmul; elsewhere a no-op): allocated here, so that a forward pass

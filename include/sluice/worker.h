@@ -258,7 +258,8 @@ struct sl_backend_opts {
     int block_size;       /* positions per block */
     int max_batch_tokens; /* most rows in one forward */
     int max_seqs;         /* most sequences in one forward */
-    int threads;          /* CPU threads for kernels (0 = all cores) */
+    int threads;          /* CPU threads for kernels (0 = one per CPU the process may use) */
+    bool no_pin;          /* CPU: leave the kernel threads unpinned (see sl_cpu_pool_new) */
     int device;           /* CUDA device ordinal (the CPU backend ignores it) */
     bool eager;           /* CUDA: never capture decode steps as CUDA graphs (tests, profiling) */
     enum sl_kv_dtype kv_dtype; /* K and V storage (see enum sl_kv_dtype) */

@@ -611,6 +611,13 @@ struct sl_cpu_pool {
     _Atomic int pending;  /* workers still running the current job */
     _Atomic int sleepers; /* workers blocked on wake */
     _Atomic bool quit;
+    int n_pinned; /* pool threads pinned to one CPU each */
+    /* With pin: the CPU the calling thread is pinned to while it uses the pool (-1: none), the
+     * thread last pinned so and the mask it had before. */
+    int caller_cpu;
+    bool caller_set, caller_home;
+    pthread_t caller;
+    cpu_set_t caller_old;
     void (*fn)(void *arg, int ith, int nth); /* the current job; read after gen is seen */
     void *arg;
     /* A matmul job's x packed whole (sl_cpu_pool_reserve): by all threads into pack when its
@@ -674,14 +681,33 @@ static void *pool_main(void *arg)
     return NULL;
 }
 
-struct sl_cpu_pool *sl_cpu_pool_new(int threads)
+/* The mask a thread had before a pool pinned it as its caller: a pool it creates meanwhile sizes
+ * itself by that and gives it to its unpinned threads, rather than the one CPU the thread is on. */
+static _Thread_local struct {
+    bool set;
+    cpu_set_t mask;
+} home;
+
+struct sl_cpu_pool *sl_cpu_pool_new(int threads, bool pin)
 {
+    /* The CPUs this thread may run on, in order: its own mask, or the one it had before a pool
+     * pinned it. */
+    cpu_set_t allowed;
+    int cpus[CPU_SETSIZE], n_cpus = 0;
+    bool have = home.set || sched_getaffinity(0, sizeof allowed, &allowed) == 0;
+    if (home.set)
+        allowed = home.mask;
+    for (int c = 0; have && c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed))
+            cpus[n_cpus++] = c;
     if (threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        long n = n_cpus > 0 ? n_cpus : sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
     }
+    pin = pin && threads >= 2 && threads <= n_cpus;
     struct sl_cpu_pool *p = sl_xcalloc(1, sizeof(*p));
     p->n_threads = threads;
+    p->caller_cpu = pin ? cpus[0] : -1;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
     p->tids = sl_xcalloc((size_t)threads, sizeof(pthread_t));
@@ -689,12 +715,30 @@ struct sl_cpu_pool *sl_cpu_pool_new(int threads)
         struct pool_arg *a = sl_xmalloc(sizeof(*a));
         a->p = p;
         a->ith = i;
-        if (pthread_create(&p->tids[i], NULL, pool_main, a) != 0) {
+        /* Pinned: its CPU. Otherwise the caller's mask, which it would inherit anyway but for
+         * a pin of the caller by another pool. */
+        pthread_attr_t attr;
+        bool pinned = false;
+        int rc = pthread_attr_init(&attr);
+        if (rc == 0 && pin) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpus[i], &one);
+            pinned = pthread_attr_setaffinity_np(&attr, sizeof one, &one) == 0;
+        } else if (rc == 0 && home.set) {
+            pthread_attr_setaffinity_np(&attr, sizeof allowed, &allowed);
+        }
+        rc = rc == 0 ? pthread_create(&p->tids[i], &attr, pool_main, a) : rc;
+        if (rc != 0) /* a CPU the system would not give: start it as the caller's */
+            rc = pthread_create(&p->tids[i], NULL, pool_main, a), pinned = false;
+        pthread_attr_destroy(&attr);
+        if (rc != 0) {
             free(a);
             p->n_threads = i; /* join only those started */
             sl_cpu_pool_free(p);
             return NULL;
         }
+        p->n_pinned += pinned;
     }
     return p;
 }
@@ -709,6 +753,13 @@ void sl_cpu_pool_free(struct sl_cpu_pool *p)
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++)
         pthread_join(p->tids[i], NULL);
+    /* The caller's own mask back, when it is the caller that frees the pool (another thread's
+     * may have ended). */
+    if (p->caller_set && pthread_equal(p->caller, pthread_self())) {
+        pthread_setaffinity_np(pthread_self(), sizeof p->caller_old, &p->caller_old);
+        if (p->caller_home)
+            home.set = false;
+    }
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->mu);
     free(p->tids);
@@ -762,12 +813,42 @@ int sl_cpu_pool_threads(const struct sl_cpu_pool *p)
     return p ? p->n_threads : 1;
 }
 
+int sl_cpu_pool_pinned(const struct sl_cpu_pool *p)
+{
+    return p ? p->n_pinned : 0;
+}
+
+/* The calling thread onto the pool's caller CPU, its mask kept for sl_cpu_pool_free (a thread
+ * that takes over a pool from another leaves that one's mask as it is), and as its home while
+ * none is (see home). */
+static void pin_caller(struct sl_cpu_pool *p)
+{
+    cpu_set_t one, old;
+    CPU_ZERO(&one);
+    CPU_SET(p->caller_cpu, &one);
+    if (pthread_getaffinity_np(pthread_self(), sizeof old, &old) != 0 ||
+        pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) {
+        p->caller_cpu = -1; /* refused: run unpinned from now on */
+        return;
+    }
+    p->caller = pthread_self();
+    p->caller_old = old;
+    p->caller_set = true;
+    if (!home.set) {
+        home.mask = old;
+        home.set = true;
+        p->caller_home = true;
+    }
+}
+
 void sl_cpu_pool_run(struct sl_cpu_pool *p, void (*fn)(void *arg, int ith, int nth), void *arg)
 {
     if (!p || p->n_threads == 1) {
         fn(arg, 0, 1);
         return;
     }
+    if (p->caller_cpu >= 0 && !(p->caller_set && pthread_equal(p->caller, pthread_self())))
+        pin_caller(p);
     p->fn = fn;
     p->arg = arg;
     atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);

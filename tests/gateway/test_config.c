@@ -199,6 +199,25 @@ Test(gateway, kv_dtype_defaults_to_f16_and_is_checked_when_given)
     sl_config_dispose(&c);
 }
 
+Test(gateway, pin_threads_defaults_to_true_and_is_checked_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    cr_assert(c.pin_threads);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"pin_threads\":false}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert(!c.pin_threads);
+    json_t *j = sl_config_to_json(&c);
+    cr_assert(json_is_false(json_object_get(j, "pin_threads")));
+    json_decref(j);
+    cr_assert_eq(load(&c, "{\"pin_threads\":\"yes\"}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "\"pin_threads\" must be true or false"), "%s", err);
+    cr_assert(!c.pin_threads, "a refused value leaves the last one");
+    cr_assert_eq(load(&c, "{\"pin_threads\":true}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert(c.pin_threads);
+    sl_config_dispose(&c);
+}
+
 Test(gateway, cpu_isa_defaults_to_auto_and_is_checked_when_given)
 {
     struct sl_config c;

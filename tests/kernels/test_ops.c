@@ -5,6 +5,8 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,7 +252,7 @@ static void check_mt(enum sl_cpu_isa isa, enum sl_dtype t, int n, int d, int k, 
     sl_cpu_swiglu(gated, h3, n * hid);
     for (int room = 0; room < 3; room++)
         for (int th = 1; th <= 4; th++) {
-            struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+            struct sl_cpu_pool *p = sl_cpu_pool_new(th, true);
             cr_assert_not_null(p);
             if (room)
                 cr_assert_eq(sl_cpu_pool_reserve(p, room == 1 ? n : n - 1, k), SL_OK);
@@ -306,7 +308,7 @@ Test(kernels, matmul_mt_is_bitwise_equal_when_thread_count_or_packing_changes)
 
 Test(kernels, pool_reserve_refuses_nonsense_and_keeps_working)
 {
-    struct sl_cpu_pool *p = sl_cpu_pool_new(2);
+    struct sl_cpu_pool *p = sl_cpu_pool_new(2, true);
     cr_assert_not_null(p);
     cr_assert_eq(sl_cpu_pool_reserve(NULL, 4, 4), SL_EINVAL);
     cr_assert_eq(sl_cpu_pool_reserve(p, 0, 4), SL_EINVAL);
@@ -314,6 +316,127 @@ Test(kernels, pool_reserve_refuses_nonsense_and_keeps_working)
     cr_assert_eq(sl_cpu_pool_reserve(p, 64, 64), SL_OK);
     cr_assert_eq(sl_cpu_pool_reserve(p, 8, 8), SL_OK); /* smaller: keeps what it has */
     sl_cpu_pool_free(p);
+}
+
+/* Each pool thread's affinity, as the thread sees it: the CPUs in its mask and the first one. */
+struct affinity_job {
+    int count[8], first[8];
+};
+
+static void affinity_task(void *arg, int ith, int nth)
+{
+    (void)nth;
+    struct affinity_job *j = arg;
+    cpu_set_t s;
+    j->count[ith] = -1;
+    if (ith < 8 && pthread_getaffinity_np(pthread_self(), sizeof s, &s) == 0) {
+        j->count[ith] = CPU_COUNT(&s);
+        for (int c = CPU_SETSIZE - 1; c >= 0; c--)
+            if (CPU_ISSET(c, &s))
+                j->first[ith] = c;
+    }
+}
+
+/* The CPUs this thread may run on, in order; returns how many (at most max). */
+static int allowed_cpus(int *cpus, int max)
+{
+    cpu_set_t s;
+    int n = 0;
+    cr_assert_eq(sched_getaffinity(0, sizeof s, &s), 0);
+    for (int c = 0; c < CPU_SETSIZE && n < max; c++)
+        if (CPU_ISSET(c, &s))
+            cpus[n++] = c;
+    return n;
+}
+
+Test(kernels, pool_threads_run_on_cpus_of_their_own_when_pinned)
+{
+    int cpus[8], n = allowed_cpus(cpus, 8);
+    if (n < 2)
+        cr_skip_test("needs two CPUs in this process's affinity mask (it has %d)", n);
+    struct sl_cpu_pool *p = sl_cpu_pool_new(2, true);
+    cr_assert_not_null(p);
+    cr_assert_eq(sl_cpu_pool_pinned(p), 1);
+    struct affinity_job j = {{0}, {0}};
+    sl_cpu_pool_run(p, affinity_task, &j);
+    cr_assert_eq(j.count[1], 1, "the pool thread may run on %d CPUs", j.count[1]);
+    cr_assert_eq(j.first[1], cpus[1], "pinned to CPU %d, not the mask's second (%d)", j.first[1],
+                 cpus[1]);
+    cr_assert_eq(j.count[0], 1, "the caller may run on %d CPUs", j.count[0]);
+    cr_assert_eq(j.first[0], cpus[0], "the caller on CPU %d, not the mask's first (%d)", j.first[0],
+                 cpus[0]);
+    sl_cpu_pool_free(p);
+    cpu_set_t now;
+    cr_assert_eq(sched_getaffinity(0, sizeof now, &now), 0);
+    cr_assert_eq(CPU_COUNT(&now), n, "freeing the pool gives the caller its mask back");
+
+    /* Unpinned, a pool thread keeps the mask it was started with. */
+    p = sl_cpu_pool_new(2, false);
+    cr_assert_eq(sl_cpu_pool_pinned(p), 0);
+    sl_cpu_pool_run(p, affinity_task, &j);
+    cr_assert_eq(j.count[1], n);
+    cr_assert_eq(j.count[0], n);
+    sl_cpu_pool_free(p);
+
+    /* More threads than CPUs: none is pinned (two on one CPU would wait on each other). */
+    if (n < 8) {
+        p = sl_cpu_pool_new(n + 1, true);
+        cr_assert_eq(sl_cpu_pool_threads(p), n + 1);
+        cr_assert_eq(sl_cpu_pool_pinned(p), 0);
+        sl_cpu_pool_free(p);
+    }
+}
+
+/* A thread one pool has pinned (the engine's, between forward passes) that makes another pool:
+ * the new one counts and uses the thread's own CPUs, not the one it is pinned to. */
+Test(kernels, pool_made_by_a_pinned_caller_sizes_itself_by_the_callers_own_mask)
+{
+    int cpus[8], n = allowed_cpus(cpus, 8);
+    if (n < 2)
+        cr_skip_test("needs two CPUs in this process's affinity mask (it has %d)", n);
+    struct sl_cpu_pool *outer = sl_cpu_pool_new(2, true);
+    struct affinity_job j = {{0}, {0}};
+    sl_cpu_pool_run(outer, affinity_task, &j);
+    cr_assert_eq(j.count[0], 1, "the caller is pinned by the first pool");
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    cr_assert_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    struct sl_cpu_pool *inner = sl_cpu_pool_new(0, true);
+    cr_assert_gt(sl_cpu_pool_threads(inner), 1, "sized by the one CPU the caller is pinned to");
+    sl_cpu_pool_run(inner, affinity_task, &j);
+    cr_assert_eq(j.count[1], 1);
+    cr_assert_eq(j.first[1], cpus[1]);
+    sl_cpu_pool_free(inner);
+    struct sl_cpu_pool *loose = sl_cpu_pool_new(2, false);
+    sl_cpu_pool_run(loose, affinity_task, &j);
+    cr_assert_eq(j.count[1], n, "an unpinned pool thread gets the caller's own mask");
+    sl_cpu_pool_free(loose);
+    cr_assert_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    cr_assert_eq(CPU_COUNT(&all), 1, "the first pool's pin holds until that pool is freed");
+    sl_cpu_pool_free(outer);
+    cr_assert_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    cr_assert_eq(CPU_COUNT(&all), n);
+}
+
+Test(kernels, pool_takes_one_thread_per_allowed_cpu_when_threads_is_0)
+{
+    cpu_set_t one, old;
+    cr_assert_eq(sched_getaffinity(0, sizeof old, &old), 0);
+    struct sl_cpu_pool *p = sl_cpu_pool_new(0, true);
+    cr_assert_eq(sl_cpu_pool_threads(p), CPU_COUNT(&old));
+    cr_assert_eq(sl_cpu_pool_pinned(p), CPU_COUNT(&old) - 1);
+    sl_cpu_pool_free(p);
+    /* Under a one-CPU mask (taskset -c N), one thread: the caller alone. */
+    int cpus[8], n = allowed_cpus(cpus, 8);
+    CPU_ZERO(&one);
+    CPU_SET(cpus[n - 1], &one);
+    cr_assert_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    p = sl_cpu_pool_new(0, true);
+    int threads = sl_cpu_pool_threads(p), pinned = sl_cpu_pool_pinned(p);
+    sl_cpu_pool_free(p);
+    sched_setaffinity(0, sizeof old, &old);
+    cr_assert_eq(threads, 1);
+    cr_assert_eq(pinned, 0);
 }
 
 /* A pool's matmul packs x once for a job's calls (avx512.c): a new job, or a direct call, over
@@ -332,7 +455,7 @@ Test(kernels, matmul_sees_new_rows_when_x_changes_in_place_between_jobs)
         sl_cpu_matmul(ra, xa, &w, n);
         sl_cpu_matmul(rb, xb, &w, n);
         for (int th = 1; th <= 3; th++) {
-            struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+            struct sl_cpu_pool *p = sl_cpu_pool_new(th, true);
             cr_assert_not_null(p);
             if (th != 2) /* x packed whole for each job, or (2 threads) call by call */
                 cr_assert_eq(sl_cpu_pool_reserve(p, n, k), SL_OK);
@@ -914,7 +1037,7 @@ Test(kernels, grab_hands_out_every_item_once_when_threads_compete)
     for (int th = 1; th <= 4; th++)
         for (int t = 0; t < LEN(totals); t++)
             for (int mc = 1; mc <= 5; mc += 4) {
-                struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+                struct sl_cpu_pool *p = sl_cpu_pool_new(th, true);
                 struct grab_job *j = calloc(1, sizeof(*j));
                 j->total = totals[t];
                 j->min_chunk = mc;
@@ -931,7 +1054,7 @@ Test(kernels, grab_hands_out_every_item_once_when_threads_compete)
 Test(kernels, pool_runs_every_part_once_when_jobs_come_fast_or_slow)
 {
     for (int th = 1; th <= 5; th++) {
-        struct sl_cpu_pool *p = sl_cpu_pool_new(th);
+        struct sl_cpu_pool *p = sl_cpu_pool_new(th, true);
         cr_assert_eq(sl_cpu_pool_threads(p), th);
         struct count_job j = {{0}};
         for (int it = 0; it < 2000; it++)
