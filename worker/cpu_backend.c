@@ -112,7 +112,7 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
     if (c->n_threads > 1)
         sl_log(SL_LOG_INFO, "cpu backend: %d kernel threads, %s", c->n_threads,
                o->no_pin                    ? "unpinned (pin_threads false)"
-               : pinned == c->n_threads - 1 ? "each pool thread pinned to its own CPU"
+               : pinned == c->n_threads - 1 ? "each on a CPU of its own (pin_threads)"
                : pinned == 0                ? "unpinned (more threads than CPUs, or refused)"
                              : "some pool threads pinned (the system refused the rest)");
     uint64_t T = (uint64_t)o->max_batch_tokens, dim = (uint64_t)cfg->dim;

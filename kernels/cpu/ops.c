@@ -728,10 +728,12 @@ struct sl_cpu_pool *sl_cpu_pool_new(int threads, bool pin)
         } else if (rc == 0 && home.set) {
             pthread_attr_setaffinity_np(&attr, sizeof allowed, &allowed);
         }
-        rc = rc == 0 ? pthread_create(&p->tids[i], &attr, pool_main, a) : rc;
+        bool attr_ok = rc == 0;
+        rc = attr_ok ? pthread_create(&p->tids[i], &attr, pool_main, a) : rc;
         if (rc != 0) /* a CPU the system would not give: start it as the caller's */
             rc = pthread_create(&p->tids[i], NULL, pool_main, a), pinned = false;
-        pthread_attr_destroy(&attr);
+        if (attr_ok)
+            pthread_attr_destroy(&attr);
         if (rc != 0) {
             free(a);
             p->n_threads = i; /* join only those started */
@@ -834,10 +836,10 @@ static void pin_caller(struct sl_cpu_pool *p)
     p->caller = pthread_self();
     p->caller_old = old;
     p->caller_set = true;
-    if (!home.set) {
+    p->caller_home = !home.set; /* this pool's pin is the thread's first: it keeps the home */
+    if (p->caller_home) {
         home.mask = old;
         home.set = true;
-        p->caller_home = true;
     }
 }
 
