@@ -49,7 +49,7 @@ static void usage(void)
             "  --model   model spec (default synthetic:stories15M)\n"
             "  --device  cpu (default) or a CUDA device: decode at batch 1, 16, 64, 256\n"
             "            against the device's copy bandwidth and BF16 GEMM ceilings\n"
-            "  --threads kernel threads, 0 = all cores (default 0)\n"
+            "  --threads kernel threads, 0 = one per CPU of the affinity mask (default 0)\n"
             "  --prompt  prefill prompt length (default min(512, seq_len); 2048 on CUDA)\n"
             "  --ctx     context of each decoding sequence (default 128)\n"
             "  --isa     force the kernels' instruction set (the ceilings stay the\n"

@@ -366,7 +366,7 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
                 if (!json_is_integer(x) || json_integer_value(x) < 0 ||
                     json_integer_value(x) > 1024) {
                     snprintf(err, errlen,
-                             "%s: models[%d].threads: must be an integer from 0 (one per core) "
+                             "%s: models[%d].threads: must be an integer from 0 (one per CPU) "
                              "to 1024",
                              where, i);
                     st = SL_EINVAL;
