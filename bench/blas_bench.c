@@ -11,6 +11,7 @@
  *
  *   build/bench/blas-bench [--threads N] [--reps N] [ROWSxKxOUTPUTS ...]
  */
+#include <sluice/common.h>
 #include <sluice/kernels.h>
 
 #include <cblas.h>
@@ -20,13 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static void usage(void)
 {
@@ -83,15 +77,15 @@ static bool run_shape(struct sl_cpu_pool *pool, struct shape s, int reps, bool f
         int calls = (reps - done) / (rounds - round);
         for (int side = 0; side < 2; side++) {
             nanosleep(&pause, NULL);
-            double warm_end = now_s() + WARM;
+            double warm_end = (double)sl_clock_ns() * 1e-9 + WARM;
             for (int c = 0; c < calls;) {
-                double t0 = now_s();
+                double t0 = (double)sl_clock_ns() * 1e-9;
                 if (side == 0)
                     sl_cpu_matmul_mt(pool, o1, x, &m, s.rows);
                 else
                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s.rows, s.out, s.k, 1.0f,
                                 x, s.k, w, s.k, 0.0f, o2, s.out);
-                double t1 = now_s();
+                double t1 = (double)sl_clock_ns() * 1e-9;
                 if (t0 >= warm_end) {
                     time_call(side == 0 ? &ts : &tb, t1 - t0);
                     c++;

@@ -263,15 +263,13 @@ static void print_work(const struct mat_sums *ws, double flops_decode_tok, doubl
     printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
 }
 
-/* "name": value as JSON, null where the value is not a finite number (nothing measured). */
-static void print_num(const char *name, double v, const char *fmt)
+/* "name": v as a JSON member line, null where nothing was measured (v not positive). */
+static void print_num(const char *name, double v)
 {
-    printf("  \"%s\": ", name);
     if (isfinite(v) && v > 0)
-        printf(fmt, v);
+        printf("  \"%s\": %.1f,\n", name, v);
     else
-        printf("null");
-    printf(",\n");
+        printf("  \"%s\": null,\n", name);
 }
 
 /* "name": num / den inside the ratios object, null where den is not positive. */
@@ -345,17 +343,15 @@ int main(int argc, char **argv)
     static const int cpu_batches[NB] = {1, 4, 16, 32, 64}, gpu_batches[NB] = {1, 16, 64, 256, 0};
     const int *batches = cuda ? gpu_batches : cpu_batches;
     int MAX_B = cuda ? 256 : 64;
-    if (only) {
-        int bi = 0;
-        while (bi < NB && batches[bi] != only)
-            bi++;
-        if (bi == NB || only <= 0) {
-            fprintf(stderr, "engine-bench: --only-decode takes one of the batch sizes measured:");
-            for (bi = 0; bi < NB && batches[bi]; bi++)
-                fprintf(stderr, " %d", batches[bi]);
-            fprintf(stderr, "\n");
-            return 2;
-        }
+    int only_bi = 0; /* --only-decode's index in batches */
+    while (only && only_bi < NB && batches[only_bi] != only)
+        only_bi++;
+    if (only && (only_bi == NB || only <= 0)) {
+        fprintf(stderr, "engine-bench: --only-decode takes one of the batch sizes measured:");
+        for (int bi = 0; bi < NB && batches[bi]; bi++)
+            fprintf(stderr, " %d", batches[bi]);
+        fprintf(stderr, "\n");
+        return 2;
     }
     struct sl_model *m = NULL;
     double t_load = now_s();
@@ -564,11 +560,8 @@ int main(int argc, char **argv)
 
     if (only) {
         /* The one figure measured, as --only-prefill prints its own. */
-        for (int bi = 0; bi < NB; bi++)
-            if (batches[bi] == only)
-                printf("{\"decode_tok_s\": {\"%d\": %.1f}, "
-                       "\"decode_tok_s_worst\": {\"%d\": %.1f}}\n",
-                       only, dec[bi], only, dec_worst[bi]);
+        printf("{\"decode_tok_s\": {\"%d\": %.1f}, \"decode_tok_s_worst\": {\"%d\": %.1f}}\n", only,
+               dec[only_bi], only, dec_worst[only_bi]);
         return 0;
     }
 
@@ -642,7 +635,7 @@ int main(int argc, char **argv)
         printf("  \"fma_isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa_best()));
         /* The peak of the kernels' own instruction set (fma_gflops unless --isa forced a
          * narrower one; null for the scalar kernels, which have no FMA loop to measure). */
-        print_num("isa_fma_gflops", isa_gflops, "%.1f");
+        print_num("isa_fma_gflops", isa_gflops);
         print_work(&ws, flops_decode_tok, flops_prefill_tok);
         printf("  \"decode_bw_ceiling_tok_s\": %.1f,\n", bw_ceiling);
         printf("  \"decode_step_bytes_bw_ceiling_tok_s\": %.1f,\n", ws_ceiling);

@@ -694,10 +694,11 @@ struct sl_cpu_pool *sl_cpu_pool_new(int threads, bool pin)
      * pinned it. */
     cpu_set_t allowed;
     int cpus[CPU_SETSIZE], n_cpus = 0;
-    bool have = home.set || sched_getaffinity(0, sizeof allowed, &allowed) == 0;
     if (home.set)
         allowed = home.mask;
-    for (int c = 0; have && c < CPU_SETSIZE; c++)
+    else if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        CPU_ZERO(&allowed); /* unknown: no CPU to pin to, one thread per online CPU */
+    for (int c = 0; c < CPU_SETSIZE; c++)
         if (CPU_ISSET(c, &allowed))
             cpus[n_cpus++] = c;
     if (threads <= 0) {
