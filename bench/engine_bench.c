@@ -61,7 +61,10 @@ static void usage(void)
             "  --only-decode B  run only decode at batch B (1, 4, 16, 32 or 64; on CUDA 1, 16,\n"
             "                   64 or 256), for a profiler\n"
             "  --only-prefill N run only N prefills of the prompt (mean and fastest), for a\n"
-            "                   profiler or an A/B comparison\n");
+            "                   profiler or an A/B comparison\n"
+            "  --batches LIST   CUDA: the decode batch sizes measured, ascending, at most 4 of\n"
+            "                   them, each 1 to 256 (default 1,16,64,256)\n"
+            "  --only-ceilings  CUDA: print the device's properties and ceilings, load no model\n");
     exit(2);
 }
 
@@ -162,6 +165,29 @@ static int gemm_once(void *arg)
     return sl_cuda_gemm(g->blas, g->out, g->x, g->w, SL_DTYPE_BF16, g->n, g->n, g->n);
 }
 
+/* Fills dst, a device (rows, cols) bf16 matrix, with uniform values in [-1, 1) from seed: the
+ * GEMM ceiling is measured on random operands, as constant ones switch fewer bits and run
+ * faster than any model's weights would. */
+static bool random_bf16(void *dst, size_t rows, size_t cols, uint64_t seed, cudaStream_t st)
+{
+    size_t n = rows * cols;
+    float *h = malloc(n * sizeof(float)), *d = NULL;
+    bool ok = h && cudaMalloc((void **)&d, n * sizeof(float)) == cudaSuccess;
+    uint64_t r = seed * 0x9e3779b97f4a7c15ull | 1;
+    for (size_t i = 0; ok && i < n; i++) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        h[i] = (float)(r >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    }
+    ok = ok && cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess &&
+         sl_cuda_convert(dst, SL_DTYPE_BF16, d, SL_DTYPE_F32, rows, (int)cols, st) == SL_OK &&
+         cudaStreamSynchronize(st) == cudaSuccess;
+    cudaFree(d);
+    free(h);
+    return ok;
+}
+
 /* The device's ceilings: copy bandwidth in GB/s (2 GiB read and written) and dense BF16 GEMM
  * TFLOP/s (8192³). Returns false, with a message, when the device cannot run them. */
 static bool device_ceilings(int device, double *gbs, double *tflops)
@@ -185,9 +211,8 @@ static bool device_ceilings(int device, double *gbs, double *tflops)
     cudaFree(b);
     size_t sq = (size_t)n * n;
     ok = ok && cudaMalloc(&x, sq * 2) == cudaSuccess && cudaMalloc(&w, sq * 2) == cudaSuccess &&
-         cudaMalloc((void **)&out, sq * 4) == cudaSuccess &&
-         cudaMemset(x, 0x3c, sq * 2) == cudaSuccess && cudaMemset(w, 0x3c, sq * 2) == cudaSuccess &&
-         sl_cuda_blas_new(st, &blas) == SL_OK;
+         cudaMalloc((void **)&out, sq * 4) == cudaSuccess && random_bf16(x, n, n, 1, st) &&
+         random_bf16(w, n, n, 2, st) && sl_cuda_blas_new(st, &blas) == SL_OK;
     if (ok) {
         struct gemm_arg g = {blas, out, x, w, n};
         double ms = time_device(st, 10, gemm_once, &g);
@@ -202,6 +227,35 @@ static bool device_ceilings(int device, double *gbs, double *tflops)
         fprintf(stderr, "engine-bench: device ceilings: %s / %s\n",
                 cudaGetErrorString(cudaGetLastError()), sl_cuda_last_error());
     return ok;
+}
+
+/* --only-ceilings: the device's properties and its two ceilings as one JSON object. */
+static int print_ceilings(int device)
+{
+    struct cudaDeviceProp p;
+    int clock_khz = 0, mem_clock_khz = 0, bus_bits = 0;
+    if (cudaGetDeviceProperties(&p, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&mem_clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
+        fprintf(stderr, "engine-bench: device %d: %s\n", device,
+                cudaGetErrorString(cudaGetLastError()));
+        return 1;
+    }
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    double gbs = 0, tflops = 0;
+    if (!device_ceilings(device, &gbs, &tflops))
+        return 1;
+    printf("{\"name\": \"%.64s\", \"compute\": \"%d.%d\", \"sm_count\": %d, "
+           "\"memory_gib\": %.1f, \"l2_mib\": %.1f, \"sm_clock_mhz\": %d, "
+           "\"memory_clock_mhz\": %d, \"memory_bus_bits\": %d, \"driver_cuda\": \"%d.%d\", "
+           "\"runtime_cuda\": \"%d.%d\", \"hbm_copy_gbs\": %.1f, \"bf16_gemm_tflops\": %.1f}\n",
+           p.name, p.major, p.minor, p.multiProcessorCount, (double)p.totalGlobalMem / (1 << 30),
+           (double)p.l2CacheSize / (1 << 20), clock_khz / 1000, mem_clock_khz / 1000, bus_bits,
+           driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10, gbs, tflops);
+    return 0;
 }
 #endif
 
@@ -284,16 +338,43 @@ static void print_ratio(const char *name, double num, double den)
 #define BLOCK 16
 #define NB 5 /* decode batch sizes measured */
 
+/* --batches LIST into out[NB]: 1 to NB - 1 ascending sizes in [1, 256], zeros after. */
+static bool parse_batches(const char *list, int *out)
+{
+    int n = 0;
+    const char *p = list;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 256 || n == NB - 1 || (n > 0 && v <= out[n - 1]))
+            return false;
+        out[n++] = (int)v;
+        if (*end == ',' && end[1])
+            end++;
+        else if (*end)
+            return false;
+        p = end;
+    }
+    for (int i = n; i < NB; i++)
+        out[i] = 0;
+    return n > 0;
+}
+
 int main(int argc, char **argv)
 {
     const char *spec = "synthetic:stories15M", *device = "cpu";
     int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
     enum sl_kv_dtype kv_dtype = SL_KV_F16;
-    bool pin = true;
+    bool pin = true, only_ceilings = false;
+    const char *batch_list = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--no-pin") == 0) {
             pin = false;
+            continue;
+        }
+        if (strcmp(a, "--only-ceilings") == 0) {
+            only_ceilings = true;
             continue;
         }
         if (!v)
@@ -312,6 +393,8 @@ int main(int argc, char **argv)
             only = atoi(v);
         else if (strcmp(a, "--only-prefill") == 0)
             only_prefill = atoi(v) > 0 ? atoi(v) : 1;
+        else if (strcmp(a, "--batches") == 0)
+            batch_list = v;
         else if (strcmp(a, "--reps") == 0)
             reps = atoi(v) > 0 ? atoi(v) : 1;
         else if (strcmp(a, "--kv-dtype") == 0) {
@@ -339,10 +422,29 @@ int main(int argc, char **argv)
         return 1;
     }
     bool cuda = dev.index >= 0;
-    /* Decode batch sizes: the CPU's up to 64, a GPU's up to 256. */
-    static const int cpu_batches[NB] = {1, 4, 16, 32, 64}, gpu_batches[NB] = {1, 16, 64, 256, 0};
+    if ((only_ceilings || batch_list) && !cuda) {
+        fprintf(stderr, "engine-bench: --only-ceilings and --batches need --device cuda\n");
+        return 2;
+    }
+#if SL_HAVE_CUDA
+    if (only_ceilings)
+        return print_ceilings(dev.index);
+#endif
+    /* Decode batch sizes: the CPU's up to 64, a GPU's up to 256 (or --batches). */
+    static const int cpu_batches[NB] = {1, 4, 16, 32, 64};
+    int gpu_batches[NB] = {1, 16, 64, 256, 0};
+    if (batch_list && !parse_batches(batch_list, gpu_batches)) {
+        fprintf(stderr,
+                "engine-bench: --batches \"%s\": 1 to 4 ascending sizes from 1 to 256, "
+                "separated by commas\n",
+                batch_list);
+        return 2;
+    }
     const int *batches = cuda ? gpu_batches : cpu_batches;
-    int MAX_B = cuda ? 256 : 64;
+    int n_gpu = 0;
+    while (n_gpu < NB && gpu_batches[n_gpu])
+        n_gpu++;
+    int MAX_B = cuda ? gpu_batches[n_gpu - 1] : 64;
     int only_bi = 0; /* --only-decode's index in batches */
     while (only && only_bi < NB && batches[only_bi] != only)
         only_bi++;
@@ -582,22 +684,23 @@ int main(int argc, char **argv)
         printf("  \"model\": \"%s\",\n", sl_model_id(m));
         printf("  \"device\": \"%s\",\n", dev.name);
         printf("  \"weight_type\": \"%s\",\n", f32 ? "f32" : sl_dtype_name(m->w.layers[0].wq.type));
-        print_runs(t_load, prompt, ctx, prefill, prefill_worst, batches, dec, dec_worst, 4);
+        print_runs(t_load, prompt, ctx, prefill, prefill_worst, batches, dec, dec_worst, n_gpu);
         printf("  \"hbm_copy_gbs\": %.1f,\n", bw);
         printf("  \"bf16_gemm_tflops\": %.1f,\n", gflops / 1e3);
         print_work(&ws, flops_decode_tok, flops_prefill_tok);
         /* Batch B decodes cannot beat reading the weights once per step (B · bw ceiling) nor
          * the GEMM rate (flops ceiling): the lower of the two. */
         printf("  \"decode_ceiling_tok_s\": {");
-        for (int bi = 0; bi < 4; bi++) {
+        for (int bi = 0; bi < n_gpu; bi++) {
             double c = batches[bi] * bw_ceiling;
             printf("%s\"%d\": %.1f", bi ? ", " : "", batches[bi],
                    c < flops_decode ? c : flops_decode);
         }
         printf("},\n");
         printf("  \"prefill_gemm_ceiling_tok_s\": %.1f,\n", flops_prefill);
-        printf("  \"ratios\": {\"decode_1_vs_bw\": %.3f, \"prefill_vs_gemm\": %.3f}\n",
-               dec[0] / bw_ceiling, prefill / flops_prefill);
+        printf("  \"ratios\": {");
+        print_ratio("decode_1_vs_bw", batches[0] == 1 ? dec[0] : NAN, bw_ceiling);
+        printf(", \"prefill_vs_gemm\": %.3f}\n", prefill / flops_prefill);
         printf("}\n");
     } else {
         double bw_ceiling = bw * 1e9 / ws.bytes;
