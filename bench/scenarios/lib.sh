@@ -1,13 +1,14 @@
 # Shared by the scenario scripts (sourced): find the build, start and stop sluice, print tables.
 # Environment: BUILD (default: build/ at the repository root), OUT (where logs, JSON and CSV
-# go; default: a new folder under /tmp), SLUICE_FLAGS (extra flags for sluice).
+# go; default: a new folder under /tmp), SLUICE_FLAGS (extra flags for sluice), SCEN (the folder
+# of the configurations; default: this one).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 SLUICE=$BUILD/sluice
 BENCH=$BUILD/bench/sluice-bench
-SCEN=$ROOT/bench/scenarios
+SCEN=${SCEN:-$ROOT/bench/scenarios}
 OUT=${OUT:-$(mktemp -d /tmp/sluice-scenario-XXXXXX)}
 mkdir -p "$OUT"
 for b in "$SLUICE" "$BENCH"; do
