@@ -64,7 +64,10 @@ static void usage(void)
             "                   profiler or an A/B comparison\n"
             "  --batches LIST   CUDA: the decode batch sizes measured, ascending, at most 4 of\n"
             "                   them, each 1 to 256 (default 1,16,64,256)\n"
-            "  --only-ceilings  CUDA: print the device's properties and ceilings, load no model\n");
+            "  --only-ceilings  CUDA: print the device's properties and ceilings, load no model\n"
+            "  --profile        CUDA: time every launch (steps run without graphs) and print, for\n"
+            "                   the prefill and each decode batch, the device ms per step by\n"
+            "                   kind of launch instead of the figures\n");
     exit(2);
 }
 
@@ -259,6 +262,22 @@ static int print_ceilings(int device)
 }
 #endif
 
+#if SL_HAVE_CUDA
+/* --profile: one member of "profile": the device ms per step of each kind of launch, the
+ * launches per step, and the step's device ms and tokens/s by that measure. */
+static void print_profile(const char *label, const struct sl_cuda_profile *p, int tokens, bool last)
+{
+    double steps = p->steps > 0 ? (double)p->steps : 1.0;
+    printf("    \"%s\": {\"steps\": %ld, \"step_ms\": %.4f, \"tok_s\": %.1f, \"kinds\": {", label,
+           p->steps, p->step_ms / steps, p->step_ms > 0 ? tokens * steps / (p->step_ms * 1e-3) : 0);
+    for (int k = 0; k < p->n_kinds; k++)
+        printf("%s\n      \"%s\": {\"ms\": %.4f, \"share\": %.3f, \"calls\": %.0f}", k ? "," : "",
+               p->k[k].kind, p->k[k].ms / steps, p->step_ms > 0 ? p->k[k].ms / p->step_ms : 0,
+               (double)p->k[k].calls / steps);
+    printf("}}%s\n", last ? "" : ",");
+}
+#endif
+
 struct mat_sums {
     double bytes;  /* bytes read per decode step */
     double layer;  /* layer-matrix weights */
@@ -365,7 +384,7 @@ int main(int argc, char **argv)
     const char *spec = "synthetic:stories15M", *device = "cpu";
     int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
     enum sl_kv_dtype kv_dtype = SL_KV_F16;
-    bool pin = true, only_ceilings = false;
+    bool pin = true, only_ceilings = false, profile = false;
     const char *batch_list = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -375,6 +394,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--only-ceilings") == 0) {
             only_ceilings = true;
+            continue;
+        }
+        if (strcmp(a, "--profile") == 0) {
+            profile = true;
             continue;
         }
         if (!v)
@@ -422,8 +445,9 @@ int main(int argc, char **argv)
         return 1;
     }
     bool cuda = dev.index >= 0;
-    if ((only_ceilings || batch_list) && !cuda) {
-        fprintf(stderr, "engine-bench: --only-ceilings and --batches need --device cuda\n");
+    if ((only_ceilings || batch_list || profile) && !cuda) {
+        fprintf(stderr, "engine-bench: --only-ceilings, --batches and --profile need --device "
+                        "cuda\n");
         return 2;
     }
 #if SL_HAVE_CUDA
@@ -455,6 +479,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "\n");
         return 2;
     }
+#if SL_HAVE_CUDA
+    struct sl_cuda_profile prof_prefill = {0}, prof_dec[NB] = {0};
+#endif
     struct sl_model *m = NULL;
     double t_load = now_s();
     if (sl_model_load(spec, NULL, &m, err, sizeof(err)) != SL_OK) {
@@ -479,7 +506,7 @@ int main(int argc, char **argv)
 #if SL_HAVE_CUDA
         /* bw: GB/s of the copy kernel; gflops: GFLOP/s of the BF16 GEMM. */
         double tflops = 0;
-        if (!only && !only_prefill && !device_ceilings(dev.index, &bw, &tflops))
+        if (!only && !only_prefill && !profile && !device_ceilings(dev.index, &bw, &tflops))
             return 1;
         gflops = tflops * 1e3;
 #endif
@@ -508,6 +535,7 @@ int main(int argc, char **argv)
                                 .threads = threads,
                                 .no_pin = !pin,
                                 .device = dev.index,
+                                .profile = profile,
                                 .kv_dtype = kv_dtype};
     struct sl_worker *w = NULL;
     int rc = sl_worker_new(m, dev.ops, &o, &w);
@@ -561,8 +589,16 @@ int main(int argc, char **argv)
             best = t < best ? t : best;
             worst = t > worst ? t : worst;
         }
+#if SL_HAVE_CUDA
+        if (profile && r == 0) /* the first (modules load, cuBLAS chooses) is not counted */
+            sl_cuda_worker_profile(w, &prof_prefill);
+#endif
     }
     double prefill = prompt / best, prefill_worst = prompt / worst;
+#if SL_HAVE_CUDA
+    if (profile)
+        sl_cuda_worker_profile(w, &prof_prefill);
+#endif
     if (only_prefill) {
         double t0 = now_s(), fastest = 1e30;
         for (int r = 0; r < only_prefill; r++) {
@@ -646,6 +682,10 @@ int main(int argc, char **argv)
         int steps = (int)((only ? 3.0 : 0.3) / (one > 1e-6 ? one : 1e-6));
         steps = steps < 3 ? 3 : steps;
         double bt = 1e30, wt = 0;
+#if SL_HAVE_CUDA
+        if (profile) /* the steps before these are not counted */
+            sl_cuda_worker_profile(w, &prof_dec[bi]);
+#endif
         for (int r = 0; r < reps; r++) {
             t0 = now_s();
             for (int i = 0; i < steps; i++)
@@ -658,6 +698,10 @@ int main(int argc, char **argv)
 #undef STEP
         dec[bi] = B / bt;
         dec_worst[bi] = B / wt;
+#if SL_HAVE_CUDA
+        if (profile)
+            sl_cuda_worker_profile(w, &prof_dec[bi]);
+#endif
     }
 
     if (only) {
@@ -667,6 +711,24 @@ int main(int argc, char **argv)
         return 0;
     }
 
+#if SL_HAVE_CUDA
+    if (profile) {
+        printf("{\n  \"model\": \"%s\",\n  \"device\": \"%s\",\n  \"decode_context\": %d,\n",
+               sl_model_id(m), dev.name, ctx);
+        printf("  \"profile\": {\n");
+        char label[32];
+        snprintf(label, sizeof label, "prefill_%d", prompt);
+        print_profile(label, &prof_prefill, prompt, n_gpu == 0);
+        for (int bi = 0; bi < n_gpu; bi++) {
+            snprintf(label, sizeof label, "decode_%d", batches[bi]);
+            print_profile(label, &prof_dec[bi], batches[bi], bi == n_gpu - 1);
+        }
+        printf("  }\n}\n");
+        sl_worker_free(w);
+        sl_model_free(m);
+        return 0;
+    }
+#endif
     struct mat_sums ws = weight_sums(m);
     double attn = 4.0 * cfg->dim * cfg->n_layers; /* flops per attended position of a row */
     double flops_decode_tok = 2 * ws.decode + attn * ctx;

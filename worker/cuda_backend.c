@@ -71,6 +71,16 @@ struct step_shape {
     size_t copy_words; /* inputs copied to the device */
 };
 
+/* opts.profile: an event before a step's first launch and after each launch, and the totals
+ * they add up to (sl_cuda_worker_profile). */
+#define PROF_EVENTS 1024
+struct step_prof {
+    cudaEvent_t ev[PROF_EVENTS];
+    const char *what[PROF_EVENTS]; /* the launch that ev[i] ends; NULL for a step's start */
+    int n;
+    struct sl_cuda_profile sum;
+};
+
 struct sl_cuda_ctx {
     const struct sl_model *m;
     struct sl_model_config cfg;
@@ -112,6 +122,7 @@ struct sl_cuda_ctx {
     bool filtered;             /* the step's sampling rows use min-p, top-k or top-p */
     struct cuda_graph *graphs; /* (S + 1) by decode batch size */
     bool graphs_off;
+    struct step_prof *prof;  /* opts.profile: events around every launch; NULL otherwise */
     bool capturing;          /* inside capture(): failures are the capture's, not the step's */
     char capture_error[160]; /* why the capture failed */
     bool broken;
@@ -285,6 +296,12 @@ static void cuda_free(void *vctx)
             if (c->graphs[i].exec)
                 cudaGraphExecDestroy(c->graphs[i].exec);
     free(c->graphs);
+    if (c->prof) {
+        for (int i = 0; i < PROF_EVENTS; i++)
+            if (c->prof->ev[i])
+                cudaEventDestroy(c->prof->ev[i]);
+        free(c->prof);
+    }
     sl_cuda_blas_free(c->blas);
     for (int i = 0; i < c->n_dmem; i++)
         cudaFree(c->dmem[i]);
@@ -505,9 +522,20 @@ static int cuda_init(const struct sl_model *m, const struct sl_backend_opts *o, 
         rc = init_fail(c, "step inputs", e);
         goto fail;
     }
-    sl_log(SL_LOG_INFO, "cuda:%d: weights %s, KV cache %s %.1f MiB (%d blocks of %d), graphs %s",
+    if (o->profile) {
+        c->prof = sl_xcalloc(1, sizeof(*c->prof));
+        c->graphs_off = true; /* events between launches: every step runs eagerly */
+        for (int i = 0; i < PROF_EVENTS; i++)
+            if ((e = cudaEventCreate(&c->prof->ev[i])) != cudaSuccess) {
+                c->prof->ev[i] = NULL;
+                rc = init_fail(c, "profile events", e);
+                goto fail;
+            }
+    }
+    sl_log(SL_LOG_INFO, "cuda:%d: weights %s, KV cache %s %.1f MiB (%d blocks of %d), graphs %s%s",
            o->device, sl_dtype_name(c->wt), sl_dtype_name(c->kvt), (double)c->kv_bytes / (1 << 20),
-           o->n_kv_blocks, o->block_size, c->graphs_off ? "off" : "on");
+           o->n_kv_blocks, o->block_size, c->graphs_off ? "off" : "on",
+           c->prof ? ", every launch timed (profile)" : "");
     *out = c;
     return SL_OK;
 fail:
@@ -587,6 +615,63 @@ static void pack(struct sl_cuda_ctx *c, const struct sl_batch *b, const struct s
                             n_tiles, b->n_logits, c->in.tables + (size_t)b->n_seqs * c->max_blocks};
 }
 
+/* opts.profile: records the event that ends launch `what` on the stream; NULL starts a step. */
+static void mark(struct sl_cuda_ctx *c, const char *what)
+{
+    struct step_prof *p = c->prof;
+    if (!p)
+        return;
+    if (!what)
+        p->n = 0;
+    if (p->n < PROF_EVENTS && cudaEventRecord(p->ev[p->n], c->stream) == cudaSuccess)
+        p->what[p->n++] = what;
+}
+
+/* opts.profile, after a step's synchronize: adds the time between its events to the kind of
+ * launch each one ends. */
+static void collect(struct sl_cuda_ctx *c)
+{
+    struct step_prof *p = c->prof;
+    if (!p || p->n < 2)
+        return;
+    struct sl_cuda_profile *sum = &p->sum;
+    for (int i = 1; i < p->n; i++) {
+        float ms = 0;
+        if (!p->what[i] || cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) != cudaSuccess)
+            continue;
+        int k = 0;
+        while (k < sum->n_kinds && strcmp(sum->k[k].kind, p->what[i]) != 0)
+            k++;
+        if (k == SL_CUDA_PROFILE_KINDS)
+            continue;
+        if (k == sum->n_kinds) {
+            sum->n_kinds++;
+            sum->k[k].kind = p->what[i];
+            sum->k[k].ms = 0;
+            sum->k[k].calls = 0;
+        }
+        sum->k[k].ms += ms;
+        sum->k[k].calls++;
+    }
+    float all = 0;
+    if (cudaEventElapsedTime(&all, p->ev[0], p->ev[p->n - 1]) == cudaSuccess)
+        sum->step_ms += all;
+    sum->steps++;
+    p->n = 0;
+}
+
+int sl_cuda_worker_profile(struct sl_worker *w, struct sl_cuda_profile *out)
+{
+    if (sl_worker_backend_ops(w) != &sl_cuda_backend_ops || !out)
+        return SL_EINVAL;
+    struct sl_cuda_ctx *c = sl_worker_backend_ctx(w);
+    if (!c->prof)
+        return SL_EINVAL;
+    *out = c->prof->sum;
+    memset(&c->prof->sum, 0, sizeof c->prof->sum);
+    return SL_OK;
+}
+
 /* Enqueues the whole forward of a step of this shape: the inputs' copy, then every kernel. */
 static int enqueue(struct sl_cuda_ctx *c, const struct step_shape *sh)
 {
@@ -596,35 +681,52 @@ static int enqueue(struct sl_cuda_ctx *c, const struct step_shape *sh)
     const int32_t *d_tokens = c->d_in + c->in.tokens, *d_pos = c->d_in + c->in.pos;
     const int32_t *d_seq = c->d_in + c->in.seq, *d_logit = c->d_in + c->in.logit;
     const int32_t *d_dec = c->d_in + c->in.dec, *d_tiles = c->d_in + c->in.tiles;
+    mark(c, NULL);
     CU(cudaMemcpyAsync(c->d_in, c->h_in, sh->copy_words * sizeof(int32_t), cudaMemcpyHostToDevice,
                        s));
+    mark(c, "inputs_copy");
     KL(sl_cuda_embed(c->x, c->emb, c->wt, cfg->vocab_size, dim, d_tokens, n, s));
+    mark(c, "embed");
     for (int l = 0; l < cfg->n_layers; l++) {
         const struct cuda_layer *L = &c->layers[l];
         struct sl_cuda_kv kv = layer_kv(c, l);
         KL(sl_cuda_add_rmsnorm(c->xa, c->wt, c->x, l > 0 ? c->y : NULL, L->rms_att, NULL, n, dim,
                                cfg->rms_eps, s));
+        mark(c, "add_rmsnorm");
         KL(sl_cuda_gemm(c->blas, c->qkv, c->xa, L->wqkv, c->wt, n, c->qkv_dim, dim));
+        mark(c, "gemm_qkv");
         KL(sl_cuda_rope_kv(c->qkv, n, cfg->n_heads, cfg->rope_theta, d_pos, d_seq, &kv, s));
-        if (sh->n_dec > 0)
+        mark(c, "rope_kv");
+        if (sh->n_dec > 0) {
             KL(sl_cuda_attention_decode(c->xa, c->wt, c->qkv, d_dec, sh->n_dec, d_pos, d_seq, &kv,
                                         cfg->n_heads, cfg->seq_len, c->attn_ws, s));
-        if (sh->n_tiles > 0)
+            mark(c, "attention_decode");
+        }
+        if (sh->n_tiles > 0) {
             KL(sl_cuda_attention_prefill(c->xa, c->wt, c->qkv, d_tiles, sh->n_tiles, d_pos, d_seq,
                                          &kv, cfg->n_heads, s));
+            mark(c, "attention_prefill");
+        }
         KL(sl_cuda_gemm(c->blas, c->y, c->xa, L->wo, c->wt, n, dim, dim));
+        mark(c, "gemm_o");
         KL(sl_cuda_add_rmsnorm(c->xa, c->wt, c->x, c->y, L->rms_ffn, NULL, n, dim, cfg->rms_eps,
                                s));
+        mark(c, "add_rmsnorm");
         KL(sl_cuda_gemm(c->blas, c->h13, c->xa, L->w13, c->wt, n, 2 * hid, dim));
+        mark(c, "gemm_gate_up");
         KL(sl_cuda_swiglu(c->xa, c->wt, c->h13, n, hid, s));
+        mark(c, "swiglu");
         KL(sl_cuda_gemm(c->blas, c->y, c->xa, L->w2, c->wt, n, dim, hid));
+        mark(c, "gemm_down");
     }
     /* Only rows that sample pay for the last residual add, the final norm and the classifier. */
     if (sh->n_logits > 0) {
         KL(sl_cuda_add_rmsnorm(c->xa, c->wt, c->x, c->y, c->rms_final, d_logit, sh->n_logits, dim,
                                cfg->rms_eps, s));
+        mark(c, "add_rmsnorm");
         KL(sl_cuda_gemm(c->blas, c->logits, c->xa, c->cls, c->wt, sh->n_logits, cfg->vocab_size,
                         dim));
+        mark(c, "gemm_classifier");
     }
     return SL_OK;
 }
@@ -706,12 +808,15 @@ static int cuda_forward(void *vctx, const struct sl_batch *b, float *logits)
     pack(c, b, NULL, &sh);
     if ((rc = run(c, &sh)) != SL_OK)
         return rc;
-    if (b->n_logits > 0)
+    if (b->n_logits > 0) {
         CU(cudaMemcpyAsync(logits, c->logits,
                            (size_t)b->n_logits * (size_t)c->cfg.vocab_size * sizeof(float),
                            cudaMemcpyDeviceToHost, c->stream));
+        mark(c, "logits_copy");
+    }
     /* Also before the next step rewrites the pinned inputs this one copies from. */
     CU(cudaStreamSynchronize(c->stream));
+    collect(c);
     return SL_OK;
 }
 
@@ -733,10 +838,13 @@ static int cuda_forward_sample(void *vctx, const struct sl_batch *b,
             (const struct sl_cuda_sample_row *)(c->d_in + c->in.sample);
         KL(sl_cuda_sample(c->ids, c->logits, b->n_logits, c->cfg.vocab_size, d_rows, c->filtered,
                           c->sample_ws, c->sample_ws_bytes, c->stream));
+        mark(c, "sample");
         CU(cudaMemcpyAsync(c->h_ids, c->ids, (size_t)b->n_logits * sizeof(int32_t),
                            cudaMemcpyDeviceToHost, c->stream));
+        mark(c, "ids_copy");
     }
     CU(cudaStreamSynchronize(c->stream));
+    collect(c);
     if (b->n_logits > 0)
         memcpy(ids, c->h_ids, (size_t)b->n_logits * sizeof(int32_t));
     return SL_OK;

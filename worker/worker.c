@@ -28,6 +28,16 @@ int sl_worker_new(const struct sl_model *m, const struct sl_backend_ops *ops,
     return SL_OK;
 }
 
+void *sl_worker_backend_ctx(struct sl_worker *w)
+{
+    return w ? w->ctx : NULL;
+}
+
+const struct sl_backend_ops *sl_worker_backend_ops(const struct sl_worker *w)
+{
+    return w ? w->ops : NULL;
+}
+
 void sl_worker_free(struct sl_worker *w)
 {
     if (!w)

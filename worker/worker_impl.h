@@ -218,6 +218,28 @@ int sl_cuda_device_probe(int index, struct sl_worker_device *out, char *why, siz
  * margin for the CUDA context. */
 size_t sl_cuda_backend_mem_need(const struct sl_model *m, int max_batch_tokens, int max_seqs);
 
+/* Where a CUDA worker made with sl_backend_opts.profile spent its steps: device time between
+ * events recorded around each launch, summed by kind of launch ("attention_decode", "gemm_qkv",
+ * …, in the order first seen). */
+#define SL_CUDA_PROFILE_KINDS 24
+struct sl_cuda_profile {
+    long steps;     /* steps timed */
+    double step_ms; /* their device time, first launch to last */
+    int n_kinds;
+    struct {
+        const char *kind; /* a static string */
+        double ms;
+        long calls;
+    } k[SL_CUDA_PROFILE_KINDS];
+};
+/* Copies the figures gathered since the last call into out and starts again from zero.
+ * SL_EINVAL when w is not a CUDA worker made with profile set. */
+int sl_cuda_worker_profile(struct sl_worker *w, struct sl_cuda_profile *out);
+
+/* The backend context of w (for backend-private calls such as sl_cuda_worker_profile). */
+void *sl_worker_backend_ctx(struct sl_worker *w);
+const struct sl_backend_ops *sl_worker_backend_ops(const struct sl_worker *w);
+
 /* The CPU backend's context. Every buffer is sized at init from sl_backend_opts. */
 #define SL_CPU_MAX_BUFS 16
 
