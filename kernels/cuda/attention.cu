@@ -31,10 +31,18 @@ __device__ __forceinline__ size_t kv_off(const struct sl_cuda_kv &kv, int32_t b,
  * Decode: partial results per partition, then a merge
  */
 
+/* Positions whose K rows one warp loads together in decode's score loop: their loads are all
+ * in flight before the first is used, so a row's few blocks don't wait on memory one position
+ * at a time. */
+#define DEC_POS 4
+/* Head-dimension values one lane holds per position (head sizes up to SL_CUDA_MAX_HEAD). */
+#define DEC_DIMS (SL_CUDA_MAX_HEAD / 32)
+
 /* Block (i, g, part): row rows[i], the kv_mul query heads of KV head g, positions
  * [part·P, min((part+1)·P, n_ctx)). Writes, per head, the partition's max score m, its sum of
  * exp(score − m) l, and o = Σ exp(score − m) · v (hs); an empty partition writes l = 0.
- * Shared: q (kv_mul, hs), then scores (kv_mul, P). */
+ * Shared: q (kv_mul, hs), then scores (kv_mul, P), then the cache offset of each position of
+ * the partition (P; -1 where its block is absent). */
 template <typename K>
 __global__ void decode_part_kernel(const float *qkv, const int32_t *rows, const int32_t *pos,
                                    const int32_t *seq, struct sl_cuda_kv kv, int n_heads,
@@ -44,6 +52,7 @@ __global__ void decode_part_kernel(const float *qkv, const int32_t *rows, const 
     int i = blockIdx.x, g = blockIdx.y, part = blockIdx.z;
     int hs = kv.head_size, nkv = kv.n_kv_heads, kv_mul = n_heads / nkv;
     float *q_sh = smem, *s_sh = smem + (size_t)kv_mul * hs;
+    long long *off_sh = (long long *)(s_sh + (size_t)kv_mul * SL_CUDA_ATTN_PART);
     int r = rows[i];
     int n_ctx = pos[r] + 1;
     n_ctx = n_ctx > max_ctx ? max_ctx : n_ctx;
@@ -61,30 +70,53 @@ __global__ void decode_part_kernel(const float *qkv, const int32_t *rows, const 
     const float *q = qkv + (size_t)r * (n_heads + 2 * nkv) * hs + (size_t)g * kv_mul * hs;
     for (int idx = threadIdx.x; idx < kv_mul * hs; idx += blockDim.x)
         q_sh[idx] = q[idx];
+    const int32_t *table = kv.block_tables + (size_t)seq[r] * kv.max_blocks;
+    int len = t1 - t0;
+    for (int t = threadIdx.x; t < len; t += blockDim.x) {
+        int32_t b = kv_block(kv, table, t0 + t);
+        off_sh[t] = b >= 0 ? (long long)kv_off(kv, b, g, t0 + t) : -1;
+    }
     __syncthreads();
 
     const K *kc = (const K *)kv.k, *vc = (const K *)kv.v;
-    const int32_t *table = kv.block_tables + (size_t)seq[r] * kv.max_blocks;
     float scale = sqrtf((float)hs);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    /* Scores: one warp per position (a warp-uniform loop, so every lane reaches the shuffles),
-     * lanes split the head dimension. */
-    for (int t = t0 + warp; t < t1; t += DEC_WARPS) {
-        int32_t b = kv_block(kv, table, t);
-        size_t off = b >= 0 ? kv_off(kv, b, g, t) : 0;
+    /* Scores: each warp takes DEC_POS positions at a time (a warp-uniform loop, so every lane
+     * reaches the shuffles), lanes split the head dimension; the K values of all DEC_POS
+     * positions are loaded before the first product. */
+    for (int tb = warp * DEC_POS; tb < len; tb += DEC_WARPS * DEC_POS) {
+        float kx[DEC_POS][DEC_DIMS];
+        long long off[DEC_POS];
+#pragma unroll
+        for (int p = 0; p < DEC_POS; p++) {
+            off[p] = tb + p < len ? off_sh[tb + p] : -1;
+#pragma unroll
+            for (int e = 0; e < DEC_DIMS; e++) {
+                int d = lane + 32 * e;
+                kx[p][e] = off[p] >= 0 && d < hs ? sl_ld(kc, (size_t)off[p] + d) : 0.0f;
+            }
+        }
         for (int j = 0; j < kv_mul; j++) {
-            float acc = 0.0f;
-            if (b >= 0)
-                for (int d = lane; d < hs; d += 32)
-                    acc += q_sh[j * hs + d] * sl_ld(kc, off + d);
-            acc = sl_warp_sum(acc);
-            if (lane == 0)
-                s_sh[j * SL_CUDA_ATTN_PART + (t - t0)] = b >= 0 ? acc / scale : -INFINITY;
+            float qx[DEC_DIMS];
+#pragma unroll
+            for (int e = 0; e < DEC_DIMS; e++) {
+                int d = lane + 32 * e;
+                qx[e] = d < hs ? q_sh[j * hs + d] : 0.0f;
+            }
+#pragma unroll
+            for (int p = 0; p < DEC_POS; p++) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int e = 0; e < DEC_DIMS; e++)
+                    acc += qx[e] * kx[p][e];
+                acc = sl_warp_sum(acc);
+                if (lane == 0 && tb + p < len)
+                    s_sh[j * SL_CUDA_ATTN_PART + tb + p] = off[p] >= 0 ? acc / scale : -INFINITY;
+            }
         }
     }
     __syncthreads();
     /* Softmax numerators of each head: one warp per head. */
-    int len = t1 - t0;
     for (int j = warp; j < kv_mul; j += DEC_WARPS) {
         float *sj = s_sh + j * SL_CUDA_ATTN_PART;
         float m = -INFINITY;
@@ -105,15 +137,17 @@ __global__ void decode_part_kernel(const float *qkv, const int32_t *rows, const 
         }
     }
     __syncthreads();
-    /* Weighted values: one thread per (head, dimension), positions in order. */
+    /* Weighted values: one thread per (head, dimension), positions in order; the offsets come
+     * from shared memory, so the loads of successive positions do not wait on each other. */
     for (int idx = threadIdx.x; idx < kv_mul * hs; idx += blockDim.x) {
         int j = idx / hs, d = idx % hs;
         const float *sj = s_sh + j * SL_CUDA_ATTN_PART;
         float acc = 0.0f;
-        for (int t = t0; t < t1; t++) {
-            int32_t b = kv_block(kv, table, t);
-            if (b >= 0)
-                acc += sj[t - t0] * sl_ld(vc, kv_off(kv, b, g, t) + d);
+#pragma unroll 8
+        for (int t = 0; t < len; t++) {
+            long long o = off_sh[t];
+            if (o >= 0)
+                acc += sj[t] * sl_ld(vc, (size_t)o + d);
         }
         ws_o[((head0 + j) * n_parts + part) * hs + d] = acc;
     }
@@ -177,7 +211,8 @@ extern "C" int sl_cuda_attention_decode(void *out, enum sl_dtype ot, const float
         return SL_OK;
     cudaStream_t s = (cudaStream_t)stream;
     int hs = kv->head_size, kv_mul = n_heads / kv->n_kv_heads, n_parts = n_parts_of(max_ctx);
-    size_t smem = (size_t)kv_mul * (hs + SL_CUDA_ATTN_PART) * sizeof(float);
+    size_t smem = (size_t)kv_mul * (hs + SL_CUDA_ATTN_PART) * sizeof(float) +
+                  SL_CUDA_ATTN_PART * sizeof(long long);
     float *ws_o = ws, *ws_ml = ws + (size_t)n_rows * n_heads * n_parts * hs;
     struct sl_cuda_kv k = *kv;
     dim3 grid((unsigned)n_rows, (unsigned)kv->n_kv_heads, (unsigned)n_parts);
@@ -203,20 +238,27 @@ extern "C" int sl_cuda_attention_decode(void *out, enum sl_dtype ot, const float
  * Prefill: a tile of query rows against key tiles, online softmax
  */
 
+#define PF_WARPS (PF_THREADS / 32)
+static_assert(PF_K == 32, "prefill: one lane per key position of a tile");
+static_assert(PF_Q % PF_WARPS == 0, "prefill: every warp takes as many query rows");
+
 /* Block (tile, h): rows tiles[2·tile] .. + tiles[2·tile+1] of one sequence, query head h.
- * Shared: Q (PF_Q, hs), K and V (PF_K, hs), scores (PF_Q, PF_K), O (PF_Q, hs), then per query
- * row its running max m, sum l and the rescale c of the current key tile. */
+ * Shared: Q (PF_Q, hs), K (PF_K, hs + 1: the pad puts each lane's key row in a bank of its own
+ * in the score loop), V (PF_K, hs), scores (PF_Q, PF_K), O (PF_Q, hs), then per query row its
+ * running max m, sum l and the rescale c of the current key tile; then each key position's
+ * offset in the cache (PF_K; -1 where absent or past the tile's last query). */
 template <typename K, typename O>
 __global__ void prefill_kernel(O *out, const float *qkv, const int32_t *tiles, const int32_t *pos,
                                const int32_t *seq, struct sl_cuda_kv kv, int n_heads)
 {
     extern __shared__ float smem[];
     __shared__ int qpos[PF_Q];
-    int hs = kv.head_size, nkv = kv.n_kv_heads, kv_mul = n_heads / nkv;
+    __shared__ long long koff[PF_K];
+    int hs = kv.head_size, nkv = kv.n_kv_heads, kv_mul = n_heads / nkv, ks = hs + 1;
     int tile = blockIdx.x, h = blockIdx.y, g = h / kv_mul;
     int r0 = tiles[2 * tile], nq = tiles[2 * tile + 1];
     nq = nq < 0 ? 0 : nq > PF_Q ? PF_Q : nq;
-    float *Qs = smem, *Ks = Qs + PF_Q * hs, *Vs = Ks + PF_K * hs, *S = Vs + PF_K * hs;
+    float *Qs = smem, *Ks = Qs + PF_Q * hs, *Vs = Ks + PF_K * ks, *S = Vs + PF_K * hs;
     float *Os = S + PF_Q * PF_K, *m = Os + PF_Q * hs, *l = m + PF_Q, *c = l + PF_Q;
     size_t stride = (size_t)(n_heads + 2 * nkv) * hs;
     for (int idx = threadIdx.x; idx < PF_Q * hs; idx += blockDim.x) {
@@ -238,52 +280,60 @@ __global__ void prefill_kernel(O *out, const float *qkv, const int32_t *tiles, c
     const K *kc = (const K *)kv.k, *vc = (const K *)kv.v;
     const int32_t *table = kv.block_tables + (size_t)seq[r0] * kv.max_blocks;
     float scale = sqrtf((float)hs);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int j0 = 0; j0 <= maxp; j0 += PF_K) {
-        for (int idx = threadIdx.x; idx < PF_K * hs; idx += blockDim.x) {
-            int t = j0 + idx / hs, d = idx % hs;
-            float kx = 0.0f, vx = 0.0f;
+        for (int jj = threadIdx.x; jj < PF_K; jj += blockDim.x) {
+            int t = j0 + jj;
             int32_t b = t <= maxp ? kv_block(kv, table, t) : -1;
-            if (b >= 0) {
-                size_t off = kv_off(kv, b, g, t) + d;
-                kx = sl_ld(kc, off);
-                vx = sl_ld(vc, off);
-            }
-            Ks[idx] = kx;
-            Vs[idx] = vx;
+            koff[jj] = b >= 0 ? (long long)kv_off(kv, b, g, t) : -1;
         }
         __syncthreads();
-        for (int idx = threadIdx.x; idx < PF_Q * PF_K; idx += blockDim.x) {
-            int i = idx / PF_K, jj = idx % PF_K;
-            float sc = -INFINITY;
-            if (i < nq && j0 + jj <= qpos[i]) {
-                float acc = 0.0f;
-                for (int d = 0; d < hs; d++)
-                    acc += Qs[i * hs + d] * Ks[jj * hs + d];
-                sc = acc / scale;
-            }
-            S[idx] = sc;
+        for (int idx = threadIdx.x; idx < PF_K * hs; idx += blockDim.x) {
+            int jj = idx / hs, d = idx % hs;
+            long long o = koff[jj];
+            Ks[jj * ks + d] = o >= 0 ? sl_ld(kc, (size_t)o + d) : 0.0f;
+            Vs[idx] = o >= 0 ? sl_ld(vc, (size_t)o + d) : 0.0f;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < PF_Q; i += blockDim.x) {
-            float *si = S + i * PF_K;
-            float mx = m[i];
-            for (int jj = 0; jj < PF_K; jj++)
-                mx = fmaxf(mx, si[jj]);
-            if (mx == -INFINITY) { /* nothing visible yet (or a padding row) */
-                c[i] = 1.0f;
-                for (int jj = 0; jj < PF_K; jj++)
-                    si[jj] = 0.0f;
-                continue;
+        /* Scores: lane jj takes key position j0 + jj, warp w the query rows w, w + PF_WARPS, …;
+         * each K value read serves all of them (the Q values are the warp's broadcast). */
+        {
+            float acc[PF_Q / PF_WARPS];
+#pragma unroll
+            for (int k = 0; k < PF_Q / PF_WARPS; k++)
+                acc[k] = 0.0f;
+            const float *kr = Ks + lane * ks;
+            for (int d = 0; d < hs; d++) {
+                float kx = kr[d];
+#pragma unroll
+                for (int k = 0; k < PF_Q / PF_WARPS; k++)
+                    acc[k] += Qs[(warp + PF_WARPS * k) * hs + d] * kx;
             }
-            float sum = 0.0f;
-            for (int jj = 0; jj < PF_K; jj++) {
-                float e = si[jj] == -INFINITY ? 0.0f : expf(si[jj] - mx);
-                si[jj] = e;
-                sum += e;
+#pragma unroll
+            for (int k = 0; k < PF_Q / PF_WARPS; k++) {
+                int i = warp + PF_WARPS * k;
+                S[i * PF_K + lane] = i < nq && j0 + lane <= qpos[i] ? acc[k] / scale : -INFINITY;
             }
-            c[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
-            l[i] = l[i] * c[i] + sum;
-            m[i] = mx;
+        }
+        __syncthreads();
+        /* Online softmax: one warp per query row, a lane per key position. */
+        for (int i = warp; i < PF_Q; i += PF_WARPS) {
+            float sc = S[i * PF_K + lane], mi = m[i];
+            float mx = fmaxf(sl_warp_max(sc), mi);
+            float e = 0.0f, ci = 1.0f; /* nothing visible yet (or a padding row): no change */
+            if (mx != -INFINITY) {
+                e = sc == -INFINITY ? 0.0f : expf(sc - mx);
+                ci = mi == -INFINITY ? 0.0f : expf(mi - mx);
+            }
+            float sum = sl_warp_sum(e);
+            S[i * PF_K + lane] = e;
+            if (lane == 0) {
+                c[i] = ci;
+                if (mx != -INFINITY) {
+                    l[i] = l[i] * ci + sum;
+                    m[i] = mx;
+                }
+            }
         }
         __syncthreads();
         for (int idx = threadIdx.x; idx < PF_Q * hs; idx += blockDim.x) {
@@ -314,7 +364,8 @@ extern "C" int sl_cuda_attention_prefill(void *out, enum sl_dtype ot, const floa
         return SL_OK;
     cudaStream_t s = (cudaStream_t)stream;
     int hs = kv->head_size;
-    size_t smem = ((size_t)(2 * PF_Q + 2 * PF_K) * hs + PF_Q * PF_K + 3 * PF_Q) * sizeof(float);
+    size_t smem =
+        ((size_t)(2 * PF_Q + 2 * PF_K) * hs + PF_K + PF_Q * PF_K + 3 * PF_Q) * sizeof(float);
     struct sl_cuda_kv k = *kv;
     dim3 grid((unsigned)n_tiles, (unsigned)n_heads);
     return SL_CUDA_DISPATCH(kv->type, K, {
