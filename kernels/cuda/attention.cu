@@ -153,30 +153,47 @@ __global__ void decode_part_kernel(const float *qkv, const int32_t *rows, const 
     }
 }
 
-/* Block (i, h): merges the partitions of row rows[i], head h into out. */
+/* Block (i, h): merges the partitions of row rows[i], head h into out. Each partition's sum l_p
+ * and weight exp(m_p − M) are read once, into shared memory (2 · n_parts floats), so the loop
+ * over the values loads nothing it has to wait on before the next load. */
 template <typename O>
 __global__ void decode_merge_kernel(O *out, const int32_t *rows, int n_heads, int hs, int n_parts,
                                     const float *ws_o, const float *ws_ml)
 {
+    extern __shared__ float merge_sh[];
+    __shared__ float red[32];
+    float *lv = merge_sh, *wgt = merge_sh + n_parts;
     int i = blockIdx.x, h = blockIdx.y;
     int r = rows[i];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     size_t base = ((size_t)i * n_heads + h) * n_parts;
-    float M = -INFINITY, L = 0.0f;
-    for (int p = 0; p < n_parts; p++)
-        if (ws_ml[2 * (base + p) + 1] > 0.0f)
-            M = fmaxf(M, ws_ml[2 * (base + p)]);
-    for (int p = 0; p < n_parts; p++) {
+    float M = -INFINITY;
+    for (int p = threadIdx.x; p < n_parts; p += blockDim.x) {
         float l = ws_ml[2 * (base + p) + 1];
+        lv[p] = l;
         if (l > 0.0f)
-            L += l * expf(ws_ml[2 * (base + p)] - M);
+            M = fmaxf(M, ws_ml[2 * (base + p)]);
     }
+    M = sl_warp_max(M);
+    if (lane == 0)
+        red[warp] = M;
+    __syncthreads();
+    M = -INFINITY;
+    for (int w = 0; w < n_warps; w++)
+        M = fmaxf(M, red[w]);
+    for (int p = threadIdx.x; p < n_parts; p += blockDim.x)
+        wgt[p] = lv[p] > 0.0f ? expf(ws_ml[2 * (base + p)] - M) : 0.0f;
+    __syncthreads();
+    float L = 0.0f; /* in partition order, as before */
+    for (int p = 0; p < n_parts; p++)
+        if (lv[p] > 0.0f)
+            L += lv[p] * wgt[p];
     for (int d = threadIdx.x; d < hs; d += blockDim.x) {
         float acc = 0.0f;
-        for (int p = 0; p < n_parts; p++) {
-            float l = ws_ml[2 * (base + p) + 1];
-            if (l > 0.0f)
-                acc += ws_o[(base + p) * hs + d] * expf(ws_ml[2 * (base + p)] - M);
-        }
+#pragma unroll 4
+        for (int p = 0; p < n_parts; p++)
+            if (lv[p] > 0.0f)
+                acc += ws_o[(base + p) * hs + d] * wgt[p];
         sl_st(out, (size_t)r * n_heads * hs + (size_t)h * hs + d, L > 0.0f ? acc / L : 0.0f);
     }
 }
@@ -228,8 +245,12 @@ extern "C" int sl_cuda_attention_decode(void *out, enum sl_dtype ot, const float
         return rc;
     dim3 mgrid((unsigned)n_rows, (unsigned)n_heads);
     return SL_CUDA_DISPATCH(ot, O, {
+        size_t msmem = 2 * (size_t)n_parts * sizeof(float);
+        int st = sl_cuda_smem(decode_merge_kernel<O>, msmem, "attention_decode merge");
+        if (st != SL_OK)
+            return st;
         decode_merge_kernel<O>
-            <<<mgrid, 128, 0, s>>>((O *)out, rows, n_heads, hs, n_parts, ws_o, ws_ml);
+            <<<mgrid, 128, msmem, s>>>((O *)out, rows, n_heads, hs, n_parts, ws_o, ws_ml);
         return sl_cuda_launched("attention_decode merge");
     });
 }

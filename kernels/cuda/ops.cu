@@ -48,7 +48,8 @@ __global__ void convert_kernel(D *dst, const unsigned char *src, int st, size_t 
         } else {
             /* Q8_0: an fp16 scale (2 bytes, little-endian) then 32 int8 values per block; read
              * byte by byte, since a 34-byte block leaves the scale only 2-aligned. */
-            const unsigned char *b = src + r * row_bytes + (size_t)(c / SL_Q8_0_BLOCK) * SL_Q8_0_BYTES;
+            const unsigned char *b =
+                src + r * row_bytes + (size_t)(c / SL_Q8_0_BLOCK) * SL_Q8_0_BYTES;
             unsigned short bits = (unsigned short)(b[0] | (b[1] << 8));
             float d = __half2float(__ushort_as_half(bits));
             v = d * (float)(signed char)b[2 + c % SL_Q8_0_BLOCK];
@@ -68,8 +69,8 @@ extern "C" int sl_cuda_convert(void *dst, enum sl_dtype dt, const void *src, enu
     cudaStream_t s = (cudaStream_t)stream;
     unsigned blocks = sl_cuda_blocks(rows * (size_t)cols, 256, 65535);
     return SL_CUDA_DISPATCH(dt, D, {
-        convert_kernel<D><<<blocks, 256, 0, s>>>((D *)dst, (const unsigned char *)src, (int)st,
-                                                 rows, cols, rb);
+        convert_kernel<D>
+            <<<blocks, 256, 0, s>>>((D *)dst, (const unsigned char *)src, (int)st, rows, cols, rb);
         return sl_cuda_launched("convert");
     });
 }
@@ -145,8 +146,7 @@ extern "C" int sl_cuda_add_rmsnorm(void *out, enum sl_dtype ot, float *x, const 
         return SL_OK;
     cudaStream_t s = (cudaStream_t)stream;
     return SL_CUDA_DISPATCH(ot, O, {
-        add_rmsnorm_kernel<O>
-            <<<n, SL_CUDA_ROW_THREADS, 0, s>>>((O *)out, x, y, w, rows, dim, eps);
+        add_rmsnorm_kernel<O><<<n, SL_CUDA_ROW_THREADS, 0, s>>>((O *)out, x, y, w, rows, dim, eps);
         return sl_cuda_launched("add_rmsnorm");
     });
 }
@@ -155,11 +155,20 @@ extern "C" int sl_cuda_add_rmsnorm(void *out, enum sl_dtype ot, float *x, const 
  * RoPE and the KV cache write
  */
 
+/* Threads of a rope_kv block, and the most blocks one row's pairs are spread over: a single
+ * decode row has (n_heads + n_kv_heads) · head_size / 2 pairs, each a powf, a cosf and a sinf,
+ * too many for one block to finish soon. */
+#define ROPE_THREADS 128
+#define ROPE_MAX_SPLIT 16
+
+/* Block (r, part): row r's pairs and V values idx ≡ part · ROPE_THREADS + threadIdx.x (mod
+ * gridDim.y · ROPE_THREADS). */
 template <typename K>
 __global__ void rope_kv_kernel(float *qkv, int n_heads, float theta, const int32_t *pos,
                                const int32_t *seq, struct sl_cuda_kv kv)
 {
     int r = blockIdx.x;
+    int first = blockIdx.y * blockDim.x + threadIdx.x, step = gridDim.y * blockDim.x;
     int hs = kv.head_size, nkv = kv.n_kv_heads, half = hs / 2;
     float *row = qkv + (size_t)r * (size_t)(n_heads + 2 * nkv) * hs;
     int32_t p = pos[r], s = seq[r];
@@ -168,7 +177,7 @@ __global__ void rope_kv_kernel(float *qkv, int n_heads, float theta, const int32
     bool store = p >= 0 && b >= 0 && b < kv.n_blocks;
     K *kc = (K *)kv.k, *vc = (K *)kv.v;
     /* Pairs (2i, 2i+1) of every query head, then of every key head. */
-    for (int idx = threadIdx.x; idx < (n_heads + nkv) * half; idx += blockDim.x) {
+    for (int idx = first; idx < (n_heads + nkv) * half; idx += step) {
         int h = idx / half, i = idx % half;
         /* sl_cpu_rope_table's expression, term for term. */
         float freq = 1.0f / powf(theta, (float)(2 * i) / (float)hs);
@@ -188,7 +197,7 @@ __global__ void rope_kv_kernel(float *qkv, int n_heads, float theta, const int32
     if (!store)
         return;
     const float *vr = row + (size_t)(n_heads + nkv) * hs;
-    for (int idx = threadIdx.x; idx < nkv * hs; idx += blockDim.x) {
+    for (int idx = first; idx < nkv * hs; idx += step) {
         int g = idx / hs, d = idx % hs;
         sl_st(vc, (((size_t)b * nkv + g) * kv.block_size + slot) * hs + d, vr[idx]);
     }
@@ -212,7 +221,9 @@ extern "C" int sl_cuda_rope_kv(float *qkv, int n, int n_heads, float theta, cons
     cudaStream_t s = (cudaStream_t)stream;
     struct sl_cuda_kv k = *kv;
     return SL_CUDA_DISPATCH(kv->type, K, {
-        rope_kv_kernel<K><<<n, 128, 0, s>>>(qkv, n_heads, theta, pos, seq, k);
+        int pairs = (n_heads + kv->n_kv_heads) * (kv->head_size / 2);
+        dim3 grid((unsigned)n, sl_cuda_blocks((size_t)pairs, ROPE_THREADS, ROPE_MAX_SPLIT));
+        rope_kv_kernel<K><<<grid, ROPE_THREADS, 0, s>>>(qkv, n_heads, theta, pos, seq, k);
         return sl_cuda_launched("rope_kv");
     });
 }
