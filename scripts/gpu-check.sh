@@ -2,7 +2,7 @@
 # The GPU device check's bundle (issue 25): a self-contained folder that runs the CUDA tests and
 # benchmarks on a machine that has a GPU but none of sluice's libraries and no package registry.
 #
-#   scripts/gpu-check.sh prepare [--build DIR] [--out DIR]
+#   scripts/gpu-check.sh prepare [--build DIR] [--out DIR] [--baseline DIR]
 #       Builds (here; no GPU needed) and fills OUT (default .gpu/, git-ignored):
 #         sluice, bench/sluice-bench, bench/engine-bench, tests/test_kernels, tests/test_worker
 #                     stripped; the CUDA tests are in the two test executables
@@ -14,6 +14,8 @@
 #         bundle.env  what was built, and the cuBLAS libraries the binaries need
 #       Without --build it configures build-gpu/ (release, -Dcuda=enabled: sm_90 code and
 #       compute_90 PTX); with --build it uses that folder as it is (it must have CUDA).
+#       --baseline DIR adds DIR's bench/engine-bench (a CUDA build of another commit) as
+#       bench/engine-bench-base, which run.sh's base step measures beside this build's.
 #       Then it runs verify on OUT, and fails when OUT is over 60 MiB.
 #   scripts/gpu-check.sh verify [DIR]
 #       Checks that every executable and library in DIR (default .gpu/) resolves each library it
@@ -82,11 +84,12 @@ cmd_verify() {
 }
 
 cmd_prepare() {
-  local build='' out=$ROOT/.gpu
+  local build='' out=$ROOT/.gpu baseline=
   while [ $# -gt 0 ]; do
     case $1 in
       --build) build=${2:?--build needs a folder}; shift 2 ;;
       --out) out=${2:?--out needs a folder}; shift 2 ;;
+      --baseline) baseline=${2:?--baseline needs a build folder}; shift 2 ;;
       *) die "prepare: unknown argument $1 (usage: prepare [--build DIR] [--out DIR])" ;;
     esac
   done
@@ -119,6 +122,20 @@ cmd_prepare() {
     strip --strip-unneeded -o "$dst" "$build/$b" 2>/dev/null || cp "$build/$b" "$dst"
     chmod 755 "$dst"
   done
+
+  local base_commit=
+  if [ -n "$baseline" ]; then
+    [ -x "$baseline/bench/engine-bench" ] || die "prepare: $baseline has no bench/engine-bench"
+    grep -q 'define SL_HAVE_CUDA 1' "$baseline/sl_build_config.h" 2>/dev/null ||
+      die "prepare: $baseline was configured without CUDA"
+    strip --strip-unneeded -o "$out/bench/engine-bench-base" "$baseline/bench/engine-bench" \
+      2>/dev/null || cp "$baseline/bench/engine-bench" "$out/bench/engine-bench-base"
+    chmod 755 "$out/bench/engine-bench-base"
+    local base_src
+    base_src=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["directories"]["source"])' \
+      "$baseline/meson-info/meson-info.json" 2>/dev/null || echo "$baseline")
+    base_commit=$(git -C "$base_src" describe --always --dirty 2>/dev/null || echo unknown)
+  fi
 
   # The libraries, as ldd resolves them here, each under its soname.
   local soname path cublas=()
@@ -156,6 +173,7 @@ cmd_prepare() {
     echo "BUNDLE_BUILD=$(basename "$build")"
     echo "BUNDLE_BUILDTYPE=$(meson introspect --buildoptions "$build" 2>/dev/null |
       python3 -c 'import json,sys; print(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "buildtype"))' 2>/dev/null || echo unknown)"
+    echo "BASELINE_COMMIT=$base_commit"
     echo "CUBLAS_SONAMES=\"$(printf '%s\n' "${cublas[@]}" | sort -u | tr '\n' ' ' | sed 's/ $//')\""
   } >"$out/bundle.env"
 

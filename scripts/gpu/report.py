@@ -100,6 +100,12 @@ def gather(work, commit):
         "serve_llama_1b": serve or None,
         "flood": last_json_line(os.path.join(work, "flood.txt")),
         "engine_llama_8b": engine(os.path.join(work, "engine-llama-8b.json"), ceilings),
+        "profile_llama_1b": load(os.path.join(work, "profile-llama-1b.json")),
+        "base": {
+            "engine_llama_1b": engine(os.path.join(work, "base-engine-llama-1b.json"), ceilings),
+            "profile_llama_1b": load(os.path.join(work, "base-profile-llama-1b.json")),
+            "engine_llama_8b": engine(os.path.join(work, "base-engine-llama-8b.json"), ceilings),
+        },
     }
 
 
@@ -118,8 +124,11 @@ def table(path):
     s = r.get("served")
     if s:
         print(f"served: {'ok' if s.get('ok') else 'FAILED'}")
-    for key in ("engine_llama_1b", "engine_llama_8b"):
-        e = r.get(key)
+    base = r.get("base") or {}
+    for key, e in (("engine_llama_1b", r.get("engine_llama_1b")),
+                   ("base engine_llama_1b", base.get("engine_llama_1b")),
+                   ("engine_llama_8b", r.get("engine_llama_8b")),
+                   ("base engine_llama_8b", base.get("engine_llama_8b"))):
         if e:
             print(f"{key}: decode tok/s {e.get('decode_tok_s')}, prefill {e.get('prefill_tok_s')} "
                   f"tok/s; decode_1 vs copy {e.get('decode_1_vs_copy_bw')}, prefill vs GEMM "
@@ -128,6 +137,12 @@ def table(path):
         print(f"serve {users:>3s} users: {v['output_throughput']:.0f} out tok/s, TTFT p50/p99 "
               f"{v['p50_ttft_ms']:.1f}/{v['p99_ttft_ms']:.1f} ms, TPOT p50/p99 "
               f"{v['p50_tpot_ms']:.2f}/{v['p99_tpot_ms']:.2f} ms")
+    for key, p in (("profile", r.get("profile_llama_1b")),
+                   ("base profile", base.get("profile_llama_1b"))):
+        for label, v in ((p or {}).get("profile") or {}).items():
+            top = sorted(v["kinds"].items(), key=lambda kv: -kv[1]["ms"])[:4]
+            print(f"{key} {label}: {v['step_ms']:.3f} ms/step; "
+                  + ", ".join(f"{k} {x['ms']:.3f}" for k, x in top))
     if r.get("flood"):
         print(f"flood: {json.dumps(r['flood'])}")
 

@@ -9,7 +9,12 @@
 #   engine   engine-bench, synthetic llama-1b bf16: decode at batch 1/16/64/256, 2048-token prefill
 #   serve    sluice-bench closed loop at 1, 16, 64, 256 users against sluice (llama-1b, 128/128)
 #   flood    bench/scenarios/flood.sh with sluice on the GPU
+#   profile  engine-bench --profile, llama-1b: device time per kind of launch, prefill and decode
 #   engine8b engine-bench, synthetic llama-8b bf16: decode at batch 1 and 64 (if time is left)
+#   ncu      (only when named) Nsight Compute's SpeedOfLight, launch and occupancy sections of the
+#            small kernels of one llama-1b batch-1 decode step and of two prompt attention launches
+#   base     (only when named, and prepare had --baseline) the engine and profile steps' runs with
+#            bench/engine-bench-base, another commit's build, beside this build's in the same call
 # Writes $OUT/gpu-check.log (everything printed), $OUT/gpu-check.json (the figures, by
 # report.py) and $OUT/gpu-steps.tgz (each step's raw output). GPU_CHECK_BUDGET_S (default 420)
 # bounds the whole run. Without a CUDA device it says so and exits 0 at once.
@@ -50,6 +55,49 @@ if [ "${1:-}" = --step ]; then
       ;;
     engine)
       "$B/bench/engine-bench" --device cuda --model synthetic:llama-1b:bf16 | tee engine-llama-1b.json
+      ;;
+    profile)
+      "$B/bench/engine-bench" --device cuda --model synthetic:llama-1b:bf16 --profile --reps 3 |
+        tee profile-llama-1b.json
+      ;;
+    ncu)
+      ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [ -z "$ncu_bin" ]; then
+        echo "ncu: not found on this machine"
+        exit 0
+      fi
+      # ncu is the machine's own program: it runs without the bundle's libraries, its target
+      # with them. The skips pass the context fill and the first decode steps.
+      rc=0
+      env -u LD_LIBRARY_PATH "$ncu_bin" --target-processes all \
+        --kernel-name 'regex:decode_part|decode_merge|rope_kv|add_rmsnorm|swiglu|sample_head|embed' \
+        --launch-skip 400 --launch-count 16 --section SpeedOfLight --section LaunchStats \
+        --section Occupancy env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$B/bench/engine-bench" \
+        --device cuda --model synthetic:llama-1b:bf16 --only-decode 1 --reps 1 \
+        >ncu-decode-1.txt 2>&1 || rc=1
+      env -u LD_LIBRARY_PATH "$ncu_bin" --target-processes all --kernel-name 'regex:prefill_kernel' \
+        --launch-skip 16 --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$B/bench/engine-bench" \
+        --device cuda --model synthetic:llama-1b:bf16 --only-prefill 1 --reps 1 \
+        >ncu-prefill.txt 2>&1 || rc=1
+      grep -E '^  [a-z_]+.*\(|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|==PROF==|==ERROR==' \
+        ncu-decode-1.txt ncu-prefill.txt | head -150
+      exit $rc
+      ;;
+    base)
+      if [ ! -x "$B/bench/engine-bench-base" ]; then
+        echo "base: the bundle has no bench/engine-bench-base (prepare --baseline DIR)"
+        exit 0
+      fi
+      echo "base: engine-bench of $BASELINE_COMMIT"
+      rc=0
+      "$B/bench/engine-bench-base" --device cuda --model synthetic:llama-1b:bf16 |
+        tee base-engine-llama-1b.json || rc=1
+      "$B/bench/engine-bench-base" --device cuda --model synthetic:llama-1b:bf16 --profile \
+        --reps 3 | tee base-profile-llama-1b.json || rc=1
+      "$B/bench/engine-bench-base" --device cuda --model synthetic:llama-8b:bf16 --batches 1,64 \
+        --reps 3 | tee base-engine-llama-8b.json || rc=1
+      exit $rc
       ;;
     engine8b)
       "$B/bench/engine-bench" --device cuda --model synthetic:llama-8b:bf16 --batches 1,64 \
@@ -136,8 +184,9 @@ WORK=$(mktemp -d /tmp/gpu-check.XXXXXX)
 BUDGET=${GPU_CHECK_BUDGET_S:-420}
 T0=$(date +%s)
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(info tests served engine serve flood engine8b)
-declare -A want=([info]=30 [tests]=120 [served]=45 [engine]=90 [serve]=100 [flood]=100 [engine8b]=150)
+[ ${#steps[@]} -gt 0 ] || steps=(info tests served engine profile serve flood engine8b)
+declare -A want=([info]=30 [tests]=120 [served]=45 [engine]=90 [profile]=60 [serve]=100 [flood]=120
+  [engine8b]=150 [base]=150 [ncu]=120)
 printf 'step\trc\tseconds\n' >"$WORK/steps.tsv"
 for s in "${steps[@]}"; do
   budget=${want[$s]:-60}
