@@ -303,7 +303,8 @@ int sl_cuda_embed(float *x, const void *table, enum sl_dtype t, int vocab, int d
 
 /* RMSNorm fused with the residual add. For i in [0, n), with r = rows ? rows[i] : i:
  *   x[r] (dim) += y[r] (when y is not NULL); out[i] (dim, type ot) = sl_cpu_rmsnorm(x[r], w).
- * x, y: (rows, dim) fp32; w: (dim) fp32; rows: (n) device row ids, distinct, or NULL. */
+ * x, y: (rows, dim) fp32; w: (dim) fp32; rows: (n) device row ids, distinct, or NULL. out, x, y
+ * and w do not overlap. */
 int sl_cuda_add_rmsnorm(void *out, enum sl_dtype ot, float *x, const float *y, const float *w,
                         const int32_t *rows, int n, int dim, float eps, void *stream);
 

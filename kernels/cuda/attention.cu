@@ -37,6 +37,8 @@ __device__ __forceinline__ size_t kv_off(const struct sl_cuda_kv &kv, int32_t b,
 #define DEC_POS 4
 /* Head-dimension values one lane holds per position (head sizes up to SL_CUDA_MAX_HEAD). */
 #define DEC_DIMS (SL_CUDA_MAX_HEAD / 32)
+/* Positions whose V values a thread loads together in decode's values loop. */
+#define DEC_VALS 16
 
 /* Block (i, g, part): row rows[i], the kv_mul query heads of KV head g, positions
  * [part·P, min((part+1)·P, n_ctx)). Writes, per head, the partition's max score m, its sum of
@@ -137,17 +139,26 @@ __global__ void decode_part_kernel(const float *qkv, const int32_t *rows, const 
         }
     }
     __syncthreads();
-    /* Weighted values: one thread per (head, dimension), positions in order; the offsets come
-     * from shared memory, so the loads of successive positions do not wait on each other. */
+    /* Weighted values: one thread per (head, dimension), positions in order, DEC_VALS at a time:
+     * their V values are all loaded (an absent position's from offset d, a valid address, and
+     * then dropped) before the first is added, so the loads do not wait on each other. */
     for (int idx = threadIdx.x; idx < kv_mul * hs; idx += blockDim.x) {
         int j = idx / hs, d = idx % hs;
         const float *sj = s_sh + j * SL_CUDA_ATTN_PART;
         float acc = 0.0f;
-#pragma unroll 8
-        for (int t = 0; t < len; t++) {
-            long long o = off_sh[t];
-            if (o >= 0)
-                acc += sj[t] * sl_ld(vc, (size_t)o + d);
+        for (int tb = 0; tb < len; tb += DEC_VALS) {
+            float v[DEC_VALS];
+            bool ok[DEC_VALS];
+#pragma unroll
+            for (int u = 0; u < DEC_VALS; u++) {
+                long long o = tb + u < len ? off_sh[tb + u] : -1;
+                ok[u] = o >= 0;
+                v[u] = sl_ld(vc, (size_t)(ok[u] ? o : 0) + d);
+            }
+#pragma unroll
+            for (int u = 0; u < DEC_VALS; u++)
+                if (ok[u])
+                    acc += sj[tb + u] * v[u];
         }
         ws_o[((head0 + j) * n_parts + part) * hs + d] = acc;
     }

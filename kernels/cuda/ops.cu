@@ -107,6 +107,12 @@ extern "C" int sl_cuda_embed(float *x, const void *table, enum sl_dtype t, int v
  * RMSNorm fused with the residual add
  */
 
+/* Columns of a row each add_rmsnorm thread keeps in registers: the row is loaded in one go, its
+ * updated x stored after, and the output written from the registers, so a decode step's single
+ * row waits on memory once, not once per column (dim up to 16 · SL_CUDA_ROW_THREADS; wider rows
+ * do the rest column by column). */
+#define RMS_KEEP 16
+
 template <typename O>
 __global__ void add_rmsnorm_kernel(O *out, float *x, const float *y, const float *w,
                                    const int32_t *rows, int dim, float eps)
@@ -116,10 +122,27 @@ __global__ void add_rmsnorm_kernel(O *out, float *x, const float *y, const float
     int r = rows ? rows[i] : i;
     float *xr = x + (size_t)r * dim;
     const float *yr = y ? y + (size_t)r * dim : NULL;
-    float ss = 0.0f;
-    /* Each thread owns columns j ≡ threadIdx.x (mod blockDim.x) in both loops, so the x it
-     * updates here is the x it reads below. */
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+    int nt = blockDim.x, rest0 = threadIdx.x + RMS_KEEP * nt;
+    float ss = 0.0f, xv[RMS_KEEP];
+    /* Each thread owns columns j ≡ threadIdx.x (mod blockDim.x), in order. */
+#pragma unroll
+    for (int u = 0; u < RMS_KEEP; u++) {
+        int j = threadIdx.x + u * nt;
+        float v = j < dim ? xr[j] : 0.0f;
+        if (yr && j < dim)
+            v += yr[j];
+        xv[u] = v;
+        ss += v * v;
+    }
+    if (yr) {
+#pragma unroll
+        for (int u = 0; u < RMS_KEEP; u++) {
+            int j = threadIdx.x + u * nt;
+            if (j < dim)
+                xr[j] = xv[u];
+        }
+    }
+    for (int j = rest0; j < dim; j += nt) {
         float v = xr[j];
         if (yr) {
             v += yr[j];
@@ -132,7 +155,13 @@ __global__ void add_rmsnorm_kernel(O *out, float *x, const float *y, const float
     ss /= (float)dim;
     ss += eps;
     float scale = 1.0f / sqrtf(ss);
-    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+#pragma unroll
+    for (int u = 0; u < RMS_KEEP; u++) {
+        int j = threadIdx.x + u * nt;
+        if (j < dim)
+            sl_st(out, (size_t)i * dim + j, w[j] * (scale * xv[u]));
+    }
+    for (int j = rest0; j < dim; j += nt)
         sl_st(out, (size_t)i * dim + j, w[j] * (scale * xr[j]));
 }
 
