@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Flood, admission on and then off in the same run: batch arrivals at 3x the server's capacity and
 # interactive chats at 30 % of it, open loop, for DURATION_S (15) each. Capacity is measured first
-# (a closed loop of 32 users sending the batch shape for 10 s, its req/s); CAPACITY=R skips that.
+# (a closed loop of CAPACITY_USERS (32) users sending the batch shape for 10 s, its req/s);
+# CAPACITY=R skips that. A GPU serves far more than 32 users at once: give it its max_seqs.
 # The server is bench/scenarios/flood.json (admission on: batch requests the SLO guard predicts
 # past their 10 s TTFT objective get 503 with Retry-After) and then flood-off.json (the same with
 # "admission": false: everything is queued as it comes). No retries: a refusal is final.
@@ -16,13 +17,13 @@ OBJECTIVE_MS=1000
 echo "== flood, admission on then off: batch at 3x capacity + interactive at 30 %; $(machine)"
 start_sluice "$SCEN/flood.json"
 if [ -z "${CAPACITY:-}" ]; then
-  bench --concurrency 32 --duration 10 --warmup 3 --prompt 128 --output 64 --ignore-eos \
+  bench --concurrency "${CAPACITY_USERS:-32}" --duration 10 --warmup 3 --prompt 128 --output 64 --ignore-eos \
     --class "capacity,tier=batch" --label capacity --summary "$OUT/capacity.tsv" >/dev/null
   CAPACITY=$(awk -F'\t' 'NR == 2 { print $7 }' "$OUT/capacity.tsv")
 fi
 BATCH=$(awk -v c="$CAPACITY" 'BEGIN { printf "%.2f", 3 * c }')
 INTER=$(awk -v c="$CAPACITY" 'BEGIN { printf "%.2f", 0.3 * c }')
-echo "capacity ${CAPACITY} req/s (batch shape, 32 users): batch at ${BATCH} req/s, interactive at ${INTER} req/s"
+echo "capacity ${CAPACITY} req/s (batch shape, ${CAPACITY_USERS:-32} users): batch at ${BATCH} req/s, interactive at ${INTER} req/s"
 run() { # label
   bench --duration "$DUR" --ignore-eos --timeout 600 \
     --class "batch,rate=$BATCH,tier=batch,prompt=128,output=64,ttft_slo=10000,tpot_slo=1000" \
