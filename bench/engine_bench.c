@@ -260,9 +260,7 @@ static int print_ceilings(int device)
            driver / 1000, driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10, gbs, tflops);
     return 0;
 }
-#endif
 
-#if SL_HAVE_CUDA
 /* --profile: one member of "profile": the device ms per step of each kind of launch, the
  * launches per step, and the step's device ms and tokens/s by that measure. */
 static void print_profile(const char *label, const struct sl_cuda_profile *p, int tokens, bool last)

@@ -102,9 +102,7 @@ cmd_prepare() {
   [ -f "$build/build.ninja" ] || die "prepare: $build is not a configured build folder"
   grep -q 'define SL_HAVE_CUDA 1' "$build/sl_build_config.h" 2>/dev/null ||
     die "prepare: $build was configured without CUDA (meson setup -Dcuda=enabled)"
-  local b targets=()
-  for b in "${BINARIES[@]}"; do targets+=("$b"); done
-  ninja -C "$build" "${targets[@]}"
+  ninja -C "$build" "${BINARIES[@]}"
 
   case $out in /* | ./* | ../*) ;; *) out=./$out ;; esac
   mkdir -p "$out"
@@ -113,7 +111,7 @@ cmd_prepare() {
   rm -rf "${out:?}"/*
   mkdir -p "$out/lib" "$out/bench" "$out/tests" "$out/scenarios"
 
-  local dst
+  local b dst
   for b in "${BINARIES[@]}"; do
     case $b in
       tests/*) dst=$out/tests/$(basename "$b") ;;

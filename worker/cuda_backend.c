@@ -662,10 +662,8 @@ static void collect(struct sl_cuda_ctx *c)
 
 int sl_cuda_worker_profile(struct sl_worker *w, struct sl_cuda_profile *out)
 {
-    if (sl_worker_backend_ops(w) != &sl_cuda_backend_ops || !out)
-        return SL_EINVAL;
-    struct sl_cuda_ctx *c = sl_worker_backend_ctx(w);
-    if (!c->prof)
+    struct sl_cuda_ctx *c = sl_worker_backend_ctx(w, &sl_cuda_backend_ops);
+    if (!c || !out || !c->prof)
         return SL_EINVAL;
     *out = c->prof->sum;
     memset(&c->prof->sum, 0, sizeof c->prof->sum);

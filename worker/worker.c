@@ -28,14 +28,9 @@ int sl_worker_new(const struct sl_model *m, const struct sl_backend_ops *ops,
     return SL_OK;
 }
 
-void *sl_worker_backend_ctx(struct sl_worker *w)
+void *sl_worker_backend_ctx(struct sl_worker *w, const struct sl_backend_ops *ops)
 {
-    return w ? w->ctx : NULL;
-}
-
-const struct sl_backend_ops *sl_worker_backend_ops(const struct sl_worker *w)
-{
-    return w ? w->ops : NULL;
+    return w && w->ops == ops ? w->ctx : NULL;
 }
 
 void sl_worker_free(struct sl_worker *w)

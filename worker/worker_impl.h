@@ -236,9 +236,9 @@ struct sl_cuda_profile {
  * SL_EINVAL when w is not a CUDA worker made with profile set. */
 int sl_cuda_worker_profile(struct sl_worker *w, struct sl_cuda_profile *out);
 
-/* The backend context of w (for backend-private calls such as sl_cuda_worker_profile). */
-void *sl_worker_backend_ctx(struct sl_worker *w);
-const struct sl_backend_ops *sl_worker_backend_ops(const struct sl_worker *w);
+/* The backend context of w when w runs on ops, else NULL (for backend-private calls such as
+ * sl_cuda_worker_profile). */
+void *sl_worker_backend_ctx(struct sl_worker *w, const struct sl_backend_ops *ops);
 
 /* The CPU backend's context. Every buffer is sized at init from sl_backend_opts. */
 #define SL_CPU_MAX_BUFS 16

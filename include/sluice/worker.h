@@ -263,7 +263,7 @@ struct sl_backend_opts {
     int device;           /* CUDA device ordinal (the CPU backend ignores it) */
     bool eager;           /* CUDA: never capture decode steps as CUDA graphs (tests, profiling) */
     bool profile;         /* CUDA: time every launch of every step (eagerly; see
-                           * sl_cuda_backend_profile in worker_impl.h) */
+                           * sl_cuda_worker_profile in worker_impl.h) */
     enum sl_kv_dtype kv_dtype; /* K and V storage (see enum sl_kv_dtype) */
 };
 

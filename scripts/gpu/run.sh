@@ -104,30 +104,20 @@ if [ "${1:-}" = --step ]; then
         --reps 3 | tee engine-llama-8b.json
       ;;
     serve)
-      "$B/sluice" --config "$HERE/serve-llama-1b.json" --listen 127.0.0.1:0 2>sluice-serve.log &
-      pid=$!
-      port=
-      for _ in $(seq 600); do
-        port=$(sed -n 's|.*listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' sluice-serve.log | head -1)
-        [ -n "$port" ] && break
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.2
-      done
-      if [ -z "$port" ]; then
-        echo "serve: sluice did not start:"
-        cat sluice-serve.log
-        exit 1
-      fi
-      grep -m3 -E 'cuda:|model ' sluice-serve.log
+      # bench/scenarios/lib.sh's start_sluice, bench and stop_sluice, logs under serve/.
+      BUILD=$B SCEN=$HERE OUT=$WORK/serve
+      # shellcheck source=/dev/null
+      source "$HERE/scenarios/lib.sh"
+      start_sluice "$HERE/serve-llama-1b.json"
+      grep -m2 'cuda:' "$OUT/sluice.log" || true
       rc=0
       for users in 1 16 64 256; do
-        "$B/bench/sluice-bench" --url "http://127.0.0.1:$port" --no-progress \
-          --concurrency "$users" --duration 8 --warmup 2 --prompt 128 --output 128 --ignore-eos \
-          --label "users-$users" --summary serve.tsv --json "serve-$users.json" || rc=1
+        bench --concurrency "$users" --duration 8 --warmup 2 --prompt 128 --output 128 \
+          --ignore-eos --label "users-$users" --summary "$WORK/serve.tsv" \
+          --json "$WORK/serve-$users.json" || rc=1
       done
-      kill -TERM $pid
-      wait $pid
-      tail -5 sluice-serve.log
+      stop_sluice
+      tail -3 "$OUT/sluice.log"
       exit $rc
       ;;
     flood)
