@@ -504,7 +504,7 @@ static const struct {
                        "Sequences preempted (their KV blocks freed, to be recomputed), by tier.",
                        true},
     [F_KV_USED] = {"sluice:kv_blocks_used", "gauge", "KV cache blocks owned by sequences.", false},
-    [F_KV_TOTAL] = {"sluice:kv_blocks_total", "gauge", "KV cache blocks in the worker's pool.",
+    [F_KV_TOTAL] = {"sluice:kv_blocks_capacity", "gauge", "KV cache blocks in the worker's pool.",
                     false},
     [F_STEP_TOKENS] = {"sluice:step_batch_tokens", "gauge",
                        "Tokens (decodes and prompt chunks) in the latest scheduler step.", false},

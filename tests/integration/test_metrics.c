@@ -130,7 +130,7 @@ Test(metrics, scrape_agrees_with_the_responses_when_requests_have_finished, .tim
 
     char *before = scrape(srv.port);
     double steps0 = metric(before, "sluice:scheduler_steps_total");
-    double kv_total = metric(before, "sluice:kv_blocks_total");
+    double kv_total = metric(before, "sluice:kv_blocks_capacity");
     cr_assert_gt(kv_total, 0, "the pool is published before the first step");
     cr_assert_eq(metric(before, "sluice:kv_blocks_used"), 0);
     free(before);
@@ -240,7 +240,7 @@ Test(metrics, scrape_agrees_with_the_responses_when_requests_have_finished, .tim
                  completion);
 
     /* The scheduler, idle again. */
-    cr_assert_eq(metric(m, "sluice:kv_blocks_total"), kv_total);
+    cr_assert_eq(metric(m, "sluice:kv_blocks_capacity"), kv_total);
     cr_assert_eq(metric(m, "sluice:kv_blocks_used"), 0, "every block came back");
     cr_assert_eq(metric(m, "sluice:num_requests_running{tier=\"interactive\"}"), 0);
     cr_assert_eq(metric(m, "sluice:num_requests_waiting{tier=\"interactive\"}"), 0);
