@@ -384,14 +384,14 @@ int sl_chat_prompt_encode(const struct sl_tok *tok, int seq_len, const struct sl
     if (st == SL_OK)
         st = encode_run(tok, p, run_off, run_len, ids, seq_len, &n);
     if (st == SL_ERANGE)
-        return sl_openai_check_context(seq_len, n, true, max_tokens, err);
+        return sl_openai_check_context(seq_len, n, true, max_tokens, "messages", err);
     if (st != SL_OK) {
         /* Content comes from JSON, which jansson has checked is UTF-8: not expected. */
         sl_openai_error_set(err, 400, "messages", "invalid_value",
                             "The rendered messages could not be tokenized: %s.", sl_status_str(st));
         return st;
     }
-    if ((st = sl_openai_check_context(seq_len, n, false, max_tokens, err)) != SL_OK)
+    if ((st = sl_openai_check_context(seq_len, n, false, max_tokens, "messages", err)) != SL_OK)
         return st;
     *n_ids = n;
     return SL_OK;

@@ -219,9 +219,11 @@ void sl_openai_prompt_select(struct sl_openai_completion *c, int i);
 int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_tok *tok,
                          int seq_len, int max_tokens, int32_t *ids, int *n_ids,
                          struct sl_openai_error *err);
-/* The context check alone. n_prompt is exact, or a lower bound when at_least. */
+/* The context check alone. n_prompt is exact, or a lower bound when at_least. The error's param
+ * is prompt_param ("prompt" or "messages") when the prompt alone fills the context, else
+ * "max_tokens". */
 int sl_openai_check_context(int seq_len, long long n_prompt, bool at_least, long long max_tokens,
-                            struct sl_openai_error *err);
+                            const char *prompt_param, struct sl_openai_error *err);
 
 /* Which API a response belongs to: the encoders below write its objects. */
 enum sl_openai_api {

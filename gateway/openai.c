@@ -991,12 +991,15 @@ void sl_openai_completion_dispose(struct sl_openai_completion *c)
 }
 
 int sl_openai_check_context(int seq_len, long long n_prompt, bool at_least, long long max_tokens,
-                            struct sl_openai_error *err)
+                            const char *prompt_param, struct sl_openai_error *err)
 {
     if (!at_least && n_prompt + max_tokens <= seq_len)
         return SL_OK;
     const char *al = at_least ? "at least " : "";
-    sl_openai_error_set(err, 400, NULL, "context_length_exceeded",
+    /* The field to change: the prompt when it leaves no room for even one token, else max_tokens.
+     */
+    const char *param = at_least || n_prompt >= seq_len ? prompt_param : "max_tokens";
+    sl_openai_error_set(err, 400, param, "context_length_exceeded",
                         "This model's maximum context length is %d tokens. However, you "
                         "requested %s%lld tokens (%s%lld in the prompt, %lld for the "
                         "completion). Please reduce the length of the prompt or of the "
@@ -1016,13 +1019,13 @@ int sl_openai_prompt_encode(const struct sl_tok *tok, int seq_len, const char *p
         return st;
     }
     if (st == SL_ERANGE)
-        return sl_openai_check_context(seq_len, n, true, max_tokens, err);
+        return sl_openai_check_context(seq_len, n, true, max_tokens, "prompt", err);
     if (st != SL_OK) {
         sl_openai_error_set(err, sl_http_status_code(st), NULL, NULL,
                             "The prompt could not be tokenized: %s.", sl_status_str(st));
         return st;
     }
-    if ((st = sl_openai_check_context(seq_len, n, false, max_tokens, err)) != SL_OK)
+    if ((st = sl_openai_check_context(seq_len, n, false, max_tokens, "prompt", err)) != SL_OK)
         return st;
     *n_ids = n;
     return SL_OK;
@@ -1035,7 +1038,7 @@ int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_t
     if (!c->prompt_ids)
         return sl_openai_prompt_encode(tok, seq_len, c->prompt, c->prompt_len, max_tokens, ids,
                                        n_ids, err);
-    int st = sl_openai_check_context(seq_len, c->n_prompt_ids, false, max_tokens, err);
+    int st = sl_openai_check_context(seq_len, c->n_prompt_ids, false, max_tokens, "prompt", err);
     if (st != SL_OK)
         return st;
     memcpy(ids, c->prompt_ids, sizeof(int32_t) * (size_t)c->n_prompt_ids);

@@ -304,15 +304,16 @@ Test(gateway, rejects_the_body_when_it_is_empty_or_not_an_object)
 Test(gateway, accepts_the_request_when_it_exactly_fills_the_context)
 {
     struct sl_openai_error err;
-    cr_assert_eq(sl_openai_check_context(512, 500, false, 12, &err), SL_OK);
+    cr_assert_eq(sl_openai_check_context(512, 500, false, 12, "prompt", &err), SL_OK);
 }
 
 Test(gateway, explains_the_sizes_when_the_context_length_is_exceeded)
 {
     struct sl_openai_error err;
-    cr_assert_eq(sl_openai_check_context(512, 500, false, 13, &err), SL_ERANGE);
+    cr_assert_eq(sl_openai_check_context(512, 500, false, 13, "prompt", &err), SL_ERANGE);
     cr_assert_eq(err.http, 400);
     cr_assert_str_eq(err.code, "context_length_exceeded");
+    cr_assert_str_eq(err.param, "max_tokens", "the prompt fits: max_tokens is what to reduce");
     cr_assert(strstr(err.message, "This model's maximum context length is 512 tokens. However, "
                                   "you requested 513 tokens (500 in the prompt, 13 for the "
                                   "completion)."),
@@ -322,9 +323,12 @@ Test(gateway, explains_the_sizes_when_the_context_length_is_exceeded)
 Test(gateway, says_at_least_when_the_prompt_alone_overflows)
 {
     struct sl_openai_error err;
-    cr_assert_eq(sl_openai_check_context(512, 513, true, 16, &err), SL_ERANGE);
+    cr_assert_eq(sl_openai_check_context(512, 513, true, 16, "messages", &err), SL_ERANGE);
+    cr_assert_str_eq(err.param, "messages");
     cr_assert(strstr(err.message, "at least 529 tokens (at least 513 in the prompt, 16 for"), "%s",
               err.message);
+    cr_assert_eq(sl_openai_check_context(512, 512, false, 1, "prompt", &err), SL_ERANGE);
+    cr_assert_str_eq(err.param, "prompt", "a prompt that fills the context is what to reduce");
 }
 
 /* The tokenizer path, against the embedded synthetic model. */
