@@ -27,6 +27,26 @@ enum sl_http_parse {
     SL_HTTP_PARSE_MORE,  /* the request is incomplete: feed more bytes */
     SL_HTTP_PARSE_DONE,  /* one whole request is parsed; bytes after it stay buffered */
     SL_HTTP_PARSE_ERROR, /* answer error_code and close the connection */
+    SL_HTTP_PARSE_HEAD,  /* pause_at_head: the head is whole and checked, no body byte parsed;
+                          * sl_http_parser_resume() goes on to the body */
+};
+
+/* Where a chunk-size line is (RFC 9112 §7.1.1), which sluice parses itself: llhttp 8 refuses legal
+ * extensions after a valued one (";a=b;c"), and a size is checked against the limit as soon as
+ * it is read. */
+enum sl_http_chunk_line {
+    SL_CHUNK_NONE,     /* not in a chunk-size line */
+    SL_CHUNK_SIZE,     /* in the hex digits */
+    SL_CHUNK_WS,       /* BWS after the size or a value: ';' may follow */
+    SL_CHUNK_NAME_WS,  /* BWS before an extension's name */
+    SL_CHUNK_NAME,     /* in a name */
+    SL_CHUNK_AFTER,    /* BWS after a name: '=' or ';' may follow */
+    SL_CHUNK_VALUE_WS, /* BWS after '=' */
+    SL_CHUNK_TOKEN,    /* in a token value */
+    SL_CHUNK_QUOTED,   /* in a quoted-string value */
+    SL_CHUNK_PAIR,     /* after a backslash in a quoted-string */
+    SL_CHUNK_END,      /* after a quoted-string: BWS ';' or the CR may follow */
+    SL_CHUNK_LF,       /* after the line's CR */
 };
 
 struct sl_http_parser {
@@ -39,6 +59,7 @@ struct sl_http_parser {
     size_t max_header_bytes;
     size_t max_body_bytes;
     enum sl_http_parse state;
+    bool pause_at_head; /* set by the caller: stop at HEAD once the head is whole */
 
     /* The request, valid once headers_complete (url, headers) or DONE (body, keep_alive). */
     int method; /* enum llhttp_method */
@@ -49,6 +70,7 @@ struct sl_http_parser {
     struct sl_http_span expect;
     struct sl_http_span authorization; /* "Bearer KEY" */
     struct sl_http_span tier;          /* x-sluice-tier: a tier name */
+    bool other_coding; /* a Transfer-Encoding names a coding besides chunked (answered 501) */
     struct sl_http_span body;
     bool headers_complete;
     bool keep_alive;      /* the connection may serve another request after this one */
@@ -62,6 +84,10 @@ struct sl_http_parser {
     size_t head_end;                  /* offset just past the head, once headers_complete */
     size_t trailer_bytes;             /* chunked trailers so far (counted, not kept) */
     bool body_started;
+    bool run_empty; /* llhttp must run once more, even on no bytes (after the head's pause) */
+    enum sl_http_chunk_line chunk;
+    int chunk_digits;    /* hex digits of the size read so far (leading zeros included) */
+    uint64_t chunk_size; /* the size so far */
 };
 
 void sl_http_parser_init(struct sl_http_parser *p, size_t max_header_bytes, size_t max_body_bytes);
@@ -70,6 +96,8 @@ void sl_http_parser_dispose(struct sl_http_parser *p);
  * bytes are only buffered (the caller bounds them); after ERROR they are dropped. Returns the
  * state. */
 enum sl_http_parse sl_http_parser_feed(struct sl_http_parser *p, const char *data, size_t len);
+/* After HEAD: parses the body (and what is already buffered of it). Returns the state. */
+enum sl_http_parse sl_http_parser_resume(struct sl_http_parser *p);
 /* Forgets the DONE request, keeps the bytes that followed it and parses them as the next one.
  * Returns the new state. */
 enum sl_http_parse sl_http_parser_next(struct sl_http_parser *p);
@@ -80,7 +108,8 @@ static inline const char *sl_http_span_ptr(const struct sl_http_parser *p, struc
 }
 /* True when the span equals lit, ignoring ASCII case and surrounding spaces/tabs. */
 bool sl_http_span_eq(const struct sl_http_parser *p, struct sl_http_span s, const char *lit);
-/* The URL without its query string or fragment. */
+/* The URL without its query string or fragment, and for an absolute-form target
+ * ("http://host/path", RFC 9112 §3.2.2) without its scheme and authority. */
 struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p);
 
 /* ---------------------------------------------------------------------------------------------
@@ -400,6 +429,9 @@ bool sl_tenant_bearer(const char *value, size_t len, const char **key, size_t *k
 const struct sl_tenant *sl_tenant_lookup(const struct sl_config *cfg, const char *key, size_t len);
 /* True when cfg has an admin key and `key` is it (constant-time comparison of hashes). */
 bool sl_tenant_admin_check(const struct sl_config *cfg, const char *key, size_t len);
+/* True when /metrics may be read with `key`: no metrics key is configured, or the key is it or
+ * the admin key (constant-time comparison of hashes). */
+bool sl_tenant_metrics_check(const struct sl_config *cfg, const char *key, size_t len);
 /* A form of key safe to show its owner: "sk-ab****wxyz" (5 + 4 of its bytes) for printable keys
  * of 20 bytes or more, "****" otherwise. */
 void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen);

@@ -186,6 +186,9 @@ static int on_header_value_complete(llhttp_t *ll)
         dst = &p->authorization;
     else if (n == sizeof SL_TIER_HEADER - 1 && strncasecmp(f, SL_TIER_HEADER, n) == 0)
         dst = &p->tier;
+    else if (n == 17 && strncasecmp(f, "transfer-encoding", n) == 0 &&
+             !sl_http_span_eq(p, p->value, "chunked"))
+        p->other_coding = true; /* llhttp refuses it unless chunked comes last */
     if (dst)
         *dst = p->value;
     p->field = p->value = (struct sl_http_span){0, 0};
@@ -224,6 +227,18 @@ static int on_body(llhttp_t *ll, const char *at, size_t len)
     return 0;
 }
 
+/* A chunk and its CRLF are read: a chunk-size line comes next, unless that was the last chunk
+ * (then trailers do). Pause so that run() reads the line itself. */
+static int on_chunk_complete(llhttp_t *ll)
+{
+    struct sl_http_parser *p = parser_of(ll);
+    if (p->chunk_size == 0)
+        return 0;
+    p->chunk = SL_CHUNK_SIZE;
+    p->chunk_size = 0;
+    return HPE_PAUSED;
+}
+
 static int on_message_complete(llhttp_t *ll)
 {
     struct sl_http_parser *p = parser_of(ll);
@@ -240,6 +255,7 @@ static const llhttp_settings_t parser_settings = {
     .on_header_value_complete = on_header_value_complete,
     .on_headers_complete = on_headers_complete,
     .on_body = on_body,
+    .on_chunk_complete = on_chunk_complete,
     .on_message_complete = on_message_complete,
 };
 
@@ -254,6 +270,10 @@ static void parser_clear(struct sl_http_parser *p)
     p->field = p->value = (struct sl_http_span){0, 0};
     p->authorization = p->tier = (struct sl_http_span){0, 0};
     p->headers_complete = p->keep_alive = p->expect_continue = p->body_started = false;
+    p->other_coding = p->run_empty = false;
+    p->chunk = SL_CHUNK_NONE;
+    p->chunk_digits = 0;
+    p->chunk_size = 0;
     p->head_end = p->trailer_bytes = 0;
     p->error_code = 0;
     p->error_reason = NULL;
@@ -297,17 +317,159 @@ static enum sl_http_parse head_checked(struct sl_http_parser *p)
         return parse_error(p, 400, "The request is not valid HTTP/1.1.");
     if ((p->ll.flags & F_CONTENT_LENGTH) && p->ll.content_length > p->max_body_bytes)
         return parse_error(p, 413, "The request body is too large.");
+    /* RFC 9112 §6.1: a coding the server does not decode is 501 (chunked not last is llhttp's
+     * 400). */
+    if (p->other_coding && (p->ll.flags & F_CHUNKED))
+        return parse_error(p, 501, "Only the chunked transfer coding is supported.");
     return SL_HTTP_PARSE_MORE;
+}
+
+/* RFC 9110 §5.6.2's tchar. */
+static bool is_tchar(unsigned char ch)
+{
+    return (ch >= '0' && ch <= '9') || ((ch | 0x20) >= 'a' && (ch | 0x20) <= 'z') ||
+           (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+static int hex_value(unsigned char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch |= 0x20;
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+/* Reads the chunk-size line from buf at parsed, one byte at a time so that none of it needs to
+ * stay buffered: chunk-size [ chunk-ext ] CRLF, where chunk-ext is
+ * *( BWS ";" BWS name [ BWS "=" BWS ( token / quoted-string ) ] ). Extensions are dropped. Once the
+ * line ends llhttp is given the canonical "SIZE\r\n" in its place. Returns MORE, or an error. */
+static enum sl_http_parse chunk_line(struct sl_http_parser *p)
+{
+    static const char *const bad = "The request's chunked body is not valid HTTP/1.1.";
+    while (p->chunk != SL_CHUNK_NONE && p->parsed < p->buf.len) {
+        unsigned char ch = (unsigned char)p->buf.p[p->parsed++];
+        bool ws = ch == ' ' || ch == '\t';
+        enum sl_http_chunk_line next = SL_CHUNK_NONE; /* NONE here: the byte is refused */
+        switch (p->chunk) {
+        case SL_CHUNK_SIZE: {
+            int v = hex_value(ch);
+            if (v >= 0) {
+                /* The size is refused as soon as it is over what the body may still take. */
+                if (p->chunk_size > (p->max_body_bytes - p->body.len) >> 4)
+                    return parse_error(p, 413, "The request body is too large.");
+                p->chunk_size = p->chunk_size << 4 | (uint64_t)v;
+                p->chunk_digits++;
+                if (p->chunk_size > p->max_body_bytes - p->body.len)
+                    return parse_error(p, 413, "The request body is too large.");
+                next = SL_CHUNK_SIZE;
+            } else if (p->chunk_digits > 0) {
+                next = ws           ? SL_CHUNK_WS
+                       : ch == ';'  ? SL_CHUNK_NAME_WS
+                       : ch == '\r' ? SL_CHUNK_LF
+                                    : SL_CHUNK_NONE;
+            }
+            break;
+        }
+        case SL_CHUNK_WS:
+            next = ws ? SL_CHUNK_WS : ch == ';' ? SL_CHUNK_NAME_WS : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_NAME_WS:
+            next = ws ? SL_CHUNK_NAME_WS : is_tchar(ch) ? SL_CHUNK_NAME : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_NAME:
+        case SL_CHUNK_AFTER:
+            if (p->chunk == SL_CHUNK_NAME && is_tchar(ch))
+                next = SL_CHUNK_NAME;
+            else
+                next = ws                                        ? SL_CHUNK_AFTER
+                       : ch == '='                               ? SL_CHUNK_VALUE_WS
+                       : ch == ';'                               ? SL_CHUNK_NAME_WS
+                       : ch == '\r' && p->chunk == SL_CHUNK_NAME ? SL_CHUNK_LF
+                                                                 : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_VALUE_WS:
+            next = ws             ? SL_CHUNK_VALUE_WS
+                   : ch == '"'    ? SL_CHUNK_QUOTED
+                   : is_tchar(ch) ? SL_CHUNK_TOKEN
+                                  : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_TOKEN:
+            next = is_tchar(ch) ? SL_CHUNK_TOKEN
+                   : ws         ? SL_CHUNK_WS
+                   : ch == ';'  ? SL_CHUNK_NAME_WS
+                   : ch == '\r' ? SL_CHUNK_LF
+                                : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_QUOTED: /* qdtext: HTAB, SP, VCHAR but '"' and '\\', obs-text */
+            next = ch == '"'                          ? SL_CHUNK_END
+                   : ch == '\\'                       ? SL_CHUNK_PAIR
+                   : ws || (ch >= 0x21 && ch != 0x7f) ? SL_CHUNK_QUOTED
+                                                      : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_END:
+            next = ws           ? SL_CHUNK_WS
+                   : ch == ';'  ? SL_CHUNK_NAME_WS
+                   : ch == '\r' ? SL_CHUNK_LF
+                                : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_PAIR:
+            next = ws || (ch >= 0x21 && ch != 0x7f) ? SL_CHUNK_QUOTED : SL_CHUNK_NONE;
+            break;
+        case SL_CHUNK_LF:
+            if (ch != '\n')
+                return parse_error(p, 400, bad);
+            char line[24];
+            int n = snprintf(line, sizeof line, "%llx\r\n", (unsigned long long)p->chunk_size);
+            p->chunk = SL_CHUNK_NONE;
+            p->chunk_digits = 0;
+            if (llhttp_execute(&p->ll, line, (size_t)n) != HPE_OK)
+                return parse_error(p, 400, bad);
+            return SL_HTTP_PARSE_MORE;
+        case SL_CHUNK_NONE: break;
+        }
+        if (next == SL_CHUNK_NONE)
+            return parse_error(p, 400, bad);
+        p->chunk = next;
+    }
+    return SL_HTTP_PARSE_MORE;
+}
+
+/* The head is whole and checked: go on to the body. A chunked one starts with a size line,
+ * read by chunk_line(); otherwise llhttp runs once more, even on no bytes, to finish a request
+ * without a body. */
+static void head_resume(struct sl_http_parser *p)
+{
+    llhttp_resume(&p->ll);
+    if (p->ll.flags & F_CHUNKED) {
+        p->chunk = SL_CHUNK_SIZE;
+        p->chunk_size = 0;
+    } else {
+        p->run_empty = true;
+    }
+}
+
+/* Drops what of buf after the head is not body: framing llhttp or chunk_line() has consumed
+ * (chunk sizes, extensions, trailers), so a client cannot grow the buffer with it. llhttp keeps no
+ * pointer into bytes it has returned from. */
+static void drop_framing(struct sl_http_parser *p)
+{
+    size_t keep = p->body_started ? p->body.off + p->body.len : p->head_end;
+    p->buf.len = p->parsed = keep;
+    p->buf.p[keep] = '\0';
 }
 
 static enum sl_http_parse run(struct sl_http_parser *p)
 {
     static const char *const too_big = "The request line and headers are too large.";
-    /* After the pause at the end of the head llhttp must run once more, even on no bytes, to
-     * finish a request without a body. */
-    bool resumed = false;
-    while (p->state == SL_HTTP_PARSE_MORE && (p->parsed < p->buf.len || resumed)) {
-        resumed = false;
+    while (p->state == SL_HTTP_PARSE_MORE && (p->parsed < p->buf.len || p->run_empty)) {
+        if (p->chunk != SL_CHUNK_NONE) {
+            if (chunk_line(p) != SL_HTTP_PARSE_MORE)
+                return p->state;
+            if (p->chunk != SL_CHUNK_NONE)
+                break; /* all of buf is read; the line goes on in the next feed */
+            continue;
+        }
+        p->run_empty = false;
         const char *start = p->buf.p + p->parsed;
         llhttp_errno_t e = llhttp_execute(&p->ll, start, p->buf.len - p->parsed);
         if (e == HPE_PAUSED || e == HPE_PAUSED_UPGRADE) {
@@ -319,14 +481,19 @@ static enum sl_http_parse run(struct sl_http_parser *p)
                     return parse_error(p, 400, "Protocol upgrades are not supported.");
                 return p->state;
             }
-            if (p->state == SL_HTTP_PARSE_MORE) {
+            if (p->state == SL_HTTP_PARSE_MORE && p->head_end == 0) {
                 /* Paused by on_headers_complete: the head ends here. */
                 p->head_end = p->parsed;
                 enum sl_http_parse st = head_checked(p);
                 if (st != SL_HTTP_PARSE_MORE)
                     return st;
-                llhttp_resume(&p->ll);
-                resumed = true;
+                if (p->pause_at_head) {
+                    p->state = SL_HTTP_PARSE_HEAD;
+                    return p->state;
+                }
+                head_resume(p);
+            } else if (p->state == SL_HTTP_PARSE_MORE) {
+                llhttp_resume(&p->ll); /* paused by on_chunk_complete: a size line is next */
             }
             continue;
         }
@@ -345,13 +512,10 @@ static enum sl_http_parse run(struct sl_http_parser *p)
                 return parse_error(p, 431, too_big);
             break;
         }
-        /* Everything after the head that is not body is framing llhttp has consumed (chunk
-         * sizes, extensions, trailers): drop it, so a client cannot grow the buffer with it.
-         * llhttp keeps no pointer into bytes it has returned from. */
-        size_t keep = p->body_started ? p->body.off + p->body.len : p->head_end;
-        p->buf.len = p->parsed = keep;
-        p->buf.p[keep] = '\0';
+        drop_framing(p);
     }
+    if (p->state == SL_HTTP_PARSE_MORE && p->headers_complete && p->parsed == p->buf.len)
+        drop_framing(p); /* e.g. after on_chunk_complete paused at the end of buf */
     return p->state;
 }
 
@@ -360,6 +524,15 @@ enum sl_http_parse sl_http_parser_feed(struct sl_http_parser *p, const char *dat
     /* After an error nothing more will be parsed, so nothing more is kept. */
     if (len && p->state != SL_HTTP_PARSE_ERROR)
         sl_str_append(&p->buf, data, len);
+    return run(p);
+}
+
+enum sl_http_parse sl_http_parser_resume(struct sl_http_parser *p)
+{
+    if (p->state != SL_HTTP_PARSE_HEAD)
+        return p->state;
+    p->state = SL_HTTP_PARSE_MORE;
+    head_resume(p);
     return run(p);
 }
 
@@ -390,6 +563,20 @@ struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p)
 {
     struct sl_http_span s = p->url;
     const char *u = sl_http_span_ptr(p, s);
+    /* absolute-form: "http://authority/path?query" (a proxy's form, which servers must accept) */
+    size_t scheme = 0;
+    if (s.len >= 7 && strncasecmp(u, "http://", 7) == 0)
+        scheme = 7;
+    else if (s.len >= 8 && strncasecmp(u, "https://", 8) == 0)
+        scheme = 8;
+    if (scheme) {
+        size_t i = scheme;
+        while (i < s.len && u[i] != '/' && u[i] != '?' && u[i] != '#')
+            i++;
+        s.off += i;
+        s.len -= i;
+        u += i;
+    }
     for (size_t i = 0; i < s.len; i++)
         if (u[i] == '?' || u[i] == '#') {
             s.len = i;

@@ -37,6 +37,16 @@ static const struct sample samples[] = {
     {"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
      "5\r\n{\"pro\r\na;ext=1\r\nmpt\":\"hi\"}\r\n0\r\n\r\n",
      HTTP_POST, "/v1/completions", "/v1/completions", "{\"prompt\":\"hi\"}", false},
+    /* RFC 9112 §7.1.1's extensions: after a valued one, with BWS, quoted (llhttp 8 refuses the
+     * first two forms). */
+    {"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+     "3;a=b;c=d\r\nabc\r\n2 ; a = \"x\\\"y;\" ;c\r\nde\r\n1;a=b;c\r\nf\r\n0;z=\"\"\r\nT: 1\r\n\r\n",
+     HTTP_POST, "/x", "/x", "abcdef", true},
+    /* absolute-form (RFC 9112 §3.2.2) */
+    {"GET http://example.com:8080/healthz?x=1 HTTP/1.1\r\nHost: example.com\r\n\r\n", HTTP_GET,
+     "http://example.com:8080/healthz?x=1", "/healthz", "", true},
+    {"GET HTTPS://a/v1/models HTTP/1.1\r\nHost: a\r\n\r\n", HTTP_GET, "HTTPS://a/v1/models",
+     "/v1/models", "", true},
     {"GET /healthz HTTP/1.0\r\n\r\n", HTTP_GET, "/healthz", "/healthz", "", false},
     {"GET /healthz#frag HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n", HTTP_GET, "/healthz#frag",
      "/healthz", "", true},
@@ -432,6 +442,129 @@ Test(gateway, answers_413_when_a_chunked_body_grows_past_the_limit)
     cr_assert_eq(p.error_code, 413);
     cr_assert_eq(sent, MAX_BODY / 1024 + 1);
     sl_http_parser_dispose(&p);
+}
+
+Test(gateway, answers_413_at_once_when_a_chunk_size_is_over_the_limit)
+{
+    /* MAX_BODY is 0x1000: the size alone is refused, before its line ends or any data comes. */
+    const char *sizes[] = {"7fffffff", "1001\r\n", "ffffffffffffffffffffffff", "0000000000001001"};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        struct sl_http_parser p;
+        init(&p);
+        char r[256];
+        snprintf(r, sizeof r, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%s", sizes[i]);
+        cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR, "%s", sizes[i]);
+        cr_assert_eq(p.error_code, 413, "%s", sizes[i]);
+        sl_http_parser_dispose(&p);
+    }
+    /* The running total: 0x800 then 0x801 bytes. */
+    struct sl_http_parser p;
+    init(&p);
+    const char *head = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, head, strlen(head)), SL_HTTP_PARSE_MORE);
+    char data[0x800];
+    memset(data, 'd', sizeof data);
+    cr_assert_eq(sl_http_parser_feed(&p, data, sizeof data), SL_HTTP_PARSE_MORE);
+    cr_assert_eq(sl_http_parser_feed(&p, "\r\n801", 5), SL_HTTP_PARSE_ERROR);
+    cr_assert_eq(p.error_code, 413);
+    sl_http_parser_dispose(&p);
+    /* Exactly the limit in two chunks is accepted. */
+    init(&p);
+    cr_assert_eq(sl_http_parser_feed(&p, head, strlen(head)), SL_HTTP_PARSE_MORE);
+    cr_assert_eq(sl_http_parser_feed(&p, data, sizeof data), SL_HTTP_PARSE_MORE);
+    cr_assert_eq(sl_http_parser_feed(&p, "\r\n800\r\n", 7), SL_HTTP_PARSE_MORE);
+    cr_assert_eq(sl_http_parser_feed(&p, data, sizeof data), SL_HTTP_PARSE_MORE);
+    cr_assert_eq(sl_http_parser_feed(&p, "\r\n0\r\n\r\n", 7), SL_HTTP_PARSE_DONE);
+    cr_assert_eq(p.body.len, MAX_BODY);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, answers_400_when_a_chunk_size_line_is_not_rfc_9112)
+{
+    const char *lines[] = {
+        "\r\n",
+        "x\r\n",
+        "1 \r\n",
+        "1;\r\n",
+        "1;a=\r\n",
+        "1;a=b \r\n",
+        "1;=b\r\n",
+        "1;a=\"b\r\n",
+        "1;a=\"b\"c\r\n",
+        "1\n",
+        "1\rx",
+        "1;a b\r\n",
+        "1;a=b=c\r\n",
+        "-1\r\n",
+        "1;a=\"\x7f\"\r\n",
+        "1;a=@\r\n",
+        "1;a=\"\\\x01\"\r\n",
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        struct sl_http_parser p;
+        init(&p);
+        char r[256];
+        snprintf(r, sizeof r,
+                 "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%sx\r\n0\r\n\r\n", lines[i]);
+        cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR, "line %zu: %s", i,
+                     lines[i]);
+        cr_assert_eq(p.error_code, 400, "line %zu", i);
+        sl_http_parser_dispose(&p);
+    }
+}
+
+Test(gateway, answers_501_when_a_transfer_coding_besides_chunked_is_named)
+{
+    const char *heads[] = {
+        "Transfer-Encoding: gzip, chunked\r\n",
+        "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+        "Transfer-Encoding: deflate,chunked\r\n",
+    };
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        struct sl_http_parser p;
+        init(&p);
+        char r[256];
+        snprintf(r, sizeof r, "POST / HTTP/1.1\r\n%s\r\n2\r\nab\r\n0\r\n\r\n", heads[i]);
+        cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR, "%s", heads[i]);
+        cr_assert_eq(p.error_code, 501, "%s", heads[i]);
+        sl_http_parser_dispose(&p);
+    }
+    /* chunked not last: the length is unknown, RFC 9112 §6.3 says 400 */
+    struct sl_http_parser p;
+    init(&p);
+    const char *r = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n";
+    cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR);
+    cr_assert_eq(p.error_code, 400);
+    sl_http_parser_dispose(&p);
+}
+
+Test(gateway, stops_at_the_head_when_asked_and_parses_the_body_on_resume)
+{
+    const char *r[] = {
+        "POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}GET / HTTP/1.1\r\n\r\n",
+        "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: "
+        "chunked\r\n\r\n2;a=b\r\n{}\r\n0\r\n\r\n"
+        "GET / HTTP/1.1\r\n\r\n",
+        "GET /v1/completions HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n",
+    };
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++) {
+        struct sl_http_parser p;
+        init(&p);
+        p.pause_at_head = true;
+        cr_assert_eq(sl_http_parser_feed(&p, r[i], strlen(r[i])), SL_HTTP_PARSE_HEAD);
+        cr_assert(span_is(&p, p.url, "/v1/completions"));
+        cr_assert_eq(p.body.len, 0);
+        cr_assert_eq(p.parsed, p.head_end, "no byte past the head is parsed");
+        /* more bytes while at the head are only buffered */
+        cr_assert_eq(sl_http_parser_feed(&p, "", 0), SL_HTTP_PARSE_HEAD);
+        cr_assert_eq(sl_http_parser_resume(&p), SL_HTTP_PARSE_DONE, "request %zu", i);
+        cr_assert(span_is(&p, p.body, i < 2 ? "{}" : ""));
+        /* the next request stops at its head too */
+        cr_assert_eq(sl_http_parser_next(&p), SL_HTTP_PARSE_HEAD);
+        cr_assert(span_is(&p, p.url, "/"));
+        cr_assert_eq(sl_http_parser_resume(&p), SL_HTTP_PARSE_DONE);
+        sl_http_parser_dispose(&p);
+    }
 }
 
 Test(gateway, answers_400_when_the_request_is_not_http)
