@@ -82,6 +82,7 @@ void sl_config_dispose(struct sl_config *c)
     free(c->listen_host);
     free(c->model);
     free(c->tokenizer);
+    free(c->served_model_name);
     free(c->device);
     free(c->chat_template);
     free(c->log_level);
@@ -188,6 +189,8 @@ enum key_type {
     K_MODELS,
     K_DEVICES,
     K_KV_DTYPE,
+    K_KEY_SHA256, /* 64 hex digits or null: a struct sl_key_sha256 */
+    K_MODEL_NAME, /* a model id (valid_model_name) or null */
 };
 
 struct key {
@@ -204,6 +207,7 @@ static const struct key keys[] = {
     {"tls", K_TLS, 0, 0, 0},
     {"model", K_STR, OFF(model), 0, 0},
     {"tokenizer", K_STR_OR_NULL, OFF(tokenizer), 0, 0},
+    {"served_model_name", K_MODEL_NAME, OFF(served_model_name), 0, 0},
     {"device", K_STR, OFF(device), 0, 0},
     {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
     {"io_threads", K_INT, OFF(io_threads), 1, 64},
@@ -231,6 +235,7 @@ static const struct key keys[] = {
     {"models", K_MODELS, 0, 0, 0},
     {"devices", K_DEVICES, 0, 0, 0},
     {"admission", K_BOOL, OFF(admission), 0, 0},
+    {"metrics_key_sha256", K_KEY_SHA256, OFF(metrics_key), 0, 0},
 };
 
 /* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys
@@ -511,6 +516,8 @@ static void models_sync(struct sl_config *c)
 {
     replace(&c->models[0].spec, c->model);
     replace(&c->models[0].tokenizer, c->tokenizer);
+    if (c->served_model_name)
+        replace(&c->models[0].name, c->served_model_name);
 }
 
 static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *err, size_t errlen,
@@ -579,6 +586,34 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
         }
         *(bool *)(base + k->off) = json_is_true(v);
         return SL_OK;
+    case K_MODEL_NAME:
+        if (!json_is_null(v) && !(json_is_string(v) && valid_model_name(json_string_value(v)))) {
+            snprintf(err, errlen,
+                     "%s: \"%s\" must be null or 1 to %d printable ASCII characters without "
+                     "spaces, quotes, '\\' or '/'",
+                     where, k->name, SL_MODEL_NAME_MAX);
+            return SL_EINVAL;
+        }
+        replace((char **)(base + k->off), json_is_null(v) ? NULL : json_string_value(v));
+        return SL_OK;
+    case K_KEY_SHA256: {
+        struct sl_key_sha256 *key = (struct sl_key_sha256 *)(base + k->off);
+        unsigned char h[32];
+        if (json_is_null(v)) {
+            *key = (struct sl_key_sha256){0};
+            return SL_OK;
+        }
+        if (!json_is_string(v) || !sl_tenant_hex_decode(json_string_value(v), h)) {
+            snprintf(err, errlen,
+                     "%s: \"%s\" must be 64 hex digits (the SHA-256 of the key, not the key) or "
+                     "null",
+                     where, k->name);
+            return SL_EINVAL;
+        }
+        key->set = true;
+        memcpy(key->sha256, h, 32);
+        return SL_OK;
+    }
     case K_KV_DTYPE: {
         const char *s = json_is_string(v) ? json_string_value(v) : "";
         if (strcmp(s, "f32") != 0 && strcmp(s, "f16") != 0) {
@@ -662,6 +697,14 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
         snprintf(err, errlen,
                  "%s: \"model\" and \"tokenizer\" name one model and \"models\" several: give "
                  "one or the other (the first of \"models\" is the default model)",
+                 path);
+        st = SL_EINVAL;
+    }
+    if (st == SL_OK && json_object_get(root, "models") &&
+        json_object_get(root, "served_model_name")) {
+        snprintf(err, errlen,
+                 "%s: \"served_model_name\" names the one \"model\": with \"models\", give each "
+                 "its \"name\"",
                  path);
         st = SL_EINVAL;
     }
@@ -761,6 +804,7 @@ json_t *sl_config_to_json(const struct sl_config *c)
         case K_FRACTION: v = json_real(*(const double *)(base + k->off)); break;
         case K_STR:
         case K_STR_OR_NULL:
+        case K_MODEL_NAME:
         case K_CPU_ISA:
         case K_LOG_LEVEL: {
             const char *s = *(char *const *)(base + k->off);
@@ -774,6 +818,10 @@ json_t *sl_config_to_json(const struct sl_config *c)
             break;
         }
         case K_BOOL: v = json_boolean(*(const bool *)(base + k->off)); break;
+        case K_KEY_SHA256:
+            v = ((const struct sl_key_sha256 *)(base + k->off))->set ? json_string("<redacted>")
+                                                                     : json_null();
+            break;
         case K_KV_DTYPE:
             v = json_string(sl_kv_dtype_name(*(const enum sl_kv_dtype *)(base + k->off)));
             break;
@@ -818,25 +866,40 @@ json_t *sl_config_to_json(const struct sl_config *c)
     return root;
 }
 
-const char *sl_config_usage(void)
+void sl_config_usage(FILE *out)
 {
-    return "usage: sluice [--config FILE] [--listen HOST:PORT] [--model PATH|synthetic[:SHAPE]]\n"
-           "              [--tokenizer PATH] [--check-config FILE] [--help] [--version]\n"
-           "\n"
-           "  --config FILE       JSON configuration (see conf/sluice.json); flags override it;\n"
-           "                      SIGHUP reloads it\n"
-           "  --check-config FILE validate FILE (with the other flags; TLS certificate and key\n"
-           "                      are loaded) and exit: 0 when valid\n"
-           "  --listen HOST:PORT  address to serve HTTP on (default 127.0.0.1:8080; port 0 picks "
-           "one)\n"
-           "  --model SPEC        synthetic[:tiny|stories15M|llama-1b][:f32|f16|bf16|q8_0], a "
-           "GGUF\n"
-           "                      file (.gguf), a Hugging Face folder (config.json,\n"
-           "                      model.safetensors, tokenizer.json),\n"
-           "                      or a llama2.c checkpoint (.bin) (default synthetic)\n"
-           "  --tokenizer PATH    llama2.c tokenizer.bin, for a .bin model only\n"
-           "  --help              print this help and exit\n"
-           "  --version           print the version and exit\n";
+    fputs("usage: sluice [--config FILE] [--listen HOST:PORT] [--model SPEC]\n"
+          "              [--served-model-name NAME] [--tokenizer PATH] [--check-config FILE]\n"
+          "              [--help] [--version]\n"
+          "       sluice simulate --trace TRACE.jsonl [...]   (sluice simulate --help)\n"
+          "\n"
+          "  --config FILE       JSON configuration (see conf/sluice.json); flags override it;\n"
+          "                      SIGHUP reloads it\n"
+          "  --check-config FILE check that the server can start with FILE (and the other\n"
+          "                      flags): every model's header and tensor table and its tokenizer\n"
+          "                      load, TLS certificate and key load, the listen addresses are\n"
+          "                      free; exit 0 when it can, 2 naming what fails\n"
+          "  --listen HOST:PORT  address to serve HTTP on (default 127.0.0.1:8080; port 0 picks "
+          "one)\n"
+          "  --model SPEC        synthetic[:SHAPE][:f32|f16|bf16|q8_0] with SHAPE one of\n"
+          "                      ",
+          out);
+    for (int i = 0; sl_model_synthetic_shape(i); i++)
+        fprintf(out, "%s%s", i ? ", " : "", sl_model_synthetic_shape(i));
+    fputs(" (default tiny),\n"
+          "                      a GGUF file (.gguf), a Hugging Face folder (config.json,\n"
+          "                      model.safetensors, tokenizer.json), or a llama2.c checkpoint\n"
+          "                      (.bin) (default synthetic)\n"
+          "  --served-model-name NAME\n"
+          "                      the id requests send as \"model\" and /v1/models lists\n"
+          "                      (default: the model's own id; SPEC as given is accepted too)\n"
+          "  --tokenizer PATH    llama2.c tokenizer.bin, for a .bin model only\n"
+          "  --help              print this help and exit\n"
+          "  --version           print the version and exit\n"
+          "\n"
+          "  simulate            replay a request trace through the scheduler under a virtual\n"
+          "                      clock, on a cost model instead of the engine (simulate --help)\n",
+          out);
 }
 
 /* Returns the value of flag argv[*i] ("--f V" or "--f=V"), advancing *i, or NULL. */
@@ -906,6 +969,17 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
                 return SL_EINVAL;
             }
             replace(&c->model, v);
+        } else if (is_flag(a, "--served-model-name")) {
+            if (!(v = flag_value(argc, argv, &i, "--served-model-name", err, errlen)))
+                return SL_EINVAL;
+            if (!valid_model_name(v)) {
+                snprintf(err, errlen,
+                         "--served-model-name: 1 to %d printable ASCII characters without spaces, "
+                         "quotes, '\\' or '/'",
+                         SL_MODEL_NAME_MAX);
+                return SL_EINVAL;
+            }
+            replace(&c->served_model_name, v);
         } else if (is_flag(a, "--tokenizer")) {
             if (!(v = flag_value(argc, argv, &i, "--tokenizer", err, errlen)))
                 return SL_EINVAL;

@@ -727,6 +727,9 @@ struct io {
 /* A served model: requests that name it run on its scheduler. */
 struct engine {
     char name[SL_MODEL_NAME_MAX + 1];
+    /* Another name requests may give: the model as configured ("synthetic", a file's path) when
+     * no name was (vLLM serves its --model as given); NULL otherwise. */
+    char *alias;
     const struct sl_model *model;
     /* Its replicas, one per device, each with its scheduler; sched[0] NULL: no engine (tests of
      * the front end alone). in_flight counts the requests each holds, from submit to their end:
@@ -934,6 +937,7 @@ static void str_add_ms(struct sl_str *w, uint64_t ns)
 /* ---- metrics ---- */
 
 static bool path_is(const struct sl_http_parser *p, struct sl_http_span path, const char *lit);
+static bool method_is_get(const struct sl_http_parser *p);
 
 /* The tier and tenant the current request is accounted to: "none" for a request refused before
  * authentication or classification decided them. */
@@ -1284,8 +1288,8 @@ static void serve_admin(struct conn *c, struct sl_http_span path)
         send_error(c, &err, NULL);
         return;
     }
-    if (c->req.method != HTTP_GET) {
-        not_allowed(c, "GET");
+    if (!method_is_get(&c->req)) {
+        not_allowed(c, "GET, HEAD");
         return;
     }
     /* The configuration this request started with: the current one. */
@@ -1311,13 +1315,20 @@ static int decode_request(struct conn *c, struct sl_openai_completion *oc, const
 }
 
 /* The engine a request's "model" names (the first without one), or -1 with a 404. */
+/* Whether a request naming the model id[0 .. n) means engine e. */
+static bool engine_is(const struct engine *e, const char *id, size_t n)
+{
+    return (n == strlen(e->name) && memcmp(id, e->name, n) == 0) ||
+           (e->alias && n == strlen(e->alias) && memcmp(id, e->alias, n) == 0);
+}
+
 static int route_model(struct conn *c, const char *model, struct sl_openai_error *err)
 {
     struct sl_http_server *srv = c->io->srv;
     if (!model)
         return 0;
     for (int i = 0; i < srv->n_engines; i++)
-        if (strcmp(srv->engines[i].name, model) == 0)
+        if (engine_is(&srv->engines[i], model, strlen(model)))
             return i;
     char list[256];
     size_t n = 0;
@@ -1835,7 +1846,7 @@ static void finish_error(struct conn *c, const struct sl_out_event *e, struct sl
         sl_openai_error_set(err, 503, NULL, "cancelled",
                             "The request was cancelled because the server is shutting down.");
     } else if (e->status == SL_ERANGE) {
-        sl_openai_error_set(err, 400, NULL, "context_length_exceeded",
+        sl_openai_error_set(err, 400, "max_tokens", "context_length_exceeded",
                             "The prompt plus max_tokens needs more KV cache than this server "
                             "has; reduce the prompt or max_tokens.");
     } else {
@@ -2110,6 +2121,20 @@ static void serve_metrics(struct conn *c)
     send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }
 
+/* The key a route needs: none (probes), the metrics key (when one is configured), the admin
+ * key, or a tenant's (every other route, unknown URLs included, when tenants are configured). */
+enum route_guard { GUARD_NONE, GUARD_METRICS, GUARD_ADMIN, GUARD_TENANT };
+
+static enum route_guard route_guard(const struct sl_http_parser *p)
+{
+    struct sl_http_span path = sl_http_parser_path(p);
+    if (path.len >= 7 && memcmp(sl_http_span_ptr(p, path), "/admin/", 7) == 0)
+        return GUARD_ADMIN;
+    if (path_is(p, path, "/healthz") || path_is(p, path, "/readyz"))
+        return GUARD_NONE;
+    return path_is(p, path, "/metrics") ? GUARD_METRICS : GUARD_TENANT;
+}
+
 static void route(struct conn *c)
 {
     struct sl_http_parser *p = &c->req;
@@ -2120,14 +2145,22 @@ static void route(struct conn *c)
     static const char models[] = "/v1/models/";
 
     sl_str_clear(b);
-    if (path.len >= 7 && memcmp(sl_http_span_ptr(p, path), "/admin/", 7) == 0) {
+    enum route_guard guard = route_guard(p);
+    if (guard == GUARD_ADMIN) {
         serve_admin(c, path);
         return;
     }
-    /* Probes and the scrape need no key, as in vLLM: only the API and /admin are guarded. */
-    bool open =
-        path_is(p, path, "/healthz") || path_is(p, path, "/readyz") || path_is(p, path, "/metrics");
-    if (!open && !authenticate(c))
+    /* Probes need no key, nor does the scrape unless metrics_key_sha256 is set (as in vLLM). */
+    if (guard == GUARD_METRICS) {
+        const char *key = NULL;
+        size_t len = 0;
+        bool has_key = request_key(c, &key, &len);
+        if (!sl_tenant_metrics_check(c->cfg, has_key ? key : NULL, len)) {
+            unauthorized(c, has_key, key, len);
+            return;
+        }
+    }
+    if (guard == GUARD_TENANT && !authenticate(c))
         return;
     c->ident.api = SL_OPENAI_API_COMPLETIONS;
     if (path_is(p, path, "/v1/chat/completions")) {
@@ -2177,7 +2210,7 @@ static void route(struct conn *c)
         size_t n = path.len - (sizeof models - 1);
         for (int i = 0; i < srv->n_engines; i++) {
             const char *id = srv->engines[i].name;
-            if (n == strlen(id) && memcmp(want, id, n) == 0) {
+            if (engine_is(&srv->engines[i], want, n)) {
                 sl_openai_model_encode(b, id, sl_model_config(srv->engines[i].model)->seq_len,
                                        srv->created);
                 send_json(c, 200, b, NULL);
@@ -2190,8 +2223,8 @@ static void route(struct conn *c)
         return;
     }
     if (path_is(p, path, "/metrics")) {
-        if (p->method != HTTP_GET) {
-            not_allowed(c, "GET");
+        if (!method_is_get(p)) {
+            not_allowed(c, "GET, HEAD");
             return;
         }
         serve_metrics(c);
@@ -2335,6 +2368,48 @@ static enum sl_http_parse conn_parse(struct conn *c)
     return st;
 }
 
+/* A keyless request's body that is read anyway, so that its 401 keeps the connection: one that
+ * came whole with its head (bytes the server holds already), up to this size. */
+#define EARLY_401_BODY_MAX (64 << 10)
+
+/* Which key a route needs, looked at as soon as the head is whole: true when the request may
+ * go on to its body. A request without the key its route needs is answered 401 there and then,
+ * without reading its body or sending 100 Continue, and the connection ends, unless the body is
+ * already all here (at most EARLY_401_BODY_MAX): then it is parsed and route() answers the same
+ * 401 on a kept-alive connection. route() checks the key again for every request; this only
+ * makes sure nothing is read for a client that has none. */
+static bool conn_head(struct conn *c)
+{
+    struct sl_http_parser *p = &c->req;
+    if (c->io->draining)
+        return true;                          /* conn_after_parse answers 503 */
+    const struct sl_config *cfg = c->io->cfg; /* the one conn_begin will take */
+    const char *key = NULL;
+    size_t len = 0;
+    bool has_key = request_key(c, &key, &len);
+    bool ok;
+    switch (route_guard(p)) {
+    case GUARD_NONE: ok = true; break;
+    case GUARD_METRICS: ok = sl_tenant_metrics_check(cfg, has_key ? key : NULL, len); break;
+    case GUARD_ADMIN:
+        ok = !cfg->has_admin_key || sl_tenant_admin_check(cfg, has_key ? key : NULL, len);
+        break;
+    default: ok = sl_tenant_lookup(cfg, has_key ? key : NULL, len) != NULL; break;
+    }
+    if (ok)
+        return true;
+    bool chunked = (p->ll.flags & F_CHUNKED) != 0;
+    uint64_t declared = (p->ll.flags & F_CONTENT_LENGTH) ? p->ll.content_length : 0;
+    size_t here = p->buf.len - p->head_end + evbuffer_get_length(bufferevent_get_input(c->bev));
+    if (!chunked && declared <= EARLY_401_BODY_MAX && here >= declared)
+        return true;
+    conn_begin(c);
+    c->keep_alive = false;
+    c->linger = true;
+    unauthorized(c, has_key, key, len);
+    return false;
+}
+
 /* ---- timeouts ---- */
 
 static void conn_timer_stop(struct conn *c)
@@ -2451,6 +2526,14 @@ static void conn_advance(struct conn *c)
         if (c->state != CONN_READING)
             return;
         enum sl_http_parse st = conn_parse(c);
+        if (st == SL_HTTP_PARSE_HEAD) {
+            conn_timer_stop(c); /* the body's own deadline starts in conn_read_timer */
+            if (!conn_head(c))
+                continue; /* answered, and the connection ends */
+            st = sl_http_parser_resume(&c->req);
+            if (st == SL_HTTP_PARSE_MORE)
+                st = conn_parse(c);
+        }
         if (st == SL_HTTP_PARSE_MORE) {
             if (c->req.expect_continue && !c->sent_continue) {
                 c->sent_continue = true;
@@ -2740,6 +2823,7 @@ static void conn_open(struct io *io, evutil_socket_t fd, bool tls)
     c->state = CONN_READING;
     c->tier = -1;
     sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);
+    c->req.pause_at_head = true; /* conn_head() looks at the key before any of the body */
     c->timer = evtimer_new(io->base, conn_on_timer, c);
     list_push(&io->conns, c);
     bufferevent_setcb(bev, conn_on_read, conn_on_write, conn_on_event, c);
@@ -2913,8 +2997,10 @@ static void on_drain_cancel(evutil_socket_t fd, short what, void *arg)
  * Public API
  */
 
-static int open_listener(const struct addrinfo *ai, int port, int backlog, char *err, size_t errlen,
-                         const char *host)
+/* A socket bound (listening when backlog > 0) to ai's address and port, with SO_REUSEPORT when
+ * reuseport; -1 with err set. */
+static int open_listener(const struct addrinfo *ai, int port, int backlog, bool reuseport,
+                         char *err, size_t errlen, const char *host)
 {
     struct sockaddr_storage ss;
     memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
@@ -2929,8 +3015,9 @@ static int open_listener(const struct addrinfo *ai, int port, int backlog, char 
     }
     int one = 1;
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0 ||
-        bind(fd, (struct sockaddr *)&ss, ai->ai_addrlen) < 0 || listen(fd, backlog) < 0) {
+        (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) < 0) ||
+        bind(fd, (struct sockaddr *)&ss, ai->ai_addrlen) < 0 ||
+        (backlog > 0 && listen(fd, backlog) < 0)) {
         snprintf(err, errlen, "cannot listen on %s:%d: %s", host, port, strerror(errno));
         close(fd);
         return -1;
@@ -2949,8 +3036,13 @@ static int bound_port(int fd)
     return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 }
 
-/* Opens n listening sockets on host:port, one per I/O thread: the first picks the port (maybe
- * 0 → any) and the others join it with SO_REUSEPORT, so the kernel spreads connections. */
+/* Opens n listening sockets on host:port, one per I/O thread, which share it with SO_REUSEPORT
+ * so that the kernel spreads connections. SO_REUSEPORT would also let another process join
+ * (another sluice started on the same port would take a share of the traffic), so the port is
+ * first claimed by a probe bound without it: the bind fails with EADDRINUSE while anyone listens
+ * there. The probe (SO_REUSEADDR, never listening) does not stand in the way of our own sockets,
+ * which join it on the port it got (port 0: any), and is closed once they listen; from then on
+ * any socket without SO_REUSEPORT conflicts with them, as a second sluice's probe does. */
 static int listen_all(const char *host, int port, int backlog, int n, int *fds, int *bound,
                       char *err, size_t errlen)
 {
@@ -2963,19 +3055,50 @@ static int listen_all(const char *host, int port, int backlog, int n, int *fds, 
         return SL_EINVAL;
     }
     const struct addrinfo *ai = ais;
+    int probe = -1;
     for (; ai; ai = ai->ai_next)
-        if ((fds[0] = open_listener(ai, port, backlog, err, errlen, host)) >= 0)
+        if ((probe = open_listener(ai, port, 0, false, err, errlen, host)) >= 0)
             break;
     int st = SL_OK;
     if (!ai) {
         st = SL_EIO;
     } else {
-        *bound = bound_port(fds[0]);
-        for (int i = 1; i < n && st == SL_OK; i++)
-            if ((fds[i] = open_listener(ai, *bound, backlog, err, errlen, host)) < 0)
+        *bound = bound_port(probe);
+        for (int i = 0; i < n && st == SL_OK; i++) /* the caller closes those opened */
+            if ((fds[i] = open_listener(ai, *bound, backlog, n > 1, err, errlen, host)) < 0)
                 st = SL_EIO;
+        close(probe);
     }
     freeaddrinfo(ais);
+    return st;
+}
+
+/* A probe as listen_all's, bound and closed. */
+static int probe_listen(const char *host, int port, char *err, size_t errlen)
+{
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ais = NULL;
+    int gai = getaddrinfo(host, NULL, &hints, &ais);
+    if (gai != 0) {
+        snprintf(err, errlen, "cannot resolve listen host \"%s\": %s", host, gai_strerror(gai));
+        return SL_EINVAL;
+    }
+    int fd = -1;
+    for (const struct addrinfo *ai = ais; ai && fd < 0; ai = ai->ai_next)
+        fd = open_listener(ai, port, 0, false, err, errlen, host);
+    freeaddrinfo(ais);
+    if (fd < 0)
+        return SL_EIO;
+    close(fd);
+    return SL_OK;
+}
+
+int sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen)
+{
+    int st = probe_listen(cfg->listen_host, cfg->listen_port, err, errlen);
+    if (st == SL_OK && cfg->tls.cert)
+        st = probe_listen(cfg->tls.listen_host, cfg->tls.listen_port, err, errlen);
     return st;
 }
 
@@ -3100,6 +3223,8 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, stru
     sl_admission_adopt(s->cfg, NULL, (int64_t)sl_clock_ns());
     engine_set(&s->engines[0], cfg->models[0].name ? cfg->models[0].name : sl_model_id(model),
                model, sched);
+    if (!cfg->models[0].name && strcmp(cfg->models[0].spec, s->engines[0].name) != 0)
+        s->engines[0].alias = sl_xstrdup(cfg->models[0].spec);
     s->engine_names[0] = s->engines[0].name;
     s->n_engines = 1;
     s->created = sl_clock_unix();
@@ -3230,6 +3355,8 @@ void sl_http_server_free(struct sl_http_server *s)
         io_dispose(&s->io[i]);
     free(s->io);
     sl_metrics_free(s->metrics);
+    for (int i = 0; i < s->n_engines; i++)
+        free(s->engines[i].alias);
     sl_config_unref(s->cfg);
     if (s->tls_ctx)
         SSL_CTX_free(s->tls_ctx);

@@ -60,6 +60,28 @@ static void raise_fd_limit(const struct sl_config *cfg)
                (unsigned long long)rl.rlim_cur, cfg->max_connections);
 }
 
+/* --check-config: whatever start-up would find wrong before serving, without serving: every
+ * model (its synthetic shape, or its files' headers, tensor tables and tokenizer: no weights are
+ * read or made), the TLS certificate and key, the listen addresses (free now). */
+static int check_start(const struct sl_config *cfg, char *err, size_t errlen)
+{
+    for (int i = 0; i < cfg->n_models; i++) {
+        const struct sl_config_model *m = &cfg->models[i];
+        char why[768];
+        if (sl_model_check(m->spec, m->tokenizer, why, sizeof why) != SL_OK) {
+            if (m->name)
+                snprintf(err, errlen, "models[%d] (%s): %s", i, m->name, why);
+            else
+                snprintf(err, errlen, "models[%d]: %s", i, why);
+            return SL_EINVAL;
+        }
+    }
+    int st = sl_http_tls_check(cfg, err, errlen);
+    if (st == SL_OK)
+        st = sl_http_listen_check(cfg, err, errlen);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "simulate") == 0)
@@ -73,7 +95,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (action == SL_CLI_HELP) {
-        fputs(sl_config_usage(), stdout);
+        sl_config_usage(stdout);
         sl_config_unref(cfg);
         return 0;
     }
@@ -83,13 +105,13 @@ int main(int argc, char **argv)
         return 0;
     }
     if (action == SL_CLI_CHECK) {
-        if (sl_http_tls_check(cfg, err, sizeof err) != SL_OK) {
+        int st = check_start(cfg, err, sizeof err);
+        sl_config_unref(cfg);
+        if (st != SL_OK) {
             fprintf(stderr, "sluice: %s\n", err);
-            sl_config_unref(cfg);
             return 2;
         }
-        printf("sluice: configuration is valid\n");
-        sl_config_unref(cfg);
+        printf("sluice: configuration is valid: the server can start with it\n");
         return 0;
     }
     sl_log_set_level(level_of(cfg->log_level));

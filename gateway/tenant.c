@@ -140,6 +140,20 @@ bool sl_tenant_admin_check(const struct sl_config *cfg, const char *key, size_t 
     return CRYPTO_memcmp(h, cfg->admin_key_sha256, 32) == 0;
 }
 
+bool sl_tenant_metrics_check(const struct sl_config *cfg, const char *key, size_t len)
+{
+    if (!cfg->metrics_key.set)
+        return true;
+    if (!key || !len)
+        return false;
+    unsigned char h[32];
+    sl_tenant_sha256(key, len, h);
+    /* both compared, so the time does not say which key it was */
+    bool metrics = CRYPTO_memcmp(h, cfg->metrics_key.sha256, 32) == 0;
+    bool admin = cfg->has_admin_key && CRYPTO_memcmp(h, cfg->admin_key_sha256, 32) == 0;
+    return metrics | admin;
+}
+
 void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen)
 {
     bool printable = len >= 20;

@@ -11,7 +11,9 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The reason of the first queued OpenSSL error, the root cause ("No such file or directory",
  * "bad base64 decode", "key values mismatch"), and the queue cleared so it cannot be blamed on
@@ -19,9 +21,25 @@
 static const char *ssl_reason(void)
 {
     unsigned long e = ERR_peek_error();
-    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    /* A system error (a file that does not open) has no reason string of OpenSSL's own. */
+    const char *r = !e                    ? NULL
+                    : ERR_SYSTEM_ERROR(e) ? strerror(ERR_GET_REASON(e))
+                                          : ERR_reason_error_string(e);
     ERR_clear_error();
     return r ? r : "unknown OpenSSL error";
+}
+
+/* The file can be opened for reading: otherwise err names it and says why ("No such file or
+ * directory", "Permission denied"), which OpenSSL's loaders leave out. */
+static bool readable(const char *what, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "tls: %s \"%s\" cannot be read: %s", what, path, strerror(errno));
+        return false;
+    }
+    fclose(f);
+    return true;
 }
 
 static int no_passphrase(char *buf, int size, int rwflag, void *arg)
@@ -33,6 +51,8 @@ static int no_passphrase(char *buf, int size, int rwflag, void *arg)
 struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t errlen)
 {
     const struct sl_config_tls *t = &cfg->tls;
+    if (!readable("certificate", t->cert, err, errlen) || !readable("key", t->key, err, errlen))
+        return NULL;
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) {
         snprintf(err, errlen, "tls: cannot create a context: %s", ssl_reason());

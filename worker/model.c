@@ -371,12 +371,18 @@ static const struct {
     {"llama-8b", {4096, 14336, 32, 32, 8, 128256, 8192, 1e-5f, 500000.0f, true}},
 };
 
+const char *sl_model_synthetic_shape(int i)
+{
+    return i >= 0 && (size_t)i < sizeof synth_shapes / sizeof synth_shapes[0] ? synth_shapes[i].name
+                                                                              : NULL;
+}
+
 /* name is "SHAPE" or "SHAPE:TYPE" with TYPE one of f32 (default), f16, bf16, q8_0: projections,
  * embedding and classifier are stored in TYPE (the fp32 model's values, rounded); norms stay
  * fp32. */
-static int load_synthetic(struct sl_model *m, const char *name, char *err, size_t errlen)
+static int synthetic_shape(const char *name, struct sl_model_config *c, enum sl_dtype *type,
+                           char *err, size_t errlen)
 {
-    struct sl_model_config *c = &m->cfg;
     const char *colon = strchr(name, ':');
     size_t shape_len = colon ? (size_t)(colon - name) : strlen(name);
     enum sl_dtype t = SL_DTYPE_F32;
@@ -403,10 +409,13 @@ static int load_synthetic(struct sl_model *m, const char *name, char *err, size_
             known = true;
         }
     if (!known) {
-        set_err(
-            err, errlen,
-            "synthetic:%s: unknown synthetic model (known: tiny, stories15M, llama-1b, llama-8b)",
-            name);
+        char names[128];
+        size_t n = 0;
+        names[0] = '\0';
+        for (int i = 0; sl_model_synthetic_shape(i) && n < sizeof names; i++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", i ? ", " : "",
+                                  sl_model_synthetic_shape(i));
+        set_err(err, errlen, "synthetic:%s: unknown synthetic model (known: %s)", name, names);
         return SL_EINVAL;
     }
     if (t == SL_DTYPE_Q8_0 && (c->dim % SL_Q8_0_BLOCK || c->hidden_dim % SL_Q8_0_BLOCK)) {
@@ -414,6 +423,17 @@ static int load_synthetic(struct sl_model *m, const char *name, char *err, size_
                 SL_Q8_0_BLOCK);
         return SL_EINVAL;
     }
+    *type = t;
+    return SL_OK;
+}
+
+static int load_synthetic(struct sl_model *m, const char *name, char *err, size_t errlen)
+{
+    struct sl_model_config *c = &m->cfg;
+    enum sl_dtype t;
+    int st = synthetic_shape(name, c, &t, err, errlen);
+    if (st != SL_OK)
+        return st;
     int dim = c->dim, hid = c->hidden_dim, L = c->n_layers;
     int kv = dim / c->n_heads * c->n_kv_heads;
     /* Uniform ±sqrt(3/fan_in) has variance 1/fan_in: every projection keeps the scale of its
@@ -535,6 +555,20 @@ int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model 
     }
     *out = m;
     return SL_OK;
+}
+
+int sl_model_check(const char *spec, const char *tokenizer_path, char *err, size_t errlen)
+{
+    if (spec && strncmp(spec, "synthetic:", 10) == 0) {
+        struct sl_model_config c;
+        enum sl_dtype t;
+        return synthetic_shape(spec + 10, &c, &t, err, errlen);
+    }
+    /* Files are mapped, not read: loading parses headers, tensor tables and the tokenizer. */
+    struct sl_model *m = NULL;
+    int st = sl_model_load(spec, tokenizer_path, &m, err, errlen);
+    sl_model_free(m);
+    return st;
 }
 
 void sl_model_free(struct sl_model *m)

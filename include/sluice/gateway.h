@@ -47,6 +47,12 @@ struct sl_config_tls {
     char *key;         /* PEM private key file */
 };
 
+/* A key as the configuration keeps it: only its SHA-256. */
+struct sl_key_sha256 {
+    bool set;
+    unsigned char sha256[32];
+};
+
 struct sl_config {
     char *listen_host;         /* "127.0.0.1" */
     int listen_port;           /* 8080; 0 picks a free port */
@@ -54,6 +60,7 @@ struct sl_config {
     struct sl_config_tls tls;  /* the TLS listener, if any */
     char *model;               /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
     char *tokenizer;           /* llama2.c tokenizer.bin path, or NULL */
+    char *served_model_name;   /* the id of "model" (vLLM's --served-model-name), or NULL */
     char *device;              /* "auto" (default), "cpu", "cuda" or "cuda:N" */
     char **devices;            /* (n_devices) as "device", one replica of each model per entry */
     int n_devices;             /* 0: "device" */
@@ -94,6 +101,9 @@ struct sl_config {
     int n_tenants;
     struct sl_tier_rule *classify;
     int n_classify;
+    /* /metrics needs "Authorization: Bearer KEY" of this key (or the admin key) when set; open
+     * otherwise, as vLLM's is. Only the SHA-256 is kept. Reloadable. */
+    struct sl_key_sha256 metrics_key;
     bool has_admin_key; /* the /admin/ routes answer 403 without one */
     unsigned char
         admin_key_sha256[32]; /* SHA-256 of the admin key (the key itself is never kept) */
@@ -132,18 +142,23 @@ enum sl_cli_action { SL_CLI_SERVE, SL_CLI_HELP, SL_CLI_VERSION, SL_CLI_CHECK };
 int sl_config_sched_tiers(const struct sl_config *c, struct sl_sched_tier *out, int max);
 
 /* Parses the command line: `--config FILE` is applied first, then the other flags override it
- * (`--listen HOST:PORT`, `--model SPEC`, `--tokenizer PATH`, `--help`, `--version`).
+ * (`--listen HOST:PORT`, `--model SPEC`, `--served-model-name NAME`, `--tokenizer PATH`,
+ * `--help`, `--version`).
  * `--check-config FILE` loads FILE as --config does and sets SL_CLI_CHECK: the caller reports
  * the result and exits without serving.
  * Returns SL_OK and sets *action, or SL_EINVAL with err naming the flag. */
 int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_action *action,
                         char *err, size_t errlen);
-/* The --help text. */
-const char *sl_config_usage(void);
+/* Writes the --help text. */
+void sl_config_usage(FILE *out);
 /* Loads the TLS certificate and key that cfg names (if any) as the server would, so that
  * --check-config and a reload fail the same way. Returns SL_OK, or SL_EINVAL with err saying
  * which file does not load or that they do not match. Any thread. */
 int sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen);
+/* Checks that the server could listen where cfg says (plain and TLS): each address resolves and
+ * can be bound now, no other process listening there. Nothing is left open. Returns SL_OK, or
+ * SL_EIO / SL_EINVAL with err naming the address and the OS error. */
+int sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen);
 
 /* `sluice simulate ARGS` (argv[0] is "simulate"): replays a trace of requests against a
  * configuration's tiers and limits with the scheduler under a virtual clock (gateway/simulate.c

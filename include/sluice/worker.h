@@ -58,9 +58,15 @@ struct sl_model;
  * inconsistent file is an error, never a crash. */
 int sl_model_load(const char *spec, const char *tokenizer_path, struct sl_model **out, char *err,
                   size_t errlen);
+/* What sl_model_load would say of spec, without making weights: a synthetic shape and type are
+ * looked up; a file is opened, its header, tensor table and tokenizer parsed and checked (its
+ * weights are mapped, not read), and closed. */
+int sl_model_check(const char *spec, const char *tokenizer_path, char *err, size_t errlen);
 void sl_model_free(struct sl_model *m);
 
 const struct sl_model_config *sl_model_config(const struct sl_model *m);
+/* The name of synthetic shape i (0, 1, ...: "tiny", "stories15M", ...), NULL past the last. */
+const char *sl_model_synthetic_shape(int i);
 /* The model's public id for /v1/models: "synthetic:tiny", the file's base name without ".bin"
  * or ".gguf" ("stories260K"), or the folder's base name. */
 const char *sl_model_id(const struct sl_model *m);
