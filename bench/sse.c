@@ -113,6 +113,7 @@ int sl_bench_sse_feed(struct sl_bench_sse *p, const char *data, size_t len,
     return 0;
 }
 
+/* By the length jansson reports, not strlen: a text of one NUL byte is a token. */
 static bool nonempty_string(json_t *v)
 {
     return json_is_string(v) && json_string_length(v) > 0;
@@ -129,8 +130,10 @@ int sl_bench_chunk_read(const char *data, size_t len, struct sl_bench_chunk *out
         out->done = true;
         return SL_OK;
     }
+    /* JSON_ALLOW_NUL: a model may emit the byte token <0x00>, which a server sends as \u0000;
+     * the chunk is valid and its text counts as sent. */
     json_error_t je;
-    json_t *o = json_loadb(data, len, 0, &je);
+    json_t *o = json_loadb(data, len, JSON_ALLOW_NUL, &je);
     if (!json_is_object(o)) {
         snprintf(out->message, sizeof out->message, "chunk is not a JSON object: %.100s",
                  o ? "other type" : je.text);

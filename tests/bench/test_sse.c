@@ -158,6 +158,19 @@ Test(bench, chunks_are_read_when_completions_or_chat)
     cr_expect_eq(sl_bench_chunk_read("[1]", 3, &bad), SL_EFORMAT);
 }
 
+Test(bench, chunk_text_counts_when_it_is_a_nul_byte)
+{
+    /* A random-weight model emits the byte token <0x00>; the server escapes it as \u0000,
+     * which jansson refuses unless asked. It is a token the server sent, not a broken stream. */
+    struct sl_bench_chunk ch = read_chunk("{\"choices\":[{\"text\":\"\\u0000\",\"index\":0}]}");
+    cr_expect(ch.text && !ch.error);
+    ch = read_chunk("{\"choices\":[{\"delta\":{\"content\":\"\\u0000\"}}]}");
+    cr_expect(ch.text, "a chat delta of one NUL is a token too");
+    ch = read_chunk("{\"error\":{\"message\":\"bad\\u0000byte\"}}");
+    cr_expect(ch.error);
+    cr_expect_str_eq(ch.message, "bad", "a message is cut at its NUL, not refused");
+}
+
 Test(bench, retry_after_is_read_when_seconds_or_a_date)
 {
     cr_expect_float_eq(sl_bench_retry_after_parse("2", 0), 2, 1e-12);
