@@ -412,7 +412,10 @@ Test(sched, cancel_frees_blocks_and_reports_when_sequence_is_running)
     env_dispose(&e);
 }
 
-Test(sched, cancel_flag_is_honoured_at_next_step_when_set_from_another_thread)
+/* The core starts no threads: here the flag is set between two steps, as sl_sched_cancel sets it
+ * from an I/O thread while the scheduler thread is between or inside steps (test_sched.c's
+ * cancel_finishes_request_early_when_client_leaves runs that across threads). */
+Test(sched, cancel_flag_is_honoured_at_next_step_when_set_between_steps)
 {
     struct env e;
     env_init(&e, 4, 64, 32, 4);

@@ -7,18 +7,25 @@
 #include <stdio.h>
 #include <string.h>
 
+/* While `hold` is set, the scheduler thread waits inside each wake-up until the test has taken
+ * that step's events and released it: the scheduler then runs in lockstep with the test, so what
+ * the test does between two steps (a cancel) lands before the next step, on any machine. */
 struct waiter {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     long wakes;
+    long released;
+    bool hold;
 };
 
 static void on_wake(void *arg)
 {
     struct waiter *w = arg;
     pthread_mutex_lock(&w->lock);
-    w->wakes++;
-    pthread_cond_signal(&w->cond);
+    long mine = ++w->wakes;
+    pthread_cond_broadcast(&w->cond);
+    while (w->hold && w->released < mine)
+        pthread_cond_wait(&w->cond, &w->lock);
     pthread_mutex_unlock(&w->lock);
 }
 
@@ -71,6 +78,23 @@ static struct sl_out_event *next_events(struct harness *h)
     return sl_outbox_take(h->box);
 }
 
+/* Lets a held scheduler thread go on from the wake-ups the test has seen. */
+static void release(struct harness *h)
+{
+    pthread_mutex_lock(&h->w.lock);
+    h->w.released = h->seen;
+    pthread_cond_broadcast(&h->w.cond);
+    pthread_mutex_unlock(&h->w.lock);
+}
+
+static void hold(struct harness *h, bool on)
+{
+    pthread_mutex_lock(&h->w.lock);
+    h->w.hold = on;
+    pthread_cond_broadcast(&h->w.cond);
+    pthread_mutex_unlock(&h->w.lock);
+}
+
 struct result {
     struct sl_str text;
     int text_tokens;
@@ -105,11 +129,12 @@ static void collect(struct harness *h, struct sl_req *r, struct result *res, boo
             }
             sl_out_event_free(e);
         }
+        release(h);
     }
 }
 
-static struct sl_req *make_req(struct harness *h, const char *prompt, int max_tokens, float temp,
-                               uint64_t seed)
+static struct sl_req *make_req_eos(struct harness *h, const char *prompt, int max_tokens,
+                                   float temp, uint64_t seed, bool ignore_eos)
 {
     int32_t ids[512];
     int n;
@@ -117,7 +142,14 @@ static struct sl_req *make_req(struct harness *h, const char *prompt, int max_to
     cr_assert_eq(sl_tok_encode(tok, prompt, strlen(prompt), true, ids, 512, &n), SL_OK);
     struct sl_req_params p = {
         .max_tokens = max_tokens, .temperature = temp, .top_p = 1.f, .seed = seed};
+    p.ignore_eos = ignore_eos;
     return sl_req_new(ids, n, &p);
+}
+
+static struct sl_req *make_req(struct harness *h, const char *prompt, int max_tokens, float temp,
+                               uint64_t seed)
+{
+    return make_req_eos(h, prompt, max_tokens, temp, seed, false);
 }
 
 Test(sched, thread_delivers_all_tokens_then_done_when_request_runs)
@@ -171,13 +203,17 @@ Test(sched, cancel_finishes_request_early_when_client_leaves)
 {
     struct harness h;
     harness_init(&h);
-    struct sl_req *r = make_req(&h, "A long story", 400, 0.f, 1);
+    /* Without its stop tokens the request can only end by LENGTH or by the cancel; held in
+     * lockstep, the scheduler takes the cancel before its next step. */
+    struct sl_req *r = make_req_eos(&h, "A long story", 400, 0.f, 1, true);
+    hold(&h, true);
     sl_sched_submit(h.sched, r, h.box);
     struct result res;
     collect(&h, r, &res, true);
-    cr_assert(res.finish == SL_FINISH_CANCELLED || res.finish == SL_FINISH_STOP);
+    hold(&h, false);
+    cr_assert_eq(res.finish, SL_FINISH_CANCELLED, "finish %s", sl_finish_str(res.finish));
+    cr_assert_eq(res.text_events, 1, "no step ran after the cancel");
     cr_assert_lt(res.n_tokens, 400);
-    cr_assert(sl_req_cancelled(r));
     sl_str_dispose(&res.text);
     sl_req_unref(r);
     harness_dispose(&h);
@@ -198,26 +234,48 @@ Test(sched, oversized_request_gets_error_done_when_it_cannot_fit)
     harness_dispose(&h);
 }
 
+static void *free_sched(void *arg)
+{
+    sl_sched_free(arg);
+    return NULL;
+}
+
 Test(sched, shutdown_cancels_in_flight_requests_when_freed)
 {
     struct harness h;
     harness_init(&h);
-    struct sl_req *r = make_req(&h, "Never ending", 400, 0.f, 1);
+    /* The request runs (its first token is out) when the scheduler is freed on another thread.
+     * Held in lockstep, it makes one token per step the test takes, so the stopper has hundreds
+     * of steps to land in and no stop token can end it first: only CANCELLED may end it. */
+    struct sl_req *r = make_req_eos(&h, "Never ending", 400, 0.f, 1, true);
+    hold(&h, true);
     sl_sched_submit(h.sched, r, h.box);
-    sl_sched_free(h.sched);
-    h.sched = NULL;
-    /* Everything was posted before the thread ended: DONE is in the outbox. */
     bool got_done = false;
-    for (struct sl_out_event *e = sl_outbox_take(h.box), *next; e; e = next) {
-        next = e->next;
-        if (e->kind == SL_OUT_DONE) {
-            got_done = true;
-            cr_assert(e->finish == SL_FINISH_CANCELLED || e->finish == SL_FINISH_STOP ||
-                      e->finish == SL_FINISH_LENGTH);
+    int n_text = 0;
+    struct sl_out_event *e = next_events(&h);
+    pthread_t stopper;
+    cr_assert_eq(pthread_create(&stopper, NULL, free_sched, h.sched), 0);
+    for (;;) {
+        for (struct sl_out_event *next; e; e = next) {
+            next = e->next;
+            if (e->kind == SL_OUT_TEXT)
+                n_text += e->n_tokens;
+            if (e->kind == SL_OUT_DONE) {
+                got_done = true;
+                cr_assert_eq(e->finish, SL_FINISH_CANCELLED, "finish %s", sl_finish_str(e->finish));
+                cr_assert_lt(e->n_tokens, 400);
+            }
+            sl_out_event_free(e);
         }
-        sl_out_event_free(e);
+        release(&h);
+        if (got_done)
+            break;
+        e = next_events(&h);
     }
-    cr_assert(got_done, "an accepted request is never silently dropped");
+    hold(&h, false);
+    pthread_join(stopper, NULL);
+    h.sched = NULL;
+    cr_assert_gt(n_text, 0, "the request ran before the stop");
     sl_req_unref(r);
     harness_dispose(&h);
 }
