@@ -86,14 +86,37 @@ static char *scrape(void)
     return out;
 }
 
-/* The value of the sample `series` in a scrape (0 when absent). */
-static double metric(const char *body, const char *series)
+static bool sample(const char *body, const char *series, double *v)
 {
     size_t n = strlen(series);
     for (const char *p = body; (p = strstr(p, series)); p += n)
-        if ((p == body || p[-1] == '\n') && p[n] == ' ')
-            return strtod(p + n + 1, NULL);
-    return 0;
+        if ((p == body || p[-1] == '\n') && p[n] == ' ') {
+            *v = strtod(p + n + 1, NULL);
+            return true;
+        }
+    return false;
+}
+
+/* The value of the sample `series` in a scrape, which must be there: a renamed metric or label
+ * fails here instead of reading as 0. */
+static double metric(const char *body, const char *series)
+{
+    double v = 0;
+    cr_assert(sample(body, series, &v), "no sample %s in the scrape:\n%s", series, body);
+    return v;
+}
+
+/* A counter's sample: the server renders no label set that has not happened, so an absent one
+ * is 0; but its family must be declared (a "# TYPE" line), so that a renamed counter fails. */
+static double counter(const char *body, const char *series)
+{
+    char type[256];
+    int n = (int)strcspn(series, "{");
+    snprintf(type, sizeof type, "\n# TYPE %.*s counter\n", n, series);
+    cr_assert(strstr(body, type), "no counter %.*s in the scrape:\n%s", n, series, body);
+    double v = 0;
+    sample(body, series, &v);
+    return v;
 }
 
 /* ---- a batch flood next to interactive load ---- */
@@ -219,8 +242,8 @@ Test(admission, interactive_keeps_its_objective_and_batch_is_told_when_batch_flo
     for (int tries = 0;; tries++) {
         char *m = scrape();
         double running = metric(m, "sluice:num_requests_running{tier=\"batch\"}");
-        double refused = metric(m, "sluice:admission_decisions_total{tier=\"batch\","
-                                   "decision=\"rejected\",reason=\"tier_queue_requests\"}");
+        double refused = counter(m, "sluice:admission_decisions_total{tier=\"batch\","
+                                    "decision=\"rejected\",reason=\"tier_queue_requests\"}");
         free(m);
         if (running >= 8 && refused > 0)
             break;
@@ -261,12 +284,12 @@ Test(admission, interactive_keeps_its_objective_and_batch_is_told_when_batch_flo
 
     /* The server agrees: every request it admitted finished, none errored or was cancelled. */
     char *m = scrape();
-    double fin = metric(m, "sluice:requests_total{tier=\"batch\",tenant=\"anonymous\","
-                           "outcome=\"length\"}") +
-                 metric(m, "sluice:requests_total{tier=\"batch\",tenant=\"anonymous\","
-                           "outcome=\"stop\"}");
-    double rej = metric(m, "sluice:requests_total{tier=\"batch\",tenant=\"anonymous\","
-                           "outcome=\"rejected\"}");
+    double fin = counter(m, "sluice:requests_total{tier=\"batch\",tenant=\"anonymous\","
+                            "outcome=\"length\"}") +
+                 counter(m, "sluice:requests_total{tier=\"batch\",tenant=\"anonymous\","
+                            "outcome=\"stop\"}");
+    double rej = counter(m, "sluice:requests_total{tier=\"batch\",tenant=\"anonymous\","
+                            "outcome=\"rejected\"}");
     cr_assert_eq((int)fin, b_ok, "server finished %.0f, clients got %d", fin, b_ok);
     cr_assert_eq((int)rej, b_ref);
     cr_assert(!strstr(m, "outcome=\"error\"") && !strstr(m, "outcome=\"cancelled\""), "%s", m);
@@ -279,7 +302,7 @@ Test(admission, interactive_keeps_its_objective_and_batch_is_told_when_batch_flo
                  "sluice:admission_decisions_total{tier=\"batch\",decision=\"rejected\","
                  "reason=\"%s\"}",
                  reasons[i]);
-        adm_rej += metric(m, series);
+        adm_rej += counter(m, series);
     }
     cr_assert_eq((int)adm_rej, b_ref, "each refusal counted by tier and reason");
     /* Interactive TTFT from the server's histogram: 99 % within 5 s, 2.5x the objective. */
@@ -358,7 +381,7 @@ static void *tenant_client(void *arg)
     return NULL;
 }
 
-Test(admission, tenant_over_budget_gets_429_and_does_not_slow_another_when_both_send)
+Test(admission, tenant_over_budget_gets_429_and_another_is_admitted_unqueued_when_both_send)
 {
     start_with(tenants_config);
     struct tenant_run greedy = {.auth = AUTH(ALICE), .n = 40},
@@ -379,6 +402,23 @@ Test(admission, tenant_over_budget_gets_429_and_does_not_slow_another_when_both_
      * refused. How long each took is logged above, not asserted: timing lives in bench/. */
     cr_assert_eq(polite.ok, 20);
     cr_assert_eq(polite.admitted_plain, 20);
+    /* The server agrees, and the refused requests never reached the engine: the greedy tenant's
+     * prompt tokens are those of its 4 admitted requests, a fifth of the polite one's 20 (the
+     * same body). */
+    char *m = scrape();
+    cr_assert_eq(counter(m, "sluice:admission_decisions_total{tier=\"interactive\","
+                            "decision=\"admitted\",reason=\"none\"}"),
+                 24);
+    cr_assert_eq(counter(m, "sluice:admission_decisions_total{tier=\"interactive\","
+                            "decision=\"rejected\",reason=\"tenant_requests\"}"),
+                 36);
+    cr_assert(!strstr(m, "decision=\"degraded\""), "%s", m);
+    double greedy_prompt = metric(m, "sluice:prompt_tokens_total{tenant=\"greedy\"}");
+    double polite_prompt = metric(m, "sluice:prompt_tokens_total{tenant=\"polite\"}");
+    cr_assert_gt(greedy_prompt, 0);
+    cr_assert_eq(greedy_prompt * 5, polite_prompt, "greedy %.0f, polite %.0f prompt tokens",
+                 greedy_prompt, polite_prompt);
+    free(m);
     /* A response of a tenant without limits has no rate headers; one with limits always has. */
     char raw[8192];
     cr_assert_eq(
@@ -455,8 +495,9 @@ Test(admission, tenant_budget_survives_a_reload_when_the_tenant_stays)
 
 #define SLOW "x-sluice-tier: slow\r\n"
 
-/* A body that costs the whole bucket: the prompt's tokens found with a probe in another tier. */
-static void full_cost_body(char *body, size_t len)
+/* A body that costs `cost` of the bucket: the prompt's tokens found with a probe in another
+ * tier. */
+static void cost_body(char *body, size_t len, int cost)
 {
     char raw[8192];
     cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", NULL,
@@ -465,8 +506,14 @@ static void full_cost_body(char *body, size_t len)
     const char *p = strstr(raw, "\"prompt_tokens\":");
     cr_assert_not_null(p, "%s", raw);
     int n = atoi(p + 16);
-    cr_assert(n > 0 && n < 20, "%d prompt tokens", n);
-    snprintf(body, len, "{\"prompt\":\"Hello\",\"max_tokens\":%d,\"temperature\":0}", 20 - n);
+    cr_assert(n > 0 && n < cost, "%d prompt tokens", n);
+    snprintf(body, len, "{\"prompt\":\"Hello\",\"max_tokens\":%d,\"temperature\":0}", cost - n);
+}
+
+/* A body that costs the whole bucket. */
+static void full_cost_body(char *body, size_t len)
+{
+    cost_body(body, len, 20);
 }
 
 static double parked_now(void)
@@ -496,11 +543,18 @@ Test(admission, parked_request_is_admitted_when_the_bucket_refills)
 
 Test(admission, parked_request_is_released_when_its_client_leaves)
 {
+    /* The first request takes half the bucket, at most (what it did not use comes back); the
+     * second, costing all of it, is parked; its client leaves. The bucket then holds at least
+     * the half the first one left: a third request of half the cost is admitted at once, unless
+     * the parked one was charged. The first one's tokens come back at 1 a second: the second
+     * must arrive within as many seconds as it used (10 here) to be parked. */
     start_with(PARK_CONFIG(1));
-    char body[128], raw[8192];
+    char half[128], body[128], raw[8192];
+    cost_body(half, sizeof half, 10);
     full_cost_body(body, sizeof body);
     cr_assert_eq(
-        client_try_request(srv.port, "POST", "/v1/completions", SLOW, body, raw, sizeof raw), 200);
+        client_try_request(srv.port, "POST", "/v1/completions", SLOW, half, raw, sizeof raw), 200);
+    cr_assert_str_eq(raw_header(raw, "x-sluice-admission"), "admitted");
     int fd = client_connect(srv.port);
     client_request_h(fd, "POST", "/v1/completions", SLOW, body, false);
     /* Parked (the gauge says so); then its client hangs up. */
@@ -513,10 +567,13 @@ Test(admission, parked_request_is_released_when_its_client_leaves)
     server_wait_log(&srv, "\"status\":499,\"tenant\":\"anonymous\",\"tier\":\"slow\","
                           "\"admission\":\"queued\"");
     cr_assert_eq(parked_now(), 0, "its place is free again");
-    /* And the bucket was not charged for it: once refilled, a request is admitted at once. */
+    /* And the bucket was not charged for it: the other half is still there. */
+    cr_assert_eq(
+        client_try_request(srv.port, "POST", "/v1/completions", SLOW, half, raw, sizeof raw), 200);
+    cr_assert_str_eq(raw_header(raw, "x-sluice-admission"), "admitted");
     char *m = scrape();
-    cr_assert_eq(metric(m, "sluice:requests_total{tier=\"slow\",tenant=\"anonymous\","
-                           "outcome=\"cancelled\"}"),
+    cr_assert_eq(counter(m, "sluice:requests_total{tier=\"slow\",tenant=\"anonymous\","
+                            "outcome=\"cancelled\"}"),
                  1);
     free(m);
 }
@@ -599,11 +656,12 @@ Test(admission, closed_tier_refuses_on_the_head_when_no_rule_reads_the_body)
                  200);
     cr_assert_str_eq(raw_header(raw, "x-sluice-admission"), "admitted");
     char *m = scrape();
-    cr_assert_eq(metric(m, "sluice:admission_decisions_total{tier=\"closed\",decision=\"rejected\","
-                           "reason=\"tier_queue_requests\"}"),
+    cr_assert_eq(counter(m,
+                         "sluice:admission_decisions_total{tier=\"closed\",decision=\"rejected\","
+                         "reason=\"tier_queue_requests\"}"),
                  2);
-    cr_assert_eq(metric(m, "sluice:requests_total{tier=\"closed\",tenant=\"anonymous\","
-                           "outcome=\"rejected\"}"),
+    cr_assert_eq(counter(m, "sluice:requests_total{tier=\"closed\",tenant=\"anonymous\","
+                            "outcome=\"rejected\"}"),
                  2);
     free(m);
     server_wait_log(&srv,
