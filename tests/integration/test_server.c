@@ -268,14 +268,6 @@ Test(integration, disconnect_mid_stream_cancels_request_when_client_leaves)
     free(t);
 }
 
-Test(integration, utf8_prompt_round_trips_into_valid_json_when_multibyte)
-{
-    char *t = complete("{\"prompt\":\"caf\\u00e9 \\ud83d\\ude00 \\u4e2d\\u6587\",\"max_tokens\":20,"
-                       "\"temperature\":1.0,\"seed\":5}",
-                       20, NULL);
-    free(t); /* parse_json already proved the body is valid JSON (jansson rejects bad UTF-8) */
-}
-
 Test(integration, logit_bias_and_penalties_shape_the_text_when_sent)
 {
     /* A bias of 100 outweighs every logit: each token is the biased one. */
@@ -733,6 +725,66 @@ static json_int_t prompt_tokens_of(const char *path, const char *body)
     json_decref(j);
     response_dispose(&r);
     return n;
+}
+
+/* A prompt of 2-, 3- and 4-byte characters ("é" is a piece of the synthetic vocabulary; the
+ * others fall back to byte tokens) survives byte for byte: its ids, as many as the request
+ * counts, go back to its exact text through /detokenize and through a request's own
+ * detokenizer (echo of a prompt of ids); echo gives a text prompt back as sent, streamed or
+ * not; and what a sampled completion makes of it is valid JSON (jansson refuses bad UTF-8). */
+Test(integration, utf8_prompt_round_trips_byte_for_byte_when_multibyte)
+{
+    static const char text[] = "caf\xc3\xa9 \xf0\x9f\x98\x80 \xe4\xb8\xad\xe6\x96\x87";
+    static const char escaped[] = "caf\\u00e9 \\ud83d\\ude00 \\u4e2d\\u6587";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", escaped);
+    struct response r = roundtrip("POST", "/tokenize", body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = parse_json(r.body);
+    json_t *ids = json_object_get(j, "tokens");
+    json_int_t count = json_integer_value(json_object_get(j, "count"));
+    cr_assert_gt(count, 4, "the emoji and the CJK characters are byte tokens: %s", r.body);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":1}", escaped);
+    cr_assert_eq(prompt_tokens_of("/v1/completions", body), count);
+    char *dumped = json_dumps(ids, JSON_COMPACT);
+    json_decref(j);
+    response_dispose(&r);
+    snprintf(body, sizeof body, "{\"tokens\":%s}", dumped);
+    r = roundtrip("POST", "/detokenize", body);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    j = parse_json(r.body);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "prompt")), text);
+    json_decref(j);
+    response_dispose(&r);
+
+    /* Echo, the same greedy completion after the prompt each way. */
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":4,\"temperature\":0}", escaped);
+    char *plain = complete(body, 4, NULL);
+    char want[256];
+    snprintf(want, sizeof want, "%s%s", text, plain);
+    snprintf(body, sizeof body, "{\"prompt\":%s,\"max_tokens\":4,\"temperature\":0,\"echo\":true}",
+             dumped);
+    char *from_ids = complete(body, 4, NULL);
+    cr_assert_str_eq(from_ids, want, "a prompt of ids, echoed through the detokenizer");
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":4,\"temperature\":0,\"echo\":true}", escaped);
+    char *from_text = complete(body, 4, NULL);
+    cr_assert_str_eq(from_text, want, "a text prompt, echoed as sent");
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":4,\"temperature\":0,\"echo\":true,"
+             "\"stream\":true}",
+             escaped);
+    char *streamed = stream(body, NULL);
+    cr_assert_str_eq(streamed, want, "a text prompt, echoed as sent in the stream");
+    free(dumped);
+    free(plain);
+    free(from_ids);
+    free(from_text);
+    free(streamed);
+
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":20,\"temperature\":1.0,\"seed\":5}", escaped);
+    free(complete(body, 20, NULL)); /* parse_json proved the body is valid JSON */
 }
 
 /* vLLM's /tokenize and /detokenize: the ids a completion or chat sees (as many as its usage
