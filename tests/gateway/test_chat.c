@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../models.h"
+
 #define MODEL "synthetic:tiny"
 
 static int decode(struct sl_openai_completion *c, const char *body, struct sl_openai_error *err)
@@ -569,8 +571,8 @@ Test(gateway, chat_encodes_markers_as_special_tokens_when_the_vocabulary_has_the
     struct stat st;
     snprintf(path, sizeof path, "%s/stories260K.gguf", dir ? dir : "");
     if (!dir || stat(path, &st) != 0)
-        cr_skip_test("needs ../shared/models/stories260K.gguf (SL_MODELS_DIR=%s)",
-                     dir ? dir : "(unset)");
+        MODELS_MISSING("needs ../shared/models/stories260K.gguf (SL_MODELS_DIR=%s)",
+                       dir ? dir : "(unset)");
     struct sl_model *m = load(path);
     const struct sl_tok *tok = sl_model_tok(m);
     cr_assert_eq(sl_tok_special_id(tok, "</s>", 4), 2, "</s> is a control token there");

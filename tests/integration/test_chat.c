@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
+#include "../models.h"
 #include "harness.h"
 
 #include <stdio.h>
@@ -478,7 +479,7 @@ Test(chat, serves_a_real_model_with_the_default_template_when_it_has_none)
     struct stat st;
     snprintf(path, sizeof path, "%s/stories260K.gguf", dir ? dir : "../shared/models");
     if (stat(path, &st) != 0)
-        cr_skip_test("%s not found: the real-model chat test is skipped", path);
+        MODELS_MISSING("%s not found: the real-model chat test needs it", path);
     struct server other;
     const char *args[] = {"--model", path, NULL};
     server_start(&other, args);

@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
+#include "../models.h"
 #include "harness.h"
 
 #include <stdio.h>
@@ -61,8 +62,9 @@ static void check_golden(const char *model, const char *tokenizer, const char *g
     char golden[4096];
     snprintf(golden, sizeof golden, "%s/golden/%s", models_dir(), golden_name);
     if (!have(model) || (tokenizer && !have(tokenizer)) || !have(golden))
-        cr_skip_test("../shared/models not found (SL_MODELS_DIR=%s): golden server test skipped",
-                     models_dir());
+        MODELS_MISSING(
+            "../shared/models not found (SL_MODELS_DIR=%s): the golden server test needs it",
+            models_dir());
     json_error_t e;
     json_t *cases = json_load_file(golden, 0, &e);
     cr_assert_not_null(cases, "%s: %s", golden, e.text);

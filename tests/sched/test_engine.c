@@ -8,6 +8,8 @@
 #include <jansson.h>
 #include <sluice/sched.h>
 
+#include "../models.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,8 +43,8 @@ static const char *models_dir(void)
     const char *d = getenv("SL_MODELS_DIR");
     struct stat st;
     if (!d || stat(d, &st) != 0 || !S_ISDIR(st.st_mode))
-        cr_skip_test("needs real models: ../shared/models not found (SL_MODELS_DIR=%s)",
-                     d ? d : "(unset)");
+        MODELS_MISSING("needs real models: ../shared/models not found (SL_MODELS_DIR=%s)",
+                       d ? d : "(unset)");
     return d;
 }
 

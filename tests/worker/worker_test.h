@@ -8,9 +8,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../models.h"
 #include "worker_impl.h"
 
-/* The shared models folder, or NULL when it is absent (tests that need it skip). */
+/* The shared models folder, or NULL when it is absent (tests that need it skip, or fail when
+ * SLUICE_REQUIRE_MODELS=1: ../models.h). */
 static inline const char *wt_models_dir(void)
 {
     const char *d = getenv("SL_MODELS_DIR");
@@ -25,8 +27,8 @@ static inline const char *wt_models_dir(void)
     do {                                                                                           \
         if (!dir) {                                                                                \
             const char *e_ = getenv("SL_MODELS_DIR");                                              \
-            cr_skip_test("needs real models: ../shared/models not found (SL_MODELS_DIR=%s)",       \
-                         e_ ? e_ : "(unset)");                                                     \
+            MODELS_MISSING("needs real models: ../shared/models not found (SL_MODELS_DIR=%s)",     \
+                           e_ ? e_ : "(unset)");                                                   \
         }                                                                                          \
     } while (0)
 
