@@ -51,7 +51,7 @@ static int no_passphrase(char *buf, int size, int rwflag, void *arg)
 struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t errlen)
 {
     const struct sl_config_tls *t = &cfg->tls;
-    if (!readable("certificate", t->cert, err, errlen) || !readable("key", t->key, err, errlen))
+    if (!readable("certificate", t->cert, err, errlen))
         return NULL;
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) {
@@ -68,6 +68,10 @@ struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t
     SSL_CTX_set_session_id_context(ctx, sid_ctx, sizeof sid_ctx - 1);
     if (SSL_CTX_use_certificate_chain_file(ctx, t->cert) != 1) {
         snprintf(err, errlen, "tls: certificate \"%s\" does not load: %s", t->cert, ssl_reason());
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    if (!readable("key", t->key, err, errlen)) {
         SSL_CTX_free(ctx);
         return NULL;
     }

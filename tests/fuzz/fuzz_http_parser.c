@@ -5,7 +5,8 @@
  * version, URL, the headers sluice reads, body, keep-alive) and end in the same state with the
  * same error status; every span must lie inside the buffer and within the limits.
  *
- * Input: byte 0 picks the limits, bytes 1-2 the cut point, the rest is what the client sends. */
+ * Input: byte 0 picks the limits and whether the parser pauses at each head (as a connection's
+ * does), bytes 1-2 the cut point, the rest is what the client sends. */
 #include "gateway_impl.h"
 
 #include "fuzz.h"
@@ -62,7 +63,14 @@ static bool record(struct transcript *t, const struct sl_http_parser *p)
 static enum sl_http_parse drain(struct transcript *t, struct sl_http_parser *p,
                                 enum sl_http_parse st, bool *open)
 {
-    while (*open && st == SL_HTTP_PARSE_DONE) {
+    while (*open && (st == SL_HTTP_PARSE_DONE || st == SL_HTTP_PARSE_HEAD)) {
+        if (st == SL_HTTP_PARSE_HEAD) {
+            /* A connection looks at the head, then goes on to the body. */
+            fuzz_check(p->headers_complete && p->parsed == p->head_end && p->body.len == 0,
+                       "HEAD with %zu parsed past a head of %zu", p->parsed, p->head_end);
+            st = sl_http_parser_resume(p);
+            continue;
+        }
         if (!record(t, p)) {
             *open = false;
             break;
@@ -75,10 +83,11 @@ static enum sl_http_parse drain(struct transcript *t, struct sl_http_parser *p,
 enum mode { WHOLE, BYTES, CUT };
 
 static void run(struct transcript *t, enum mode mode, const char *in, size_t len, size_t cut,
-                size_t max_head, size_t max_body)
+                size_t max_head, size_t max_body, bool pause_at_head)
 {
     struct sl_http_parser p;
     sl_http_parser_init(&p, max_head, max_body);
+    p.pause_at_head = pause_at_head;
     sl_str_init(&t->s);
     t->n_reqs = 0;
     bool open = true;
@@ -96,7 +105,8 @@ static void run(struct transcript *t, enum mode mode, const char *in, size_t len
         break;
     }
     if (open && st == SL_HTTP_PARSE_ERROR) {
-        fuzz_check(p.error_code == 400 || p.error_code == 413 || p.error_code == 431,
+        fuzz_check(p.error_code == 400 || p.error_code == 413 || p.error_code == 431 ||
+                       p.error_code == 501,
                    "error status %d", p.error_code);
         fuzz_check(p.error_reason != NULL, "an error without a reason");
     }
@@ -122,14 +132,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const size_t heads[4] = {256, 1024, 4096, 16384};
     static const size_t bodies[4] = {64, 512, 4096, 1 << 20};
     size_t max_head = heads[data[0] & 3], max_body = bodies[(data[0] >> 2) & 3];
+    bool pause = (data[0] >> 4) & 1;
     size_t len = size - 3;
     size_t cut = len ? ((size_t)data[1] << 8 | data[2]) % (len + 1) : 0;
     const char *in = (const char *)data + 3;
 
     struct transcript whole, bytes, at;
-    run(&whole, WHOLE, in, len, 0, max_head, max_body);
-    run(&bytes, BYTES, in, len, 0, max_head, max_body);
-    run(&at, CUT, in, len, cut, max_head, max_body);
+    run(&whole, WHOLE, in, len, 0, max_head, max_body, pause);
+    run(&bytes, BYTES, in, len, 0, max_head, max_body, pause);
+    run(&at, CUT, in, len, cut, max_head, max_body, pause);
     same(&whole, &bytes, "a byte at a time");
     same(&whole, &at, "cut in two");
     sl_str_dispose(&whole.s);
