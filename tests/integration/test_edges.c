@@ -143,7 +143,10 @@ Test(edges, keyless_uploads_get_401_from_the_head_and_their_bodies_are_not_kept,
     response_dispose(&r);
     close(fd);
     size_t after = server_rss(&srv);
-    cr_assert_leq(after, before + (8u << 20), "RSS grew from %zu to %zu bytes", before, after);
+    /* Under AddressSanitizer every discarded read buffer sits in its quarantine (256 MiB) and
+     * counts in RSS: the bound holds for the normal build only. */
+    if (!sanitized_build())
+        cr_assert_leq(after, before + (8u << 20), "RSS grew from %zu to %zu bytes", before, after);
 }
 
 Test(edges, keyless_chunked_upload_gets_401_before_any_chunk, .init = start_tenants, .fini = stop)
