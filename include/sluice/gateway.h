@@ -251,5 +251,8 @@ void sl_engine_stop(struct sl_engine *e);
  * place where statuses become HTTP. */
 int sl_http_status_code(int status);
 const char *sl_http_error_type(int http_code);
+/* The reason phrase of an HTTP status line ("Not Implemented"); "Unknown" for a code sluice
+ * never sends. */
+const char *sl_http_reason_phrase(int code);
 
 #endif

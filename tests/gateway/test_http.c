@@ -624,6 +624,16 @@ Test(gateway, ignores_later_bytes_when_the_request_is_done)
     sl_http_parser_dispose(&p);
 }
 
+Test(gateway, names_the_reason_of_every_status_the_server_sends)
+{
+    /* Every code a route, the parser or admission answers with (501: a transfer coding). */
+    static const int codes[] = {100, 200, 400, 401, 403, 404, 405, 408,
+                                413, 429, 431, 500, 501, 503, 504};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        cr_assert_str_neq(sl_http_reason_phrase(codes[i]), "Unknown", "%d", codes[i]);
+    cr_assert_str_eq(sl_http_reason_phrase(501), "Not Implemented");
+}
+
 Test(gateway, maps_statuses_to_http_when_errors_are_reported)
 {
     cr_assert_eq(sl_http_status_code(SL_OK), 200);
