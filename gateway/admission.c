@@ -220,22 +220,22 @@ void sl_admission_queue(const struct sl_config *cfg, int tier, int model, int *r
 
 /* ---- words ---- */
 
-static const char *const reason_names[SL_ADM_N_REASONS] = {
-    [SL_ADM_REASON_NONE] = "none",
-    [SL_ADM_REASON_TENANT_REQUESTS] = "tenant_requests",
-    [SL_ADM_REASON_TENANT_TOKENS] = "tenant_tokens",
-    [SL_ADM_REASON_TIER_TOKEN_RATE] = "tier_token_rate",
-    [SL_ADM_REASON_TIER_QUEUE_REQUESTS] = "tier_queue_requests",
-    [SL_ADM_REASON_TIER_QUEUE_TOKENS] = "tier_queue_tokens",
-    [SL_ADM_REASON_TIER_TTFT_SLO] = "tier_ttft_slo",
+static const char *const reason_names[SL_ADMIT_N_REASONS] = {
+    [SL_ADMIT_REASON_NONE] = "none",
+    [SL_ADMIT_REASON_TENANT_REQUESTS] = "tenant_requests",
+    [SL_ADMIT_REASON_TENANT_TOKENS] = "tenant_tokens",
+    [SL_ADMIT_REASON_TIER_TOKEN_RATE] = "tier_token_rate",
+    [SL_ADMIT_REASON_TIER_QUEUE_REQUESTS] = "tier_queue_requests",
+    [SL_ADMIT_REASON_TIER_QUEUE_TOKENS] = "tier_queue_tokens",
+    [SL_ADMIT_REASON_TIER_TTFT_SLO] = "tier_ttft_slo",
 };
 
-const char *sl_adm_reason_str(enum sl_adm_reason r)
+const char *sl_admit_reason_str(enum sl_admit_reason r)
 {
-    return (int)r >= 0 && r < SL_ADM_N_REASONS ? reason_names[r] : "none";
+    return (int)r >= 0 && r < SL_ADMIT_N_REASONS ? reason_names[r] : "none";
 }
 
-void sl_adm_duration_format(int64_t ns, char *out, size_t outlen)
+void sl_admit_duration_format(int64_t ns, char *out, size_t outlen)
 {
     if (ns <= 0) {
         snprintf(out, outlen, "0s");
@@ -356,13 +356,13 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
 }
 
 /* Counts the request in its tier's queue for its model, within the caps. */
-static enum sl_adm_reason queue_reserve(struct cell *c, const struct sl_tier *t, int m, long n)
+static enum sl_admit_reason queue_reserve(struct cell *c, const struct sl_tier *t, int m, long n)
 {
     if (t->max_queue_requests >= 0) {
         int q = atomic_load_explicit(&c->queued[m], memory_order_relaxed);
         do {
             if (q >= t->max_queue_requests)
-                return SL_ADM_REASON_TIER_QUEUE_REQUESTS;
+                return SL_ADMIT_REASON_TIER_QUEUE_REQUESTS;
         } while (!atomic_compare_exchange_weak_explicit(
             &c->queued[m], &q, q + 1, memory_order_relaxed, memory_order_relaxed));
     } else {
@@ -375,14 +375,14 @@ static enum sl_adm_reason queue_reserve(struct cell *c, const struct sl_tier *t,
              * ever. */
             if (q > 0 && q + n > t->max_queue_tokens) {
                 atomic_fetch_sub_explicit(&c->queued[m], 1, memory_order_relaxed);
-                return SL_ADM_REASON_TIER_QUEUE_TOKENS;
+                return SL_ADMIT_REASON_TIER_QUEUE_TOKENS;
             }
         } while (!atomic_compare_exchange_weak_explicit(
             &c->queued_tokens[m], &q, q + n, memory_order_relaxed, memory_order_relaxed));
     } else {
         atomic_fetch_add_explicit(&c->queued_tokens[m], n, memory_order_relaxed);
     }
-    return SL_ADM_REASON_NONE;
+    return SL_ADMIT_REASON_NONE;
 }
 
 static void queue_release(struct cell *c, int m, long n)
@@ -399,7 +399,8 @@ static int64_t secs_ns(double s)
 /* Whether the request, as it is now, fits its tier: the bucket, the queue caps, the guard. On
  * success it holds the tier's tokens and a queue slot; on failure nothing, and a->retry_ns and
  * a->why say when and why. */
-static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env *env, int64_t now)
+static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_env *env,
+                                     int64_t now)
 {
     const struct sl_config *cfg = a->cfg;
     const struct sl_tier *t = &cfg->tiers[a->tier];
@@ -420,12 +421,12 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
                 snprintf(a->why, sizeof a->why,
                          "Tier '%s' is at its token rate (%lld tokens/s) and is overloaded.",
                          t->name, t->token_rate);
-            return SL_ADM_REASON_TIER_TOKEN_RATE;
+            return SL_ADMIT_REASON_TIER_TOKEN_RATE;
         }
         took = true;
     }
-    enum sl_adm_reason r = queue_reserve(c, t, a->model, prompt_work(a));
-    if (r != SL_ADM_REASON_NONE) {
+    enum sl_admit_reason r = queue_reserve(c, t, a->model, prompt_work(a));
+    if (r != SL_ADMIT_REASON_NONE) {
         if (took)
             sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
         /* Room comes as the queue's first tokens come: about the time the queue ahead takes. */
@@ -435,7 +436,7 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
             a->retry_ns = secs_ns(p.prefill_s);
         snprintf(
             a->why, sizeof a->why, "Tier '%s' has its queue full (%s) and is overloaded.", t->name,
-            r == SL_ADM_REASON_TIER_QUEUE_REQUESTS ? "max_queue_requests" : "max_queue_tokens");
+            r == SL_ADMIT_REASON_TIER_QUEUE_REQUESTS ? "max_queue_requests" : "max_queue_tokens");
         return r;
     }
     struct sl_adm_prediction p;
@@ -451,7 +452,7 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
                      "Tier '%s' is overloaded: the predicted time to first token, %.1f s, is over "
                      "its objective of %.1f s.",
                      t->name, p.ttft_s, slo);
-            return SL_ADM_REASON_TIER_TTFT_SLO;
+            return SL_ADMIT_REASON_TIER_TTFT_SLO;
         }
     }
     a->tier_cell = c;
@@ -461,7 +462,7 @@ static enum sl_adm_reason try_tier(struct sl_admit *a, const struct sl_admit_env
     a->queue_tokens = prompt_work(a);
     a->queued = true;
     a->active = true;
-    return SL_ADM_REASON_NONE;
+    return SL_ADMIT_REASON_NONE;
 }
 
 /* ---- giving back ---- */
@@ -541,7 +542,7 @@ static enum sl_admit_verdict admitted(struct sl_admit *a)
     a->verdict = SL_ADMIT_OK;
     if (!a->degraded) {
         snprintf(a->note, sizeof a->note, "admitted");
-        a->reason = SL_ADM_REASON_NONE;
+        a->reason = SL_ADMIT_REASON_NONE;
     }
     return a->verdict;
 }
@@ -553,7 +554,7 @@ static enum sl_admit_verdict overloaded(struct sl_admit *a, int64_t now)
     tenant_refund(a, a->tenant_tokens, true, now);
     a->active = false;
     a->verdict = SL_ADMIT_OVERLOADED;
-    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_adm_reason_str(a->reason));
+    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_admit_reason_str(a->reason));
     return a->verdict;
 }
 
@@ -617,7 +618,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
             a->active = true;
             a->park_start_ns = now;
             a->deadline_ns = now + (int64_t)s->arg * NS_PER_MS;
-            int64_t wait = a->reason == SL_ADM_REASON_TIER_TOKEN_RATE && a->retry_ns > 0
+            int64_t wait = a->reason == SL_ADMIT_REASON_TIER_TOKEN_RATE && a->retry_ns > 0
                                ? a->retry_ns
                                : RECHECK_NS;
             a->recheck_ns = now + wait < a->deadline_ns ? now + wait : a->deadline_ns;
@@ -627,8 +628,8 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
             return a->verdict;
         }
         }
-        enum sl_adm_reason r = try_tier(a, env, now);
-        if (r == SL_ADM_REASON_NONE)
+        enum sl_admit_reason r = try_tier(a, env, now);
+        if (r == SL_ADMIT_REASON_NONE)
             return admitted(a);
         a->reason = r;
     }
@@ -656,7 +657,7 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
         if (t->rpm > 0) {
             struct sl_adm_rate r = per_minute(t->rpm);
             if (!sl_adm_bucket_take(&c->requests, &r, now_ns, 1, &v)) {
-                a->reason = SL_ADM_REASON_TENANT_REQUESTS;
+                a->reason = SL_ADMIT_REASON_TENANT_REQUESTS;
                 a->retry_ns = v.retry_ns;
                 snprintf(a->why, sizeof a->why,
                          "Rate limit reached for tenant '%s' on requests per minute: limit %lld. "
@@ -672,7 +673,7 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
             struct sl_adm_rate r = per_minute(t->tpm);
             if (!sl_adm_bucket_take(&c->tokens, &r, now_ns, cost, &v)) {
                 tenant_refund(a, 0, true, now_ns);
-                a->reason = SL_ADM_REASON_TENANT_TOKENS;
+                a->reason = SL_ADMIT_REASON_TENANT_TOKENS;
                 a->retry_ns = v.retry_ns;
                 if (v.retry_ns < 0)
                     snprintf(a->why, sizeof a->why,
@@ -692,8 +693,8 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
         }
         a->active = true;
     }
-    enum sl_adm_reason r = try_tier(a, env, now_ns);
-    if (r == SL_ADM_REASON_NONE)
+    enum sl_admit_reason r = try_tier(a, env, now_ns);
+    if (r == SL_ADMIT_REASON_NONE)
         return admitted(a);
     a->reason = r;
     return walk(a, env, now_ns);
@@ -702,7 +703,7 @@ limited:
     a->tenant_cell = NULL;
     a->active = false;
     a->verdict = SL_ADMIT_RATE_LIMITED;
-    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_adm_reason_str(a->reason));
+    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_admit_reason_str(a->reason));
     return a->verdict;
 }
 
@@ -730,7 +731,7 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
     a->tier = a->policy_tier = tier;
     a->model = model;
     a->max_tokens = max_tokens;
-    a->reason = SL_ADM_REASON_TIER_QUEUE_REQUESTS;
+    a->reason = SL_ADMIT_REASON_TIER_QUEUE_REQUESTS;
     struct sl_adm_prediction p;
     a->retry_ns = DEFAULT_RETRY_NS;
     if (tr->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
@@ -745,8 +746,8 @@ enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_
 {
     if (a->verdict != SL_ADMIT_PARK)
         return a->verdict;
-    enum sl_adm_reason r = try_tier(a, env, now_ns);
-    if (r == SL_ADM_REASON_NONE) {
+    enum sl_admit_reason r = try_tier(a, env, now_ns);
+    if (r == SL_ADMIT_REASON_NONE) {
         unpark(a);
         note_add(a, "queued_ms=%lld", (long long)((now_ns - a->park_start_ns) / NS_PER_MS));
         return admitted(a);
@@ -754,7 +755,7 @@ enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_
     a->reason = r;
     if (now_ns < a->deadline_ns) {
         int64_t wait =
-            r == SL_ADM_REASON_TIER_TOKEN_RATE && a->retry_ns > 0 ? a->retry_ns : RECHECK_NS;
+            r == SL_ADMIT_REASON_TIER_TOKEN_RATE && a->retry_ns > 0 ? a->retry_ns : RECHECK_NS;
         a->recheck_ns = now_ns + wait < a->deadline_ns ? now_ns + wait : a->deadline_ns;
         return a->verdict;
     }
@@ -812,7 +813,7 @@ static void limit_headers(struct sl_str *out, const char *what, long long limit,
     struct sl_adm_bucket_view v;
     char reset[32];
     sl_adm_bucket_peek(b, &r, now_ns, &v);
-    sl_adm_duration_format(v.reset_ns, reset, sizeof reset);
+    sl_admit_duration_format(v.reset_ns, reset, sizeof reset);
     sl_str_appendf(out,
                    "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"
                    "x-ratelimit-reset-%s: %s\r\n",

@@ -489,17 +489,17 @@ void sl_overload_step_format(const struct sl_config *c, const struct sl_overload
  */
 
 /* Why a request was refused or degraded: the `reason` of x-sluice-admission and the metrics. */
-enum sl_adm_reason {
-    SL_ADM_REASON_NONE,
-    SL_ADM_REASON_TENANT_REQUESTS,     /* "tenant_requests": the tenant's rpm */
-    SL_ADM_REASON_TENANT_TOKENS,       /* "tenant_tokens": the tenant's tpm */
-    SL_ADM_REASON_TIER_TOKEN_RATE,     /* "tier_token_rate": the tier's bucket */
-    SL_ADM_REASON_TIER_QUEUE_REQUESTS, /* "tier_queue_requests": max_queue_requests */
-    SL_ADM_REASON_TIER_QUEUE_TOKENS,   /* "tier_queue_tokens": max_queue_tokens */
-    SL_ADM_REASON_TIER_TTFT_SLO,       /* "tier_ttft_slo": the SLO guard */
-    SL_ADM_N_REASONS,
+enum sl_admit_reason {
+    SL_ADMIT_REASON_NONE,
+    SL_ADMIT_REASON_TENANT_REQUESTS,     /* "tenant_requests": the tenant's rpm */
+    SL_ADMIT_REASON_TENANT_TOKENS,       /* "tenant_tokens": the tenant's tpm */
+    SL_ADMIT_REASON_TIER_TOKEN_RATE,     /* "tier_token_rate": the tier's bucket */
+    SL_ADMIT_REASON_TIER_QUEUE_REQUESTS, /* "tier_queue_requests": max_queue_requests */
+    SL_ADMIT_REASON_TIER_QUEUE_TOKENS,   /* "tier_queue_tokens": max_queue_tokens */
+    SL_ADMIT_REASON_TIER_TTFT_SLO,       /* "tier_ttft_slo": the SLO guard */
+    SL_ADMIT_N_REASONS,
 };
-const char *sl_adm_reason_str(enum sl_adm_reason r);
+const char *sl_admit_reason_str(enum sl_admit_reason r);
 
 enum sl_admit_verdict {
     SL_ADMIT_OK,           /* admitted, perhaps degraded: submit it as struct sl_admit says */
@@ -509,7 +509,12 @@ enum sl_admit_verdict {
 };
 
 /* The decision's label in metrics: "admitted", "degraded", "rejected". */
-enum sl_adm_decision { SL_ADM_ADMITTED, SL_ADM_DEGRADED, SL_ADM_REJECTED, SL_ADM_N_DECISIONS };
+enum sl_admit_decision {
+    SL_ADMIT_ADMITTED,
+    SL_ADMIT_DEGRADED,
+    SL_ADMIT_REJECTED,
+    SL_ADMIT_N_DECISIONS
+};
 
 /* What admission reads of the engines (the served models). */
 struct sl_admit_env {
@@ -542,7 +547,7 @@ struct sl_admit {
                      * prompts · max_tokens) tokens and queues n · n_prompt prompt tokens */
     /* The decision. */
     enum sl_admit_verdict verdict;
-    enum sl_adm_reason reason; /* what refused or degraded it */
+    enum sl_admit_reason reason; /* what refused or degraded it */
     bool degraded;
     int64_t retry_ns;        /* refused: until a retry may pass; -1: never as sent */
     double predicted_ttft_s; /* the guard's latest prediction, < 0 when none */
@@ -597,7 +602,7 @@ void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl
                                     int64_t now_ns, struct sl_str *out);
 /* OpenAI's duration format, as in x-ratelimit-reset-*: "0s", "120ms", "1s", "6m0s", "1.5s",
  * "1h2m3s" (milliseconds rounded up). */
-void sl_adm_duration_format(int64_t ns, char *out, size_t outlen);
+void sl_admit_duration_format(int64_t ns, char *out, size_t outlen);
 
 /* Gives next its runtime state, sharing cells with prev (may be NULL) by tenant and tier name;
  * a kept bucket whose rate changed keeps its debt in tokens (sl_adm_bucket_rescale). Call before
@@ -762,7 +767,7 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
                               const struct sl_sched_stats *st, int n, struct sl_str *out);
 /* One admission decision on a request classified into `tier`:
  * sluice:admission_decisions_total{tier, decision, reason}. */
-void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier, enum sl_adm_decision d,
-                          enum sl_adm_reason r);
+void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier,
+                          enum sl_admit_decision d, enum sl_admit_reason r);
 
 #endif

@@ -1064,7 +1064,7 @@ static void admission_decided(struct conn *c, enum sl_admit_verdict v)
     case SL_ADMIT_OK:
         c->parked = false;
         sl_metrics_admission(io->srv->metrics, io->idx, policy_tier,
-                             a->degraded ? SL_ADM_DEGRADED : SL_ADM_ADMITTED, a->reason);
+                             a->degraded ? SL_ADMIT_DEGRADED : SL_ADMIT_ADMITTED, a->reason);
         submit(c);
         return;
     case SL_ADMIT_PARK: {
@@ -1087,7 +1087,7 @@ static void admission_decided(struct conn *c, enum sl_admit_verdict v)
                             "server_is_overloaded", "%s", a->why);
         break;
     }
-    sl_metrics_admission(io->srv->metrics, io->idx, policy_tier, SL_ADM_REJECTED, a->reason);
+    sl_metrics_admission(io->srv->metrics, io->idx, policy_tier, SL_ADMIT_REJECTED, a->reason);
     /* Admission logs its refusals only in the access log: one line per request, never more. */
     admit_release(c, -1);
     send_error(c, &err, NULL);

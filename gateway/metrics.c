@@ -164,8 +164,9 @@ static const char *label_name(const struct labels *t, int id)
 #define OFF_REQ (OFF_HIST + N_TIER * N_HIST * HIST_CELLS) /* (N_TIER, N_TENANT, N_OUTCOMES) */
 #define OFF_TOK (OFF_REQ + N_TIER * N_TENANT * SL_METRICS_N_OUTCOMES) /* (N_TENANT, 2) */
 #define OFF_HTTP (OFF_TOK + N_TENANT * 2)                             /* (N_ROUTE, N_CODE) */
-#define OFF_ADM (OFF_HTTP + N_ROUTE * N_CODE) /* (N_TIER, SL_ADM_N_DECISIONS, SL_ADM_N_REASONS) */
-#define N_CELLS (OFF_ADM + N_TIER * SL_ADM_N_DECISIONS * SL_ADM_N_REASONS)
+#define OFF_ADM                                                                                    \
+    (OFF_HTTP + N_ROUTE * N_CODE) /* (N_TIER, SL_ADMIT_N_DECISIONS, SL_ADMIT_N_REASONS) */
+#define N_CELLS (OFF_ADM + N_TIER * SL_ADMIT_N_DECISIONS * SL_ADMIT_N_REASONS)
 
 struct sl_metrics {
     int n_shards;
@@ -298,21 +299,22 @@ void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_me
     }
 }
 
-static const char *const decision_names[SL_ADM_N_DECISIONS] = {
-    [SL_ADM_ADMITTED] = "admitted",
-    [SL_ADM_DEGRADED] = "degraded",
-    [SL_ADM_REJECTED] = "rejected",
+static const char *const decision_names[SL_ADMIT_N_DECISIONS] = {
+    [SL_ADMIT_ADMITTED] = "admitted",
+    [SL_ADMIT_DEGRADED] = "degraded",
+    [SL_ADMIT_REJECTED] = "rejected",
 };
 
-void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier, enum sl_adm_decision d,
-                          enum sl_adm_reason r)
+void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier,
+                          enum sl_admit_decision d, enum sl_admit_reason r)
 {
-    if ((int)d < 0 || d >= SL_ADM_N_DECISIONS || (int)r < 0 || r >= SL_ADM_N_REASONS)
+    if ((int)d < 0 || d >= SL_ADMIT_N_DECISIONS || (int)r < 0 || r >= SL_ADMIT_N_REASONS)
         return;
     int t = label_id(&m->tiers, tier);
-    add(&shard_of(m,
-                  shard)[OFF_ADM + ((size_t)t * SL_ADM_N_DECISIONS + (size_t)d) * SL_ADM_N_REASONS +
-                         (size_t)r],
+    add(&shard_of(
+            m,
+            shard)[OFF_ADM + ((size_t)t * SL_ADMIT_N_DECISIONS + (size_t)d) * SL_ADMIT_N_REASONS +
+                   (size_t)r],
         1);
 }
 
@@ -642,18 +644,18 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
            "tenant_tokens, tier_token_rate, tier_queue_requests, tier_queue_tokens, "
            "tier_ttft_slo).");
     for (int t = 0; t < n_tiers; t++)
-        for (int d = 0; d < SL_ADM_N_DECISIONS; d++)
-            for (int r = 0; r < SL_ADM_N_REASONS; r++) {
+        for (int d = 0; d < SL_ADMIT_N_DECISIONS; d++)
+            for (int r = 0; r < SL_ADMIT_N_REASONS; r++) {
                 uint64_t v = total(m, OFF_ADM +
-                                          ((size_t)tiers[t] * SL_ADM_N_DECISIONS + (size_t)d) *
-                                              SL_ADM_N_REASONS +
+                                          ((size_t)tiers[t] * SL_ADMIT_N_DECISIONS + (size_t)d) *
+                                              SL_ADMIT_N_REASONS +
                                           (size_t)r);
                 if (v == 0)
                     continue;
                 LIT(out, "sluice:admission_decisions_total{tier=\"");
                 append_value(out, label_name(&m->tiers, tiers[t]));
                 sl_str_appendf(out, "\",decision=\"%s\",reason=\"%s\"} %" PRIu64 "\n",
-                               decision_names[d], sl_adm_reason_str((enum sl_adm_reason)r), v);
+                               decision_names[d], sl_admit_reason_str((enum sl_admit_reason)r), v);
             }
     if (n > 0) {
         struct sched_src src = {names, replicas, st, n};

@@ -318,7 +318,7 @@ Test(gateway, admission_answers_429_with_exact_retry_when_a_tenant_is_over_its_r
     cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-reset-requests", h, sizeof h),
                      "1m0s");
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 10, 10, 5 * SEC), SL_ADMIT_RATE_LIMITED);
-    cr_assert_eq(a.reason, SL_ADM_REASON_TENANT_REQUESTS);
+    cr_assert_eq(a.reason, SL_ADMIT_REASON_TENANT_REQUESTS);
     cr_assert_eq(a.retry_ns, 15 * SEC, "one request every 20 s, 5 s gone");
     cr_assert_str_eq(a.note, "rejected; reason=tenant_requests");
     cr_assert_str_eq(header(&a, &c, &c.tenants[0], 5 * SEC, "Retry-After", h, sizeof h), "15");
@@ -347,7 +347,7 @@ Test(gateway, admission_refunds_unused_tokens_exactly_once_when_requests_end)
     cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
                      "400");
     cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_RATE_LIMITED);
-    cr_assert_eq(b.reason, SL_ADM_REASON_TENANT_TOKENS);
+    cr_assert_eq(b.reason, SL_ADMIT_REASON_TENANT_TOKENS);
     cr_assert_eq(b.retry_ns, 12 * SEC, "200 tokens short at 1000 a minute");
     /* It generated 50 of its 500: 450 come back, once however often the end is reported. */
     sl_admit_end(&a, 50, 0);
@@ -409,7 +409,7 @@ Test(gateway, admission_charges_each_choice_when_n_is_above_one)
     sl_admit_init(&b);
     b.n = 2; /* 200 + 2 × 100 > 250 */
     cr_assert_neq(sl_admit_begin(&b, &env, &c, &c.tenants[0], 0, 0, 100, 10, 0), SL_ADMIT_OK);
-    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_QUEUE_TOKENS, "%s", b.why);
+    cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_QUEUE_TOKENS, "%s", b.why);
     sl_admit_end(&b, -1, 0);
     sl_admit_init(&b); /* 200 + 50 */
     cr_assert_eq(sl_admit_begin(&b, &env, &c, &c.tenants[0], 0, 0, 50, 10, 0), SL_ADMIT_OK, "%s",
@@ -457,7 +457,7 @@ Test(gateway, admission_counts_the_tier_queue_until_the_first_token_when_capped)
     cr_assert_eq(begin(&a[0], &f, &c, 0, 1, 0, 100, 10, 0), SL_ADMIT_OK);
     cr_assert_eq(begin(&a[1], &f, &c, 0, 1, 0, 100, 10, 0), SL_ADMIT_OK);
     cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 10, 10, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(a[2].reason, SL_ADM_REASON_TIER_QUEUE_REQUESTS);
+    cr_assert_eq(a[2].reason, SL_ADMIT_REASON_TIER_QUEUE_REQUESTS);
     cr_assert_str_eq(a[2].note, "rejected; reason=tier_queue_requests");
     cr_assert_gt(a[2].retry_ns, 0);
     /* Each model's scheduler has a queue of its own. */
@@ -473,7 +473,7 @@ Test(gateway, admission_counts_the_tier_queue_until_the_first_token_when_capped)
     sl_admission_queue(&c, 1, 0, &n, &tok);
     cr_assert_eq(n, 1, "a first token leaves the queue, once");
     cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 200, 10, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(a[2].reason, SL_ADM_REASON_TIER_QUEUE_TOKENS, "100 + 200 over 250");
+    cr_assert_eq(a[2].reason, SL_ADMIT_REASON_TIER_QUEUE_TOKENS, "100 + 200 over 250");
     cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 150, 10, 0), SL_ADMIT_OK);
     for (int i = 0; i < 3; i++)
         sl_admit_end(&a[i], 5, 0);
@@ -492,7 +492,7 @@ Test(gateway, admission_tier_bucket_refuses_with_its_retry_time_when_empty)
     struct sl_admit a, b;
     cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 100, 150, 0), SL_ADMIT_OK);
     cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 50, 50, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TOKEN_RATE);
+    cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_TOKEN_RATE);
     cr_assert_eq(b.retry_ns, 500 * MS, "50 tokens short at 100 a second");
     /* The first used 10 of its 150 max_tokens: 140 back, and the second fits. */
     sl_admit_end(&a, 10, 0);
@@ -511,7 +511,7 @@ Test(gateway, admission_guard_rejects_with_the_drain_time_when_the_objective_wou
     f.st[0].tiers[0].queued_prompt_tokens = 12000;
     struct sl_admit a;
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(a.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
     cr_assert_str_eq(a.note, "rejected; reason=tier_ttft_slo");
     cr_assert_float_eq(a.predicted_ttft_s, 1.21, 1e-9);
     cr_assert_eq(a.retry_ns, 210 * MS);
@@ -554,13 +554,13 @@ Test(gateway, admission_guard_admits_a_prompt_with_nothing_queued_ahead_whatever
     /* The admitted prompt is now ahead of the next one: 200 tokens, 10 s. */
     struct sl_admit b;
     cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
     cr_assert_eq(b.retry_ns, 9 * SEC);
     sl_admit_end(&a, 10, 0);
     /* A prompt queued in another tier is ahead too (it shares the step). */
     f.st[0].tiers[1].queued_prompt_tokens = 1;
     cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
     f.st[0].tiers[1].queued_prompt_tokens = 0;
     cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OK);
     sl_admit_end(&b, 10, 0);
@@ -582,13 +582,13 @@ Test(gateway, overload_cap_max_tokens_admits_degraded_when_the_cap_makes_it_fit)
     cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 100, 200, 0), SL_ADMIT_OK);
     /* 100 + 256 does not fit the 100 left; 100 + 64 still does not; rejected. */
     cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 100, 256, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TOKEN_RATE);
+    cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_TOKEN_RATE);
     /* 36 + 256 → 36 + 64 = 100 fits exactly. */
     cr_assert_eq(begin(&b, &f, &c, 0, 1, 0, 36, 256, 0), SL_ADMIT_OK);
     cr_assert_str_eq(b.note, "degraded; cap_max_tokens=64");
     cr_assert_eq(b.max_tokens, 64);
     cr_assert(b.degraded);
-    cr_assert_eq(b.reason, SL_ADM_REASON_TIER_TOKEN_RATE);
+    cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_TOKEN_RATE);
     char h[64];
     cr_assert_str_eq(header(&b, &c, &c.tenants[0], 0, "x-sluice-admission", h, sizeof h),
                      "degraded; cap_max_tokens=64");
@@ -616,7 +616,7 @@ Test(gateway, overload_demote_runs_in_the_lower_tier_when_it_has_room)
     cr_assert_str_eq(b.note, "degraded; demote=batch");
     /* Both full now. */
     cr_assert_eq(begin(&d, &f, &c, 0, 0, 0, 10, 10, 0), SL_ADMIT_OVERLOADED);
-    cr_assert_eq(d.reason, SL_ADM_REASON_TIER_QUEUE_REQUESTS);
+    cr_assert_eq(d.reason, SL_ADMIT_REASON_TIER_QUEUE_REQUESTS);
     sl_admit_end(&a, 1, 0);
     sl_admit_end(&b, 1, 0);
     sl_config_dispose(&c);
@@ -635,7 +635,7 @@ Test(gateway, overload_model_step_moves_to_the_cheaper_model_when_it_has_room)
     cr_assert_eq(a.model, 1);
     cr_assert_eq(a.n_prompt, 120);
     cr_assert_str_eq(a.note, "degraded; model=small");
-    cr_assert_eq(a.reason, SL_ADM_REASON_TIER_TTFT_SLO);
+    cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
     int n;
     long tok;
     sl_admission_queue(&c, 0, 1, &n, &tok);
@@ -707,7 +707,7 @@ Test(gateway, overload_reject_refunds_the_tenant_when_the_server_says_no)
     char h[64];
     for (int i = 0; i < 5; i++) {
         cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 100, 0), SL_ADMIT_OVERLOADED);
-        cr_assert_eq(a.reason, SL_ADM_REASON_TIER_QUEUE_REQUESTS);
+        cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_QUEUE_REQUESTS);
         cr_assert_eq(a.retry_ns, SEC, "a closed tier predicts no drain: 1 s");
         sl_admit_end(&a, -1, 0);
     }
@@ -752,7 +752,7 @@ Test(gateway, durations_are_written_as_openai_writes_them)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[32];
-        sl_adm_duration_format(cases[i].ns, out, sizeof out);
+        sl_admit_duration_format(cases[i].ns, out, sizeof out);
         cr_assert_str_eq(out, cases[i].want, "%lld ns", (long long)cases[i].ns);
     }
 }
