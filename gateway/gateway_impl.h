@@ -13,8 +13,8 @@
 #include <llhttp.h>
 
 /* ---------------------------------------------------------------------------------------------
- * Request parser: llhttp over one contiguous buffer, recording spans (offsets, so the buffer may
- * grow) instead of copying.
+ * Request parser (http/parser.c): llhttp over one contiguous buffer, recording spans (offsets,
+ * so the buffer may grow) instead of copying.
  */
 
 /* A byte range of sl_http_parser.buf. len == 0 means absent (or empty). */
@@ -113,7 +113,7 @@ bool sl_http_span_eq(const struct sl_http_parser *p, struct sl_http_span s, cons
 struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p);
 
 /* ---------------------------------------------------------------------------------------------
- * TLS (tls.c)
+ * TLS (http/tls.c)
  */
 
 struct ssl_ctx_st; /* OpenSSL's SSL_CTX */
