@@ -10,7 +10,7 @@
  * Why the cost model has the terms it has: on the CPU engine a row costs the layer matmuls,
  * rows that produce logits add the classifier (most of a stories15M decode), and attention
  * reads every earlier position of the sequence, from memory for a lone decode row and shared
- * across the rows of a prompt chunk. bench/README.md gives the fit.
+ * across the rows of a prompt chunk. The fit: bench/results/2026-11-21-simulator-cost-model.md.
  */
 #include "sched_impl.h"
 
