@@ -112,6 +112,10 @@ struct conn {
     bool linger;     /* after this response, shut the write side and drain */
     bool sent_continue;
     size_t lingered; /* bytes discarded while lingering */
+    /* conn_head's lookup of the current request's key, in cfg: route() takes the tenant from
+     * here rather than hashing the key again. */
+    bool head_keyed;
+    const struct sl_tenant *head_tenant;
 
     /* Transport. */
     bool tls;                /* a bufferevent_openssl; otherwise the loop writes the socket */
@@ -698,7 +702,8 @@ static bool authenticate(struct conn *c)
     const char *key = NULL;
     size_t len = 0;
     bool has_key = request_key(c, &key, &len);
-    c->tenant = sl_tenant_lookup(c->cfg, has_key ? key : NULL, len);
+    c->tenant =
+        c->head_keyed ? c->head_tenant : sl_tenant_lookup(c->cfg, has_key ? key : NULL, len);
     if (c->tenant)
         return true;
     unauthorized(c, has_key, key, len);
@@ -1748,6 +1753,19 @@ static void conn_apply_cfg(struct conn *c)
     bufferevent_set_timeouts(c->bev, NULL, &tv);
 }
 
+/* Takes up the I/O thread's configuration if a reload replaced the connection's: keys, tiers and
+ * limits apply from the request that starts now on, so a revoked key does not live on in a
+ * kept-alive connection. A request keeps the configuration it started with. */
+static void conn_adopt_cfg(struct conn *c)
+{
+    if (c->cfg == c->io->cfg)
+        return;
+    sl_config_unref(c->cfg);
+    c->cfg = sl_config_ref(c->io->cfg);
+    conn_apply_cfg(c);
+    c->head_keyed = false; /* a lookup in the old configuration */
+}
+
 static void conn_set_busy(struct conn *c, bool busy)
 {
     if (c->busy == busy)
@@ -1776,13 +1794,7 @@ static void conn_begin(struct conn *c)
     c->engine = 0;
     c->replica = 0;
     c->ident.id[0] = '\0';
-    if (c->cfg != c->io->cfg) {
-        /* Reloaded since this connection's last request: keys, tiers and limits apply from this
-         * request on, so a revoked key does not live on in a kept-alive connection. */
-        sl_config_unref(c->cfg);
-        c->cfg = sl_config_ref(c->io->cfg);
-        conn_apply_cfg(c);
-    }
+    conn_adopt_cfg(c);
     conn_set_busy(c, true);
 }
 
@@ -1851,14 +1863,16 @@ static enum sl_http_parse conn_parse(struct conn *c)
  * go on to its body. A request without the key its route needs is answered 401 there and then,
  * without reading its body or sending 100 Continue, and the connection ends, unless the body is
  * already all here (at most EARLY_401_BODY_MAX): then it is parsed and route() answers the same
- * 401 on a kept-alive connection. route() checks the key again for every request; this only
- * makes sure nothing is read for a client that has none. */
+ * 401 on a kept-alive connection. The tenant found is kept for route() (head_tenant); the
+ * admin and metrics keys, rarer, route() checks again. */
 static bool conn_head(struct conn *c)
 {
     struct sl_http_parser *p = &c->req;
+    c->head_keyed = false;
     if (c->io->draining)
-        return true;                          /* conn_after_parse answers 503 */
-    const struct sl_config *cfg = c->io->cfg; /* the one conn_begin will take */
+        return true; /* conn_after_parse answers 503 */
+    conn_adopt_cfg(c);
+    const struct sl_config *cfg = c->cfg;
     const char *key = NULL;
     size_t len = 0;
     bool has_key = request_key(c, &key, &len);
@@ -1869,7 +1883,11 @@ static bool conn_head(struct conn *c)
     case GUARD_ADMIN:
         ok = !cfg->has_admin_key || sl_tenant_admin_check(cfg, has_key ? key : NULL, len);
         break;
-    default: ok = sl_tenant_lookup(cfg, has_key ? key : NULL, len) != NULL; break;
+    default:
+        c->head_tenant = sl_tenant_lookup(cfg, has_key ? key : NULL, len);
+        c->head_keyed = true;
+        ok = c->head_tenant != NULL;
+        break;
     }
     if (ok)
         return true;
@@ -1989,13 +2007,7 @@ static void conn_advance(struct conn *c)
             conn_set_busy(c, queued > 0);
             c->state = CONN_READING;
             c->sent_continue = false;
-            if (c->cfg != c->io->cfg) {
-                /* The previous request is over: the next one starts with the current
-                 * configuration. */
-                sl_config_unref(c->cfg);
-                c->cfg = sl_config_ref(c->io->cfg);
-                conn_apply_cfg(c);
-            }
+            conn_adopt_cfg(c); /* the previous request is over */
             sl_http_parser_next(&c->req);
         }
         if (c->state != CONN_READING)
@@ -2517,7 +2529,8 @@ static int bound_port(int fd)
  * first claimed by a probe bound without it: the bind fails with EADDRINUSE while anyone listens
  * there. The probe (SO_REUSEADDR, never listening) does not stand in the way of our own sockets,
  * which join it on the port it got (port 0: any), and is closed once they listen; from then on
- * any socket without SO_REUSEPORT conflicts with them, as a second sluice's probe does. */
+ * any socket without SO_REUSEPORT conflicts with them, as a second sluice's probe does. With
+ * n = 0 only the probe is made: whether the server could listen there now. */
 static int listen_all(const char *host, int port, int backlog, int n, int *fds, int *bound,
                       char *err, size_t errlen)
 {
@@ -2548,32 +2561,12 @@ static int listen_all(const char *host, int port, int backlog, int n, int *fds, 
     return st;
 }
 
-/* A probe as listen_all's, bound and closed. */
-static int probe_listen(const char *host, int port, char *err, size_t errlen)
-{
-    struct addrinfo hints = {
-        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
-    struct addrinfo *ais = NULL;
-    int gai = getaddrinfo(host, NULL, &hints, &ais);
-    if (gai != 0) {
-        snprintf(err, errlen, "cannot resolve listen host \"%s\": %s", host, gai_strerror(gai));
-        return SL_EINVAL;
-    }
-    int fd = -1;
-    for (const struct addrinfo *ai = ais; ai && fd < 0; ai = ai->ai_next)
-        fd = open_listener(ai, port, 0, false, err, errlen, host);
-    freeaddrinfo(ais);
-    if (fd < 0)
-        return SL_EIO;
-    close(fd);
-    return SL_OK;
-}
-
 int sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen)
 {
-    int st = probe_listen(cfg->listen_host, cfg->listen_port, err, errlen);
+    int port;
+    int st = listen_all(cfg->listen_host, cfg->listen_port, 0, 0, NULL, &port, err, errlen);
     if (st == SL_OK && cfg->tls.cert)
-        st = probe_listen(cfg->tls.listen_host, cfg->tls.listen_port, err, errlen);
+        st = listen_all(cfg->tls.listen_host, cfg->tls.listen_port, 0, 0, NULL, &port, err, errlen);
     return st;
 }
 
