@@ -219,6 +219,21 @@ static bool is_tchar(unsigned char ch)
            (ch && strchr("!#$%&'*+-.^_`|~", ch));
 }
 
+/* HTAB, SP, VCHAR, obs-text: what a quoted-string's text and its quoted-pairs may hold. */
+static bool is_qtext(unsigned char ch)
+{
+    return ch == ' ' || ch == '\t' || (ch >= 0x21 && ch != 0x7f);
+}
+
+/* After the size, a value or a quoted-string: BWS then ';', or the line's CR. */
+static enum sl_http_chunk_line after_value(unsigned char ch)
+{
+    return ch == ' ' || ch == '\t' ? SL_CHUNK_WS
+           : ch == ';'             ? SL_CHUNK_NAME_WS
+           : ch == '\r'            ? SL_CHUNK_LF
+                                   : SL_CHUNK_NONE;
+}
+
 static int hex_value(unsigned char ch)
 {
     if (ch >= '0' && ch <= '9')
@@ -251,10 +266,7 @@ static enum sl_http_parse chunk_line(struct sl_http_parser *p)
                     return parse_error(p, 413, "The request body is too large.");
                 next = SL_CHUNK_SIZE;
             } else if (p->chunk_digits > 0) {
-                next = ws           ? SL_CHUNK_WS
-                       : ch == ';'  ? SL_CHUNK_NAME_WS
-                       : ch == '\r' ? SL_CHUNK_LF
-                                    : SL_CHUNK_NONE;
+                next = after_value(ch);
             }
             break;
         }
@@ -281,28 +293,15 @@ static enum sl_http_parse chunk_line(struct sl_http_parser *p)
                    : is_tchar(ch) ? SL_CHUNK_TOKEN
                                   : SL_CHUNK_NONE;
             break;
-        case SL_CHUNK_TOKEN:
-            next = is_tchar(ch) ? SL_CHUNK_TOKEN
-                   : ws         ? SL_CHUNK_WS
-                   : ch == ';'  ? SL_CHUNK_NAME_WS
-                   : ch == '\r' ? SL_CHUNK_LF
-                                : SL_CHUNK_NONE;
-            break;
+        case SL_CHUNK_TOKEN: next = is_tchar(ch) ? SL_CHUNK_TOKEN : after_value(ch); break;
         case SL_CHUNK_QUOTED: /* qdtext: HTAB, SP, VCHAR but '"' and '\\', obs-text */
-            next = ch == '"'                          ? SL_CHUNK_END
-                   : ch == '\\'                       ? SL_CHUNK_PAIR
-                   : ws || (ch >= 0x21 && ch != 0x7f) ? SL_CHUNK_QUOTED
-                                                      : SL_CHUNK_NONE;
+            next = ch == '"'      ? SL_CHUNK_END
+                   : ch == '\\'   ? SL_CHUNK_PAIR
+                   : is_qtext(ch) ? SL_CHUNK_QUOTED
+                                  : SL_CHUNK_NONE;
             break;
-        case SL_CHUNK_END:
-            next = ws           ? SL_CHUNK_WS
-                   : ch == ';'  ? SL_CHUNK_NAME_WS
-                   : ch == '\r' ? SL_CHUNK_LF
-                                : SL_CHUNK_NONE;
-            break;
-        case SL_CHUNK_PAIR:
-            next = ws || (ch >= 0x21 && ch != 0x7f) ? SL_CHUNK_QUOTED : SL_CHUNK_NONE;
-            break;
+        case SL_CHUNK_END: next = after_value(ch); break;
+        case SL_CHUNK_PAIR: next = is_qtext(ch) ? SL_CHUNK_QUOTED : SL_CHUNK_NONE; break;
         case SL_CHUNK_LF:
             if (ch != '\n')
                 return parse_error(p, 400, bad);

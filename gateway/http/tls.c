@@ -11,7 +11,6 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -29,19 +28,6 @@ static const char *ssl_reason(void)
     return r ? r : "unknown OpenSSL error";
 }
 
-/* The file can be opened for reading: otherwise err names it and says why ("No such file or
- * directory", "Permission denied"), which OpenSSL's loaders leave out. */
-static bool readable(const char *what, const char *path, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(err, errlen, "tls: %s \"%s\" cannot be read: %s", what, path, strerror(errno));
-        return false;
-    }
-    fclose(f);
-    return true;
-}
-
 static int no_passphrase(char *buf, int size, int rwflag, void *arg)
 {
     (void)buf, (void)size, (void)rwflag, (void)arg;
@@ -51,8 +37,6 @@ static int no_passphrase(char *buf, int size, int rwflag, void *arg)
 struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t errlen)
 {
     const struct sl_config_tls *t = &cfg->tls;
-    if (!readable("certificate", t->cert, err, errlen))
-        return NULL;
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) {
         snprintf(err, errlen, "tls: cannot create a context: %s", ssl_reason());
@@ -68,10 +52,6 @@ struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t
     SSL_CTX_set_session_id_context(ctx, sid_ctx, sizeof sid_ctx - 1);
     if (SSL_CTX_use_certificate_chain_file(ctx, t->cert) != 1) {
         snprintf(err, errlen, "tls: certificate \"%s\" does not load: %s", t->cert, ssl_reason());
-        SSL_CTX_free(ctx);
-        return NULL;
-    }
-    if (!readable("key", t->key, err, errlen)) {
         SSL_CTX_free(ctx);
         return NULL;
     }
