@@ -57,6 +57,25 @@ static void init(struct sl_http_parser *p)
     sl_http_parser_init(p, MAX_HEAD, MAX_BODY);
 }
 
+/* raw, fed whole, is refused with code and a reason. */
+static void assert_refused(const char *raw, int code)
+{
+    struct sl_http_parser p;
+    init(&p);
+    cr_assert_eq(sl_http_parser_feed(&p, raw, strlen(raw)), SL_HTTP_PARSE_ERROR, "%s", raw);
+    cr_assert_eq(p.error_code, code, "%s: %d", raw, p.error_code);
+    cr_assert_not_null(p.error_reason);
+    sl_http_parser_dispose(&p);
+}
+
+/* A chunked POST whose body is `body`, refused with code. */
+static void assert_chunked_refused(const char *body, int code)
+{
+    char r[256];
+    snprintf(r, sizeof r, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%s", body);
+    assert_refused(r, code);
+}
+
 static bool span_is(const struct sl_http_parser *p, struct sl_http_span s, const char *want)
 {
     return s.len == strlen(want) && memcmp(sl_http_span_ptr(p, s), want, s.len) == 0;
@@ -448,15 +467,8 @@ Test(gateway, answers_413_at_once_when_a_chunk_size_is_over_the_limit)
 {
     /* MAX_BODY is 0x1000: the size alone is refused, before its line ends or any data comes. */
     const char *sizes[] = {"7fffffff", "1001\r\n", "ffffffffffffffffffffffff", "0000000000001001"};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        struct sl_http_parser p;
-        init(&p);
-        char r[256];
-        snprintf(r, sizeof r, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%s", sizes[i]);
-        cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR, "%s", sizes[i]);
-        cr_assert_eq(p.error_code, 413, "%s", sizes[i]);
-        sl_http_parser_dispose(&p);
-    }
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        assert_chunked_refused(sizes[i], 413);
     /* The running total: 0x800 then 0x801 bytes. */
     struct sl_http_parser p;
     init(&p);
@@ -501,15 +513,9 @@ Test(gateway, answers_400_when_a_chunk_size_line_is_not_rfc_9112)
         "1;a=\"\\\x01\"\r\n",
     };
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
-        struct sl_http_parser p;
-        init(&p);
-        char r[256];
-        snprintf(r, sizeof r,
-                 "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n%sx\r\n0\r\n\r\n", lines[i]);
-        cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR, "line %zu: %s", i,
-                     lines[i]);
-        cr_assert_eq(p.error_code, 400, "line %zu", i);
-        sl_http_parser_dispose(&p);
+        char body[64];
+        snprintf(body, sizeof body, "%sx\r\n0\r\n\r\n", lines[i]);
+        assert_chunked_refused(body, 400);
     }
 }
 
@@ -521,21 +527,12 @@ Test(gateway, answers_501_when_a_transfer_coding_besides_chunked_is_named)
         "Transfer-Encoding: deflate,chunked\r\n",
     };
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
-        struct sl_http_parser p;
-        init(&p);
         char r[256];
         snprintf(r, sizeof r, "POST / HTTP/1.1\r\n%s\r\n2\r\nab\r\n0\r\n\r\n", heads[i]);
-        cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR, "%s", heads[i]);
-        cr_assert_eq(p.error_code, 501, "%s", heads[i]);
-        sl_http_parser_dispose(&p);
+        assert_refused(r, 501);
     }
     /* chunked not last: the length is unknown, RFC 9112 §6.3 says 400 */
-    struct sl_http_parser p;
-    init(&p);
-    const char *r = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n";
-    cr_assert_eq(sl_http_parser_feed(&p, r, strlen(r)), SL_HTTP_PARSE_ERROR);
-    cr_assert_eq(p.error_code, 400);
-    sl_http_parser_dispose(&p);
+    assert_refused("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400);
 }
 
 Test(gateway, stops_at_the_head_when_asked_and_parses_the_body_on_resume)
@@ -575,15 +572,8 @@ Test(gateway, answers_400_when_the_request_is_not_http)
         "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
         "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        struct sl_http_parser p;
-        init(&p);
-        cr_assert_eq(sl_http_parser_feed(&p, bad[i], strlen(bad[i])), SL_HTTP_PARSE_ERROR, "%s",
-                     bad[i]);
-        cr_assert_eq(p.error_code, 400);
-        cr_assert_not_null(p.error_reason);
-        sl_http_parser_dispose(&p);
-    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_refused(bad[i], 400);
 }
 
 /* Found by tests/fuzz/fuzz_http_parser: llhttp took "CONNECT \n\n" as a finished HTTP/0.9

@@ -596,3 +596,17 @@ bool sanitized_build(void)
     const char *s = getenv("SLUICE_SANITIZE");
     return s && *s && strcmp(s, "none") != 0;
 }
+
+int sluice_run(const char *args, char *out, size_t outlen)
+{
+    const char *bin = getenv("SLUICE_BIN");
+    cr_assert_not_null(bin, "SLUICE_BIN is not set (run through meson test)");
+    char cmd[1024];
+    cr_assert_lt((size_t)snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin, args), sizeof cmd);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f, "popen: %s", strerror(errno));
+    size_t n = fread(out, 1, outlen - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}

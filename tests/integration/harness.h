@@ -47,6 +47,11 @@ void server_log_pump(struct server *s, bool on);
 size_t server_rss(const struct server *s);
 /* Open file descriptors of the server process. */
 int server_fd_count(const struct server *s);
+/* Runs build/sluice (SLUICE_BIN) to its end with `args`, a shell fragment (quote paths), its
+ * stdout and stderr together in out (NUL-terminated, cut at outlen - 1 bytes). Returns its exit
+ * status, or -1 when it did not exit. For commands that do not serve: --check-config, --help,
+ * or a start that must fail. */
+int sluice_run(const char *args, char *out, size_t outlen);
 /* Sends SIGTERM, waits for the exit and asserts it was clean (status 0). */
 void server_stop(struct server *s);
 /* Reads the server's log until it ends (keeping the server from blocking on a full pipe), then

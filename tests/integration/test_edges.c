@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* Keys and their SHA-256 from `printf %s KEY | sha256sum`. */
@@ -316,20 +315,6 @@ Test(edges, chunks_and_codings_are_judged_as_they_arrive, .init = start_tenants,
 
 /* ---- 2. a port in use ---- */
 
-/* Runs the sluice binary with args (a shell fragment) and returns its exit status, its output in
- * out. */
-static int run_sluice(const char *args, char *out, size_t outlen)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", getenv("SLUICE_BIN"), args);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(out, 1, outlen - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 Test(edges, a_second_server_on_a_port_in_use_fails_and_io_threads_share_theirs, .fini = stop)
 {
     const char *io2 = write_config("io2.json", "{\"io_threads\":2}");
@@ -339,10 +324,10 @@ Test(edges, a_second_server_on_a_port_in_use_fails_and_io_threads_share_theirs, 
     char cmd[256], out[4096];
     /* One I/O thread or two, the port is taken: exit 1 at once, naming the error. */
     snprintf(cmd, sizeof cmd, "--listen 127.0.0.1:%d", srv.port);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "Address already in use"), "%s", out);
     snprintf(cmd, sizeof cmd, "--config '%s' --listen 127.0.0.1:%d", io2, srv.port);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "Address already in use"), "%s", out);
     /* Every request still reaches the first server, and both of its I/O threads take
      * connections (the kernel spreads them by address: two of 64 all on one thread would be a
@@ -366,16 +351,16 @@ Test(edges, check_config_names_what_would_stop_the_server, .fini = stop)
     char okp[128];
     snprintf(okp, sizeof okp, "%s", ok);
     snprintf(cmd, sizeof cmd, "--check-config '%s'", okp);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "valid"), "%s", out);
 
     snprintf(cmd, sizeof cmd, "--check-config '%s' --model synthetic:nosuchshape", okp);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "nosuchshape") && strstr(out, "unknown synthetic model"), "%s", out);
     cr_assert(strstr(out, "stories15M"), "the known shapes are listed: %s", out);
 
     snprintf(cmd, sizeof cmd, "--check-config '%s' --model /nonexistent/model.gguf", okp);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "/nonexistent/model.gguf") && strstr(out, "No such file"), "%s", out);
 
     /* A file that exists but is no model: its header does not parse. */
@@ -383,7 +368,7 @@ Test(edges, check_config_names_what_would_stop_the_server, .fini = stop)
     char junkp[128];
     snprintf(junkp, sizeof junkp, "%s", junk);
     snprintf(cmd, sizeof cmd, "--check-config '%s' --model '%s'", okp, junkp);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, junkp), "%s", out);
     unlink(junkp);
 
@@ -392,7 +377,7 @@ Test(edges, check_config_names_what_would_stop_the_server, .fini = stop)
                                                "\"127.0.0.1:0\",\"cert\":\"/nonexistent/c.pem\","
                                                "\"key\":\"/nonexistent/k.pem\"}}");
     snprintf(cmd, sizeof cmd, "--check-config '%s'", tls);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "/nonexistent/c.pem") && strstr(out, "No such file or directory"), "%s",
               out);
     cr_assert_null(strstr(out, "unknown OpenSSL error"), "%s", out);
@@ -402,12 +387,12 @@ Test(edges, check_config_names_what_would_stop_the_server, .fini = stop)
     const char *args[] = {NULL};
     server_start(&srv, args);
     snprintf(cmd, sizeof cmd, "--check-config '%s' --listen 127.0.0.1:%d", okp, srv.port);
-    cr_assert_eq(run_sluice(cmd, out, sizeof out), 2, "%s", out);
+    cr_assert_eq(sluice_run(cmd, out, sizeof out), 2, "%s", out);
     cr_assert(strstr(out, "Address already in use"), "%s", out);
     unlink(okp);
 
     /* --help lists simulate and every synthetic shape. */
-    cr_assert_eq(run_sluice("--help", out, sizeof out), 0, "%s", out);
+    cr_assert_eq(sluice_run("--help", out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "simulate"), "%s", out);
     const char *shapes[] = {"tiny", "stories15M", "llama-1b", "llama-8b"};
     for (int i = 0; i < 4; i++)

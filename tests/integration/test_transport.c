@@ -590,16 +590,10 @@ Test(transport, refuses_weak_ciphers_and_compression_when_serving_tls,
 /* Runs `sluice --check-config FILE`; returns the exit status and what it printed. */
 static int check_config(const char *file, char *out, size_t outlen)
 {
-    char cmd[512];
+    char args[512];
     /* Port 0: --check-config also proves the listen address free, and 8080 may be taken. */
-    snprintf(cmd, sizeof cmd, "'%s' --check-config '%s' --listen 127.0.0.1:0 2>&1",
-             getenv("SLUICE_BIN"), file);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(out, 1, outlen - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(args, sizeof args, "--check-config '%s' --listen 127.0.0.1:0", file);
+    return sluice_run(args, out, outlen);
 }
 
 Test(transport, check_config_loads_the_certificate_when_tls_is_configured,
