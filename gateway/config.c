@@ -310,6 +310,9 @@ static bool valid_model_name(const char *s)
     return true;
 }
 
+/* What a model id must be, for an error naming where it was given ("models[1].name"). */
+#define MODEL_NAME_RULE "1 to %d printable ASCII characters without spaces, quotes, '\\' or '/'"
+
 /* "models": [{"name", "model", "tokenizer", "threads", "device"}, ...], at least one; every
  * entry but the first needs a name. The first one also becomes "model" and "tokenizer". */
 static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen, const char *where)
@@ -339,10 +342,8 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
                 continue;
             if (strcmp(k, "name") == 0) {
                 if (!json_is_string(x) || !valid_model_name(json_string_value(x))) {
-                    snprintf(err, errlen,
-                             "%s: models[%d].name: must be 1 to %d printable ASCII characters "
-                             "without spaces, quotes, '\\' or '/'",
-                             where, i, SL_MODEL_NAME_MAX);
+                    snprintf(err, errlen, "%s: models[%d].name: must be " MODEL_NAME_RULE, where, i,
+                             SL_MODEL_NAME_MAX);
                     st = SL_EINVAL;
                 } else {
                     replace(&m[i].name, json_string_value(x));
@@ -588,10 +589,8 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
         return SL_OK;
     case K_MODEL_NAME:
         if (!json_is_null(v) && !(json_is_string(v) && valid_model_name(json_string_value(v)))) {
-            snprintf(err, errlen,
-                     "%s: \"%s\" must be null or 1 to %d printable ASCII characters without "
-                     "spaces, quotes, '\\' or '/'",
-                     where, k->name, SL_MODEL_NAME_MAX);
+            snprintf(err, errlen, "%s: \"%s\" must be null or " MODEL_NAME_RULE, where, k->name,
+                     SL_MODEL_NAME_MAX);
             return SL_EINVAL;
         }
         replace((char **)(base + k->off), json_is_null(v) ? NULL : json_string_value(v));
@@ -973,9 +972,7 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
             if (!(v = flag_value(argc, argv, &i, "--served-model-name", err, errlen)))
                 return SL_EINVAL;
             if (!valid_model_name(v)) {
-                snprintf(err, errlen,
-                         "--served-model-name: 1 to %d printable ASCII characters without spaces, "
-                         "quotes, '\\' or '/'",
+                snprintf(err, errlen, "--served-model-name: must be " MODEL_NAME_RULE,
                          SL_MODEL_NAME_MAX);
                 return SL_EINVAL;
             }
