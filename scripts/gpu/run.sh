@@ -146,7 +146,7 @@ echo "bundle: commit $BUNDLE_COMMIT, built $BUNDLE_DATE ($BUNDLE_BUILDTYPE)"
 # GPU_CHECK_DRY=1 runs every step even so (each then fails or skips at once): a dry run of the
 # driver and the report where there is no device.
 if [ "${GPU_CHECK_DRY:-0}" != 1 ] &&
-  { ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }; then
+  { ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -c '^GPU ' >/dev/null; }; then
   why=$(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>&1 | head -1 || echo "no nvidia-smi")
   echo "gpu-check: no CUDA device ($why): nothing to check here"
   printf '{"device": null, "reason": "no CUDA device"}\n' >"$OUT/gpu-check.json"
