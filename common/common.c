@@ -345,3 +345,81 @@ void sl_utf8_sanitize(struct sl_str *out, const char *s, size_t len)
         i = n == 0 ? len : i + 1;
     }
 }
+
+/* ---- arena ---- */
+
+/* Chunks hold ARENA_CHUNK bytes of payload, or one larger allocation alone. */
+#define ARENA_CHUNK 8192
+#define ARENA_ALIGN 16
+
+struct sl_arena_chunk {
+    struct sl_arena_chunk *next; /* older */
+    size_t size;                 /* payload bytes */
+    _Alignas(ARENA_ALIGN) char data[];
+};
+
+void sl_arena_init(struct sl_arena *a)
+{
+    a->head = NULL;
+    a->p = a->end = NULL;
+}
+
+void *sl_arena_alloc(struct sl_arena *a, size_t n)
+{
+    n = (n + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    if (n == 0)
+        n = ARENA_ALIGN;
+    if ((size_t)(a->end - a->p) < n) {
+        size_t size = n > ARENA_CHUNK ? n : ARENA_CHUNK;
+        if (size > SIZE_MAX - sizeof(struct sl_arena_chunk))
+            abort();
+        struct sl_arena_chunk *c = sl_xmalloc(sizeof *c + size);
+        c->size = size;
+        c->next = a->head;
+        a->head = c;
+        a->p = c->data;
+        a->end = c->data + size;
+    }
+    void *r = a->p;
+    a->p += n;
+    return r;
+}
+
+void *sl_arena_calloc(struct sl_arena *a, size_t n, size_t size)
+{
+    if (size && n > SIZE_MAX / size)
+        abort();
+    void *r = sl_arena_alloc(a, n * size);
+    memset(r, 0, n * size);
+    return r;
+}
+
+char *sl_arena_strndup(struct sl_arena *a, const char *s, size_t n)
+{
+    char *r = sl_arena_alloc(a, n + 1);
+    memcpy(r, s, n);
+    r[n] = '\0';
+    return r;
+}
+
+void sl_arena_reset(struct sl_arena *a)
+{
+    struct sl_arena_chunk *c = a->head;
+    if (!c)
+        return;
+    while (c->next) {
+        struct sl_arena_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+    a->head = c;
+    a->p = c->data;
+    a->end = c->data + c->size;
+}
+
+void sl_arena_dispose(struct sl_arena *a)
+{
+    sl_arena_reset(a);
+    free(a->head);
+    sl_arena_init(a);
+}

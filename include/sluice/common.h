@@ -83,6 +83,27 @@ void *sl_xmalloc_aligned(size_t n);
 char *sl_xstrdup(const char *s);
 char *sl_xstrndup(const char *s, size_t n);
 
+/* An arena (h2o's and nginx's pools): memory handed out in order from chunks and given back all
+ * at once. sl_arena_reset keeps the first chunk for the next use, so an arena reused for one
+ * request after another allocates nothing once it has grown to their size. Allocation failure
+ * aborts. Not thread-safe. */
+struct sl_arena_chunk;
+struct sl_arena {
+    struct sl_arena_chunk *head; /* the newest chunk; the first is last in the list */
+    char *p, *end;               /* the free part of head */
+};
+
+void sl_arena_init(struct sl_arena *a);
+/* n bytes aligned for any type, uninitialised. */
+void *sl_arena_alloc(struct sl_arena *a, size_t n);
+/* n zeroed elements of size bytes (n * size checked for overflow). */
+void *sl_arena_calloc(struct sl_arena *a, size_t n, size_t size);
+/* s[0..n) and a NUL. */
+char *sl_arena_strndup(struct sl_arena *a, const char *s, size_t n);
+/* Gives everything back; keeps the first chunk. */
+void sl_arena_reset(struct sl_arena *a);
+void sl_arena_dispose(struct sl_arena *a);
+
 /* UTF-8 helpers. */
 /* Length of the longest prefix of s[0..len) that is complete, valid UTF-8 (so a caller can hold
  * back a split multi-byte character). Invalid sequences count as complete (they are replaced). */

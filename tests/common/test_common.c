@@ -1,6 +1,7 @@
 #include <criterion/criterion.h>
 #include <sluice/common.h>
 
+#include <stdint.h>
 #include <string.h>
 
 static char *sanitized(const char *in, size_t len)
@@ -88,4 +89,44 @@ Test(common, status_str_names_every_status_when_asked)
     for (int st = SL_OK; st >= SL_EFORMAT; st--)
         cr_assert_str_neq(sl_status_str(st), "unknown status", "status %d", st);
     cr_assert_str_eq(sl_status_str(-1000), "unknown status");
+}
+
+Test(common, arena_keeps_every_allocation_apart_when_chunks_fill)
+{
+    struct sl_arena a;
+    sl_arena_init(&a);
+    char *p[200];
+    for (int i = 0; i < 200; i++) {
+        size_t n = (size_t)(i * 37 % 300) + 1;
+        p[i] = sl_arena_alloc(&a, n);
+        cr_assert_eq((uintptr_t)p[i] % 16, 0, "aligned for any type");
+        memset(p[i], i, n);
+    }
+    /* One larger than a chunk, then small ones again. */
+    char *big = sl_arena_calloc(&a, 5, 4096);
+    for (int i = 0; i < 5 * 4096; i++)
+        cr_assert_eq(big[i], 0);
+    char *s = sl_arena_strndup(&a, "hello world", 5);
+    cr_assert_str_eq(s, "hello");
+    for (int i = 0; i < 200; i++) {
+        size_t n = (size_t)(i * 37 % 300) + 1;
+        for (size_t j = 0; j < n; j++)
+            cr_assert_eq((unsigned char)p[i][j], (unsigned char)i, "allocation %d intact", i);
+    }
+    sl_arena_dispose(&a);
+}
+
+Test(common, arena_reuses_its_first_chunk_when_reset)
+{
+    struct sl_arena a;
+    sl_arena_init(&a);
+    void *first = sl_arena_alloc(&a, 64);
+    for (int i = 0; i < 100; i++)
+        sl_arena_alloc(&a, 1000); /* several chunks */
+    sl_arena_reset(&a);
+    cr_assert_eq(sl_arena_alloc(&a, 64), first, "the same memory serves the next use");
+    sl_arena_reset(&a);
+    sl_arena_reset(&a); /* idempotent */
+    sl_arena_dispose(&a);
+    sl_arena_dispose(&a); /* an empty arena disposes to nothing */
 }
