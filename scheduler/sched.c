@@ -138,6 +138,7 @@ static void sink_done(void *ctx, struct sl_req *r, enum sl_finish why, int statu
     e->n_tokens = n_generated;
     e->finish = why;
     e->status = status;
+    e->stop_index = r->detok ? sl_detok_stop_index(r->detok) : -1;
     sl_outbox_push(r->box, e);
     touch_outbox(s, r->box);
 }

@@ -9,7 +9,9 @@ struct sl_detok {
     int32_t prev;
     char **stops;
     size_t *stop_len;
+    int *stop_arg; /* (n_stops) each stop string's index among those sl_detok_new was given */
     int n_stops;
+    int hit;            /* the argument index of the stop string that matched, or -1 */
     struct sl_str raw;  /* decoded bytes that do not yet form a complete character */
     struct sl_str text; /* valid UTF-8 held back because it may begin a stop string */
     bool stopped;
@@ -28,12 +30,15 @@ struct sl_detok *sl_detok_new(const struct sl_tok *t, int32_t prev, const char *
     if (n_stops > 0) {
         d->stops = sl_xcalloc((size_t)n_stops, sizeof(*d->stops));
         d->stop_len = sl_xcalloc((size_t)n_stops, sizeof(*d->stop_len));
+        d->stop_arg = sl_xcalloc((size_t)n_stops, sizeof(*d->stop_arg));
     }
+    d->hit = -1;
     for (int i = 0; i < n_stops; i++) {
         if (!stops[i] || !stops[i][0] || !sl_utf8_valid(stops[i], strlen(stops[i])))
             continue;
         d->stops[d->n_stops] = sl_xstrdup(stops[i]);
         d->stop_len[d->n_stops] = strlen(stops[i]);
+        d->stop_arg[d->n_stops] = i;
         d->n_stops++;
     }
     sl_str_init(&d->raw);
@@ -45,6 +50,11 @@ void sl_detok_stop_options(struct sl_detok *d, int min_tokens, bool include_stop
 {
     d->min_tokens = min_tokens;
     d->include_stop = include_stop;
+}
+
+int sl_detok_stop_index(const struct sl_detok *d)
+{
+    return d->hit;
 }
 
 void sl_detok_keep_special(struct sl_detok *d)
@@ -60,13 +70,15 @@ void sl_detok_free(struct sl_detok *d)
         free(d->stops[i]);
     free(d->stops);
     free(d->stop_len);
+    free(d->stop_arg);
     sl_str_dispose(&d->raw);
     sl_str_dispose(&d->text);
     free(d);
 }
 
-/* Start of the earliest complete stop string in text, or -1; *len: its length. */
-static ptrdiff_t find_stop(const struct sl_detok *d, size_t *len)
+/* Start of the earliest complete stop string in text, or -1; *len: its length, *which: its
+ * index in d->stops. */
+static ptrdiff_t find_stop(const struct sl_detok *d, size_t *len, int *which)
 {
     ptrdiff_t best = -1;
     if (d->text.len == 0)
@@ -76,6 +88,7 @@ static ptrdiff_t find_stop(const struct sl_detok *d, size_t *len)
         if (hit && (best < 0 || hit - d->text.p < best)) {
             best = hit - d->text.p;
             *len = d->stop_len[i];
+            *which = i;
         }
     }
     return best;
@@ -119,8 +132,10 @@ static size_t release(struct sl_detok *d, size_t n, struct sl_str *out)
 static size_t settle(struct sl_detok *d, struct sl_str *out, bool final, bool *stopped)
 {
     size_t len = 0;
-    ptrdiff_t at = d->pushed > d->min_tokens ? find_stop(d, &len) : -1;
+    int which = -1;
+    ptrdiff_t at = d->pushed > d->min_tokens ? find_stop(d, &len, &which) : -1;
     if (at >= 0) {
+        d->hit = d->stop_arg[which];
         size_t n = release(d, (size_t)at + (d->include_stop ? len : 0), out);
         sl_str_clear(&d->text);
         d->stopped = true;

@@ -509,6 +509,8 @@ struct sl_out_event {
     int n_lp;
     enum sl_finish finish; /* DONE */
     int status;            /* DONE with SL_FINISH_ERROR: why */
+    int stop_index;        /* DONE with SL_FINISH_STOP: the params.stop string that ended it, or
+                            * -1 (a stop token) */
 };
 
 struct sl_outbox;

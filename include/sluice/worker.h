@@ -133,6 +133,9 @@ void sl_detok_free(struct sl_detok *d);
  * include_stop the stop string's own text is released too (nothing after it). Call before the
  * first push. */
 void sl_detok_stop_options(struct sl_detok *d, int min_tokens, bool include_stop);
+/* The stop string that ended the text: its index among the stops sl_detok_new was given, or -1
+ * while none has. */
+int sl_detok_stop_index(const struct sl_detok *d);
 /* Control and special tokens add their own text (sl_tok_special_text) instead of none. Call
  * before the first push. */
 void sl_detok_keep_special(struct sl_detok *d);

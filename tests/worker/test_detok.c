@@ -69,6 +69,8 @@ Test(worker, detok_stops_when_stop_string_spans_tokens, .init = setup, .fini = t
     cr_assert(stopped);
     cr_assert_str_eq(out.p, "Once upon a time there was ");
     cr_assert_lt(i, n, "stopped only at the end");
+    /* The stop that ended it is named by its index among those given, the empty one counted. */
+    cr_assert_eq(sl_detok_stop_index(d), 1);
     /* Further pushes are ignored. */
     cr_assert_eq(sl_detok_push(d, piece("x"), &out, &stopped), 0);
     cr_assert_eq(sl_detok_finish(d, &out), 0);
@@ -291,4 +293,24 @@ Test(worker, detok_shows_control_tokens_only_when_asked_to_keep_them, .init = se
     sl_str_dispose(&plain);
     sl_str_dispose(&kept);
     sl_str_dispose(&want);
+}
+
+Test(worker, detok_names_the_earliest_stop_when_several_match, .init = setup, .fini = teardown)
+{
+    const char *stops[] = {"girl", "was", "time"};
+    const char *text = "Once upon a time there was a little girl.";
+    int32_t ids[64];
+    int n;
+    cr_assert_eq(sl_tok_encode(tok, text, strlen(text), true, ids, 64, &n), SL_OK);
+    struct sl_detok *d = sl_detok_new(tok, ids[0], stops, 3);
+    struct sl_str out;
+    sl_str_init(&out);
+    bool stopped = false;
+    cr_assert_eq(sl_detok_stop_index(d), -1);
+    for (int i = 1; i < n && !stopped; i++)
+        sl_detok_push(d, ids[i], &out, &stopped);
+    cr_assert(stopped);
+    cr_assert_eq(sl_detok_stop_index(d), 2, "\"time\" comes first in the text");
+    sl_detok_free(d);
+    sl_str_dispose(&out);
 }
