@@ -1,134 +1,23 @@
-/* Private layouts of the gateway module: the request parser (llhttp) and the OpenAI JSON layer.
- * Its tests include this header; nothing outside gateway/ may.
+/* Private layouts of the gateway's API layer and of tenants, tiers and admission: the OpenAI JSON
+ * layer, chat templates, metrics, tenants and admission. Its tests include this header; nothing
+ * outside gateway/ and server/ may.
  *
- * Threads: everything here is plain data and pure functions; a parser belongs to the connection
- * (and so the I/O thread) that owns it.
+ * Threads: everything here is plain data and pure functions unless it says otherwise.
  */
 #ifndef SLUICE_GATEWAY_IMPL_H
 #define SLUICE_GATEWAY_IMPL_H
 
-#include <sluice/gateway.h>
+#include <sluice/config.h>
+#include <sluice/http.h>
 
 #include <jansson.h>
-#include <llhttp.h>
-
-/* ---------------------------------------------------------------------------------------------
- * Request parser (http/parser.c): llhttp over one contiguous buffer, recording spans (offsets,
- * so the buffer may grow) instead of copying.
- */
-
-/* A byte range of sl_http_parser.buf. len == 0 means absent (or empty). */
-struct sl_http_span {
-    size_t off;
-    size_t len;
-};
-
-enum sl_http_parse {
-    SL_HTTP_PARSE_MORE,  /* the request is incomplete: feed more bytes */
-    SL_HTTP_PARSE_DONE,  /* one whole request is parsed; bytes after it stay buffered */
-    SL_HTTP_PARSE_ERROR, /* answer error_code and close the connection */
-    SL_HTTP_PARSE_HEAD,  /* pause_at_head: the head is whole and checked, no body byte parsed;
-                          * sl_http_parser_resume() goes on to the body */
-};
-
-/* Where a chunk-size line is (RFC 9112 §7.1.1), which sluice parses itself: llhttp 8 refuses legal
- * extensions after a valued one (";a=b;c"), and a size is checked against the limit as soon as
- * it is read. */
-enum sl_http_chunk_line {
-    SL_CHUNK_NONE,     /* not in a chunk-size line */
-    SL_CHUNK_SIZE,     /* in the hex digits */
-    SL_CHUNK_WS,       /* BWS after the size or a value: ';' may follow */
-    SL_CHUNK_NAME_WS,  /* BWS before an extension's name */
-    SL_CHUNK_NAME,     /* in a name */
-    SL_CHUNK_AFTER,    /* BWS after a name: '=' or ';' may follow */
-    SL_CHUNK_VALUE_WS, /* BWS after '=' */
-    SL_CHUNK_TOKEN,    /* in a token value */
-    SL_CHUNK_QUOTED,   /* in a quoted-string value */
-    SL_CHUNK_PAIR,     /* after a backslash in a quoted-string */
-    SL_CHUNK_END,      /* after a quoted-string: BWS ';' or the CR may follow */
-    SL_CHUNK_LF,       /* after the line's CR */
-};
-
-struct sl_http_parser {
-    llhttp_t ll;
-    /* The current request's bytes, then whatever followed it. The request starts at offset 0.
-     * Chunk framing is dropped as it is parsed and the body compacted in place, so buf holds
-     * at most the head, the body and one feed. */
-    struct sl_str buf;
-    size_t parsed; /* bytes of buf given to llhttp */
-    size_t max_header_bytes;
-    size_t max_body_bytes;
-    enum sl_http_parse state;
-    bool pause_at_head; /* set by the caller: stop at HEAD once the head is whole */
-
-    /* The request, valid once headers_complete (url, headers) or DONE (body, keep_alive). */
-    int method; /* enum llhttp_method */
-    int http_major, http_minor;
-    struct sl_http_span url;
-    struct sl_http_span content_type;
-    struct sl_http_span connection;
-    struct sl_http_span expect;
-    struct sl_http_span authorization; /* "Bearer KEY" */
-    struct sl_http_span tier;          /* x-sluice-tier: a tier name */
-    bool other_coding; /* a Transfer-Encoding names a coding besides chunked (answered 501) */
-    struct sl_http_span body;
-    bool headers_complete;
-    bool keep_alive;      /* the connection may serve another request after this one */
-    bool expect_continue; /* "Expect: 100-continue" on HTTP/1.1: the client waits for it */
-
-    int error_code;           /* ERROR: the HTTP status to answer (400, 413 or 431) */
-    const char *error_reason; /* ERROR: a static, client-safe explanation */
-
-    /* Scratch while parsing. */
-    struct sl_http_span field, value; /* the header line being parsed */
-    size_t head_end;                  /* offset just past the head, once headers_complete */
-    size_t trailer_bytes;             /* chunked trailers so far (counted, not kept) */
-    bool body_started;
-    bool run_empty; /* llhttp must run once more, even on no bytes (after the head's pause) */
-    enum sl_http_chunk_line chunk;
-    int chunk_digits;    /* hex digits of the size read so far (leading zeros included) */
-    uint64_t chunk_size; /* the size so far */
-};
-
-void sl_http_parser_init(struct sl_http_parser *p, size_t max_header_bytes, size_t max_body_bytes);
-void sl_http_parser_dispose(struct sl_http_parser *p);
-/* Buffers data and parses up to the end of the current request. Once the state is DONE further
- * bytes are only buffered (the caller bounds them); after ERROR they are dropped. Returns the
- * state. */
-enum sl_http_parse sl_http_parser_feed(struct sl_http_parser *p, const char *data, size_t len);
-/* After HEAD: parses the body (and what is already buffered of it). Returns the state. */
-enum sl_http_parse sl_http_parser_resume(struct sl_http_parser *p);
-/* Forgets the DONE request, keeps the bytes that followed it and parses them as the next one.
- * Returns the new state. */
-enum sl_http_parse sl_http_parser_next(struct sl_http_parser *p);
-
-static inline const char *sl_http_span_ptr(const struct sl_http_parser *p, struct sl_http_span s)
-{
-    return p->buf.p + s.off;
-}
-/* True when the span equals lit, ignoring ASCII case and surrounding spaces/tabs. */
-bool sl_http_span_eq(const struct sl_http_parser *p, struct sl_http_span s, const char *lit);
-/* The URL without its query string or fragment, and for an absolute-form target
- * ("http://host/path", RFC 9112 §3.2.2) without its scheme and authority. */
-struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p);
-
-/* ---------------------------------------------------------------------------------------------
- * TLS (http/tls.c)
- */
-
-struct ssl_ctx_st; /* OpenSSL's SSL_CTX */
-
-/* A server context for cfg->tls (cert and key loaded and checked against each other; TLS 1.2+).
- * Returns a context with one reference (SSL_CTX_free drops it), or NULL with err set. Any
- * thread. */
-struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------------------------------------
  * OpenAI JSON layer
  */
 
 /* An error as OpenAI reports it: {"error":{"message","type","param","code"}}, sent with `http`.
- * type comes from sl_http_error_type(http). */
+ * type comes from sl_openai_error_type(http). */
 struct sl_openai_error {
     int http;
     const char *code; /* static, or NULL for JSON null */
@@ -136,6 +25,8 @@ struct sl_openai_error {
     char message[512];
 };
 
+/* OpenAI's error `type` for an HTTP status ("invalid_request_error", "rate_limit_error", …). */
+const char *sl_openai_error_type(int http_code);
 void sl_openai_error_set(struct sl_openai_error *e, int http, const char *param, const char *code,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
@@ -466,11 +357,6 @@ int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen);
 /* Adds "tiers", "tenants", "classify" and "admin_key_sha256" to root as the file would spell
  * them, every key hash replaced by "<redacted>". */
 void sl_tenancy_to_json(const struct sl_config *c, json_t *root);
-
-/* "models" of src into dst (replacing dst's), and whether two configurations serve the same
- * models in the same way (a reload cannot change them). */
-void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src);
-bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b);
 
 /* A step as the file spells it ("demote:batch"). */
 void sl_overload_step_format(const struct sl_config *c, const struct sl_overload_step *s, char *out,

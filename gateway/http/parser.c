@@ -1,8 +1,8 @@
 /* The HTTP/1.1 request parser: llhttp underneath, sluice's limits and checks on top (the head's
  * size and version, declared and chunked body sizes, transfer codings), chunk-size lines read by
  * sluice itself, and a request's head and body kept as spans of one buffer. No I/O: a
- * connection feeds it bytes (gateway/http.c). */
-#include "gateway_impl.h"
+ * connection feeds it bytes (gateway/http/conn.c). */
+#include "http_impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -72,13 +72,13 @@ static int on_header_value_complete(llhttp_t *ll)
         dst = &p->expect;
     else if (n == 13 && strncasecmp(f, "authorization", n) == 0)
         dst = &p->authorization;
-    else if (n == sizeof SL_TIER_HEADER - 1 && strncasecmp(f, SL_TIER_HEADER, n) == 0)
-        dst = &p->tier;
     else if (n == 17 && strncasecmp(f, "transfer-encoding", n) == 0 &&
              !sl_http_span_eq(p, p->value, "chunked"))
         p->other_coding = true; /* llhttp refuses it unless chunked comes last */
     if (dst)
         *dst = p->value;
+    if (p->n_headers < SL_HTTP_MAX_HEADERS)
+        p->headers[p->n_headers++] = (struct sl_http_header){p->field, p->value};
     p->field = p->value = (struct sl_http_span){0, 0};
     return 0;
 }
@@ -156,7 +156,8 @@ static void parser_clear(struct sl_http_parser *p)
     p->http_major = p->http_minor = 0;
     p->url = p->content_type = p->connection = p->expect = p->body = (struct sl_http_span){0, 0};
     p->field = p->value = (struct sl_http_span){0, 0};
-    p->authorization = p->tier = (struct sl_http_span){0, 0};
+    p->authorization = (struct sl_http_span){0, 0};
+    p->n_headers = 0;
     p->headers_complete = p->keep_alive = p->expect_continue = p->body_started = false;
     p->other_coding = p->run_empty = false;
     p->chunk = SL_CHUNK_NONE;
@@ -470,4 +471,18 @@ struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p)
             break;
         }
     return s;
+}
+
+bool sl_http_parser_header(const struct sl_http_parser *p, const char *name,
+                           struct sl_http_span *out)
+{
+    size_t n = strlen(name);
+    for (int i = 0; i < p->n_headers; i++) {
+        const struct sl_http_header *h = &p->headers[i];
+        if (h->name.len == n && strncasecmp(sl_http_span_ptr(p, h->name), name, n) == 0) {
+            *out = h->value;
+            return true;
+        }
+    }
+    return false;
 }

@@ -1,6 +1,6 @@
-/* Status mapping: the one place where sluice's statuses become HTTP codes, OpenAI error types
- * and reason phrases. */
-#include "gateway_impl.h"
+/* Status mapping: the one place where sluice's statuses become HTTP codes, and the reason
+ * phrases of the codes sluice sends. */
+#include "http_impl.h"
 
 int sl_http_status_code(int status)
 {
@@ -19,19 +19,6 @@ int sl_http_status_code(int status)
     case SL_EBACKEND:
     default: return 500;
     }
-}
-
-const char *sl_http_error_type(int http_code)
-{
-    switch (http_code) {
-    case 401: return "invalid_request_error"; /* OpenAI's type for invalid_api_key */
-    case 403: return "permission_error";
-    case 429: return "rate_limit_error";
-    default: break;
-    }
-    if (http_code >= 500)
-        return "server_error";
-    return "invalid_request_error";
 }
 
 const char *sl_http_reason_phrase(int code)

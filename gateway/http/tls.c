@@ -6,7 +6,7 @@
  * (CRIME), no renegotiation, the server's cipher order. An encrypted key fails to load rather
  * than prompting on the terminal.
  */
-#include "gateway_impl.h"
+#include "http_impl.h"
 
 #include <openssl/err.h>
 #include <openssl/ssl.h>

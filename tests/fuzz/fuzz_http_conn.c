@@ -8,6 +8,9 @@
  *
  * Input: byte 0 picks the server, the rest is sent. */
 #include "gateway_impl.h"
+#include "http_impl.h"
+
+#include <sluice/api.h>
 
 #include "fuzz.h"
 
@@ -48,7 +51,10 @@ static struct sl_http_server *start(const char *json)
     }
     close(fd);
     struct sl_http_server *s;
-    if (sl_http_server_new(cfg, model, NULL, &s, err, sizeof err) != SL_OK ||
+    /* The server and its API live as long as the process (the fuzzer's). */
+    struct sl_api *api = sl_api_new(cfg);
+    if (sl_api_add_model(api, NULL, model, NULL, err, sizeof err) != SL_OK ||
+        sl_http_server_new(cfg, sl_api_handler(api), &s, err, sizeof err) != SL_OK ||
         sl_http_server_start(s) != SL_OK) {
         fprintf(stderr, "fuzz_http_conn: server: %s\n", err);
         abort();

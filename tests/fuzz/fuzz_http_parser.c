@@ -8,6 +8,7 @@
  * Input: byte 0 picks the limits and whether the parser pauses at each head (as a connection's
  * does), bytes 1-2 the cut point, the rest is what the client sends. */
 #include "gateway_impl.h"
+#include "http_impl.h"
 
 #include "fuzz.h"
 

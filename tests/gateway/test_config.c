@@ -1,6 +1,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
-#include <sluice/gateway.h>
+#include <sluice/config.h>
+#include <sluice/server.h>
 
 #include "gateway_impl.h"
 

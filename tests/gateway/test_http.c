@@ -2,6 +2,9 @@
  * limits), the status mapping, and over a real socket the routes that need no scheduler and the
  * transport: pipelining, timeouts, connection limits, chunked bodies, 100-continue, HEAD, drain. */
 #include "gateway_impl.h"
+#include "http_impl.h"
+
+#include <sluice/api.h>
 
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
@@ -636,13 +639,13 @@ Test(gateway, maps_statuses_to_http_when_errors_are_reported)
     cr_assert_eq(sl_http_status_code(SL_ETIMEDOUT), 504);
     cr_assert_eq(sl_http_status_code(SL_EBACKEND), 500);
     cr_assert_eq(sl_http_status_code(-1000), 500);
-    cr_assert_str_eq(sl_http_error_type(400), "invalid_request_error");
-    cr_assert_str_eq(sl_http_error_type(404), "invalid_request_error");
-    cr_assert_str_eq(sl_http_error_type(413), "invalid_request_error");
-    cr_assert_str_eq(sl_http_error_type(401), "invalid_request_error");
-    cr_assert_str_eq(sl_http_error_type(429), "rate_limit_error");
-    cr_assert_str_eq(sl_http_error_type(500), "server_error");
-    cr_assert_str_eq(sl_http_error_type(503), "server_error");
+    cr_assert_str_eq(sl_openai_error_type(400), "invalid_request_error");
+    cr_assert_str_eq(sl_openai_error_type(404), "invalid_request_error");
+    cr_assert_str_eq(sl_openai_error_type(413), "invalid_request_error");
+    cr_assert_str_eq(sl_openai_error_type(401), "invalid_request_error");
+    cr_assert_str_eq(sl_openai_error_type(429), "rate_limit_error");
+    cr_assert_str_eq(sl_openai_error_type(500), "server_error");
+    cr_assert_str_eq(sl_openai_error_type(503), "server_error");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -652,6 +655,7 @@ Test(gateway, maps_statuses_to_http_when_errors_are_reported)
 struct live {
     struct sl_config *cfg;
     struct sl_model *model;
+    struct sl_api *api;
     struct sl_http_server *srv;
 };
 
@@ -672,8 +676,11 @@ static void live_start_with(struct live *l, int io_threads, void (*tweak)(struct
     cr_assert_eq(sl_config_validate(l->cfg, err, sizeof err), SL_OK, "%s", err);
     cr_assert_eq(sl_model_load("synthetic:tiny", NULL, &l->model, err, sizeof err), SL_OK, "%s",
                  err);
-    cr_assert_eq(sl_http_server_new(l->cfg, l->model, NULL, &l->srv, err, sizeof err), SL_OK, "%s",
-                 err);
+    l->api = sl_api_new(l->cfg);
+    cr_assert_eq(sl_api_add_model(l->api, NULL, l->model, NULL, err, sizeof err), SL_OK, "%s", err);
+    cr_assert_eq(sl_http_server_new(l->cfg, sl_api_handler(l->api), &l->srv, err, sizeof err),
+                 SL_OK, "%s", err);
+    sl_api_set_server(l->api, l->srv);
     cr_assert_gt(sl_http_server_port(l->srv), 0);
     cr_assert_eq(sl_http_server_start(l->srv), SL_OK);
 }
@@ -687,6 +694,7 @@ static void live_stop(struct live *l)
 {
     sl_http_server_stop(l->srv);
     sl_http_server_free(l->srv);
+    sl_api_free(l->api);
     sl_model_free(l->model);
     sl_config_unref(l->cfg);
 }

@@ -5,6 +5,8 @@
 
 #include "gateway_impl.h"
 
+#include <sluice/server.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

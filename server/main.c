@@ -1,6 +1,9 @@
 /* sluice: start-up, signals, orderly shutdown. The main thread only waits for a signal:
  * SIGHUP reloads the configuration, SIGTERM or SIGINT drains and exits. */
-#include <sluice/gateway.h>
+#include <sluice/api.h>
+#include <sluice/config.h>
+#include <sluice/http.h>
+#include <sluice/server.h>
 
 #include <event2/thread.h>
 #include <pthread.h>
@@ -129,6 +132,7 @@ int main(int argc, char **argv)
 
     int rc = 1;
     struct sl_http_server *http = NULL;
+    struct sl_api *api = sl_api_new(cfg);
     struct sl_engine engines[SL_MODELS_MAX]; /* cfg->models: each its own worker and scheduler */
     int n_engines = 0;
 #ifdef SL_FAULT_INJECTION
@@ -150,24 +154,25 @@ int main(int argc, char **argv)
             fprintf(stderr, "sluice: %s\n", err);
             goto out;
         }
-    if (sl_http_server_new(cfg, engines[0].model, engines[0].sched[0], &http, err, sizeof err) !=
-        SL_OK) {
-        fprintf(stderr, "sluice: %s\n", err);
-        goto out;
-    }
+    /* The first model keeps the name the configuration gives it, or its own id. */
     for (int i = 0; i < n_engines; i++) {
         const struct sl_engine *e = &engines[i];
-        if (i > 0 && sl_http_server_add_model(http, e->name, e->model, e->sched[0], err,
-                                              sizeof err) != SL_OK) {
+        if (sl_api_add_model(api, i > 0 ? e->name : NULL, e->model, e->sched[0], err, sizeof err) !=
+            SL_OK) {
             fprintf(stderr, "sluice: %s\n", err);
             goto out;
         }
         for (int r = 1; r < e->n_replicas; r++)
-            if (sl_http_server_add_replica(http, e->name, e->sched[r], err, sizeof err) != SL_OK) {
+            if (sl_api_add_replica(api, e->name, e->sched[r], err, sizeof err) != SL_OK) {
                 fprintf(stderr, "sluice: %s\n", err);
                 goto out;
             }
     }
+    if (sl_http_server_new(cfg, sl_api_handler(api), &http, err, sizeof err) != SL_OK) {
+        fprintf(stderr, "sluice: %s\n", err);
+        goto out;
+    }
+    sl_api_set_server(api, http);
     int st = sl_http_server_start(http);
     if (st != SL_OK) {
         fprintf(stderr, "sluice: cannot start I/O threads: %s\n", sl_status_str(st));
@@ -197,6 +202,7 @@ out:
     for (int i = 0; i < n_engines; i++)
         sl_engine_stop(&engines[i]);
     sl_http_server_free(http);
+    sl_api_free(api);
     sl_config_unref(cfg);
     return rc;
 }

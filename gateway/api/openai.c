@@ -1331,6 +1331,19 @@ void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ide
     put_lit(out, "}");
 }
 
+const char *sl_openai_error_type(int http_code)
+{
+    switch (http_code) {
+    case 401: return "invalid_request_error"; /* OpenAI's type for invalid_api_key */
+    case 403: return "permission_error";
+    case 429: return "rate_limit_error";
+    default: break;
+    }
+    if (http_code >= 500)
+        return "server_error";
+    return "invalid_request_error";
+}
+
 void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
 {
     put_lit(out, "{\"error\":{\"message\":");
@@ -1349,7 +1362,7 @@ void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
         sl_str_dispose(&clean);
     }
     put_lit(out, ",\"type\":");
-    put_cstr(out, sl_http_error_type(e->http));
+    put_cstr(out, sl_openai_error_type(e->http));
     put_lit(out, ",\"param\":");
     if (e->param[0])
         put_cstr(out, e->param);

@@ -3,6 +3,8 @@
  * cheaper to run. */
 #include "gateway_impl.h"
 
+#include <sluice/server.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

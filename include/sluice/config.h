@@ -1,11 +1,9 @@
-/* sluice — gateway: configuration, the HTTP/1.1 front end and the OpenAI API.
- *
- * The gateway owns listeners, connections, HTTP parsing (llhttp), routes, OpenAI request and
- * response JSON (jansson), SSE, and `main`. It never touches model state beyond the immutable
- * tokenizer and config; it talks to the engine only through struct sl_sched.
+/* sluice — config: the server's configuration (conf/sluice.json documents every key), loaded
+ * from a file and the command line, shared by reference so that a reload never changes a request
+ * in flight.
  */
-#ifndef SLUICE_GATEWAY_H
-#define SLUICE_GATEWAY_H
+#ifndef SLUICE_CONFIG_H
+#define SLUICE_CONFIG_H
 
 #include <sluice/common.h>
 #include <sluice/sched.h>
@@ -151,108 +149,10 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
                         char *err, size_t errlen);
 /* Writes the --help text. */
 void sl_config_usage(FILE *out);
-/* Loads the TLS certificate and key that cfg names (if any) as the server would, so that
- * --check-config and a reload fail the same way. Returns SL_OK, or SL_EINVAL with err saying
- * which file does not load or that they do not match. Any thread. */
-int sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen);
-/* Checks that the server could listen where cfg says (plain and TLS): each address resolves and
- * can be bound now, no other process listening there. Nothing is left open. Returns SL_OK, or
- * SL_EIO / SL_EINVAL with err naming the address and the OS error. */
-int sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen);
 
-/* `sluice simulate ARGS` (argv[0] is "simulate"): replays a trace of requests against a
- * configuration's tiers and limits with the scheduler under a virtual clock (gateway/simulate.c
- * documents the arguments and the trace format) and prints the report to out, errors to err.
- * Returns the process exit status: 0, 1 when the simulation failed, 2 for bad arguments, a bad
- * configuration or a bad trace line (named by its line number). */
-int sl_simulate_main(int argc, char **argv, FILE *out, FILE *err);
-
-/* ---------------------------------------------------------------------------------------------
- * HTTP server
- */
-
-struct sl_http_server;
-
-/* Binds the listener (host:port from cfg, SO_REUSEPORT, one socket per I/O thread) and, when
- * cfg->tls.cert is set, the TLS listener next to it (its certificate and key loaded now), and
- * prepares cfg->io_threads event loops. The server takes its own reference to cfg (from
- * sl_config_new). The model and scheduler must outlive the server. On failure err says why. */
-int sl_http_server_new(struct sl_config *cfg, const struct sl_model *model, struct sl_sched *sched,
-                       struct sl_http_server **out, char *err, size_t errlen);
-/* Serves one more model, after sl_http_server_new and before sl_http_server_start (models[i]
- * of the configuration, i >= 1; the first is the one sl_http_server_new was given): requests
- * whose "model" is `name` run on `sched`, and /v1/models lists it. The model and scheduler must
- * outlive the server. SL_EINVAL (err says why) when the name is taken, SL_MODELS_MAX are served,
- * or the server has started. */
-int sl_http_server_add_model(struct sl_http_server *s, const char *name,
-                             const struct sl_model *model, struct sl_sched *sched, char *err,
-                             size_t errlen);
-/* Serves model `name` (the first model or one added) on one more scheduler: a replica of the same
- * weights on another device ("devices"). Each completion goes to the replica with the fewest
- * requests in flight. Before sl_http_server_start; at most SL_REPLICAS_MAX per model. */
-int sl_http_server_add_replica(struct sl_http_server *s, const char *name, struct sl_sched *sched,
-                               char *err, size_t errlen);
-/* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
- * every request that starts from now on; requests in flight keep theirs. Keys that only take
- * effect at start (listen, listen_backlog, tls.listen, model, threads, pin_threads, KV and
- * batch sizes, io_threads) keep their running values, each change logged as needing a restart. With
- * a TLS listener the certificate and key are loaded again first: when they do not load or do not
- * match, nothing changes and SL_EINVAL says why; otherwise new TLS connections use them and open
- * ones keep theirs. Tenant and tier budgets and queue counts carry over by name. Every model's
- * scheduler is handed the new tier table (sl_sched_set_tiers). Callable from any thread. */
-int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
-                          size_t errlen);
-/* The port actually bound (useful when cfg->listen_port is 0). */
-int sl_http_server_port(const struct sl_http_server *s);
-/* The TLS listener's bound port, or 0 without one. */
-int sl_http_server_tls_port(const struct sl_http_server *s);
-/* Starts the I/O threads. */
-int sl_http_server_start(struct sl_http_server *s);
-/* Drains (SIGTERM): stops accepting, makes /readyz fail and answers every request that starts on
- * an open connection from now on with 503, Retry-After and Connection: close; then blocks until
- * the responses in progress are complete or timeout_ms (< 0: the current configuration's
- * drain_timeout_ms) has passed. Whatever is left is then cancelled in the scheduler and its
- * client told so (a JSON 503, or an error event ending a stream) before it returns. Returns
- * SL_OK, or SL_ETIMEDOUT when requests had to be cancelled. Call from one thread (main), after
- * sl_http_server_start; sl_http_server_stop follows it. */
-int sl_http_server_drain(struct sl_http_server *s, int timeout_ms);
-/* Stops accepting, closes connections (cancelling their requests), joins the I/O threads. */
-void sl_http_server_stop(struct sl_http_server *s);
-void sl_http_server_free(struct sl_http_server *s);
-
-/* ---------------------------------------------------------------------------------------------
- * Served models (gateway/engine.c)
- */
-
-/* One served model: its weights, worker and scheduler, owned together. */
-struct sl_engine {
-    const char *name; /* the configuration's name for it (points into the configuration), or the
-                         model's own id */
-    struct sl_model *model; /* shared by the replicas */
-    int n_replicas;         /* one per device: models[i].device, else "devices", else "device" */
-    struct sl_worker *worker[SL_REPLICAS_MAX];
-    struct sl_sched *sched[SL_REPLICAS_MAX];
-    char device[SL_REPLICAS_MAX][16]; /* "cpu" or "cuda:N" */
-};
-
-/* Loads cfg->models[idx] once and starts a worker on each of its devices (models[idx].device,
- * else each of "devices", else "device": sl_worker_device_select), each with its own KV pool
- * (max_seqs contexts within kv_cache_mib or kv_cache_fraction) and its own scheduler with cfg's
- * tiers and limits. cpu_ops, when not NULL,
- * replaces the CPU backend (the fault-injection test build); NULL in sluice. On failure e is
- * empty and err names the model. Main thread, at start. */
-int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backend_ops *cpu_ops,
-                    struct sl_engine *e, char *err, size_t errlen);
-/* Stops the scheduler (its requests finish CANCELLED), frees worker and model. Call after the
- * HTTP server has stopped and before it is freed (the scheduler posts to its outboxes). */
-void sl_engine_stop(struct sl_engine *e);
-
-/* Maps a status to the HTTP status code and OpenAI error `type` used in error objects: the one
- * place where statuses become HTTP. */
-int sl_http_status_code(int status);
-const char *sl_http_error_type(int http_code);
-/* The reason phrase of an HTTP status line ("Not Implemented"); "Unknown" for a code sluice
- * never sends. */
-const char *sl_http_reason_phrase(int code);
+/* "models" of src into dst (replacing dst's), and whether two configurations serve the same
+ * models in the same way (a reload cannot change them). */
+void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src);
+bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b);
 
 #endif

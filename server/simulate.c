@@ -7,6 +7,8 @@
  */
 #include "gateway_impl.h"
 
+#include <sluice/server.h>
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,0 +1,582 @@
+/* A completion's life: decode, route to a model, classify into a tier, admission (which may
+ * park it), submit each choice to a replica's scheduler, then the scheduler's events (text and
+ * ends) until the answer is whole. OpenAI's completions and chat completions run here.
+ */
+#include "api_impl.h"
+
+#include <event2/event.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+static uint64_t random_seed(struct api_thread *t)
+{
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, GRND_NONBLOCK) == (ssize_t)sizeof seed)
+        return seed;
+    /* No entropy yet (early boot): distinct per request is all sampling needs. */
+    return sl_clock_ns() ^ (t->n_req * 0x9e3779b97f4a7c15ull);
+}
+
+/* ---- the end of a request ---- */
+
+/* The end of the completion for admission: its parking timer stops and whatever it was charged
+ * and did not use goes back (sl_admit_end does that once, however often this runs).
+ * n_generated < 0: it never reached a scheduler. */
+static void admit_release(struct api_exchange *a, int n_generated)
+{
+    if (a->adm_timer)
+        evtimer_del(a->adm_timer);
+    a->parked = false;
+    sl_admit_end(&a->adm, n_generated, (int64_t)sl_clock_ns());
+    if (a->has_oc) {
+        sl_openai_completion_dispose(&a->oc);
+        a->has_oc = false;
+    }
+}
+
+/* Lets go of the choices: the engine's sequences (cancelled first when `cancel`, those not done),
+ * their in_flight counts, and their text. Events still on their way find no exchange and are
+ * just freed. */
+static void release_choices(struct api_exchange *a, bool cancel)
+{
+    struct engine *en = &a->t->api->engines[a->engine];
+    for (int i = 0; i < a->n_ch; i++) {
+        struct choice *ch = &a->ch[i];
+        if (!ch->req)
+            continue;
+        if (cancel && !ch->done)
+            sl_sched_cancel(en->sched[a->replica], ch->req);
+        atomic_fetch_sub_explicit(&en->in_flight[a->replica], 1, memory_order_relaxed);
+        sl_req_set_user(ch->req, NULL);
+        sl_req_unref(ch->req);
+        ch->req = NULL;
+        sl_str_clear(&ch->text);
+        sl_str_clear(&ch->held);
+        ch->n_lp = 0;
+    }
+    a->n_live = 0;
+}
+
+void api_drop_request(struct api_exchange *a, bool cancel)
+{
+    if (cancel && a->parked && !a->x->logged) {
+        a->x->status = 499; /* its client left while it waited for capacity */
+        api_log_end(a, "cancelled", 0);
+    }
+    bool ran = a->n_ch > 0 && a->ch[0].req;
+    admit_release(a, ran ? a->n_gen : -1);
+    if (!ran)
+        return;
+    if (cancel) {
+        a->x->status = 499; /* nginx's "client closed request" */
+        api_log_end(a, "cancelled", a->n_gen);
+    }
+    release_choices(a, cancel);
+}
+
+/* ---- classification and admission ---- */
+
+/* Puts the completion into a tier; the tier goes with it to the scheduler. */
+static int classify(struct api_exchange *a, struct sl_openai_completion *oc,
+                    struct sl_openai_error *err)
+{
+    struct sl_strv h = {0};
+    bool has = sl_exchange_header(a->x, SL_TIER_HEADER, &h);
+    struct sl_tier_request rq = {
+        .header = has ? h.p : NULL,
+        .header_len = has ? h.len : 0,
+        .service_tier = oc->service_tier,
+        .path = a->x->path.p,
+        .path_len = a->x->path.len,
+        .stream = oc->stream,
+        .max_tokens = oc->params.max_tokens,
+    };
+    int tier;
+    int st = sl_tier_classify(a->cfg, a->tenant, &rq, &tier, err);
+    if (st != SL_OK)
+        return st;
+    const struct sl_tier *t = &a->cfg->tiers[tier];
+    a->tier = tier;
+    oc->params.tier = tier;
+    oc->params.priority = t->priority;
+    oc->params.weight = t->weight;
+    oc->params.ttft_slo_ms = t->ttft_slo_ms;
+    oc->params.tpot_slo_ms = t->tpot_slo_ms;
+    snprintf(oc->params.tier_name, sizeof oc->params.tier_name, "%s", t->name);
+    return SL_OK;
+}
+
+/* The replica of engine en a request goes to now: the fewest requests in flight, then the
+ * fewest queued prompt tokens, then the lowest index. out (when not NULL) gets its stats. */
+static int pick_replica(struct engine *en, struct sl_sched_stats *out)
+{
+    if (en->n_replicas == 1) {
+        if (out)
+            sl_sched_stats(en->sched[0], out);
+        return 0;
+    }
+    struct sl_sched_stats tmp, best_st;
+    int best = 0, best_n = INT_MAX;
+    for (int r = 0; r < en->n_replicas; r++) {
+        int n = atomic_load_explicit(&en->in_flight[r], memory_order_relaxed);
+        if (n > best_n)
+            continue;
+        sl_sched_stats(en->sched[r], &tmp);
+        if (n < best_n || tmp.queued_prompt_tokens < best_st.queued_prompt_tokens) {
+            best = r;
+            best_n = n;
+            best_st = tmp;
+        }
+    }
+    if (out)
+        *out = best_st;
+    return best;
+}
+
+static void admit_env_stats(void *ctx, int model, struct sl_sched_stats *out)
+{
+    struct api_exchange *a = ctx;
+    struct sl_api *api = a->t->api;
+    if (model >= 0 && model < api->n_engines && api->engines[model].sched[0])
+        pick_replica(&api->engines[model], out);
+}
+
+static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt)
+{
+    struct api_exchange *a = ctx;
+    struct sl_openai_error err;
+    if (model < 0 || model >= a->t->api->n_engines || !a->t->api->engines[model].sched[0])
+        return SL_ENOENT;
+    return api_encode_prompts(a, model, max_tokens, n_prompt, &err);
+}
+
+static struct sl_admit_env admit_env(struct api_exchange *a)
+{
+    struct sl_api *api = a->t->api;
+    return (struct sl_admit_env){
+        .n_models = api->n_engines,
+        .model_names = api->engine_names,
+        .ctx = a,
+        .stats = admit_env_stats,
+        .encode = admit_env_encode,
+    };
+}
+
+static void on_admit_timer(evutil_socket_t fd, short what, void *arg);
+
+/* Hands the admitted request to its model's scheduler, as admission left it (tier, model,
+ * max_tokens). */
+static void submit(struct api_exchange *a)
+{
+    struct api_thread *t = a->t;
+    struct sl_api *api = t->api;
+    struct sl_openai_completion *oc = &a->oc;
+    struct sl_openai_error err;
+    const struct sl_admit *adm = &a->adm;
+    int n_prompts = oc->n_prompts > 1 ? oc->n_prompts : 1;
+    int n_prompt;
+    /* The ids computed for admission, unless it moved the request to another model. */
+    if (api_encode_prompts(a, adm->model, adm->max_tokens, &n_prompt, &err) != SL_OK) {
+        admit_release(a, -1);
+        api_send_error(a, &err, NULL);
+        return;
+    }
+    a->engine = adm->model;
+    struct engine *en = &api->engines[a->engine];
+    if (adm->tier != a->tier) {
+        /* Demoted: it runs, and says it runs, in the tier admission chose. */
+        const struct sl_tier *tr = &a->cfg->tiers[adm->tier];
+        a->tier = adm->tier;
+        oc->params.tier = adm->tier;
+        oc->params.priority = tr->priority;
+        oc->params.weight = tr->weight;
+        oc->params.ttft_slo_ms = tr->ttft_slo_ms;
+        oc->params.tpot_slo_ms = tr->tpot_slo_ms;
+        snprintf(oc->params.tier_name, sizeof oc->params.tier_name, "%s", tr->name);
+    }
+    oc->params.max_tokens = adm->max_tokens;
+    t->n_req++;
+    a->stream = oc->stream;
+    a->include_usage = oc->stream && oc->include_usage;
+    a->want_lp = oc->params.logprobs;
+    /* Choices in OpenAI's order: prompt p's choice j has index p · n + j. */
+    int n = oc->n > 1 ? oc->n : 1, total = n_prompts * n;
+    a->ch = sl_arena_calloc(&a->x->arena, (size_t)total, sizeof *a->ch);
+    /* Choice j's seed is the request's plus j: the same seed gives the same n answers, and
+     * choice 0 the answer of the same request with n = 1 (and with this prompt alone). */
+    uint64_t seed = oc->has_seed ? oc->params.seed : 0;
+    a->replica = pick_replica(en, NULL);
+    a->n_ch = a->n_live = 0;
+    for (int i = 0; i < total; i++) {
+        struct choice *ch = &a->ch[i];
+        const int32_t *ids = a->ids[i / n];
+        int n_ids = a->n_ids[i / n];
+        if (n_prompts > 1 && i % n == 0)
+            sl_openai_prompt_select(oc, i / n); /* echo writes the selected prompt */
+        oc->params.seed = oc->has_seed ? seed + (uint64_t)(i % n) : random_seed(t);
+        struct sl_req *r = sl_req_new(ids, n_ids, &oc->params);
+        sl_req_set_user(r, a);
+        int st = sl_sched_submit(en->sched[a->replica], r, t->outbox);
+        if (st != SL_OK) {
+            sl_req_set_user(r, NULL);
+            sl_req_unref(r);
+            release_choices(a, true);
+            admit_release(a, -1);
+            sl_openai_error_set(&err, sl_http_status_code(st), NULL, NULL,
+                                "The request could not be queued: %s.", sl_status_str(st));
+            sl_log(SL_LOG_WARN, "io %d: submit failed: %s", t->idx, sl_status_str(st));
+            a->n_ch = 0;
+            api_send_error(a, &err, NULL);
+            return;
+        }
+        atomic_fetch_add_explicit(&en->in_flight[a->replica], 1, memory_order_relaxed);
+        ch->req = r;
+        ch->finish = SL_FINISH_NONE;
+        sl_str_init(&ch->text);
+        sl_str_init(&ch->held);
+        if (oc->echo)
+            api_echo_prompt(&ch->text, oc, sl_model_tok(en->model), ids, n_ids);
+        ch->echo_pending = oc->echo && oc->stream;
+        a->n_ch = ++a->n_live;
+    }
+    sl_openai_completion_dispose(oc);
+    a->has_oc = false;
+    a->n_prompt = n_prompt; /* all the prompts together */
+    const char *prefix = a->ident.api == SL_OPENAI_API_CHAT ? "chatcmpl-" : "cmpl-";
+    snprintf(a->ident.id, sizeof a->ident.id, "%s%08x%02x%014llx", prefix, api->nonce,
+             (unsigned)t->idx & 0xff, (unsigned long long)t->n_req);
+    a->ident.created = sl_clock_unix();
+    a->ident.model = en->name;
+    a->ident.include_usage = a->include_usage;
+    a->t_first_ns = 0;
+    a->n_gen = 0;
+}
+
+/* Acts on admission's verdict: submit, park until the next look, or refuse. */
+static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
+{
+    struct api_thread *t = a->t;
+    const struct sl_admit *adm = &a->adm;
+    const char *policy_tier = a->cfg->tiers[adm->policy_tier].name;
+    struct sl_openai_error err;
+    switch (v) {
+    case SL_ADMIT_OK:
+        a->parked = false;
+        sl_metrics_admission(t->api->metrics, t->idx, policy_tier,
+                             adm->degraded ? SL_ADMIT_DEGRADED : SL_ADMIT_ADMITTED, adm->reason);
+        submit(a);
+        return;
+    case SL_ADMIT_PARK: {
+        if (!a->adm_timer)
+            a->adm_timer = evtimer_new(t->base, on_admit_timer, a);
+        int64_t wait = adm->recheck_ns - (int64_t)sl_clock_ns();
+        if (wait < 0)
+            wait = 0;
+        struct timeval tv = {.tv_sec = wait / 1000000000, .tv_usec = wait % 1000000000 / 1000};
+        evtimer_add(a->adm_timer, &tv);
+        a->parked = true;
+        return;
+    }
+    case SL_ADMIT_RATE_LIMITED:
+        sl_openai_error_set(&err, 429, NULL, "rate_limit_exceeded", "%s", adm->why);
+        break;
+    case SL_ADMIT_OVERLOADED:
+        sl_openai_error_set(&err, a->cfg->tiers[adm->policy_tier].overload_status, NULL,
+                            "server_is_overloaded", "%s", adm->why);
+        break;
+    }
+    sl_metrics_admission(t->api->metrics, t->idx, policy_tier, SL_ADMIT_REJECTED, adm->reason);
+    /* Admission logs its refusals only in the access log: one line per request, never more. */
+    admit_release(a, -1);
+    api_send_error(a, &err, NULL);
+}
+
+static void on_admit_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct api_exchange *a = arg;
+    if (!a->parked)
+        return;
+    struct sl_admit_env env = admit_env(a);
+    admission_decided(a, sl_admit_resume(&a->adm, &env, (int64_t)sl_clock_ns()));
+}
+
+/* When the tier follows from the head alone and that tier refuses whatever comes (a full
+ * queue, sl_admit_precheck), the refusal needs no body: a flood against a closed tier costs what
+ * parsing its heads costs, as nginx's limit_req does. True when it answered. */
+static bool refuse_early(struct api_exchange *a)
+{
+    if (!a->cfg->admission || sl_tier_classify_needs_body(a->cfg))
+        return false;
+    struct sl_openai_completion head = {.params.max_tokens = a->cfg->default_max_tokens};
+    struct sl_openai_error err;
+    if (classify(a, &head, &err) != SL_OK)
+        return false; /* answered in full, after the body, like any bad request */
+    struct sl_admit_env env = admit_env(a);
+    if (sl_admit_precheck(&a->adm, &env, a->cfg, a->tenant, a->tier, 0, 0,
+                          (int64_t)sl_clock_ns()) == SL_ADMIT_OK) {
+        a->tier = -1;
+        return false;
+    }
+    admission_decided(a, a->adm.verdict);
+    return true;
+}
+
+/* Runs a decoded request (a->oc, a->has_oc): model, tier, admission, submit. */
+static void run_decoded(struct api_exchange *a)
+{
+    struct sl_api *api = a->t->api;
+    struct sl_openai_error err;
+    int e = api_route_model(a, a->oc.model, &err), n_prompt = -1;
+    if (e >= 0 && a->oc.max_tokens_open) {
+        /* A chat that sets no max_tokens may generate up to the model's context, as OpenAI's and
+         * vLLM's: the rest of the context once the prompt is encoded, a figure that classifying
+         * rules, budgets and admission then see like any other. */
+        if (api_encode_prompts(a, e, 1, &n_prompt, &err) != SL_OK) {
+            admit_release(a, -1);
+            api_send_error(a, &err, NULL);
+            return;
+        }
+        a->oc.params.max_tokens = sl_model_config(api->engines[e].model)->seq_len - n_prompt;
+    }
+    if (e < 0 || classify(a, &a->oc, &err) != SL_OK) {
+        admit_release(a, -1);
+        api_send_error(a, &err, NULL);
+        return;
+    }
+    a->engine = e;
+    a->adm.n = a->oc.n; /* admission counts each choice's tokens */
+    a->adm.prompts = a->oc.n_prompts;
+    struct sl_admit_env env = admit_env(a);
+    if (sl_admit_precheck(&a->adm, &env, a->cfg, a->tenant, a->tier, e, a->oc.params.max_tokens,
+                          (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
+        admission_decided(a, a->adm.verdict);
+        return;
+    }
+    if (api_encode_prompts(a, e, a->oc.params.max_tokens, &n_prompt, &err) != SL_OK) {
+        admit_release(a, -1);
+        api_send_error(a, &err, NULL);
+        return;
+    }
+    if (!api->engines[e].sched[0]) {
+        admit_release(a, -1);
+        sl_openai_error_set(&err, 503, NULL, NULL, "This server has no engine to run completions.");
+        api_send_error(a, &err, NULL);
+        return;
+    }
+    admission_decided(a, sl_admit_begin(&a->adm, &env, a->cfg, a->tenant, a->tier, e, n_prompt,
+                                        a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
+}
+
+void api_serve_completion(struct api_exchange *a)
+{
+    a->inference = true;
+    struct sl_openai_error err;
+    bool chat = sl_exchange_path_is(a->x, "/v1/chat/completions");
+    a->ident.api = chat ? SL_OPENAI_API_CHAT : SL_OPENAI_API_COMPLETIONS;
+    /* The default model: a request naming another is not known until the body is read. */
+    if (a->t->api->n_engines == 1 && refuse_early(a))
+        return;
+    int st = chat ? sl_openai_chat_decode(&a->oc, a->x->body.p, a->x->body.len, NULL,
+                                          a->cfg->default_max_tokens_chat, &err)
+                  : sl_openai_completion_decode(&a->oc, a->x->body.p, a->x->body.len, NULL,
+                                                a->cfg->default_max_tokens, &err);
+    if (st != SL_OK) {
+        api_send_error(a, &err, NULL);
+        return;
+    }
+    a->has_oc = true;
+    run_decoded(a);
+}
+
+/* ---- the scheduler's events ---- */
+
+/* Time to first token at a request's first text, inter-token latency at each later one. Every
+ * event of one wake-up carries its time (t->wake_ns: one clock read per batch), which also
+ * stamps t_first_ns so that the access log and the metrics agree. */
+static void metrics_on_text(struct api_exchange *a, const struct choice *ch,
+                            const struct sl_out_event *e)
+{
+    struct sl_metrics *m = a->t->api->metrics;
+    uint64_t now = a->t->wake_ns;
+    const char *tier = a->tier >= 0 ? a->cfg->tiers[a->tier].name : "none";
+    if (!a->t_first_ns) {
+        a->t_first_ns = now;
+        sl_metrics_observe_ttft(m, a->t->idx, tier, (double)(now - a->x->t_start_ns) / 1e9);
+    } else if (ch != a->ch) {
+        return; /* inter-token latency is choice 0's: the others' tokens interleave with it */
+    } else if (e->n_tokens > 0) {
+        sl_metrics_observe_itl(m, a->t->idx, tier, (double)(now - a->t_text_ns) / 1e9, e->n_tokens);
+    }
+    a->t_text_ns = now;
+}
+
+/* The engine's answer when a request ends without finishing normally. */
+static void finish_error(struct api_exchange *a, const struct sl_out_event *e,
+                         struct sl_openai_error *err)
+{
+    if (e->finish == SL_FINISH_CANCELLED) {
+        sl_openai_error_set(err, 503, NULL, "cancelled",
+                            "The request was cancelled because the server is shutting down.");
+    } else if (e->status == SL_ERANGE) {
+        sl_openai_error_set(err, 400, "max_tokens", "context_length_exceeded",
+                            "The prompt plus max_tokens needs more KV cache than this server "
+                            "has; reduce the prompt or max_tokens.");
+    } else {
+        int st = e->status < 0 ? e->status : SL_EBACKEND;
+        sl_openai_error_set(err, sl_http_status_code(st), NULL, NULL,
+                            "The engine failed while generating: %s.", sl_status_str(st));
+        sl_log(SL_LOG_ERROR, "io %d: %s failed: %s", a->t->idx, a->ident.id, sl_status_str(st));
+    }
+}
+
+/* The whole answer of a request that did not stream. */
+static void answer_whole(struct api_exchange *a)
+{
+    struct sl_str *b = &a->t->out;
+    sl_str_clear(b);
+    struct sl_openai_choice chs[SL_OPENAI_N_MAX];
+    struct sl_openai_logprobs lps[SL_OPENAI_N_MAX];
+    for (int i = 0; i < a->n_ch; i++) {
+        const struct choice *x = &a->ch[i];
+        chs[i] = (struct sl_openai_choice){.text = x->text.p ? x->text.p : "",
+                                           .len = x->text.len,
+                                           .finish = x->finish,
+                                           .lp = api_lp_pending(a, x, &lps[i])};
+    }
+    a->ident.index = 0;
+    sl_openai_completion_encode_choices(b, &a->ident, chs, a->n_ch, a->n_prompt, a->n_gen);
+}
+
+/* Choice ch ended. The response ends with the last choice, or with the first that fails (the
+ * others are cancelled: one answer, not part of one). */
+static void on_done(struct api_exchange *a, struct choice *ch, const struct sl_out_event *e)
+{
+    bool ok = e->finish == SL_FINISH_STOP || e->finish == SL_FINISH_LENGTH;
+    a->n_gen += e->n_tokens - ch->n_gen;
+    ch->n_gen = e->n_tokens;
+    ch->done = true;
+    ch->finish = e->finish;
+    a->n_live--;
+    struct sl_openai_error err;
+    if (!ok) {
+        finish_error(a, e, &err);
+        struct engine *en = &a->t->api->engines[a->engine];
+        for (int i = 0; i < a->n_ch; i++)
+            if (!a->ch[i].done) {
+                sl_sched_cancel(en->sched[a->replica], a->ch[i].req);
+                a->ch[i].done = true;
+                a->ch[i].finish = SL_FINISH_CANCELLED;
+            }
+        a->n_live = 0;
+    }
+    /* Text held back from a slow client goes before the end of the stream. */
+    api_stream_release(a);
+    if (ok && a->stream) {
+        api_stream_head(a);
+        /* Tokens whose text never came (the end of a stop string) go with the last chunk. */
+        api_stream_chunk(a, ch, "", 0, e->finish, true);
+    }
+    if (a->n_live > 0)
+        return;
+    a->x->status = ok || a->x->head_sent ? 200 : err.http;
+    api_log_end(a, sl_finish_str(e->finish), a->n_gen);
+    admit_release(a, a->n_gen);
+    if (!a->stream && ok)
+        answer_whole(a);
+    /* The request is over before the response is: once it is queued, the connection may move
+     * on to its next request. */
+    api_drop_request(a, false);
+
+    if (!a->stream && ok) {
+        api_send_json(a, 200, &a->t->out, NULL);
+        return;
+    }
+    if (!ok && !a->x->head_sent) {
+        bool drained = sl_exchange_draining(a->x) && e->finish == SL_FINISH_CANCELLED;
+        api_send_error(a, &err, drained ? "Retry-After: 1\r\n" : NULL);
+        return;
+    }
+    api_stream_head(a);
+    api_stream_end(a, ok ? NULL : &err);
+}
+
+static void on_text(struct api_exchange *a, struct choice *ch, const struct sl_out_event *e)
+{
+    sl_admit_started(&a->adm);
+    metrics_on_text(a, ch, e);
+    a->n_gen += e->n_tokens;
+    ch->n_gen += e->n_tokens;
+    api_lp_append(a, ch, e->lp, e->n_lp);
+    if (!a->stream) {
+        sl_str_append(&ch->text, e->text, e->len);
+        return;
+    }
+    api_stream_head(a);
+    if (e->len == 0 || api_stream_hold(a, ch, e->text, e->len))
+        return;
+    api_stream_chunk(a, ch, e->text, e->len, SL_FINISH_NONE, false);
+}
+
+/* The choice of a that e belongs to, or NULL (an event of a request a has let go of). */
+static struct choice *choice_of(struct api_exchange *a, const struct sl_req *r)
+{
+    for (int i = 0; i < a->n_ch; i++)
+        if (a->ch[i].req == r)
+            return a->ch[i].done ? NULL : &a->ch[i];
+    return NULL;
+}
+
+void api_on_wake(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct api_thread *t = arg;
+    t->wake_ns = sl_clock_ns();
+    struct sl_out_event *e = sl_outbox_take(t->outbox);
+    while (e) {
+        struct sl_out_event *next = e->next;
+        struct api_exchange *a = sl_req_user(e->req);
+        struct choice *ch = a ? choice_of(a, e->req) : NULL;
+        if (ch) {
+            if (e->kind == SL_OUT_TEXT)
+                on_text(a, ch, e);
+            else
+                on_done(a, ch, e);
+        }
+        sl_out_event_free(e);
+        e = next;
+    }
+}
+
+void api_cancel(struct api_exchange *a)
+{
+    if (a->parked) {
+        /* Still waiting for capacity: it never will now. */
+        struct sl_openai_error err;
+        admit_release(a, -1);
+        a->adm.ran = false;
+        a->x->keep_alive = false;
+        sl_openai_error_set(&err, 503, NULL, "draining",
+                            "The server is shutting down; retry the request elsewhere.");
+        api_send_error(a, &err, "Retry-After: 1\r\n");
+        return;
+    }
+    if (a->n_live == 0)
+        return;
+    /* Ended as cancelled: the first choice still running ends the response, and with it the
+     * others (on_done cancels them in the scheduler). */
+    struct choice *ch = a->ch;
+    while (ch->done)
+        ch++;
+    sl_sched_cancel(a->t->api->engines[a->engine].sched[a->replica], ch->req);
+    struct sl_out_event e = {.req = ch->req,
+                             .kind = SL_OUT_DONE,
+                             .finish = SL_FINISH_CANCELLED,
+                             .n_tokens = ch->n_gen,
+                             .stop_index = -1};
+    a->x->keep_alive = false;
+    on_done(a, ch, &e);
+}
