@@ -124,7 +124,10 @@ void api_send_error(struct api_exchange *a, const struct sl_openai_error *e, con
 {
     struct sl_str *b = &a->t->out;
     sl_str_clear(b);
-    sl_openai_error_encode(b, e);
+    if (a->kind == API_ANTHROPIC)
+        sl_anthropic_error_encode(b, e);
+    else
+        sl_openai_error_encode(b, e);
     api_send_json(a, e->http, b, extra);
 }
 
@@ -145,6 +148,12 @@ bool api_request_key(const struct api_exchange *a, const char **key, size_t *len
     struct sl_strv v;
     if (sl_exchange_header(a->x, "authorization", &v) && v.len)
         return sl_tenant_bearer(v.p, v.len, key, len);
+    /* Anthropic's SDKs send the key as x-api-key; any route takes it (as LiteLLM does). */
+    if (sl_exchange_header(a->x, "x-api-key", &v) && v.len) {
+        *key = v.p;
+        *len = v.len;
+        return true;
+    }
     return false;
 }
 

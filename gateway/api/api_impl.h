@@ -61,7 +61,8 @@ struct api_thread {
 
 /* Which API a route speaks (its errors' shape, its objects). */
 enum api_kind {
-    API_OPENAI, /* OpenAI's and vLLM's routes, and the operator's */
+    API_OPENAI,    /* OpenAI's and vLLM's routes, and the operator's */
+    API_ANTHROPIC, /* Anthropic's Messages API */
 };
 
 /* One choice of the completion in flight (OpenAI's n: each its own sequence). */
@@ -78,6 +79,7 @@ struct choice {
     struct sl_token_logprobs *lp;
     int n_lp, cap_lp;
     size_t lp_offset; /* streaming completions: the next token's text_offset */
+    int stop_index;   /* done with a stop string: which (params.stop's index), else -1 */
 };
 
 /* The API's state of one exchange (x->data), in the exchange's arena. */
@@ -122,6 +124,9 @@ struct api_exchange {
     int *n_ids;
     int n_prompts_ids;
     int ids_engine; /* -1: none computed */
+    /* Anthropic: the stop sequences (in the arena), to name the one that matched. */
+    const char *stops[SL_REQ_MAX_STOPS];
+    int n_stops;
 };
 
 /* api.c: answering */
@@ -141,7 +146,7 @@ void api_send_error(struct api_exchange *a, const struct sl_openai_error *e, con
 void api_log_end(struct api_exchange *a, const char *finish, int n_completion);
 /* A 405 naming the methods allowed. */
 void api_not_allowed(struct api_exchange *a, const char *allow);
-/* The key of the request: "Authorization: Bearer KEY". */
+/* The key of the request: "Authorization: Bearer KEY", or (Anthropic) "x-api-key: KEY". */
 bool api_request_key(const struct api_exchange *a, const char **key, size_t *len);
 /* A 401 for a missing or wrong key; the key itself is never echoed. */
 void api_unauthorized(struct api_exchange *a, bool has_key, const char *key, size_t len);
@@ -197,6 +202,8 @@ void api_echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,
 
 /* POST /v1/completions, /v1/chat/completions. */
 void api_serve_completion(struct api_exchange *a);
+/* Runs a request decoded into a->oc (Anthropic's messages): model, tier, admission, submit. */
+void api_serve_decoded(struct api_exchange *a);
 /* The outbox's events of one wake-up. */
 void api_on_wake(int fd, short what, void *arg);
 /* The end of the exchange's completion: admission's hold and the choices are let go (cancelled
@@ -210,6 +217,8 @@ void api_cancel(struct api_exchange *a);
 void api_stream_head(struct api_exchange *a);
 /* The stream's last events: usage, or the error err (not NULL), then its end. */
 void api_stream_end(struct api_exchange *a, const struct sl_openai_error *err);
+/* The stop sequence that ended choice 0 (Anthropic's stop_sequence), or NULL. */
+const char *api_stop_sequence(const struct api_exchange *a);
 /* One chunk of choice ch's stream: text, its finish, and the log probabilities pending. */
 void api_stream_chunk(struct api_exchange *a, struct choice *ch, const char *text, size_t len,
                       enum sl_finish finish, bool lp_all);
@@ -221,5 +230,27 @@ void api_lp_append(struct api_exchange *a, struct choice *ch, const struct sl_to
                    int n);
 const struct sl_openai_logprobs *api_lp_pending(struct api_exchange *a, const struct choice *ch,
                                                 struct sl_openai_logprobs *buf);
+
+/* anthropic.c: Anthropic's Messages API */
+
+/* POST /v1/messages. */
+void api_serve_messages(struct api_exchange *a);
+/* Decodes a Messages request into c (system and messages as chat messages, max_tokens,
+ * stop_sequences, temperature, top_p, top_k, stream, metadata.user_id, service_tier). SL_OK, or
+ * an error naming the field in err (c is then empty). */
+int sl_anthropic_messages_decode(struct sl_openai_completion *c, const char *body, size_t len,
+                                 struct sl_openai_error *err);
+/* {"type":"error","error":{"type","message"}}, the type from e->http. */
+void sl_anthropic_error_encode(struct sl_str *out, const struct sl_openai_error *e);
+/* The `message` object of a whole answer; stop: the stop sequence that ended it, or NULL. */
+void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_ident *id,
+                                 const char *text, size_t len, enum sl_finish finish,
+                                 const char *stop, int input_tokens, int output_tokens);
+/* The stream's events' data: message_start, a text_delta, message_delta. */
+void sl_anthropic_message_start_encode(struct sl_str *out, const struct sl_openai_ident *id,
+                                       int input_tokens);
+void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len);
+void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,
+                                       int output_tokens);
 
 #endif

@@ -1,6 +1,7 @@
 /* A completion's life: decode, route to a model, classify into a tier, admission (which may
  * park it), submit each choice to a replica's scheduler, then the scheduler's events (text and
- * ends) until the answer is whole. OpenAI's completions and chat completions run here.
+ * ends) until the answer is whole. OpenAI's completions and chat completions run here, and so do
+ * Anthropic's messages (anthropic.c decodes them and writes their objects).
  */
 #include "api_impl.h"
 
@@ -235,6 +236,7 @@ static void submit(struct api_exchange *a)
         atomic_fetch_add_explicit(&en->in_flight[a->replica], 1, memory_order_relaxed);
         ch->req = r;
         ch->finish = SL_FINISH_NONE;
+        ch->stop_index = -1;
         sl_str_init(&ch->text);
         sl_str_init(&ch->held);
         if (oc->echo)
@@ -245,7 +247,9 @@ static void submit(struct api_exchange *a)
     sl_openai_completion_dispose(oc);
     a->has_oc = false;
     a->n_prompt = n_prompt; /* all the prompts together */
-    const char *prefix = a->ident.api == SL_OPENAI_API_CHAT ? "chatcmpl-" : "cmpl-";
+    const char *prefix = a->kind == API_ANTHROPIC             ? "msg_"
+                         : a->ident.api == SL_OPENAI_API_CHAT ? "chatcmpl-"
+                                                              : "cmpl-";
     snprintf(a->ident.id, sizeof a->ident.id, "%s%08x%02x%014llx", prefix, api->nonce,
              (unsigned)t->idx & 0xff, (unsigned long long)t->n_req);
     a->ident.created = sl_clock_unix();
@@ -392,6 +396,12 @@ void api_serve_completion(struct api_exchange *a)
     run_decoded(a);
 }
 
+void api_serve_decoded(struct api_exchange *a)
+{
+    a->has_oc = true;
+    run_decoded(a);
+}
+
 /* ---- the scheduler's events ---- */
 
 /* Time to first token at a request's first text, inter-token latency at each later one. Every
@@ -438,6 +448,12 @@ static void answer_whole(struct api_exchange *a)
 {
     struct sl_str *b = &a->t->out;
     sl_str_clear(b);
+    if (a->kind == API_ANTHROPIC) {
+        sl_anthropic_message_encode(b, &a->ident, a->ch[0].text.p ? a->ch[0].text.p : "",
+                                    a->ch[0].text.len, a->ch[0].finish, api_stop_sequence(a),
+                                    a->n_prompt, a->n_gen);
+        return;
+    }
     struct sl_openai_choice chs[SL_OPENAI_N_MAX];
     struct sl_openai_logprobs lps[SL_OPENAI_N_MAX];
     for (int i = 0; i < a->n_ch; i++) {
@@ -460,6 +476,7 @@ static void on_done(struct api_exchange *a, struct choice *ch, const struct sl_o
     ch->n_gen = e->n_tokens;
     ch->done = true;
     ch->finish = e->finish;
+    ch->stop_index = e->finish == SL_FINISH_STOP ? e->stop_index : -1;
     a->n_live--;
     struct sl_openai_error err;
     if (!ok) {
@@ -549,6 +566,12 @@ void api_on_wake(evutil_socket_t fd, short what, void *arg)
         sl_out_event_free(e);
         e = next;
     }
+}
+
+const char *api_stop_sequence(const struct api_exchange *a)
+{
+    int i = a->n_ch > 0 ? a->ch[0].stop_index : -1;
+    return i >= 0 && i < a->n_stops ? a->stops[i] : NULL;
 }
 
 void api_cancel(struct api_exchange *a)

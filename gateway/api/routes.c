@@ -1,6 +1,7 @@
 /* The route table, like nginx's locations: each route names its path, the methods it takes, the
  * key it needs and the API it speaks, and its handler. The small routes' handlers are here
- * (models, probes, metrics, admin, tokenize); completions are completion.c's.
+ * (models, probes, metrics, admin, tokenize); completions are completion.c's, messages
+ * anthropic.c's.
  */
 #include "api_impl.h"
 
@@ -22,6 +23,7 @@ static const struct api_route routes[] = {
      api_serve_completion},
     {"/v1/completions", METHOD_POST, GUARD_TENANT, API_OPENAI, "/v1/completions",
      api_serve_completion},
+    {"/v1/messages", METHOD_POST, GUARD_TENANT, API_ANTHROPIC, "/v1/messages", api_serve_messages},
     {"/v1/models", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models", serve_models},
     {"/tokenize", METHOD_POST, GUARD_TENANT, API_OPENAI, "/tokenize", serve_tokenize},
     {"/detokenize", METHOD_POST, GUARD_TENANT, API_OPENAI, "/detokenize", serve_tokenize},

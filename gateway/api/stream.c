@@ -1,5 +1,5 @@
-/* Streamed answers: the head and the opening chunks, one chunk per text the scheduler sends,
- * log probabilities, back-pressure
+/* Streamed answers: the head and each API's opening events, one event per text the scheduler
+ * sends (OpenAI's chunks, Anthropic's content_block_delta), log probabilities, back-pressure
  * (text held back from a slow client, a hard cap past which its request is cancelled), and the
  * stream's end.
  */
@@ -58,6 +58,15 @@ void api_stream_chunk(struct api_exchange *a, struct choice *ch, const char *tex
 {
     struct sl_str *b = &a->t->out;
     sl_str_clear(b);
+    if (a->kind == API_ANTHROPIC) {
+        /* The finish goes in message_delta at the end; a chunk without text says nothing. */
+        if (len == 0)
+            return;
+        sl_anthropic_delta_encode(b, text, len);
+        send_payload(a, "content_block_delta", b);
+        sl_str_clear(b);
+        return;
+    }
     struct sl_openai_logprobs lpb;
     const struct sl_openai_logprobs *lp =
         lp_all && ch->n_lp == 0 ? NULL : api_lp_pending(a, ch, &lpb);
@@ -75,6 +84,20 @@ void api_stream_head(struct api_exchange *a)
     sl_http_send_head(a->x, 200, "text/event-stream",
                       api_headers(a, "Cache-Control: no-cache\r\n"));
     struct sl_str *b = &a->t->out;
+    if (a->kind == API_ANTHROPIC) {
+        sl_str_clear(b);
+        sl_anthropic_message_start_encode(b, &a->ident, a->n_prompt);
+        send_payload(a, "message_start", b);
+        sl_str_clear(b);
+        sl_str_append(b,
+                      "{\"type\":\"content_block_start\",\"index\":0,"
+                      "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}",
+                      strlen("{\"type\":\"content_block_start\",\"index\":0,"
+                             "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}"));
+        send_payload(a, "content_block_start", b);
+        sl_str_clear(b);
+        return;
+    }
     for (int i = 0; i < a->n_ch; i++) {
         struct choice *ch = &a->ch[i];
         a->ident.index = i;
@@ -102,6 +125,25 @@ void api_stream_end(struct api_exchange *a, const struct sl_openai_error *err)
 {
     struct sl_str *b = &a->t->out;
     sl_str_clear(b);
+    if (a->kind == API_ANTHROPIC) {
+        if (err) {
+            sl_anthropic_error_encode(b, err);
+            send_payload(a, "error", b);
+        } else {
+            static const char stop[] = "{\"type\":\"content_block_stop\",\"index\":0}";
+            sl_str_append(b, stop, sizeof stop - 1);
+            send_payload(a, "content_block_stop", b);
+            sl_str_clear(b);
+            sl_anthropic_message_delta_encode(b, a->ch[0].finish, api_stop_sequence(a), a->n_gen);
+            send_payload(a, "message_delta", b);
+            sl_str_clear(b);
+            static const char end[] = "{\"type\":\"message_stop\"}";
+            sl_str_append(b, end, sizeof end - 1);
+            send_payload(a, "message_stop", b);
+        }
+        sl_http_end(a->x);
+        return;
+    }
     if (err) {
         sl_openai_error_encode(b, err);
         send_payload(a, NULL, b);

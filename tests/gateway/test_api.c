@@ -18,12 +18,14 @@ Test(gateway, route_table_finds_exact_paths_and_prefixes_when_looked_up)
         int kind; /* -1: no route */
     } cases[] = {
         {"/v1/chat/completions", "/v1/chat/completions", API_OPENAI},
+        {"/v1/messages", "/v1/messages", API_ANTHROPIC},
         {"/v1/models", "/v1/models", API_OPENAI},
         {"/v1/models/", SL_METRICS_OTHER, -1},
         {"/v1/models/x", "/v1/models/{id}", API_OPENAI},
         {"/admin/config", "/admin/config", API_OPENAI},
         {"/admin/other", SL_METRICS_OTHER, API_OPENAI},
         {"/admin/", SL_METRICS_OTHER, API_OPENAI},
+        {"/v1/messagesx", SL_METRICS_OTHER, -1},
         {"/", SL_METRICS_OTHER, -1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -1,13 +1,16 @@
-/* The official OpenAI Node SDK (npm package "openai", pinned in tests/sdk/package-lock.json)
- * drives the real server: tests/sdk/check.mjs runs completions and chat, streaming and not, a
- * prompt of token ids with echo, vLLM's ignore_eos and min_tokens, and a bad request, and exits
- * non-zero on any mismatch. scripts/setup.sh installs Node and the
- * package; without them this test fails and says so, it does not skip. */
+/* The official OpenAI and Anthropic Node SDKs (npm packages "openai" and "@anthropic-ai/sdk",
+ * pinned in tests/sdk/package-lock.json) drive the real server: tests/sdk/check.mjs runs
+ * completions and chat, streaming and not, a prompt of token ids with echo, vLLM's ignore_eos and
+ * min_tokens, and a bad request; tests/sdk/anthropic.mjs runs messages, streamed and not, a stop
+ * sequence, a system prompt, bad requests, a wrong key and a 429. Each exits non-zero on any
+ * mismatch. scripts/setup.sh installs Node and the packages; without them these tests fail and
+ * say so, they do not skip. */
 #include <criterion/criterion.h>
 
 #include "harness.h"
 
 #include <errno.h>
+#include <openssl/sha.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -78,32 +81,84 @@ static int run(char *const argv[], char *out, size_t cap)
     return status;
 }
 
-Test(sdk, official_openai_node_sdk_passes_every_check_when_driving_sluice, .timeout = 300)
+/* The path of tests/sdk/NAME in the source tree; fails (does not skip) without node or without
+ * the npm package `package`. */
+static void sdk_script(const char *name, const char *package, char *script, size_t len)
 {
     const char *root = getenv("SL_SOURCE_ROOT");
     cr_assert_not_null(root, "SL_SOURCE_ROOT is not set (run through meson test)");
-    char script[4096], pkg[4096];
-    snprintf(script, sizeof script, "%s/tests/sdk/check.mjs", root);
-    snprintf(pkg, sizeof pkg, "%s/tests/sdk/node_modules/openai/package.json", root);
+    char pkg[4096];
+    snprintf(script, len, "%s/tests/sdk/%s", root, name);
+    snprintf(pkg, sizeof pkg, "%s/tests/sdk/node_modules/%s/package.json", root, package);
     cr_assert(on_path("node"),
               "node is not installed: scripts/setup.sh installs nodejs and npm (Debian packages) "
-              "and the pinned openai package; this test needs them and does not skip");
+              "and the pinned SDK packages; this test needs them and does not skip");
     struct stat st;
     cr_assert_eq(stat(pkg, &st), 0,
-                 "the openai npm package is not installed (%s is missing): run scripts/setup.sh, "
+                 "the %s npm package is not installed (%s is missing): run scripts/setup.sh, "
                  "or `npm ci` in %s/tests/sdk",
-                 pkg, root);
+                 package, pkg, root);
+}
 
+/* Runs node on argv (its script's report stays in the test log) and checks it passed. */
+static void sdk_run(char *const argv[])
+{
+    static char out[1 << 16];
+    int status = run(argv, out, sizeof out);
+    fprintf(stderr, "%s", out);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "node %s %s failed (%s %d):\n%s",
+              argv[1], argv[2], WIFEXITED(status) ? "exit status" : "signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out);
+}
+
+Test(sdk, official_openai_node_sdk_passes_every_check_when_driving_sluice, .timeout = 300)
+{
+    char script[4096];
+    sdk_script("check.mjs", "openai", script, sizeof script);
     struct server srv;
     server_start(&srv, NULL);
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", srv.port);
     char *argv[] = {"node", script, url, NULL};
-    static char out[1 << 16];
-    int status = run(argv, out, sizeof out);
+    sdk_run(argv);
     server_stop(&srv);
-    fprintf(stderr, "%s", out); /* the script's report stays in the test log */
-    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "node %s %s failed (%s %d):\n%s",
-              script, url, WIFEXITED(status) ? "exit status" : "signal",
-              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out);
+}
+
+#define SDK_KEY "sk-sdk-0123456789abcdefXYZ"
+#define TIGHT_KEY "sk-tight-0123456789abcdefXYZ"
+
+Test(sdk, official_anthropic_node_sdk_passes_every_check_when_driving_sluice, .timeout = 300)
+{
+    char script[4096];
+    sdk_script("anthropic.mjs", "@anthropic-ai/sdk", script, sizeof script);
+    /* Two tenants: one without limits, one allowed a request a minute (the 429). */
+    char cfg[8192], path[64];
+    unsigned char h[2][32];
+    char hex[2][65];
+    SHA256((const unsigned char *)SDK_KEY, strlen(SDK_KEY), h[0]);
+    SHA256((const unsigned char *)TIGHT_KEY, strlen(TIGHT_KEY), h[1]);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 32; i++)
+            snprintf(hex[k] + 2 * i, 3, "%02x", h[k][i]);
+    snprintf(cfg, sizeof cfg,
+             "{" HARNESS_TIERS_WITHOUT_GUARD ",\"tenants\":["
+             "{\"name\":\"sdk\",\"key_sha256\":\"%s\",\"tiers\":[\"interactive\"],"
+             "\"default_tier\":\"interactive\"},"
+             "{\"name\":\"tight\",\"key_sha256\":\"%s\",\"tiers\":[\"interactive\"],"
+             "\"default_tier\":\"interactive\",\"rpm\":1}]}",
+             hex[0], hex[1]);
+    snprintf(path, sizeof path, "/tmp/sluice-sdk-%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(cfg, 1, strlen(cfg), f), strlen(cfg));
+    cr_assert_eq(fclose(f), 0);
+    const char *args[] = {"--config", path, NULL};
+    struct server srv;
+    server_start(&srv, args);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", srv.port);
+    char *argv[] = {"node", script, url, SDK_KEY, TIGHT_KEY, NULL};
+    sdk_run(argv);
+    server_stop(&srv);
+    unlink(path);
 }
