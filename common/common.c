@@ -215,6 +215,19 @@ static bool json_plain(unsigned char c)
     return c >= 0x20 && c != '"' && c != '\\';
 }
 
+void sl_str_append_int(struct sl_str *s, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do
+        d[--i] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        d[--i] = '-';
+    sl_str_append(s, d + i, sizeof d - i);
+}
+
 void sl_str_append_json(struct sl_str *s, const char *data, size_t len)
 {
     static const char hex[] = "0123456789abcdef";

@@ -78,12 +78,11 @@ static void post_text(struct sl_sched *s, struct sl_req *r)
 {
     if (r->pending_tokens == 0 && r->pending.len == 0)
         return;
-    struct sl_out_event *e = sl_xcalloc(1, sizeof *e);
+    struct sl_out_event *e = sl_outbox_event(r->box);
     sl_req_ref(r);
     e->req = r;
     e->kind = SL_OUT_TEXT;
-    e->text = sl_xstrndup(r->pending.p ? r->pending.p : "", r->pending.len);
-    e->len = r->pending.len;
+    sl_out_event_set_text(e, r->pending.p ? r->pending.p : "", r->pending.len);
     e->n_tokens = r->pending_tokens;
     e->lp = r->pending_lp;
     e->n_lp = r->n_pending_lp;
@@ -131,7 +130,7 @@ static void sink_done(void *ctx, struct sl_req *r, enum sl_finish why, int statu
     if (why == SL_FINISH_STOP || why == SL_FINISH_LENGTH)
         sl_detok_finish(r->detok, &r->pending);
     post_text(s, r);
-    struct sl_out_event *e = sl_xcalloc(1, sizeof *e);
+    struct sl_out_event *e = sl_outbox_event(r->box);
     sl_req_ref(r);
     e->req = r;
     e->kind = SL_OUT_DONE;

@@ -363,13 +363,6 @@ static void put_stop(struct sl_str *out, enum sl_finish finish, const char *stop
         put_lit(out, "null");
 }
 
-static void put_num(struct sl_str *out, long long v)
-{
-    char d[24];
-    int n = snprintf(d, sizeof d, "%lld", v);
-    sl_str_append(out, d, (size_t)n);
-}
-
 static void put_message_head(struct sl_str *out, const struct sl_openai_ident *id)
 {
     put_lit(out, "{\"id\":");
@@ -388,9 +381,9 @@ void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_iden
     put_lit(out, "}],");
     put_stop(out, finish, stop);
     put_lit(out, ",\"usage\":{\"input_tokens\":");
-    put_num(out, input_tokens);
+    sl_str_append_int(out, input_tokens);
     put_lit(out, ",\"output_tokens\":");
-    put_num(out, output_tokens);
+    sl_str_append_int(out, output_tokens);
     put_lit(out, "}}");
 }
 
@@ -401,7 +394,7 @@ void sl_anthropic_message_start_encode(struct sl_str *out, const struct sl_opena
     put_message_head(out, id);
     put_lit(out, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
                  "\"usage\":{\"input_tokens\":");
-    put_num(out, input_tokens);
+    sl_str_append_int(out, input_tokens);
     put_lit(out, ",\"output_tokens\":0}}}");
 }
 
@@ -419,7 +412,7 @@ void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish
     put_lit(out, "{\"type\":\"message_delta\",\"delta\":{");
     put_stop(out, finish, stop);
     put_lit(out, "},\"usage\":{\"output_tokens\":");
-    put_num(out, output_tokens);
+    sl_str_append_int(out, output_tokens);
     put_lit(out, "}}");
 }
 

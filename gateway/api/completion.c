@@ -552,9 +552,8 @@ void api_on_wake(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     struct api_thread *t = arg;
     t->wake_ns = sl_clock_ns();
-    struct sl_out_event *e = sl_outbox_take(t->outbox);
-    while (e) {
-        struct sl_out_event *next = e->next;
+    struct sl_out_event *batch = sl_outbox_take(t->outbox);
+    for (struct sl_out_event *e = batch; e; e = e->next) {
         struct api_exchange *a = sl_req_user(e->req);
         struct choice *ch = a ? choice_of(a, e->req) : NULL;
         if (ch) {
@@ -563,9 +562,8 @@ void api_on_wake(evutil_socket_t fd, short what, void *arg)
             else
                 on_done(a, ch, e);
         }
-        sl_out_event_free(e);
-        e = next;
     }
+    sl_outbox_recycle(t->outbox, batch);
 }
 
 const char *api_stop_sequence(const struct api_exchange *a)

@@ -1074,8 +1074,11 @@ static void put_head(struct sl_str *out, const struct sl_openai_ident *id, bool 
                                                        : "chat.completion";
     put_lit(out, "{\"id\":");
     put_cstr(out, id->id);
-    sl_str_appendf(out, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object,
-                   (long long)id->created);
+    put_lit(out, ",\"object\":\"");
+    sl_str_append(out, object, strlen(object));
+    put_lit(out, "\",\"created\":");
+    sl_str_append_int(out, id->created);
+    put_lit(out, ",\"model\":");
     put_cstr(out, id->model);
     if (id->api == SL_OPENAI_API_CHAT)
         put_lit(out, ",\"system_fingerprint\":null");
@@ -1232,7 +1235,8 @@ static void put_choice(struct sl_str *out, const struct sl_openai_ident *id, int
 {
     put_lit(out, "{\"text\":");
     put_str(out, text, len);
-    sl_str_appendf(out, ",\"index\":%d", index);
+    put_lit(out, ",\"index\":");
+    sl_str_append_int(out, index);
     put_logprobs(out, id, lp);
     put_finish(out, finish);
     put_lit(out, "}");
@@ -1295,7 +1299,9 @@ void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id
     put_lit(out, ",\"choices\":[");
     if (id->api == SL_OPENAI_API_CHAT) {
         /* OpenAI's last chunk has an empty delta and the finish_reason. */
-        sl_str_appendf(out, "{\"index\":%d,\"delta\":{", id->index);
+        put_lit(out, "{\"index\":");
+        sl_str_append_int(out, id->index);
+        put_lit(out, ",\"delta\":{");
         if (len > 0 || finish == SL_FINISH_NONE) {
             put_lit(out, "\"content\":");
             put_str(out, text, len);

@@ -144,12 +144,7 @@ static void str_add(struct sl_str *w, const char *lit)
 
 static void str_add_num(struct sl_str *w, unsigned long long v)
 {
-    char d[24];
-    size_t i = sizeof d;
-    do
-        d[--i] = (char)('0' + v % 10);
-    while ((v /= 10) != 0);
-    sl_str_append(w, d + i, sizeof d - i);
+    sl_str_append_int(w, (long long)v);
 }
 
 /* Puts the connection on its thread's flush list: sl_http_io_on_flush writes its output (plain
@@ -238,41 +233,54 @@ void sl_http_send_head(struct sl_exchange *x, int status, const char *ctype, con
     conn_write(c, w->p, w->len);
 }
 
-/* Appends n in hex (a chunk size). */
-static void str_add_hex(struct sl_str *w, size_t n)
+/* Writes n in hex (a chunk size) at p; returns the end. */
+static char *put_hex(char *p, size_t n)
 {
     char d[2 * sizeof n];
     size_t i = sizeof d;
     do
         d[--i] = "0123456789abcdef"[n & 15];
     while ((n >>= 4) != 0);
-    sl_str_append(w, d + i, sizeof d - i);
+    memcpy(p, d + i, sizeof d - i);
+    return p + (sizeof d - i);
 }
 
+static char *put(char *p, const void *s, size_t n)
+{
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* One server-sent event, framed (and chunked) straight into the output buffer: one copy of the
+ * payload, no scratch. */
 static void send_event(struct sl_exchange *x, const char *event, const char *payload, size_t len)
 {
     static const char ev[] = "event: ", pre[] = "data: ", post[] = "\n\n";
     conn_t *c = conn_of(x);
-    struct sl_str *w = &c->io->wbuf;
-    sl_str_clear(w);
-    size_t n = sizeof pre - 1 + len + sizeof post - 1;
-    if (event)
-        n += sizeof ev - 1 + strlen(event) + 1;
+    size_t elen = event ? strlen(event) : 0;
+    size_t n = sizeof pre - 1 + len + sizeof post - 1 + (event ? sizeof ev - 1 + elen + 1 : 0);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer_iovec v;
+    if (evbuffer_reserve_space(out, (ev_ssize_t)(n + 2 * sizeof n + 4), &v, 1) < 1)
+        abort(); /* libevent could not allocate: the style's answer is to stop */
+    char *p = v.iov_base;
     if (x->chunked) {
-        str_add_hex(w, n);
-        sl_str_append(w, "\r\n", 2);
+        p = put_hex(p, n);
+        p = put(p, "\r\n", 2);
     }
     if (event) {
-        sl_str_append(w, ev, sizeof ev - 1);
-        str_add(w, event);
-        sl_str_append(w, "\n", 1);
+        p = put(p, ev, sizeof ev - 1);
+        p = put(p, event, elen);
+        *p++ = '\n';
     }
-    sl_str_append(w, pre, sizeof pre - 1);
-    sl_str_append(w, payload, len);
-    sl_str_append(w, post, sizeof post - 1);
+    p = put(p, pre, sizeof pre - 1);
+    p = put(p, payload, len);
+    p = put(p, post, sizeof post - 1);
     if (x->chunked)
-        sl_str_append(w, "\r\n", 2);
-    conn_write(c, w->p, w->len);
+        p = put(p, "\r\n", 2);
+    v.iov_len = (size_t)(p - (char *)v.iov_base);
+    evbuffer_commit_space(out, &v, 1);
+    conn_flush_later(c);
 }
 
 void sl_http_send_sse(struct sl_exchange *x, const char *payload, size_t len)

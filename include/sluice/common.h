@@ -68,6 +68,8 @@ void sl_str_dispose(struct sl_str *s);
 void sl_str_reserve(struct sl_str *s, size_t extra);
 void sl_str_append(struct sl_str *s, const void *data, size_t len);
 void sl_str_appendf(struct sl_str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends v in decimal: what "%lld" gives, without printf (hot paths write numbers this way). */
+void sl_str_append_int(struct sl_str *s, long long v);
 /* Appends the bytes as the body of a JSON string (no quotes): escapes ", \ and control bytes.
  * The input must be valid UTF-8; it is copied as is otherwise. */
 void sl_str_append_json(struct sl_str *s, const char *data, size_t len);

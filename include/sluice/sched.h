@@ -496,11 +496,14 @@ enum sl_out_kind {
     SL_OUT_DONE, /* the request finished; no more events for it */
 };
 
+/* Text up to this many bytes travels inside its event (a token's text usually does). */
+#define SL_OUT_INLINE 48
+
 struct sl_out_event {
     struct sl_out_event *next;
     struct sl_req *req; /* holds a reference, dropped by sl_out_event_free */
     enum sl_out_kind kind;
-    char *text; /* TEXT: the delta (owned, NUL-terminated) */
+    char *text; /* TEXT: the delta (NUL-terminated): in `inline_text`, or owned when longer */
     size_t len;
     int n_tokens; /* TEXT: tokens this delta covers; DONE: total tokens generated */
     /* TEXT, when the request asked for log probabilities: one entry per token the delta covers,
@@ -511,6 +514,7 @@ struct sl_out_event {
     int status;            /* DONE with SL_FINISH_ERROR: why */
     int stop_index;        /* DONE with SL_FINISH_STOP: the params.stop string that ended it, or
                             * -1 (a stop token) */
+    char inline_text[SL_OUT_INLINE + 1]; /* last: a recycled event is cleared up to here */
 };
 
 struct sl_outbox;
@@ -520,8 +524,19 @@ struct sl_outbox;
 struct sl_outbox *sl_outbox_new(void (*wake)(void *arg), void *arg);
 /* Frees the outbox and any events still queued. No producer may use it any more. */
 void sl_outbox_free(struct sl_outbox *o);
-/* Takes every queued event, oldest first (NULL when empty). The consumer frees each. */
+/* Takes every queued event, oldest first (NULL when empty). The consumer gives them back with
+ * sl_outbox_recycle (or frees each with sl_out_event_free). */
 struct sl_out_event *sl_outbox_take(struct sl_outbox *o);
+/* Gives a list of taken events back (their request references dropped): the outbox keeps up to
+ * SL_OUTBOX_SPARE of them for its producers to fill again, so a stream's events cost no
+ * allocation once warm. Consumer thread. */
+#define SL_OUTBOX_SPARE 4096
+void sl_outbox_recycle(struct sl_outbox *o, struct sl_out_event *list);
+/* Producer side: an empty event (zeroed), from the outbox's spares or new; the producer fills it
+ * (sl_out_event_set_text for text) and pushes it. */
+struct sl_out_event *sl_outbox_event(struct sl_outbox *o);
+/* Copies text[0..len) into e: inline when it fits. */
+void sl_out_event_set_text(struct sl_out_event *e, const char *text, size_t len);
 void sl_out_event_free(struct sl_out_event *e);
 
 /* ---------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 #include <criterion/criterion.h>
 #include <sluice/sched.h>
 
+#include "sched_impl.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -404,4 +406,56 @@ Test(sched, new_tier_table_is_in_effect_when_a_later_request_is_done)
     sl_str_dispose(&res.text);
     sl_req_unref(r);
     harness_dispose(&h);
+}
+
+static void no_wake(void *arg)
+{
+    (void)arg;
+}
+
+Test(sched, outbox_recycles_events_empty_and_keeps_long_text_apart_when_given_back)
+{
+    struct sl_outbox *box = sl_outbox_new(no_wake, NULL);
+    int32_t prompt[] = {1, 2, 3};
+    struct sl_req_params p = {.max_tokens = 4, .temperature = 0, .top_p = 1};
+    struct sl_req *r = sl_req_new(prompt, 3, &p);
+    char long_text[SL_OUT_INLINE * 3];
+    memset(long_text, 'x', sizeof long_text);
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 4; i++) {
+            struct sl_out_event *e = sl_outbox_event(box);
+            cr_assert_null(e->req, "a recycled event comes back empty");
+            cr_assert_null(e->text);
+            cr_assert_eq(e->n_tokens, 0);
+            cr_assert_eq(e->stop_index, 0);
+            sl_req_ref(r);
+            e->req = r;
+            e->kind = SL_OUT_TEXT;
+            e->n_tokens = 1 + i;
+            e->stop_index = 7;
+            if (i == 3)
+                sl_out_event_set_text(e, long_text, sizeof long_text);
+            else
+                sl_out_event_set_text(e, "tok", 3);
+            sl_outbox_push(box, e);
+        }
+        struct sl_out_event *batch = sl_outbox_take(box);
+        int n = 0;
+        for (struct sl_out_event *e = batch; e; e = e->next, n++) {
+            cr_assert_eq(e->n_tokens, 1 + n, "in order");
+            if (n == 3) {
+                cr_assert_neq(e->text, e->inline_text, "long text is not inline");
+                cr_assert_eq(e->len, sizeof long_text);
+            } else {
+                cr_assert_eq(e->text, e->inline_text, "short text travels inside its event");
+                cr_assert_str_eq(e->text, "tok");
+            }
+        }
+        cr_assert_eq(n, 4);
+        sl_outbox_recycle(box, batch);
+    }
+    /* The outbox frees its spares without touching the request again (a double unref would free
+     * r here, and the unref below would be a use after free under the sanitizers). */
+    sl_outbox_free(box);
+    sl_req_unref(r);
 }
