@@ -60,6 +60,15 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m,
     return (int)(want < cap ? want : cap);
 }
 
+struct sl_engine {
+    const char *name;       /* the configuration's name, or the model's own id */
+    struct sl_model *model; /* shared by the replicas */
+    int n_replicas;
+    struct sl_worker *worker[SL_REPLICAS_MAX];
+    struct sl_sched *sched[SL_REPLICAS_MAX];
+    char device[SL_REPLICAS_MAX][16]; /* "cpu" or "cuda:N" */
+};
+
 /* Starts replica r of e on the device spec names: its worker (with its own KV pool) and its
  * scheduler. */
 static int replica_start(const struct sl_config *cfg, const struct sl_config_model *cm,
@@ -117,14 +126,15 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
 }
 
 int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backend_ops *cpu_ops,
-                    struct sl_engine *e, char *err, size_t errlen)
+                    struct sl_engine **out, char *err, size_t errlen)
 {
-    memset(e, 0, sizeof *e);
+    *out = NULL;
     uint64_t t0 = sl_clock_ns();
     if (idx < 0 || idx >= cfg->n_models) {
         snprintf(err, errlen, "models[%d]: no such model", idx);
         return SL_EINVAL;
     }
+    struct sl_engine *e = sl_xcalloc(1, sizeof *e);
     const struct sl_config_model *cm = &cfg->models[idx];
     /* Its own device, else one replica per entry of "devices", else "device". */
     const char *const *specs = (const char *const *)&cm->device;
@@ -139,6 +149,7 @@ int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backen
     int st = sl_model_load(cm->spec, cm->tokenizer, &e->model, why, sizeof why);
     if (st != SL_OK) {
         snprintf(err, errlen, "models[%d] (%s): %s", idx, cm->name ? cm->name : cm->spec, why);
+        free(e);
         return st;
     }
     e->name = cm->name ? cm->name : sl_model_id(e->model);
@@ -146,7 +157,7 @@ int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backen
         if ((st = replica_start(cfg, cm, specs[r], cpu_ops, e, r, why, sizeof why)) != SL_OK) {
             snprintf(err, errlen, "models[%d] (%s): %s", idx, e->name, why);
             e->n_replicas++; /* what replica_start made is freed with the rest */
-            sl_engine_stop(e);
+            sl_engine_free(e);
             return st;
         }
     const struct sl_model_config *mc = sl_model_config(e->model);
@@ -155,15 +166,39 @@ int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backen
            "worker%s; loaded in %.0f ms",
            e->name, sl_model_id(e->model), mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads,
            mc->vocab_size, mc->seq_len, n, n == 1 ? "" : "s", (double)(sl_clock_ns() - t0) / 1e6);
+    *out = e;
     return SL_OK;
 }
 
-void sl_engine_stop(struct sl_engine *e)
+const char *sl_engine_name(const struct sl_engine *e)
 {
+    return e->name;
+}
+
+const struct sl_model *sl_engine_model(const struct sl_engine *e)
+{
+    return e->model;
+}
+
+int sl_engine_replicas(const struct sl_engine *e)
+{
+    return e->n_replicas;
+}
+
+struct sl_sched *sl_engine_sched(const struct sl_engine *e, int r)
+{
+    return r >= 0 && r < e->n_replicas ? e->sched[r] : NULL;
+}
+
+void sl_engine_free(struct sl_engine *e)
+{
+    if (!e)
+        return;
     for (int r = 0; r < e->n_replicas; r++) {
         sl_sched_free(e->sched[r]);
         sl_worker_free(e->worker[r]);
     }
     sl_model_free(e->model);
     memset(e, 0, sizeof *e);
+    free(e);
 }

@@ -133,7 +133,7 @@ int main(int argc, char **argv)
     int rc = 1;
     struct sl_http_server *http = NULL;
     struct sl_api *api = sl_api_new(cfg);
-    struct sl_engine engines[SL_MODELS_MAX]; /* cfg->models: each its own worker and scheduler */
+    struct sl_engine *engines[SL_MODELS_MAX]; /* cfg->models: each its workers and schedulers */
     int n_engines = 0;
 #ifdef SL_FAULT_INJECTION
     /* tests/integration's sluice-fault: forward fails where SLUICE_FAULT_FORWARD says. */
@@ -156,14 +156,15 @@ int main(int argc, char **argv)
         }
     /* The first model keeps the name the configuration gives it, or its own id. */
     for (int i = 0; i < n_engines; i++) {
-        const struct sl_engine *e = &engines[i];
-        if (sl_api_add_model(api, i > 0 ? e->name : NULL, e->model, e->sched[0], err, sizeof err) !=
-            SL_OK) {
+        const struct sl_engine *e = engines[i];
+        const char *name = sl_engine_name(e);
+        if (sl_api_add_model(api, i > 0 ? name : NULL, sl_engine_model(e), sl_engine_sched(e, 0),
+                             err, sizeof err) != SL_OK) {
             fprintf(stderr, "sluice: %s\n", err);
             goto out;
         }
-        for (int r = 1; r < e->n_replicas; r++)
-            if (sl_api_add_replica(api, e->name, e->sched[r], err, sizeof err) != SL_OK) {
+        for (int r = 1; r < sl_engine_replicas(e); r++)
+            if (sl_api_add_replica(api, name, sl_engine_sched(e, r), err, sizeof err) != SL_OK) {
                 fprintf(stderr, "sluice: %s\n", err);
                 goto out;
             }
@@ -200,7 +201,7 @@ out:
     if (http)
         sl_http_server_stop(http);
     for (int i = 0; i < n_engines; i++)
-        sl_engine_stop(&engines[i]);
+        sl_engine_free(engines[i]);
     sl_http_server_free(http);
     sl_api_free(api);
     sl_config_unref(cfg);

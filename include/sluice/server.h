@@ -21,19 +21,11 @@
 int sl_simulate_main(int argc, char **argv, FILE *out, FILE *err);
 
 /* ---------------------------------------------------------------------------------------------
- * Served models (gateway/engine.c)
+ * Served models (server/engine.c)
  */
 
-/* One served model: its weights, worker and scheduler, owned together. */
-struct sl_engine {
-    const char *name; /* the configuration's name for it (points into the configuration), or the
-                         model's own id */
-    struct sl_model *model; /* shared by the replicas */
-    int n_replicas;         /* one per device: models[i].device, else "devices", else "device" */
-    struct sl_worker *worker[SL_REPLICAS_MAX];
-    struct sl_sched *sched[SL_REPLICAS_MAX];
-    char device[SL_REPLICAS_MAX][16]; /* "cpu" or "cuda:N" */
-};
+/* One served model: its weights, and a worker and a scheduler per device, owned together. */
+struct sl_engine;
 
 /* Loads cfg->models[idx] once and starts a worker on each of its devices (models[idx].device,
  * else each of "devices", else "device": sl_worker_device_select), each with its own KV pool
@@ -42,9 +34,16 @@ struct sl_engine {
  * replaces the CPU backend (the fault-injection test build); NULL in sluice. On failure e is
  * empty and err names the model. Main thread, at start. */
 int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backend_ops *cpu_ops,
-                    struct sl_engine *e, char *err, size_t errlen);
-/* Stops the scheduler (its requests finish CANCELLED), frees worker and model. Call after the
- * HTTP server has stopped and before it is freed (the scheduler posts to its outboxes). */
-void sl_engine_stop(struct sl_engine *e);
+                    struct sl_engine **out, char *err, size_t errlen);
+/* Stops the schedulers (their requests finish CANCELLED), frees workers and model. Call after
+ * the HTTP server has stopped and before it is freed (the schedulers post to its outboxes). */
+void sl_engine_free(struct sl_engine *e);
+/* The configuration's name for it (pointing into the configuration), or the model's own id. */
+const char *sl_engine_name(const struct sl_engine *e);
+const struct sl_model *sl_engine_model(const struct sl_engine *e);
+/* Its replicas (one per device: models[i].device, else "devices", else "device") and the
+ * scheduler of replica r. */
+int sl_engine_replicas(const struct sl_engine *e);
+struct sl_sched *sl_engine_sched(const struct sl_engine *e, int r);
 
 #endif
