@@ -34,8 +34,8 @@
 struct cell {
     atomic_int refs;
     char name[SL_TENANT_NAME_MAX + 1];
-    struct sl_adm_bucket requests; /* a tenant's rpm */
-    struct sl_adm_bucket tokens;   /* a tenant's tpm, a tier's token_rate */
+    struct sl_gcra_bucket requests; /* a tenant's rpm */
+    struct sl_gcra_bucket tokens;   /* a tenant's tpm, a tier's token_rate */
     atomic_int queued[SL_MODELS_MAX];
     atomic_long queued_tokens[SL_MODELS_MAX];
     atomic_int parked;
@@ -52,8 +52,8 @@ static struct cell *cell_new(const char *name, int64_t now)
     struct cell *c = sl_xcalloc(1, sizeof *c);
     atomic_init(&c->refs, 1);
     snprintf(c->name, sizeof c->name, "%s", name);
-    sl_adm_bucket_init(&c->requests, now);
-    sl_adm_bucket_init(&c->tokens, now);
+    sl_gcra_bucket_init(&c->requests, now);
+    sl_gcra_bucket_init(&c->tokens, now);
     for (int m = 0; m < SL_MODELS_MAX; m++) {
         atomic_init(&c->queued[m], 0);
         atomic_init(&c->queued_tokens[m], 0);
@@ -87,14 +87,14 @@ void sl_admission_free(struct sl_admission *adm)
     free(adm);
 }
 
-static struct sl_adm_rate per_minute(long long n)
+static struct sl_gcra_rate per_minute(long long n)
 {
-    return (struct sl_adm_rate){.limit = n, .period_ns = 60 * NS_PER_S, .burst = n};
+    return (struct sl_gcra_rate){.limit = n, .period_ns = 60 * NS_PER_S, .burst = n};
 }
 
-static struct sl_adm_rate tier_rate(const struct sl_tier *t)
+static struct sl_gcra_rate tier_rate(const struct sl_tier *t)
 {
-    return (struct sl_adm_rate){.limit = t->token_rate, .period_ns = NS_PER_S, .burst = t->burst};
+    return (struct sl_gcra_rate){.limit = t->token_rate, .period_ns = NS_PER_S, .burst = t->burst};
 }
 
 static bool has_limits(const struct sl_tenant *t)
@@ -168,18 +168,18 @@ void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, in
         struct cell *c = cell_ref(prev->adm->tenants[o]);
         const struct sl_tenant *pt = &prev->tenants[o];
         /* A limit that appears starts full; one that changes keeps its debt in tokens. */
-        struct sl_adm_rate a, b;
+        struct sl_gcra_rate a, b;
         if (t->rpm && pt->rpm) {
             a = per_minute(pt->rpm), b = per_minute(t->rpm);
-            sl_adm_bucket_rescale(&c->requests, &a, &b, now_ns);
+            sl_gcra_bucket_rescale(&c->requests, &a, &b, now_ns);
         } else if (t->rpm) {
-            sl_adm_bucket_init(&c->requests, now_ns);
+            sl_gcra_bucket_init(&c->requests, now_ns);
         }
         if (t->tpm && pt->tpm) {
             a = per_minute(pt->tpm), b = per_minute(t->tpm);
-            sl_adm_bucket_rescale(&c->tokens, &a, &b, now_ns);
+            sl_gcra_bucket_rescale(&c->tokens, &a, &b, now_ns);
         } else if (t->tpm) {
-            sl_adm_bucket_init(&c->tokens, now_ns);
+            sl_gcra_bucket_init(&c->tokens, now_ns);
         }
         adm->tenants[i] = c;
     }
@@ -196,10 +196,10 @@ void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, in
         if (!c) {
             c = cell_new(t->name, now_ns);
         } else if (t->token_rate && pt->token_rate) {
-            struct sl_adm_rate a = tier_rate(pt), b = tier_rate(t);
-            sl_adm_bucket_rescale(&c->tokens, &a, &b, now_ns);
+            struct sl_gcra_rate a = tier_rate(pt), b = tier_rate(t);
+            sl_gcra_bucket_rescale(&c->tokens, &a, &b, now_ns);
         } else if (t->token_rate) {
-            sl_adm_bucket_init(&c->tokens, now_ns);
+            sl_gcra_bucket_init(&c->tokens, now_ns);
         }
         adm->tiers[i] = c;
     }
@@ -325,7 +325,7 @@ static long prompt_work(const struct sl_admit *a)
 /* The guard's prediction for the request as it is now; false when there is none (no scheduler
  * figures yet). queued_self: its own prompt is already counted in its tier's queue here. */
 static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
-                    struct sl_adm_prediction *p)
+                    struct sl_guard_prediction *p)
 {
     const struct sl_config *cfg = a->cfg;
     struct sl_sched_stats st;
@@ -352,7 +352,7 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
         if (mine > q[i])
             q[i] = mine;
     }
-    return sl_adm_predict_ttft(&st, q, si, prompt_work(a), p) == SL_OK;
+    return sl_guard_predict_ttft(&st, q, si, prompt_work(a), p) == SL_OK;
 }
 
 /* Counts the request in its tier's queue for its model, within the caps. */
@@ -406,11 +406,11 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
     const struct sl_tier *t = &cfg->tiers[a->tier];
     struct cell *c = cfg->adm->tiers[a->tier];
     int64_t cost = charge(a);
-    struct sl_adm_rate rate = tier_rate(t);
+    struct sl_gcra_rate rate = tier_rate(t);
     bool took = false;
     if (t->token_rate > 0) {
-        struct sl_adm_bucket_view v;
-        if (!sl_adm_bucket_take(&c->tokens, &rate, now, cost, &v)) {
+        struct sl_gcra_view v;
+        if (!sl_gcra_bucket_take(&c->tokens, &rate, now, cost, &v)) {
             a->retry_ns = v.retry_ns;
             if (v.retry_ns < 0)
                 snprintf(a->why, sizeof a->why,
@@ -428,9 +428,9 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
     enum sl_admit_reason r = queue_reserve(c, t, a->model, prompt_work(a));
     if (r != SL_ADMIT_REASON_NONE) {
         if (took)
-            sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
+            sl_gcra_bucket_refund(&c->tokens, &rate, now, cost);
         /* Room comes as the queue's first tokens come: about the time the queue ahead takes. */
-        struct sl_adm_prediction p;
+        struct sl_guard_prediction p;
         a->retry_ns = DEFAULT_RETRY_NS;
         if (t->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
             a->retry_ns = secs_ns(p.prefill_s);
@@ -439,14 +439,14 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
             r == SL_ADMIT_REASON_TIER_QUEUE_REQUESTS ? "max_queue_requests" : "max_queue_tokens");
         return r;
     }
-    struct sl_adm_prediction p;
+    struct sl_guard_prediction p;
     if (predict(a, env, true, &p)) {
         a->predicted_ttft_s = p.ttft_s;
-        double slo = t->ttft_slo_ms / 1e3, over = sl_adm_over_s(&p, slo);
+        double slo = t->ttft_slo_ms / 1e3, over = sl_guard_over_s(&p, slo);
         if (over > 0) {
             queue_release(c, a->model, prompt_work(a));
             if (took)
-                sl_adm_bucket_refund(&c->tokens, &rate, now, cost);
+                sl_gcra_bucket_refund(&c->tokens, &rate, now, cost);
             a->retry_ns = secs_ns(over);
             snprintf(a->why, sizeof a->why,
                      "Tier '%s' is overloaded: the predicted time to first token, %.1f s, is over "
@@ -476,13 +476,13 @@ static void tenant_refund(struct sl_admit *a, int64_t tokens, bool request, int6
     if (tokens > 0 && t->tpm > 0 && a->tenant_tokens > 0) {
         if (tokens > a->tenant_tokens)
             tokens = a->tenant_tokens;
-        struct sl_adm_rate r = per_minute(t->tpm);
-        sl_adm_bucket_refund(&c->tokens, &r, now, tokens);
+        struct sl_gcra_rate r = per_minute(t->tpm);
+        sl_gcra_bucket_refund(&c->tokens, &r, now, tokens);
         a->tenant_tokens -= tokens;
     }
     if (request && a->took_request) {
-        struct sl_adm_rate r = per_minute(t->rpm);
-        sl_adm_bucket_refund(&c->requests, &r, now, 1);
+        struct sl_gcra_rate r = per_minute(t->rpm);
+        sl_gcra_bucket_refund(&c->requests, &r, now, 1);
         a->took_request = false;
     }
 }
@@ -522,8 +522,8 @@ void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)
     struct cell *c = a->tier_cell;
     if (c && a->tier_tokens > used) {
         const struct sl_tier *t = &a->cfg->tiers[a->tier];
-        struct sl_adm_rate r = tier_rate(t);
-        sl_adm_bucket_refund(&c->tokens, &r, now_ns, a->tier_tokens - used);
+        struct sl_gcra_rate r = tier_rate(t);
+        sl_gcra_bucket_refund(&c->tokens, &r, now_ns, a->tier_tokens - used);
     }
     a->tier_tokens = 0;
     a->tier_cell = NULL;
@@ -653,10 +653,10 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
         return admitted(a);
     if (has_limits(t) && t != &sl_tenant_anonymous) {
         struct cell *c = cfg->adm->tenants[t - cfg->tenants];
-        struct sl_adm_bucket_view v;
+        struct sl_gcra_view v;
         if (t->rpm > 0) {
-            struct sl_adm_rate r = per_minute(t->rpm);
-            if (!sl_adm_bucket_take(&c->requests, &r, now_ns, 1, &v)) {
+            struct sl_gcra_rate r = per_minute(t->rpm);
+            if (!sl_gcra_bucket_take(&c->requests, &r, now_ns, 1, &v)) {
                 a->reason = SL_ADMIT_REASON_TENANT_REQUESTS;
                 a->retry_ns = v.retry_ns;
                 snprintf(a->why, sizeof a->why,
@@ -670,8 +670,8 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
         a->tenant_cell = c;
         if (t->tpm > 0) {
             int64_t cost = charge(a);
-            struct sl_adm_rate r = per_minute(t->tpm);
-            if (!sl_adm_bucket_take(&c->tokens, &r, now_ns, cost, &v)) {
+            struct sl_gcra_rate r = per_minute(t->tpm);
+            if (!sl_gcra_bucket_take(&c->tokens, &r, now_ns, cost, &v)) {
                 tenant_refund(a, 0, true, now_ns);
                 a->reason = SL_ADMIT_REASON_TENANT_TOKENS;
                 a->retry_ns = v.retry_ns;
@@ -732,7 +732,7 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
     a->model = model;
     a->max_tokens = max_tokens;
     a->reason = SL_ADMIT_REASON_TIER_QUEUE_REQUESTS;
-    struct sl_adm_prediction p;
+    struct sl_guard_prediction p;
     a->retry_ns = DEFAULT_RETRY_NS;
     if (tr->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
         a->retry_ns = secs_ns(p.prefill_s);
@@ -807,12 +807,12 @@ void sl_admit_headers(const struct sl_admit *a, struct sl_str *out)
 
 /* OpenAI's x-ratelimit-{limit,remaining,reset}-WHAT for a per-minute bucket of `limit`. */
 static void limit_headers(struct sl_str *out, const char *what, long long limit,
-                          const struct sl_adm_bucket *b, int64_t now_ns)
+                          const struct sl_gcra_bucket *b, int64_t now_ns)
 {
-    struct sl_adm_rate r = per_minute(limit);
-    struct sl_adm_bucket_view v;
+    struct sl_gcra_rate r = per_minute(limit);
+    struct sl_gcra_view v;
     char reset[32];
-    sl_adm_bucket_peek(b, &r, now_ns, &v);
+    sl_gcra_bucket_peek(b, &r, now_ns, &v);
     sl_admit_duration_format(v.reset_ns, reset, sizeof reset);
     sl_str_appendf(out,
                    "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"

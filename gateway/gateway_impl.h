@@ -366,7 +366,7 @@ void sl_overload_step_format(const struct sl_config *c, const struct sl_overload
  * Admission (admission.c): tenant budgets, tier buckets and queues, the SLO guard and the
  * overload policy, run on the I/O threads before a request reaches a scheduler.
  *
- * Lock-free throughout: every bucket is one atomic word (sl_adm_bucket), every queue count an
+ * Lock-free throughout: every bucket is one atomic word (struct sl_gcra_bucket), every queue count an
  * atomic reserved by compare-and-swap below its cap, and the scheduler's figures are read with
  * sl_sched_stats. The state lives in cells shared by name between a configuration and the one
  * that replaces it (sl_admission_adopt), so a reload keeps the buckets and queue counts of the
@@ -491,7 +491,7 @@ void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl
 void sl_admit_duration_format(int64_t ns, char *out, size_t outlen);
 
 /* Gives next its runtime state, sharing cells with prev (may be NULL) by tenant and tier name;
- * a kept bucket whose rate changed keeps its debt in tokens (sl_adm_bucket_rescale). Call before
+ * a kept bucket whose rate changed keeps its debt in tokens (sl_gcra_bucket_rescale). Call before
  * next serves any request, from one thread at a time. */
 void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, int64_t now_ns);
 void sl_admission_free(struct sl_admission *adm);

@@ -5,6 +5,7 @@
 #ifndef SLUICE_CONFIG_H
 #define SLUICE_CONFIG_H
 
+#include <sluice/admission.h>
 #include <sluice/common.h>
 #include <sluice/sched.h>
 #include <sluice/worker.h>

@@ -3,23 +3,24 @@
  * Buckets are GCRA rather than counters refilled by a timer: the whole state is one word (the
  * time the bucket is full again), a take is one compare-and-swap, and the answer to "when may I
  * retry" is exact arithmetic on that word instead of a guess about the next refill. Times are
- * integer nanoseconds and the per-token interval is never rounded down, so the bound in sched.h
+ * integer nanoseconds and the per-token interval is never rounded down, so the bound in admission.h
  * holds exactly, not approximately.
  *
  * The guard models the scheduler as sched.h describes it (weighted prompt shares, FIFO within a
  * tier, a slot per running sequence) with only what the scheduler publishes once per step: it is
  * meant to be right where it matters, near a tier's objective under a backlog, not to replace
- * the simulator. tests/sched/test_adm.c measures how far it is from the simulator on traces.
+ * the simulator. tests/admission/test_gcra.c measures how far it is from the simulator on traces.
  */
-#include "sched_impl.h"
+#include <sluice/admission.h>
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* ---- buckets ---- */
 
 /* ceil(tokens * period / limit) in ns, saturating (a huge cost is simply never allowed). */
-static int64_t interval(const struct sl_adm_rate *r, int64_t tokens)
+static int64_t interval(const struct sl_gcra_rate *r, int64_t tokens)
 {
     if (tokens <= 0)
         return 0;
@@ -29,15 +30,14 @@ static int64_t interval(const struct sl_adm_rate *r, int64_t tokens)
 }
 
 /* Whole tokens in a span of ns (rounded down). */
-static int64_t tokens_in(const struct sl_adm_rate *r, int64_t ns)
+static int64_t tokens_in(const struct sl_gcra_rate *r, int64_t ns)
 {
     if (ns <= 0)
         return 0;
     return (int64_t)((unsigned __int128)(uint64_t)ns * (uint64_t)r->limit / (uint64_t)r->period_ns);
 }
 
-static void view_of(const struct sl_adm_rate *r, int64_t tat, int64_t now,
-                    struct sl_adm_bucket_view *v)
+static void view_of(const struct sl_gcra_rate *r, int64_t tat, int64_t now, struct sl_gcra_view *v)
 {
     int64_t debt = tat > now ? tat - now : 0;
     int64_t cap = interval(r, r->burst);
@@ -46,15 +46,15 @@ static void view_of(const struct sl_adm_rate *r, int64_t tat, int64_t now,
     v->retry_ns = 0;
 }
 
-void sl_adm_bucket_init(struct sl_adm_bucket *b, int64_t now_ns)
+void sl_gcra_bucket_init(struct sl_gcra_bucket *b, int64_t now_ns)
 {
     atomic_init(&b->tat_ns, now_ns);
 }
 
-bool sl_adm_bucket_take(struct sl_adm_bucket *b, const struct sl_adm_rate *r, int64_t now_ns,
-                        int64_t cost, struct sl_adm_bucket_view *v)
+bool sl_gcra_bucket_take(struct sl_gcra_bucket *b, const struct sl_gcra_rate *r, int64_t now_ns,
+                         int64_t cost, struct sl_gcra_view *v)
 {
-    struct sl_adm_bucket_view scratch;
+    struct sl_gcra_view scratch;
     if (!v)
         v = &scratch;
     int64_t inc = interval(r, cost), cap = interval(r, r->burst);
@@ -75,8 +75,8 @@ bool sl_adm_bucket_take(struct sl_adm_bucket *b, const struct sl_adm_rate *r, in
     }
 }
 
-void sl_adm_bucket_refund(struct sl_adm_bucket *b, const struct sl_adm_rate *r, int64_t now_ns,
-                          int64_t cost)
+void sl_gcra_bucket_refund(struct sl_gcra_bucket *b, const struct sl_gcra_rate *r, int64_t now_ns,
+                           int64_t cost)
 {
     int64_t dec = interval(r, cost);
     if (dec == 0)
@@ -92,14 +92,14 @@ void sl_adm_bucket_refund(struct sl_adm_bucket *b, const struct sl_adm_rate *r, 
     }
 }
 
-void sl_adm_bucket_peek(const struct sl_adm_bucket *b, const struct sl_adm_rate *r, int64_t now_ns,
-                        struct sl_adm_bucket_view *v)
+void sl_gcra_bucket_peek(const struct sl_gcra_bucket *b, const struct sl_gcra_rate *r,
+                         int64_t now_ns, struct sl_gcra_view *v)
 {
     view_of(r, atomic_load_explicit(&b->tat_ns, memory_order_relaxed), now_ns, v);
 }
 
-void sl_adm_bucket_rescale(struct sl_adm_bucket *b, const struct sl_adm_rate *from,
-                           const struct sl_adm_rate *to, int64_t now_ns)
+void sl_gcra_bucket_rescale(struct sl_gcra_bucket *b, const struct sl_gcra_rate *from,
+                            const struct sl_gcra_rate *to, int64_t now_ns)
 {
     if (from->limit == to->limit && from->period_ns == to->period_ns)
         return;
@@ -153,8 +153,8 @@ static double gps_finish(double *work, const int *w, int n, int me, double rate)
     return t;
 }
 
-int sl_adm_predict_ttft(const struct sl_sched_stats *st, const long *queued_tokens, int tier,
-                        int n_prompt, struct sl_adm_prediction *out)
+int sl_guard_predict_ttft(const struct sl_sched_stats *st, const long *queued_tokens, int tier,
+                          int n_prompt, struct sl_guard_prediction *out)
 {
     memset(out, 0, sizeof *out);
     int n = st->n_tiers;
@@ -187,7 +187,7 @@ int sl_adm_predict_ttft(const struct sl_sched_stats *st, const long *queued_toke
     return SL_OK;
 }
 
-double sl_adm_over_s(const struct sl_adm_prediction *p, double slo_s)
+double sl_guard_over_s(const struct sl_guard_prediction *p, double slo_s)
 {
     /* With no prompt queued ahead of it in any tier the prediction is the request's own
      * prefill, which no wait would shorten: the engine is as free as it gets, and a rate
@@ -198,11 +198,11 @@ double sl_adm_over_s(const struct sl_adm_prediction *p, double slo_s)
     return p->ahead_tokens > 0 && p->ttft_s > slo_s ? p->ttft_s - slo_s : 0;
 }
 
-double sl_adm_drain_s(const struct sl_sched_stats *st, const long *queued_tokens, int tier,
-                      int n_prompt, double slo_s)
+double sl_guard_drain_s(const struct sl_sched_stats *st, const long *queued_tokens, int tier,
+                        int n_prompt, double slo_s)
 {
-    struct sl_adm_prediction p;
-    if (sl_adm_predict_ttft(st, queued_tokens, tier, n_prompt, &p) != SL_OK)
+    struct sl_guard_prediction p;
+    if (sl_guard_predict_ttft(st, queued_tokens, tier, n_prompt, &p) != SL_OK)
         return 0;
-    return sl_adm_over_s(&p, slo_s);
+    return sl_guard_over_s(&p, slo_s);
 }
