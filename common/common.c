@@ -22,6 +22,7 @@ const char *sl_status_str(int status)
     case SL_ENOENT: return "not found";
     case SL_ERANGE: return "out of range";
     case SL_EFORMAT: return "malformed input";
+    case SL_EPERM: return "not permitted";
     }
     return "unknown status";
 }

@@ -29,6 +29,9 @@ struct sl_openai_error {
 const char *sl_openai_error_type(int http_code);
 void sl_openai_error_set(struct sl_openai_error *e, int http, const char *param, const char *code,
                          const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Admission's refusal as OpenAI's error: its status through sl_http_status_code, its code, param
+ * and message as they are. */
+void sl_openai_error_from_admit(struct sl_openai_error *e, const struct sl_admit_error *a);
 
 /* Who wrote a chat message. OpenAI's "developer" is read as system (it replaces system for newer
  * models); "tool" and "function" messages are refused at decode. */
@@ -330,12 +333,13 @@ void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen)
 /* Index of the tier named name[0..len), or -1. */
 int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len);
 /* Puts a request of tenant t into a tier by cfg's classify rules, first match wins (see
- * conf/sluice.json). An explicit request (header or service_tier) for an unknown tier is a 400
- * naming the param, for a tier the tenant may not use a 403; a shape rule whose tier the tenant
- * may not use is skipped; the tenant default ends the list. Returns SL_OK with *tier set, or
- * SL_EINVAL with err filled. */
+ * conf/sluice.json). An explicit request (header or service_tier) for an unknown tier is
+ * SL_EINVAL ("invalid_tier"), for a tier the tenant may not use SL_EPERM ("tier_not_allowed"),
+ * err naming the param either way; a shape rule whose tier the tenant may not use is skipped;
+ * the tenant default ends the list. Returns SL_OK with *tier set, or the status with err
+ * filled. */
 int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
-                     const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err);
+                     const struct sl_tier_request *rq, int *tier, struct sl_admit_error *err);
 /* False when no rule of cfg reads the body (service_tier, stream, max_tokens): the tier then
  * follows from the head alone, whatever the body says. */
 bool sl_tier_classify_needs_body(const struct sl_config *cfg);
@@ -366,8 +370,8 @@ void sl_overload_step_format(const struct sl_config *c, const struct sl_overload
  * Admission (admission.c): tenant budgets, tier buckets and queues, the SLO guard and the
  * overload policy, run on the I/O threads before a request reaches a scheduler.
  *
- * Lock-free throughout: every bucket is one atomic word (struct sl_gcra_bucket), every queue count an
- * atomic reserved by compare-and-swap below its cap, and the scheduler's figures are read with
+ * Lock-free throughout: every bucket is one atomic word (struct sl_gcra_bucket), every queue count
+ * an atomic reserved by compare-and-swap below its cap, and the scheduler's figures are read with
  * sl_sched_stats. The state lives in cells shared by name between a configuration and the one
  * that replaces it (sl_admission_adopt), so a reload keeps the buckets and queue counts of the
  * tenants and tiers it keeps, and a request refunds into the cells of the configuration it

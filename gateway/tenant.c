@@ -12,6 +12,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,34 +220,49 @@ static void tier_list(const struct sl_config *cfg, const struct sl_tenant *t, ch
             n += (size_t)snprintf(out + n, outlen - n, "%s%s", n ? ", " : "", cfg->tiers[i].name);
 }
 
+static int error_set(struct sl_admit_error *e, enum sl_status status, const char *param,
+                     const char *code, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Fills e and returns its status. */
+static int error_set(struct sl_admit_error *e, enum sl_status status, const char *param,
+                     const char *code, const char *fmt, ...)
+{
+    e->status = status;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
 /* An explicit request for `tier` through `param`: a tier the tenant may not use is refused
  * rather than silently replaced, so the client learns it did not get what it asked for. */
 static int explicit_tier(const struct sl_config *cfg, const struct sl_tenant *t, int tier,
-                         const char *param, int *out, struct sl_openai_error *err)
+                         const char *param, int *out, struct sl_admit_error *err)
 {
     char list[256];
     if (!allowed(t, tier)) {
         tier_list(cfg, t, list, sizeof list);
-        sl_openai_error_set(err, 403, param, "tier_not_allowed",
-                            "Tenant '%s' may not use tier '%s' (requested by '%s'); its tiers "
-                            "are: %s.",
-                            t->name, cfg->tiers[tier].name, param, list);
-        return SL_EINVAL;
+        return error_set(err, SL_EPERM, param, "tier_not_allowed",
+                         "Tenant '%s' may not use tier '%s' (requested by '%s'); its tiers "
+                         "are: %s.",
+                         t->name, cfg->tiers[tier].name, param, list);
     }
     *out = tier;
     return SL_OK;
 }
 
 static int unknown_tier(const struct sl_config *cfg, const char *param, const char *v, size_t len,
-                        struct sl_openai_error *err)
+                        struct sl_admit_error *err)
 {
     char q[48], list[256];
     quote(q, sizeof q, v, len);
     tier_list(cfg, NULL, list, sizeof list);
-    sl_openai_error_set(err, 400, param, "invalid_tier",
-                        "Invalid '%s': unknown tier '%s'; this server's tiers are: %s.", param, q,
-                        list);
-    return SL_EINVAL;
+    return error_set(err, SL_EINVAL, param, "invalid_tier",
+                     "Invalid '%s': unknown tier '%s'; this server's tiers are: %s.", param, q,
+                     list);
 }
 
 bool sl_tier_classify_needs_body(const struct sl_config *cfg)
@@ -261,7 +277,7 @@ bool sl_tier_classify_needs_body(const struct sl_config *cfg)
 }
 
 int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
-                     const struct sl_tier_request *rq, int *tier, struct sl_openai_error *err)
+                     const struct sl_tier_request *rq, int *tier, struct sl_admit_error *err)
 {
     for (int i = 0; i < cfg->n_classify; i++) {
         const struct sl_tier_rule *r = &cfg->classify[i];

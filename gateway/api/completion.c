@@ -96,9 +96,12 @@ static int classify(struct api_exchange *a, struct sl_openai_completion *oc,
         .max_tokens = oc->params.max_tokens,
     };
     int tier;
-    int st = sl_tier_classify(a->cfg, a->tenant, &rq, &tier, err);
-    if (st != SL_OK)
+    struct sl_admit_error why;
+    int st = sl_tier_classify(a->cfg, a->tenant, &rq, &tier, &why);
+    if (st != SL_OK) {
+        sl_openai_error_from_admit(err, &why);
         return st;
+    }
     const struct sl_tier *t = &a->cfg->tiers[tier];
     a->tier = tier;
     oc->params.tier = tier;

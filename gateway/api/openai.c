@@ -26,6 +26,11 @@ void sl_openai_error_set(struct sl_openai_error *e, int http, const char *param,
     va_end(ap);
 }
 
+void sl_openai_error_from_admit(struct sl_openai_error *e, const struct sl_admit_error *a)
+{
+    sl_openai_error_set(e, sl_http_status_code(a->status), a->param, a->code, "%s", a->message);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Decoding
  */

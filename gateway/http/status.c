@@ -9,6 +9,7 @@ int sl_http_status_code(int status)
     case SL_EINVAL:
     case SL_EFORMAT:
     case SL_ERANGE: return 400;
+    case SL_EPERM: return 403;
     case SL_ENOENT: return 404;
     case SL_EAGAIN:
     case SL_EBUSY:

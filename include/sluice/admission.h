@@ -16,6 +16,20 @@
 #include <sluice/sched.h>
 
 /* ---------------------------------------------------------------------------------------------
+ * Errors
+ */
+
+/* Why admission refused a request, in no API's words: the gateway turns status into its HTTP
+ * code (sl_http_status_code) and the rest into its API's error object. */
+struct sl_admit_error {
+    enum sl_status status; /* SL_EINVAL: the request asks for what does not exist; SL_EPERM:
+                              its tenant may not have what it asks for */
+    const char *code;      /* static, machine-readable ("invalid_tier", "tier_not_allowed") */
+    char param[64];        /* the request field at fault ("service_tier"), "" when none */
+    char message[512];     /* one client-safe sentence; never a key or a key hash */
+};
+
+/* ---------------------------------------------------------------------------------------------
  * Token buckets and the SLO guard (admission/gcra.c)
  *
  * Pure functions of their inputs and `now`: no clock, no I/O, no locks.

@@ -27,6 +27,7 @@ enum sl_status {
     SL_ENOENT = -9,    /* no such file, route or object */
     SL_ERANGE = -10,   /* a size or value out of its allowed range */
     SL_EFORMAT = -11,  /* a file or message is malformed */
+    SL_EPERM = -12,    /* not permitted: the caller may not do or use this */
 };
 
 /* A static English description of a status ("invalid argument"). Never NULL. */

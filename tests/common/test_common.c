@@ -86,7 +86,7 @@ Test(common, utf8_valid_accepts_whole_characters_only_when_checking)
 
 Test(common, status_str_names_every_status_when_asked)
 {
-    for (int st = SL_OK; st >= SL_EFORMAT; st--)
+    for (int st = SL_OK; st >= SL_EPERM; st--)
         cr_assert_str_neq(sl_status_str(st), "unknown status", "status %d", st);
     cr_assert_str_eq(sl_status_str(-1000), "unknown status");
 }

@@ -904,3 +904,26 @@ Test(gateway, spells_a_partial_character_token_as_bytes_when_encoding_logprobs)
     sl_str_dispose(&s);
     sl_model_free(m);
 }
+
+Test(gateway, admission_refusals_become_openai_errors_with_their_status_when_converted)
+{
+    struct sl_admit_error a = {.status = SL_EPERM, .code = "tier_not_allowed"};
+    snprintf(a.param, sizeof a.param, "service_tier");
+    snprintf(a.message, sizeof a.message, "Tenant 'bob' may not use tier 'gold'.");
+    struct sl_openai_error e;
+    sl_openai_error_from_admit(&e, &a);
+    cr_assert_eq(e.http, 403);
+    cr_assert_str_eq(sl_openai_error_type(e.http), "permission_error");
+    cr_assert_str_eq(e.code, "tier_not_allowed");
+    cr_assert_str_eq(e.param, "service_tier");
+    cr_assert_str_eq(e.message, a.message);
+    a = (struct sl_admit_error){.status = SL_EINVAL, .code = "invalid_tier"};
+    sl_openai_error_from_admit(&e, &a);
+    cr_assert_eq(e.http, 400);
+    cr_assert_str_eq(e.param, "", "no param: JSON null");
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_error_encode(&s, &e);
+    cr_assert(strstr(s.p, "\"param\":null") && strstr(s.p, "\"code\":\"invalid_tier\""), "%s", s.p);
+    sl_str_dispose(&s);
+}

@@ -284,7 +284,7 @@ Test(gateway, defaults_have_two_tiers_and_openai_mapping_when_no_file)
     cr_assert_eq(c.n_tenants, 0);
     cr_assert_not(c.has_admin_key);
     struct sl_tier_request rq = {.service_tier = "flex", .path = "/v1/completions", .path_len = 15};
-    struct sl_openai_error err;
+    struct sl_admit_error err;
     int tier = -1;
     cr_assert_eq(sl_tier_classify(&c, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
     cr_assert_eq(tier, 1);
@@ -552,8 +552,12 @@ static struct cls run_classify(const struct sl_config *c, const char *tenant, co
         .max_tokens = max_tokens,
     };
     struct cls r = {.tier = -7};
+    struct sl_admit_error why;
     memset(&r.err, 0, sizeof r.err);
-    r.st = sl_tier_classify(c, t, &rq, &r.tier, &r.err);
+    r.st = sl_tier_classify(c, t, &rq, &r.tier, &why);
+    /* What a client sees: the gateway's OpenAI error for admission's refusal. */
+    if (r.st != SL_OK)
+        sl_openai_error_from_admit(&r.err, &why);
     return r;
 }
 
@@ -635,7 +639,7 @@ Test(gateway, explicit_tier_is_refused_when_unknown_or_not_allowed)
     cr_assert(strstr(r.err.message, "turbo"), "%s", r.err.message);
     /* Known tiers the tenant may not use: 403, even when a later rule would have placed it. */
     r = CL("bob", "interactive", NULL, P, false, 5);
-    cr_assert_eq(r.st, SL_EINVAL);
+    cr_assert_eq(r.st, SL_EPERM);
     cr_assert_eq(r.err.http, 403);
     cr_assert_str_eq(r.err.param, "x-sluice-tier");
     cr_assert_str_eq(sl_openai_error_type(r.err.http), "permission_error");
@@ -677,7 +681,7 @@ Test(gateway, anonymous_tenant_may_use_every_tier_when_no_tenants)
     cr_assert_eq(load(&c, buf, err, sizeof err), SL_OK, "%s", err);
     const struct sl_tenant *t = sl_tenant_lookup(&c, NULL, 0);
     struct sl_tier_request rq = {.header = "gold", .header_len = 4, .path = P, .path_len = 15};
-    struct sl_openai_error e;
+    struct sl_admit_error e;
     int tier = -1;
     cr_assert_eq(sl_tier_classify(&c, t, &rq, &tier, &e), SL_OK, "%s", e.message);
     cr_assert_str_eq(c.tiers[tier].name, "gold");
