@@ -235,35 +235,6 @@ const char *sl_admit_reason_str(enum sl_admit_reason r)
     return (int)r >= 0 && r < SL_ADMIT_N_REASONS ? reason_names[r] : "none";
 }
 
-void sl_admit_duration_format(int64_t ns, char *out, size_t outlen)
-{
-    if (ns <= 0) {
-        snprintf(out, outlen, "0s");
-        return;
-    }
-    long long ms = (ns + NS_PER_MS - 1) / NS_PER_MS;
-    if (ms < 1000) {
-        snprintf(out, outlen, "%lldms", ms);
-        return;
-    }
-    long long h = ms / 3600000, m = ms / 60000 % 60, sec = ms / 1000 % 60, frac = ms % 1000;
-    char s[16];
-    if (frac == 0) {
-        snprintf(s, sizeof s, "%lld", sec);
-    } else {
-        snprintf(s, sizeof s, "%lld.%03lld", sec, frac);
-        size_t n = strlen(s);
-        while (s[n - 1] == '0')
-            s[--n] = '\0';
-    }
-    if (h)
-        snprintf(out, outlen, "%lldh%lldm%ss", h, m, s);
-    else if (m)
-        snprintf(out, outlen, "%lldm%ss", m, s);
-    else
-        snprintf(out, outlen, "%ss", s);
-}
-
 static void note_add(struct sl_admit *a, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
@@ -764,74 +735,35 @@ enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_
     return walk(a, env, now_ns);
 }
 
-/* ---- headers ---- */
+/* ---- what the gateway shows ---- */
 
-static int64_t ceil_div(int64_t a, int64_t b)
+static void budget_of(struct sl_admit_budget *out, long long limit, const struct sl_gcra_bucket *b,
+                      int64_t now_ns)
 {
-    return (a + b - 1) / b;
-}
-
-#define LIT(o, s) sl_str_append((o), (s), sizeof(s) - 1)
-
-/* Appends v in decimal (no printf: this runs on every refusal, the path a flood takes). */
-static void append_num(struct sl_str *o, long long v)
-{
-    char d[24];
-    size_t i = sizeof d;
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do
-        d[--i] = (char)('0' + u % 10);
-    while ((u /= 10) != 0);
-    if (v < 0)
-        d[--i] = '-';
-    sl_str_append(o, d + i, sizeof d - i);
-}
-
-void sl_admit_headers(const struct sl_admit *a, struct sl_str *out)
-{
-    if (!a->ran)
+    memset(out, 0, sizeof *out);
+    if (limit <= 0)
         return;
-    LIT(out, "x-sluice-admission: ");
-    sl_str_append(out, a->note, strlen(a->note));
-    LIT(out, "\r\n");
-    if ((a->verdict == SL_ADMIT_RATE_LIMITED || a->verdict == SL_ADMIT_OVERLOADED) &&
-        a->retry_ns >= 0) {
-        int64_t ns = a->retry_ns > 0 ? a->retry_ns : 1;
-        LIT(out, "Retry-After: ");
-        append_num(out, ceil_div(ns, NS_PER_S));
-        LIT(out, "\r\nretry-after-ms: ");
-        append_num(out, ceil_div(ns, NS_PER_MS));
-        LIT(out, "\r\n");
-    }
-}
-
-/* OpenAI's x-ratelimit-{limit,remaining,reset}-WHAT for a per-minute bucket of `limit`. */
-static void limit_headers(struct sl_str *out, const char *what, long long limit,
-                          const struct sl_gcra_bucket *b, int64_t now_ns)
-{
     struct sl_gcra_rate r = per_minute(limit);
     struct sl_gcra_view v;
-    char reset[32];
     sl_gcra_bucket_peek(b, &r, now_ns, &v);
-    sl_admit_duration_format(v.reset_ns, reset, sizeof reset);
-    sl_str_appendf(out,
-                   "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"
-                   "x-ratelimit-reset-%s: %s\r\n",
-                   what, limit, what, (long long)v.remaining, what, reset);
+    out->limit = limit;
+    out->remaining = v.remaining;
+    out->reset_ns = v.reset_ns;
 }
 
-void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
-                                    int64_t now_ns, struct sl_str *out)
+bool sl_admit_budgets(const struct sl_config *cfg, const struct sl_tenant *t, int64_t now_ns,
+                      struct sl_admit_budget *requests, struct sl_admit_budget *tokens)
 {
+    memset(requests, 0, sizeof *requests);
+    memset(tokens, 0, sizeof *tokens);
     if (!has_limits(t) || t == &sl_tenant_anonymous || !cfg->adm || !cfg->admission)
-        return;
-    struct cell *c = cfg->adm->tenants[t - cfg->tenants];
+        return false;
+    const struct cell *c = cfg->adm->tenants[t - cfg->tenants];
     if (!c)
-        return;
-    if (t->rpm > 0)
-        limit_headers(out, "requests", t->rpm, &c->requests, now_ns);
-    if (t->tpm > 0)
-        limit_headers(out, "tokens", t->tpm, &c->tokens, now_ns);
+        return false;
+    budget_of(requests, t->rpm, &c->requests, now_ns);
+    budget_of(tokens, t->tpm, &c->tokens, now_ns);
+    return true;
 }
 
 void sl_admission_render(const struct sl_config *cfg, struct sl_str *out)

@@ -208,6 +208,18 @@ void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_iden
 void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                   int prompt_tokens, int completion_tokens);
 void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e);
+/* Response headers for admission's decision on a request: x-sluice-admission, and for a refusal
+ * Retry-After (seconds, rounded up) and retry-after-ms. Appended as "Name: value\r\n" lines;
+ * nothing when admission did not run. */
+struct sl_admit;
+void sl_openai_admission_headers(const struct sl_admit *a, struct sl_str *out);
+/* OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} of tenant t under cfg (nothing
+ * for a tenant without rpm or tpm), as the buckets are at now_ns. */
+void sl_openai_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
+                                 int64_t now_ns, struct sl_str *out);
+/* OpenAI's duration format, as in x-ratelimit-reset-*: "0s", "120ms", "1s", "6m0s", "1.5s",
+ * "1h2m3s" (milliseconds rounded up). */
+void sl_openai_duration_format(int64_t ns, char *out, size_t outlen);
 /* GET /v1/models (the n served ids, the default first) and GET /v1/models/{id}. */
 /* Each model card has vLLM's max_model_len (the model's context, max_lens[i]). */
 void sl_openai_models_encode(struct sl_str *out, const char *const *ids, const int *max_lens, int n,
@@ -483,16 +495,16 @@ void sl_admit_started(struct sl_admit *a);
  * parking place and refunds the tokens it was charged and did not use. Exactly once: later calls do
  * nothing. */
 void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns);
-/* Response headers for the decision: x-sluice-admission, and for a refusal Retry-After
- * (seconds, rounded up) and retry-after-ms. Appended as "Name: value\r\n" lines. */
-void sl_admit_headers(const struct sl_admit *a, struct sl_str *out);
-/* x-ratelimit-{limit,remaining,reset}-{requests,tokens} of tenant t under cfg (nothing for a
- * tenant without rpm or tpm), as the buckets are at now_ns. */
-void sl_admission_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
-                                    int64_t now_ns, struct sl_str *out);
-/* OpenAI's duration format, as in x-ratelimit-reset-*: "0s", "120ms", "1s", "6m0s", "1.5s",
- * "1h2m3s" (milliseconds rounded up). */
-void sl_admit_duration_format(int64_t ns, char *out, size_t outlen);
+/* A tenant's per-minute budget (rpm or tpm) as its bucket stands. */
+struct sl_admit_budget {
+    long long limit;   /* per minute; 0: the tenant has no such limit (and the rest is 0) */
+    int64_t remaining; /* that could be taken at once now */
+    int64_t reset_ns;  /* until the bucket is full again (0 when full) */
+};
+/* Tenant t's requests and tokens per minute under cfg, as the buckets are at now_ns. False, both
+ * zeroed, when t has neither (or admission is off). */
+bool sl_admit_budgets(const struct sl_config *cfg, const struct sl_tenant *t, int64_t now_ns,
+                      struct sl_admit_budget *requests, struct sl_admit_budget *tokens);
 
 /* Gives next its runtime state, sharing cells with prev (may be NULL) by tenant and tier name;
  * a kept bucket whose rate changed keeps its debt in tokens (sl_gcra_bucket_rescale). Call before

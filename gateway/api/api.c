@@ -27,9 +27,9 @@ const char *api_headers(struct api_exchange *a, const char *extra)
         str_add(w, "\r\n");
     }
     /* What admission did, and the tenant's budgets on every response of a tenant with limits. */
-    sl_admit_headers(&a->adm, w);
+    sl_openai_admission_headers(&a->adm, w);
     if (a->tenant && (a->tenant->rpm > 0 || a->tenant->tpm > 0))
-        sl_admission_ratelimit_headers(a->cfg, a->tenant, (int64_t)sl_clock_ns(), w);
+        sl_openai_ratelimit_headers(a->cfg, a->tenant, (int64_t)sl_clock_ns(), w);
     if (extra)
         str_add(w, extra);
     return w->p ? w->p : "";

@@ -1423,3 +1423,99 @@ void sl_openai_detokenized_encode(struct sl_str *out, const char *text, size_t l
     put_str(out, text, len);
     put_lit(out, "}");
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Admission's headers
+ */
+
+#define NS_PER_S 1000000000LL
+#define NS_PER_MS 1000000LL
+
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/* Appends v in decimal (no printf: this runs on every refusal, the path a flood takes). */
+static void put_num(struct sl_str *o, long long v)
+{
+    char d[24];
+    size_t i = sizeof d;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do
+        d[--i] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        d[--i] = '-';
+    sl_str_append(o, d + i, sizeof d - i);
+}
+
+void sl_openai_admission_headers(const struct sl_admit *a, struct sl_str *out)
+{
+    if (!a->ran)
+        return;
+    put_lit(out, "x-sluice-admission: ");
+    sl_str_append(out, a->note, strlen(a->note));
+    put_lit(out, "\r\n");
+    if ((a->verdict == SL_ADMIT_RATE_LIMITED || a->verdict == SL_ADMIT_OVERLOADED) &&
+        a->retry_ns >= 0) {
+        int64_t ns = a->retry_ns > 0 ? a->retry_ns : 1;
+        put_lit(out, "Retry-After: ");
+        put_num(out, ceil_div(ns, NS_PER_S));
+        put_lit(out, "\r\nretry-after-ms: ");
+        put_num(out, ceil_div(ns, NS_PER_MS));
+        put_lit(out, "\r\n");
+    }
+}
+
+void sl_openai_duration_format(int64_t ns, char *out, size_t outlen)
+{
+    if (ns <= 0) {
+        snprintf(out, outlen, "0s");
+        return;
+    }
+    long long ms = (ns + NS_PER_MS - 1) / NS_PER_MS;
+    if (ms < 1000) {
+        snprintf(out, outlen, "%lldms", ms);
+        return;
+    }
+    long long h = ms / 3600000, m = ms / 60000 % 60, sec = ms / 1000 % 60, frac = ms % 1000;
+    char s[16];
+    if (frac == 0) {
+        snprintf(s, sizeof s, "%lld", sec);
+    } else {
+        snprintf(s, sizeof s, "%lld.%03lld", sec, frac);
+        size_t n = strlen(s);
+        while (s[n - 1] == '0')
+            s[--n] = '\0';
+    }
+    if (h)
+        snprintf(out, outlen, "%lldh%lldm%ss", h, m, s);
+    else if (m)
+        snprintf(out, outlen, "%lldm%ss", m, s);
+    else
+        snprintf(out, outlen, "%ss", s);
+}
+
+/* OpenAI's x-ratelimit-{limit,remaining,reset}-WHAT for one per-minute budget. */
+static void limit_headers(struct sl_str *out, const char *what, const struct sl_admit_budget *b)
+{
+    char reset[32];
+    sl_openai_duration_format(b->reset_ns, reset, sizeof reset);
+    sl_str_appendf(out,
+                   "x-ratelimit-limit-%s: %lld\r\nx-ratelimit-remaining-%s: %lld\r\n"
+                   "x-ratelimit-reset-%s: %s\r\n",
+                   what, b->limit, what, (long long)b->remaining, what, reset);
+}
+
+void sl_openai_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
+                                 int64_t now_ns, struct sl_str *out)
+{
+    struct sl_admit_budget requests, tokens;
+    if (!sl_admit_budgets(cfg, t, now_ns, &requests, &tokens))
+        return;
+    if (requests.limit > 0)
+        limit_headers(out, "requests", &requests);
+    if (tokens.limit > 0)
+        limit_headers(out, "tokens", &tokens);
+}

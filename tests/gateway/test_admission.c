@@ -283,8 +283,8 @@ static const char *header(const struct sl_admit *a, const struct sl_config *c,
 {
     struct sl_str s;
     sl_str_init(&s);
-    sl_admit_headers(a, &s);
-    sl_admission_ratelimit_headers(c, t, now, &s);
+    sl_openai_admission_headers(a, &s);
+    sl_openai_ratelimit_headers(c, t, now, &s);
     const char *p = s.p ? strstr(s.p, name) : NULL;
     buf[0] = '\0';
     if (p) {
@@ -752,7 +752,7 @@ Test(gateway, durations_are_written_as_openai_writes_them)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char out[32];
-        sl_admit_duration_format(cases[i].ns, out, sizeof out);
+        sl_openai_duration_format(cases[i].ns, out, sizeof out);
         cr_assert_str_eq(out, cases[i].want, "%lld ns", (long long)cases[i].ns);
     }
 }
