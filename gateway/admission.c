@@ -41,7 +41,7 @@ struct cell {
     atomic_int parked;
 };
 
-struct sl_admission {
+struct sl_admit_state {
     int n_tenants, n_tiers;
     struct cell **tenants; /* (n_tenants) NULL for a tenant without limits */
     struct cell **tiers;   /* (n_tiers) */
@@ -74,7 +74,7 @@ static void cell_unref(struct cell *c)
         free(c);
 }
 
-void sl_admission_free(struct sl_admission *adm)
+void sl_admit_state_free(struct sl_admit_state *adm)
 {
     if (!adm)
         return;
@@ -117,14 +117,14 @@ static uint64_t hash_name(const char *s)
     return h;
 }
 
-static void map_build(struct name_map *m, const struct sl_config *prev)
+static void map_build(struct name_map *m, const struct sl_tenancy *prev)
 {
     m->cap = 16;
     while (m->cap < 2 * (size_t)prev->n_tenants)
         m->cap *= 2;
     m->slot = sl_xcalloc(m->cap, sizeof *m->slot);
     for (int i = 0; i < prev->n_tenants; i++) {
-        if (!prev->adm->tenants[i])
+        if (!prev->state->tenants[i])
             continue;
         size_t k = hash_name(prev->tenants[i].name) & (m->cap - 1);
         while (m->slot[k])
@@ -133,7 +133,7 @@ static void map_build(struct name_map *m, const struct sl_config *prev)
     }
 }
 
-static int map_find(const struct name_map *m, const struct sl_config *prev, const char *name)
+static int map_find(const struct name_map *m, const struct sl_tenancy *prev, const char *name)
 {
     size_t k = hash_name(name) & (m->cap - 1);
     for (; m->slot[k]; k = (k + 1) & (m->cap - 1))
@@ -142,13 +142,13 @@ static int map_find(const struct name_map *m, const struct sl_config *prev, cons
     return -1;
 }
 
-void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, int64_t now_ns)
+void sl_admit_adopt(struct sl_tenancy *next, const struct sl_tenancy *prev, int64_t now_ns)
 {
-    if (next->adm)
+    if (next->state)
         return;
-    if (prev && !prev->adm)
+    if (prev && !prev->state)
         prev = NULL;
-    struct sl_admission *adm = sl_xcalloc(1, sizeof *adm);
+    struct sl_admit_state *adm = sl_xcalloc(1, sizeof *adm);
     adm->n_tenants = next->n_tenants;
     adm->n_tiers = next->n_tiers;
     adm->tenants = sl_xcalloc((size_t)(next->n_tenants ? next->n_tenants : 1), sizeof(void *));
@@ -165,7 +165,7 @@ void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, in
             adm->tenants[i] = cell_new(t->name, now_ns);
             continue;
         }
-        struct cell *c = cell_ref(prev->adm->tenants[o]);
+        struct cell *c = cell_ref(prev->state->tenants[o]);
         const struct sl_tenant *pt = &prev->tenants[o];
         /* A limit that appears starts full; one that changes keeps its debt in tokens. */
         struct sl_gcra_rate a, b;
@@ -190,7 +190,7 @@ void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, in
         struct cell *c = NULL;
         for (int o = 0; prev && o < prev->n_tiers && !c; o++)
             if (strcmp(prev->tiers[o].name, t->name) == 0) {
-                c = cell_ref(prev->adm->tiers[o]);
+                c = cell_ref(prev->state->tiers[o]);
                 pt = &prev->tiers[o];
             }
         if (!c) {
@@ -203,17 +203,17 @@ void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, in
         }
         adm->tiers[i] = c;
     }
-    next->adm = adm;
+    next->state = adm;
 }
 
-void sl_admission_queue(const struct sl_config *cfg, int tier, int model, int *requests,
-                        long *tokens)
+void sl_admit_queue(const struct sl_tenancy *cfg, int tier, int model, int *requests, long *tokens)
 {
     *requests = 0;
     *tokens = 0;
-    if (!cfg->adm || tier < 0 || tier >= cfg->adm->n_tiers || model < 0 || model >= SL_MODELS_MAX)
+    if (!cfg->state || tier < 0 || tier >= cfg->state->n_tiers || model < 0 ||
+        model >= SL_MODELS_MAX)
         return;
-    struct cell *c = cfg->adm->tiers[tier];
+    struct cell *c = cfg->state->tiers[tier];
     *requests = atomic_load_explicit(&c->queued[model], memory_order_relaxed);
     *tokens = atomic_load_explicit(&c->queued_tokens[model], memory_order_relaxed);
 }
@@ -298,7 +298,7 @@ static long prompt_work(const struct sl_admit *a)
 static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
                     struct sl_guard_prediction *p)
 {
-    const struct sl_config *cfg = a->cfg;
+    const struct sl_tenancy *cfg = a->cfg;
     struct sl_sched_stats st;
     memset(&st, 0, sizeof st);
     env->stats(env->ctx, a->model, &st);
@@ -316,7 +316,7 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
                 ci = k;
         if (ci < 0)
             continue;
-        struct cell *c = cfg->adm->tiers[ci];
+        struct cell *c = cfg->state->tiers[ci];
         long mine = atomic_load_explicit(&c->queued_tokens[a->model], memory_order_relaxed);
         if (i == si && queued_self)
             mine -= prompt_work(a);
@@ -373,9 +373,9 @@ static int64_t secs_ns(double s)
 static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_env *env,
                                      int64_t now)
 {
-    const struct sl_config *cfg = a->cfg;
+    const struct sl_tenancy *cfg = a->cfg;
     const struct sl_tier *t = &cfg->tiers[a->tier];
-    struct cell *c = cfg->adm->tiers[a->tier];
+    struct cell *c = cfg->state->tiers[a->tier];
     int64_t cost = charge(a);
     struct sl_gcra_rate rate = tier_rate(t);
     bool took = false;
@@ -541,7 +541,7 @@ static int model_find(const struct sl_admit_env *env, const char *name)
  * rejects it. */
 static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env *env, int64_t now)
 {
-    const struct sl_config *cfg = a->cfg;
+    const struct sl_tenancy *cfg = a->cfg;
     const struct sl_tier *policy = &cfg->tiers[a->policy_tier];
     while (a->step < policy->n_overload) {
         const struct sl_overload_step *s = &policy->overload[a->step++];
@@ -572,7 +572,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
             break;
         }
         case SL_OVERLOAD_QUEUE: {
-            struct cell *c = cfg->adm->tiers[a->policy_tier];
+            struct cell *c = cfg->state->tiers[a->policy_tier];
             int cap = policy->max_queue_requests;
             int p = atomic_load_explicit(&c->parked, memory_order_relaxed);
             bool room = true;
@@ -608,7 +608,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
 }
 
 enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_env *env,
-                                     const struct sl_config *cfg, const struct sl_tenant *t,
+                                     const struct sl_tenancy *cfg, const struct sl_tenant *t,
                                      int tier, int model, int n_prompt, int max_tokens,
                                      int64_t now_ns)
 {
@@ -620,10 +620,10 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
     a->n_prompt = n_prompt;
     a->max_tokens = max_tokens;
     a->retry_ns = 0;
-    if (!cfg->admission || !cfg->adm || model < 0 || model >= SL_MODELS_MAX)
+    if (!cfg->admission || !cfg->state || model < 0 || model >= SL_MODELS_MAX)
         return admitted(a);
     if (has_limits(t) && t != &sl_tenant_anonymous) {
-        struct cell *c = cfg->adm->tenants[t - cfg->tenants];
+        struct cell *c = cfg->state->tenants[t - cfg->tenants];
         struct sl_gcra_view v;
         if (t->rpm > 0) {
             struct sl_gcra_rate r = per_minute(t->rpm);
@@ -679,10 +679,10 @@ limited:
 }
 
 enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
-                                        const struct sl_config *cfg, const struct sl_tenant *t,
+                                        const struct sl_tenancy *cfg, const struct sl_tenant *t,
                                         int tier, int model, int max_tokens, int64_t now_ns)
 {
-    if (!cfg->admission || !cfg->adm || has_limits(t) || model < 0 || model >= SL_MODELS_MAX)
+    if (!cfg->admission || !cfg->state || has_limits(t) || model < 0 || model >= SL_MODELS_MAX)
         return SL_ADMIT_OK;
     const struct sl_tier *tr = &cfg->tiers[tier];
     if (tr->max_queue_requests < 0)
@@ -691,7 +691,7 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
         if (tr->overload[i].kind != SL_OVERLOAD_CAP_MAX_TOKENS &&
             tr->overload[i].kind != SL_OVERLOAD_REJECT)
             return SL_ADMIT_OK; /* a step that may find room elsewhere: the full decision */
-    const struct cell *c = cfg->adm->tiers[tier];
+    const struct cell *c = cfg->state->tiers[tier];
     if (atomic_load_explicit(&c->queued[model], memory_order_relaxed) < tr->max_queue_requests)
         return SL_ADMIT_OK;
     /* What sl_admit_begin would answer: the queue is full, and capping max_tokens does not
@@ -751,14 +751,14 @@ static void budget_of(struct sl_admit_budget *out, long long limit, const struct
     out->reset_ns = v.reset_ns;
 }
 
-bool sl_admit_budgets(const struct sl_config *cfg, const struct sl_tenant *t, int64_t now_ns,
+bool sl_admit_budgets(const struct sl_tenancy *cfg, const struct sl_tenant *t, int64_t now_ns,
                       struct sl_admit_budget *requests, struct sl_admit_budget *tokens)
 {
     memset(requests, 0, sizeof *requests);
     memset(tokens, 0, sizeof *tokens);
-    if (!has_limits(t) || t == &sl_tenant_anonymous || !cfg->adm || !cfg->admission)
+    if (!has_limits(t) || t == &sl_tenant_anonymous || !cfg->state || !cfg->admission)
         return false;
-    const struct cell *c = cfg->adm->tenants[t - cfg->tenants];
+    const struct cell *c = cfg->state->tenants[t - cfg->tenants];
     if (!c)
         return false;
     budget_of(requests, t->rpm, &c->requests, now_ns);
@@ -766,7 +766,7 @@ bool sl_admit_budgets(const struct sl_config *cfg, const struct sl_tenant *t, in
     return true;
 }
 
-void sl_admission_render(const struct sl_config *cfg, struct sl_str *out)
+void sl_admit_render(const struct sl_tenancy *cfg, struct sl_str *out)
 {
     static const char *const names[3] = {"sluice:admission_queued_requests",
                                          "sluice:admission_queued_prompt_tokens",
@@ -778,8 +778,8 @@ void sl_admission_render(const struct sl_config *cfg, struct sl_str *out)
         "Requests a queue:MS step holds while they wait for room in their tier, by tier."};
     for (int k = 0; k < 3; k++) {
         sl_str_appendf(out, "# HELP %s %s\n# TYPE %s gauge\n", names[k], help[k], names[k]);
-        for (int i = 0; cfg->adm && i < cfg->adm->n_tiers; i++) {
-            const struct cell *c = cfg->adm->tiers[i];
+        for (int i = 0; cfg->state && i < cfg->state->n_tiers; i++) {
+            const struct cell *c = cfg->state->tiers[i];
             long v = 0;
             if (k == 2) {
                 v = atomic_load_explicit(&c->parked, memory_order_relaxed);

@@ -43,8 +43,7 @@ void sl_config_init(struct sl_config *c)
     c->models = sl_xcalloc(1, sizeof *c->models);
     c->models[0].spec = sl_xstrdup(c->model);
     c->models[0].threads = -1; /* device NULL: "device" */
-    c->admission = true;
-    sl_tenancy_init(c);
+    sl_tenancy_init(&c->tenancy);
 }
 
 static void tls_clear(struct sl_config_tls *t)
@@ -75,7 +74,6 @@ static void devices_free(char **d, int n)
 
 void sl_config_dispose(struct sl_config *c)
 {
-    sl_admission_free(c->adm);
     models_free(c->models, c->n_models);
     devices_free(c->devices, c->n_devices);
     tls_clear(&c->tls);
@@ -87,7 +85,7 @@ void sl_config_dispose(struct sl_config *c)
     free(c->chat_template);
     free(c->log_level);
     free(c->cpu_isa);
-    sl_tenancy_dispose(c);
+    sl_tenancy_dispose(&c->tenancy);
     memset(c, 0, sizeof *c);
 }
 
@@ -234,8 +232,8 @@ static const struct key keys[] = {
     {"log_level", K_LOG_LEVEL, OFF(log_level), 0, 0},
     {"models", K_MODELS, 0, 0, 0},
     {"devices", K_DEVICES, 0, 0, 0},
-    {"admission", K_BOOL, OFF(admission), 0, 0},
-    {"metrics_key_sha256", K_KEY_SHA256, OFF(metrics_key), 0, 0},
+    {"admission", K_BOOL, OFF(tenancy.admission), 0, 0},
+    {"metrics_key_sha256", K_KEY_SHA256, OFF(tenancy.metrics_key), 0, 0},
 };
 
 /* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys
@@ -645,6 +643,16 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
 /* In the order sl_tenancy_load takes them. */
 static const char *const tenancy_keys[4] = {"tiers", "tenants", "classify", "admin_key_sha256"};
 
+/* The names of c's models, for the overload steps that name one (NULL for a model without one):
+ * fills names (SL_MODELS_MAX) and returns how many. */
+static int model_names(const struct sl_config *c, const char *names[SL_MODELS_MAX])
+{
+    int n = c->n_models < SL_MODELS_MAX ? c->n_models : SL_MODELS_MAX;
+    for (int i = 0; i < n; i++)
+        names[i] = c->models[i].name;
+    return n;
+}
+
 int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen)
 {
     json_error_t je;
@@ -716,8 +724,10 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
     if (st == SL_OK)
         models_sync(c);
     char why[768];
-    if (st == SL_OK && (st = sl_tenancy_load(c, tenancy[0], tenancy[1], tenancy[2], tenancy[3], why,
-                                             sizeof why)) != SL_OK)
+    const char *names[SL_MODELS_MAX];
+    if (st == SL_OK &&
+        (st = sl_tenancy_load(&c->tenancy, names, model_names(c, names), tenancy[0], tenancy[1],
+                              tenancy[2], tenancy[3], why, sizeof why)) != SL_OK)
         snprintf(err, errlen, "%s: %s", path, why);
     json_decref(root);
     return st;
@@ -786,7 +796,8 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
                 return SL_EINVAL;
             }
     }
-    return sl_tenancy_validate(c, err, errlen);
+    const char *names[SL_MODELS_MAX];
+    return sl_tenancy_validate(&c->tenancy, names, model_names(c, names), err, errlen);
 }
 
 json_t *sl_config_to_json(const struct sl_config *c)
@@ -861,7 +872,7 @@ json_t *sl_config_to_json(const struct sl_config *c)
         }
         json_object_set_new(root, k->name, v);
     }
-    sl_tenancy_to_json(c, root);
+    sl_tenancy_to_json(&c->tenancy, root);
     return root;
 }
 
@@ -988,4 +999,19 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
     }
     models_sync(c);
     return sl_config_validate(c, err, errlen);
+}
+
+int sl_config_sched_tiers(const struct sl_config *c, struct sl_sched_tier *out, int max)
+{
+    int n = c->tenancy.n_tiers < max ? c->tenancy.n_tiers : max;
+    for (int i = 0; i < n; i++) {
+        const struct sl_tier *t = &c->tenancy.tiers[i];
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].name, sizeof out[i].name, "%s", t->name);
+        out[i].priority = t->priority;
+        out[i].weight = t->weight;
+        out[i].ttft_slo_ms = t->ttft_slo_ms;
+        out[i].tpot_slo_ms = t->tpot_slo_ms;
+    }
+    return n;
 }

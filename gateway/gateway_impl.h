@@ -331,52 +331,57 @@ bool sl_tenant_hex_decode(const char *s, unsigned char out[32]);
 bool sl_tenant_bearer(const char *value, size_t len, const char **key, size_t *key_len);
 /* The tenant whose key is `key`: its SHA-256 is compared with every tenant's hash in constant
  * time, without stopping at a match. NULL when none matches (or no key). With no tenants
- * configured, the anonymous tenant whatever the key. The result points into cfg. */
-const struct sl_tenant *sl_tenant_lookup(const struct sl_config *cfg, const char *key, size_t len);
-/* True when cfg has an admin key and `key` is it (constant-time comparison of hashes). */
-bool sl_tenant_admin_check(const struct sl_config *cfg, const char *key, size_t len);
-/* True when /metrics may be read with `key`: no metrics key is configured, or the key is it or
+ * configured, the anonymous tenant whatever the key. The result points into ten. */
+const struct sl_tenant *sl_tenant_lookup(const struct sl_tenancy *ten, const char *key, size_t len);
+/* True when ten has an admin key and `key` is it (constant-time comparison of hashes). */
+bool sl_tenant_admin_check(const struct sl_tenancy *ten, const char *key, size_t len);
+/* True when metrics may be read with `key`: no metrics key is configured, or the key is it or
  * the admin key (constant-time comparison of hashes). */
-bool sl_tenant_metrics_check(const struct sl_config *cfg, const char *key, size_t len);
+bool sl_tenant_metrics_check(const struct sl_tenancy *ten, const char *key, size_t len);
 /* A form of key safe to show its owner: "sk-ab****wxyz" (5 + 4 of its bytes) for printable keys
  * of 20 bytes or more, "****" otherwise. */
 void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen);
 
 /* Index of the tier named name[0..len), or -1. */
-int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len);
-/* Puts a request of tenant t into a tier by cfg's classify rules, first match wins (see
+int sl_tier_find(const struct sl_tenancy *ten, const char *name, size_t len);
+/* Puts a request of tenant t into a tier by ten's classify rules, first match wins (see
  * conf/sluice.json). An explicit request (header or service_tier) for an unknown tier is
  * SL_EINVAL ("invalid_tier"), for a tier the tenant may not use SL_EPERM ("tier_not_allowed"),
  * err naming the param either way; a shape rule whose tier the tenant may not use is skipped;
  * the tenant default ends the list. Returns SL_OK with *tier set, or the status with err
  * filled. */
-int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
+int sl_tier_classify(const struct sl_tenancy *ten, const struct sl_tenant *t,
                      const struct sl_tier_request *rq, int *tier, struct sl_admit_error *err);
-/* False when no rule of cfg reads the body (service_tier, stream, max_tokens): the tier then
+/* False when no rule of ten reads the body (service_tier, stream, max_tokens): the tier then
  * follows from the head alone, whatever the body says. */
-bool sl_tier_classify_needs_body(const struct sl_config *cfg);
+bool sl_tier_classify_needs_body(const struct sl_tenancy *ten);
 
 /* Configuration sections, called by config.c. init gives the defaults: tiers "interactive" and
- * "batch", no tenants, no admin key, and the rules [header, service_tier (priority →
- * interactive, flex → batch), tenant_default]. */
-void sl_tenancy_init(struct sl_config *c);
-void sl_tenancy_dispose(struct sl_config *c);
+ * "batch", no tenants, no admin or metrics key, admission on, and the rules [header,
+ * service_tier (priority → interactive, flex → batch), tenant_default]. dispose frees the
+ * arrays and the admission state. */
+void sl_tenancy_init(struct sl_tenancy *ten);
+void sl_tenancy_dispose(struct sl_tenancy *ten);
 /* Applies the sections given (NULL = not in the file) in dependency order: tiers, then tenants
  * and classify, which name tiers. When tiers are replaced, tenants kept from before are mapped to
- * the new tiers by name and the rules, unless given, go back to the defaults. On error c is
- * unchanged and err names the path of the bad value ("tenants[1].key_sha256: ..."); it never
- * contains a key or a key hash. */
-int sl_tenancy_load(struct sl_config *c, json_t *tiers, json_t *tenants, json_t *classify,
-                    json_t *admin_key_sha256, char *err, size_t errlen);
-/* Cross-checks (every reference in range, defaults allowed); for configurations built in code. */
-int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen);
+ * the new tiers by name and the rules, unless given, go back to the defaults. A "model:NAME"
+ * overload step must name one of models (n_models names, NULL for a model without one). On
+ * error ten is unchanged and err names the path of the bad value ("tenants[1].key_sha256: ...");
+ * it never contains a key or a key hash. Before the tenancy is adopted (no state yet). */
+int sl_tenancy_load(struct sl_tenancy *ten, const char *const *models, int n_models, json_t *tiers,
+                    json_t *tenants, json_t *classify, json_t *admin_key_sha256, char *err,
+                    size_t errlen);
+/* Cross-checks (every reference in range, defaults allowed, model steps among models); for
+ * configurations built in code. */
+int sl_tenancy_validate(const struct sl_tenancy *ten, const char *const *models, int n_models,
+                        char *err, size_t errlen);
 /* Adds "tiers", "tenants", "classify" and "admin_key_sha256" to root as the file would spell
  * them, every key hash replaced by "<redacted>". */
-void sl_tenancy_to_json(const struct sl_config *c, json_t *root);
+void sl_tenancy_to_json(const struct sl_tenancy *ten, json_t *root);
 
-/* A step as the file spells it ("demote:batch"). */
-void sl_overload_step_format(const struct sl_config *c, const struct sl_overload_step *s, char *out,
-                             size_t outlen);
+/* A step of ten's tiers as the file spells it ("demote:batch"). */
+void sl_tier_overload_format(const struct sl_tenancy *ten, const struct sl_overload_step *s,
+                             char *out, size_t outlen);
 
 /* ---------------------------------------------------------------------------------------------
  * Admission (admission.c): tenant budgets, tier buckets and queues, the SLO guard and the
@@ -385,7 +390,7 @@ void sl_overload_step_format(const struct sl_config *c, const struct sl_overload
  * Lock-free throughout: every bucket is one atomic word (struct sl_gcra_bucket), every queue count
  * an atomic reserved by compare-and-swap below its cap, and the scheduler's figures are read with
  * sl_sched_stats. The state lives in cells shared by name between a configuration and the one
- * that replaces it (sl_admission_adopt), so a reload keeps the buckets and queue counts of the
+ * that replaces it (sl_admit_adopt), so a reload keeps the buckets and queue counts of the
  * tenants and tiers it keeps, and a request refunds into the cells of the configuration it
  * started with, which its connection holds.
  */
@@ -436,7 +441,7 @@ struct sl_admit {
     bool ran;    /* admission decided something about this request */
     bool active; /* it holds tokens, a queue slot or a parking place: sl_admit_end owes */
     /* The request as admission leaves it (submit it so). */
-    const struct sl_config *cfg;
+    const struct sl_tenancy *cfg; /* of the configuration it started with */
     const struct sl_tenant *tenant;
     int tier;        /* the tier it runs in (after a demotion) */
     int policy_tier; /* the tier it was classified into, whose overload policy applies */
@@ -470,10 +475,10 @@ struct sl_admit {
 
 void sl_admit_init(struct sl_admit *a);
 /* Decides on a request of tenant t (NULL: anonymous) classified into `tier`, for `model`, with
- * n_prompt prompt tokens and max_tokens, at now_ns (sl_clock_ns). cfg must have been adopted
- * (cfg->adm set) and must outlive the admission. Any I/O thread. */
+ * n_prompt prompt tokens and max_tokens, at now_ns (sl_clock_ns). ten must have been adopted
+ * (sl_admit_adopt) and must outlive the admission. Any I/O thread. */
 enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_env *env,
-                                     const struct sl_config *cfg, const struct sl_tenant *t,
+                                     const struct sl_tenancy *ten, const struct sl_tenant *t,
                                      int tier, int model, int n_prompt, int max_tokens,
                                      int64_t now_ns);
 /* Before the prompt is tokenized: a request admission would refuse whatever its length (its
@@ -482,7 +487,7 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
  * it (SL_ADMIT_OVERLOADED), so that a flood's refusals cost no tokenization. Otherwise SL_ADMIT_OK
  * and a untouched: tokenize and call sl_admit_begin. */
 enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
-                                        const struct sl_config *cfg, const struct sl_tenant *t,
+                                        const struct sl_tenancy *ten, const struct sl_tenant *t,
                                         int tier, int model, int max_tokens, int64_t now_ns);
 /* A parked request's next look: admitted as soon as the tier has room, else parked again until
  * its deadline, after which the rest of the policy applies. */
@@ -501,22 +506,23 @@ struct sl_admit_budget {
     int64_t remaining; /* that could be taken at once now */
     int64_t reset_ns;  /* until the bucket is full again (0 when full) */
 };
-/* Tenant t's requests and tokens per minute under cfg, as the buckets are at now_ns. False, both
+/* Tenant t's requests and tokens per minute under ten, as the buckets are at now_ns. False, both
  * zeroed, when t has neither (or admission is off). */
-bool sl_admit_budgets(const struct sl_config *cfg, const struct sl_tenant *t, int64_t now_ns,
+bool sl_admit_budgets(const struct sl_tenancy *ten, const struct sl_tenant *t, int64_t now_ns,
                       struct sl_admit_budget *requests, struct sl_admit_budget *tokens);
 
-/* Gives next its runtime state, sharing cells with prev (may be NULL) by tenant and tier name;
- * a kept bucket whose rate changed keeps its debt in tokens (sl_gcra_bucket_rescale). Call before
- * next serves any request, from one thread at a time. */
-void sl_admission_adopt(struct sl_config *next, const struct sl_config *prev, int64_t now_ns);
-void sl_admission_free(struct sl_admission *adm);
-/* Appends the admission gauges of /metrics (Prometheus text): requests and prompt tokens
+/* Gives next its runtime state (next->state), sharing cells with prev (may be NULL) by tenant
+ * and tier name; a kept bucket whose rate changed keeps its debt in tokens
+ * (sl_gcra_bucket_rescale). Does nothing when next already has its state. Call before next
+ * serves any request, from one thread at a time. */
+void sl_admit_adopt(struct sl_tenancy *next, const struct sl_tenancy *prev, int64_t now_ns);
+/* Frees a tenancy's state (sl_tenancy_dispose does). */
+void sl_admit_state_free(struct sl_admit_state *st);
+/* Appends the admission gauges of the metrics (Prometheus text): requests and prompt tokens
  * queued per tier (admitted, no first token yet), and requests parked by queue:MS steps. */
-void sl_admission_render(const struct sl_config *cfg, struct sl_str *out);
+void sl_admit_render(const struct sl_tenancy *ten, struct sl_str *out);
 /* Requests and prompt tokens admitted into tier i for model m and not started yet. */
-void sl_admission_queue(const struct sl_config *cfg, int tier, int model, int *requests,
-                        long *tokens);
+void sl_admit_queue(const struct sl_tenancy *ten, int tier, int model, int *requests, long *tokens);
 
 /* The effective configuration as JSON (every key conf/sluice.json documents), with key hashes
  * redacted: what GET /admin/config answers. The caller owns the result. */

@@ -120,7 +120,7 @@ static long ct_find(const unsigned char h[32], const unsigned char *hashes, size
     return found ? (long)idx : -1;
 }
 
-const struct sl_tenant *sl_tenant_lookup(const struct sl_config *cfg, const char *key, size_t len)
+const struct sl_tenant *sl_tenant_lookup(const struct sl_tenancy *cfg, const char *key, size_t len)
 {
     if (cfg->n_tenants == 0)
         return &sl_tenant_anonymous;
@@ -132,7 +132,7 @@ const struct sl_tenant *sl_tenant_lookup(const struct sl_config *cfg, const char
     return i < 0 ? NULL : &cfg->tenants[i];
 }
 
-bool sl_tenant_admin_check(const struct sl_config *cfg, const char *key, size_t len)
+bool sl_tenant_admin_check(const struct sl_tenancy *cfg, const char *key, size_t len)
 {
     if (!cfg->has_admin_key || !key || !len)
         return false;
@@ -141,7 +141,7 @@ bool sl_tenant_admin_check(const struct sl_config *cfg, const char *key, size_t 
     return CRYPTO_memcmp(h, cfg->admin_key_sha256, 32) == 0;
 }
 
-bool sl_tenant_metrics_check(const struct sl_config *cfg, const char *key, size_t len)
+bool sl_tenant_metrics_check(const struct sl_tenancy *cfg, const char *key, size_t len)
 {
     if (!cfg->metrics_key.set)
         return true;
@@ -173,22 +173,7 @@ void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen)
 _Static_assert(SL_TIER_NAME_MAX == SL_SCHED_TIER_NAME_MAX, "tier names fit the scheduler's");
 _Static_assert(SL_TIERS_MAX <= SL_SCHED_MAX_TIERS, "every configured tier reaches the scheduler");
 
-int sl_config_sched_tiers(const struct sl_config *c, struct sl_sched_tier *out, int max)
-{
-    int n = c->n_tiers < max ? c->n_tiers : max;
-    for (int i = 0; i < n; i++) {
-        const struct sl_tier *t = &c->tiers[i];
-        memset(&out[i], 0, sizeof out[i]);
-        snprintf(out[i].name, sizeof out[i].name, "%s", t->name);
-        out[i].priority = t->priority;
-        out[i].weight = t->weight;
-        out[i].ttft_slo_ms = t->ttft_slo_ms;
-        out[i].tpot_slo_ms = t->tpot_slo_ms;
-    }
-    return n;
-}
-
-int sl_tier_find(const struct sl_config *cfg, const char *name, size_t len)
+int sl_tier_find(const struct sl_tenancy *cfg, const char *name, size_t len)
 {
     for (int i = 0; i < cfg->n_tiers; i++)
         if (strlen(cfg->tiers[i].name) == len && memcmp(cfg->tiers[i].name, name, len) == 0)
@@ -210,7 +195,7 @@ static void quote(char *out, size_t outlen, const char *s, size_t len)
     out[n] = '\0';
 }
 
-static void tier_list(const struct sl_config *cfg, const struct sl_tenant *t, char *out,
+static void tier_list(const struct sl_tenancy *cfg, const struct sl_tenant *t, char *out,
                       size_t outlen)
 {
     size_t n = 0;
@@ -239,7 +224,7 @@ static int error_set(struct sl_admit_error *e, enum sl_status status, const char
 
 /* An explicit request for `tier` through `param`: a tier the tenant may not use is refused
  * rather than silently replaced, so the client learns it did not get what it asked for. */
-static int explicit_tier(const struct sl_config *cfg, const struct sl_tenant *t, int tier,
+static int explicit_tier(const struct sl_tenancy *cfg, const struct sl_tenant *t, int tier,
                          const char *param, int *out, struct sl_admit_error *err)
 {
     char list[256];
@@ -254,7 +239,7 @@ static int explicit_tier(const struct sl_config *cfg, const struct sl_tenant *t,
     return SL_OK;
 }
 
-static int unknown_tier(const struct sl_config *cfg, const char *param, const char *v, size_t len,
+static int unknown_tier(const struct sl_tenancy *cfg, const char *param, const char *v, size_t len,
                         struct sl_admit_error *err)
 {
     char q[48], list[256];
@@ -265,7 +250,7 @@ static int unknown_tier(const struct sl_config *cfg, const char *param, const ch
                      list);
 }
 
-bool sl_tier_classify_needs_body(const struct sl_config *cfg)
+bool sl_tier_classify_needs_body(const struct sl_tenancy *cfg)
 {
     for (int i = 0; i < cfg->n_classify; i++) {
         const struct sl_tier_rule *r = &cfg->classify[i];
@@ -276,7 +261,7 @@ bool sl_tier_classify_needs_body(const struct sl_config *cfg)
     return false;
 }
 
-int sl_tier_classify(const struct sl_config *cfg, const struct sl_tenant *t,
+int sl_tier_classify(const struct sl_tenancy *cfg, const struct sl_tenant *t,
                      const struct sl_tier_request *rq, int *tier, struct sl_admit_error *err)
 {
     for (int i = 0; i < cfg->n_classify; i++) {
@@ -431,22 +416,21 @@ static void default_rules(struct tenancy *t)
     t->classify[2].kind = SL_RULE_TENANT_DEFAULT;
 }
 
-void sl_tenancy_init(struct sl_config *c)
+void sl_tenancy_init(struct sl_tenancy *c)
 {
     struct tenancy t = {0};
     default_tiers(&t);
     default_rules(&t);
+    memset(c, 0, sizeof *c);
     c->tiers = t.tiers;
     c->n_tiers = t.n_tiers;
-    c->tenants = NULL;
-    c->n_tenants = 0;
     c->classify = t.classify;
     c->n_classify = t.n_classify;
-    c->has_admin_key = false;
-    memset(c->admin_key_sha256, 0, sizeof c->admin_key_sha256);
+    c->admission = true;
 }
 
-void sl_tenancy_dispose(struct sl_config *c)
+/* The sections' arrays; the keys, the admission switch and the state stay. */
+static void sections_free(struct sl_tenancy *c)
 {
     free(c->tiers);
     free(c->tenants);
@@ -455,6 +439,13 @@ void sl_tenancy_dispose(struct sl_config *c)
     c->tenants = NULL;
     c->classify = NULL;
     c->n_tiers = c->n_tenants = c->n_classify = 0;
+}
+
+void sl_tenancy_dispose(struct sl_tenancy *c)
+{
+    sl_admit_state_free(c->state);
+    sections_free(c);
+    memset(c, 0, sizeof *c);
 }
 
 /* A configuration name shown in an error: printable ASCII, clipped. */
@@ -535,10 +526,25 @@ static int opt_int(json_t *obj, const char *path, const char *key, long long min
 
 static const char steps_help[] = "cap_max_tokens:N, demote:TIER, model:NAME, queue:MS, reject";
 
+/* The names of the served models, which "model:NAME" steps refer to (NULL for a model without
+ * one). */
+struct models {
+    const char *const *names;
+    int n;
+};
+
+static bool model_named(const struct models *m, const char *name)
+{
+    for (int i = 0; i < m->n; i++)
+        if (m->names[i] && strcmp(m->names[i], name) == 0)
+            return true;
+    return false;
+}
+
 /* One overload step as the file spells it; a demote target's name is kept in step->model until
  * every tier is known. */
 static int parse_step(const char *path, int i, json_t *v, struct sl_overload_step *step,
-                      const struct sl_config *c, char *err, size_t errlen)
+                      const struct models *c, char *err, size_t errlen)
 {
     char b[48];
     if (!json_is_string(v))
@@ -570,11 +576,7 @@ static int parse_step(const char *path, int i, json_t *v, struct sl_overload_ste
         step->kind = SL_OVERLOAD_DEMOTE;
         snprintf(step->model, sizeof step->model, "%s", arg);
     } else if (kl == 5 && strncmp(s, "model", 5) == 0 && arg) {
-        int k = -1;
-        for (int m = 0; m < c->n_models && k < 0; m++)
-            if (c->models[m].name && strcmp(c->models[m].name, arg) == 0)
-                k = m;
-        if (k < 0)
+        if (!model_named(c, arg))
             FAIL("%s.overload[%d]: \"%s\": no model named \"%s\" in \"models\"", path, i,
                  shown(s, b), arg);
         step->kind = SL_OVERLOAD_MODEL;
@@ -587,7 +589,7 @@ static int parse_step(const char *path, int i, json_t *v, struct sl_overload_ste
 
 /* A tier's admission keys (token_rate, burst, max_queue_requests, max_queue_tokens, overload,
  * overload_status). Demote targets are resolved by resolve_demotes once all tiers are read. */
-static int load_tier_admission(struct sl_tier *tr, json_t *tv, const struct sl_config *c, char *err,
+static int load_tier_admission(struct sl_tier *tr, json_t *tv, const struct models *c, char *err,
                                size_t errlen)
 {
     char path[64];
@@ -657,7 +659,7 @@ static int resolve_demotes(struct tenancy *t, char *err, size_t errlen)
     return SL_OK;
 }
 
-static int load_tiers(struct tenancy *t, json_t *v, const struct sl_config *c, char *err,
+static int load_tiers(struct tenancy *t, json_t *v, const struct models *c, char *err,
                       size_t errlen)
 {
     char b[48];
@@ -974,7 +976,7 @@ static int load_rules(struct tenancy *t, json_t *v, char *err, size_t errlen)
 }
 
 /* Tenants kept across a change of tiers: the same names, new indexes. */
-static int remap_tenants(struct tenancy *t, const struct sl_config *old, char *err, size_t errlen)
+static int remap_tenants(struct tenancy *t, const struct sl_tenancy *old, char *err, size_t errlen)
 {
     t->n_tenants = old->n_tenants;
     t->tenants = t->n_tenants ? sl_xmalloc(sizeof *t->tenants * (size_t)t->n_tenants) : NULL;
@@ -1015,12 +1017,13 @@ static struct sl_tier_rule *rules_copy(const struct sl_tier_rule *r, int n)
     return c;
 }
 
-static int build(struct tenancy *t, const struct sl_config *c, json_t *tiers, json_t *tenants,
-                 json_t *classify, json_t *admin, char *err, size_t errlen)
+static int build(struct tenancy *t, const struct sl_tenancy *c, const struct models *models,
+                 json_t *tiers, json_t *tenants, json_t *classify, json_t *admin, char *err,
+                 size_t errlen)
 {
     int st;
     if (tiers) {
-        if ((st = load_tiers(t, tiers, c, err, errlen)))
+        if ((st = load_tiers(t, tiers, models, err, errlen)))
             return st;
     } else {
         t->n_tiers = c->n_tiers;
@@ -1075,18 +1078,20 @@ static int build(struct tenancy *t, const struct sl_config *c, json_t *tiers, js
     return SL_OK;
 }
 
-int sl_tenancy_load(struct sl_config *c, json_t *tiers, json_t *tenants, json_t *classify,
-                    json_t *admin_key_sha256, char *err, size_t errlen)
+int sl_tenancy_load(struct sl_tenancy *c, const char *const *models, int n_models, json_t *tiers,
+                    json_t *tenants, json_t *classify, json_t *admin_key_sha256, char *err,
+                    size_t errlen)
 {
     if (!tiers && !tenants && !classify && !admin_key_sha256)
         return SL_OK;
     struct tenancy t = {0};
-    int st = build(&t, c, tiers, tenants, classify, admin_key_sha256, err, errlen);
+    struct models m = {models, n_models};
+    int st = build(&t, c, &m, tiers, tenants, classify, admin_key_sha256, err, errlen);
     if (st) {
         tenancy_dispose(&t);
         return st;
     }
-    sl_tenancy_dispose(c);
+    sections_free(c);
     c->tiers = t.tiers;
     c->n_tiers = t.n_tiers;
     c->tenants = t.tenants;
@@ -1098,8 +1103,10 @@ int sl_tenancy_load(struct sl_config *c, json_t *tiers, json_t *tenants, json_t 
     return SL_OK;
 }
 
-int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen)
+int sl_tenancy_validate(const struct sl_tenancy *c, const char *const *models, int n_models,
+                        char *err, size_t errlen)
 {
+    struct models m = {models, n_models};
     if (c->n_tiers < 1 || c->n_tiers > SL_TIERS_MAX || !c->tiers)
         FAIL("tiers: between 1 and %d tiers are needed", SL_TIERS_MAX);
     uint32_t all = c->n_tiers == 32 ? UINT32_MAX : (1u << c->n_tiers) - 1;
@@ -1120,15 +1127,10 @@ int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen)
             if (step->kind == SL_OVERLOAD_DEMOTE &&
                 (step->arg < 0 || step->arg >= c->n_tiers || step->arg == i))
                 FAIL("tiers.%s.overload[%d]: demote: must name another of \"tiers\"", t->name, k);
-            if (step->kind == SL_OVERLOAD_MODEL) {
-                bool found = false;
-                for (int m = 0; m < c->n_models && !found; m++)
-                    found = c->models[m].name && strcmp(c->models[m].name, step->model) == 0;
-                if (!found)
-                    FAIL("tiers.%s.overload[%d]: \"model:%s\": no model named \"%s\" in "
-                         "\"models\"",
-                         t->name, k, step->model, step->model);
-            }
+            if (step->kind == SL_OVERLOAD_MODEL && !model_named(&m, step->model))
+                FAIL("tiers.%s.overload[%d]: \"model:%s\": no model named \"%s\" in "
+                     "\"models\"",
+                     t->name, k, step->model, step->model);
         }
         if (t->overload_status != 429 && t->overload_status != 503)
             FAIL("tiers.%s.overload_status: must be 503 or 429", t->name);
@@ -1144,7 +1146,7 @@ int sl_tenancy_validate(const struct sl_config *c, char *err, size_t errlen)
     return SL_OK;
 }
 
-void sl_tenancy_to_json(const struct sl_config *c, json_t *root)
+void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
 {
     json_t *tiers = json_object();
     for (int i = 0; i < c->n_tiers; i++) {
@@ -1163,7 +1165,7 @@ void sl_tenancy_to_json(const struct sl_config *c, json_t *root)
         json_t *ov = json_array();
         for (int k = 0; k < t->n_overload; k++) {
             char step[128];
-            sl_overload_step_format(c, &t->overload[k], step, sizeof step);
+            sl_tier_overload_format(c, &t->overload[k], step, sizeof step);
             json_array_append_new(ov, json_string(step));
         }
         json_object_set_new(o, "overload", ov);
@@ -1223,8 +1225,8 @@ void sl_tenancy_to_json(const struct sl_config *c, json_t *root)
                         c->has_admin_key ? json_string("<redacted>") : json_null());
 }
 
-void sl_overload_step_format(const struct sl_config *c, const struct sl_overload_step *s, char *out,
-                             size_t outlen)
+void sl_tier_overload_format(const struct sl_tenancy *c, const struct sl_overload_step *s,
+                             char *out, size_t outlen)
 {
     switch (s->kind) {
     case SL_OVERLOAD_CAP_MAX_TOKENS: snprintf(out, outlen, "cap_max_tokens:%d", s->arg); return;

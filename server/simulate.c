@@ -51,8 +51,8 @@ struct trace {
 
 static int tenant_find(const struct sl_config *c, const char *name)
 {
-    for (int i = 0; i < c->n_tenants; i++)
-        if (strcmp(c->tenants[i].name, name) == 0)
+    for (int i = 0; i < c->tenancy.n_tenants; i++)
+        if (strcmp(c->tenancy.tenants[i].name, name) == 0)
             return i;
     return -1;
 }
@@ -101,7 +101,7 @@ static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
             snprintf(err, errlen, "\"tenant\": must be a string");
             goto out;
         }
-        if (cfg->n_tenants > 0) {
+        if (cfg->tenancy.n_tenants > 0) {
             tenant = tenant_find(cfg, json_string_value(v));
             if (tenant < 0) {
                 snprintf(err, errlen, "\"tenant\": no tenant \"%.64s\" in the configuration",
@@ -111,7 +111,7 @@ static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
         }
     }
     out->tenant = tenant;
-    const struct sl_tenant *t = tenant >= 0 ? &cfg->tenants[tenant] : &sl_tenant_anonymous;
+    const struct sl_tenant *t = tenant >= 0 ? &cfg->tenancy.tenants[tenant] : &sl_tenant_anonymous;
     v = json_object_get(j, "tier");
     if (!v || json_is_null(v)) {
         out->tier = t->default_tier;
@@ -120,7 +120,7 @@ static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
         goto out;
     } else {
         const char *name = json_string_value(v);
-        out->tier = sl_tier_find(cfg, name, strlen(name));
+        out->tier = sl_tier_find(&cfg->tenancy, name, strlen(name));
         if (out->tier < 0) {
             snprintf(err, errlen, "\"tier\": no tier \"%.64s\" in the configuration", name);
             goto out;
@@ -237,9 +237,9 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
         json_object_set_new(o, "throughput_rps", num(r->throughput_rps));
         json_object_set_new(o, "output_tokens_per_s", num(r->output_tokens_per_s));
         json_object_set_new(o, "preemptions", json_integer(r->preemptions));
-        json_object_set_new(o, "ttft_slo_ms", json_integer(cfg->tiers[t].ttft_slo_ms));
-        json_object_set_new(o, "tpot_slo_ms", json_integer(cfg->tiers[t].tpot_slo_ms));
-        json_object_set_new(tiers, cfg->tiers[t].name, o);
+        json_object_set_new(o, "ttft_slo_ms", json_integer(cfg->tenancy.tiers[t].ttft_slo_ms));
+        json_object_set_new(o, "tpot_slo_ms", json_integer(cfg->tenancy.tiers[t].tpot_slo_ms));
+        json_object_set_new(tiers, cfg->tenancy.tiers[t].name, o);
     }
     json_object_set_new(root, "tiers", tiers);
     json_object_set_new(root, "requests", json_integer(n_reqs));
@@ -280,13 +280,13 @@ static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_
         snprintf(b, sizeof b, "%.1f/%.1f/%.1f", r->tpot_ms[0], r->tpot_ms[1], r->tpot_ms[2]);
         snprintf(c, sizeof c, "%.0f/%.0f/%.0f", r->e2e_ms[0], r->e2e_ms[1], r->e2e_ms[2]);
         fprintf(out, "%-16s %7d %7d %7d  %-20s %-20s %-22s %5.1f%% %8.2f %8.1f %7ld\n",
-                cfg->tiers[t].name, r->requests, r->completed, r->refused, a, b, c,
+                cfg->tenancy.tiers[t].name, r->requests, r->completed, r->refused, a, b, c,
                 100 * r->slo_attainment, r->throughput_rps, r->output_tokens_per_s, r->preemptions);
     }
     fprintf(out, "\nSLO: TTFT within ttft_slo_ms and TPOT within tpot_slo_ms (");
     for (int t = 0; t < rep->n_tiers; t++)
-        fprintf(out, "%s%s %d/%d ms", t ? ", " : "", cfg->tiers[t].name, cfg->tiers[t].ttft_slo_ms,
-                cfg->tiers[t].tpot_slo_ms);
+        fprintf(out, "%s%s %d/%d ms", t ? ", " : "", cfg->tenancy.tiers[t].name,
+                cfg->tenancy.tiers[t].ttft_slo_ms, cfg->tenancy.tiers[t].tpot_slo_ms);
     fprintf(out, "); refused requests count as missed.\n");
 }
 

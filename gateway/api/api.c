@@ -23,7 +23,7 @@ const char *api_headers(struct api_exchange *a, const char *extra)
     sl_str_clear(w);
     if (a->tier >= 0) {
         str_add(w, "X-Sluice-Tier: ");
-        str_add(w, a->cfg->tiers[a->tier].name);
+        str_add(w, a->cfg->tenancy.tiers[a->tier].name);
         str_add(w, "\r\n");
     }
     /* What admission did, and the tenant's budgets on every response of a tenant with limits. */
@@ -39,7 +39,7 @@ const char *api_headers(struct api_exchange *a, const char *extra)
  * authentication or classification decided them. */
 static void request_labels(const struct api_exchange *a, const char **tier, const char **tenant)
 {
-    *tier = a->tier >= 0 ? a->cfg->tiers[a->tier].name : "none";
+    *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].name : "none";
     *tenant = a->tenant ? a->tenant->name : "none";
 }
 
@@ -85,7 +85,7 @@ void api_log_end(struct api_exchange *a, const char *finish, int n_completion)
     metrics_request_end(a, finish, n_completion, sl_clock_ns());
     struct sl_http_log *g = &x->log;
     g->tenant = a->tenant ? a->tenant->name : NULL;
-    g->tier = a->tier >= 0 ? a->cfg->tiers[a->tier].name : NULL;
+    g->tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].name : NULL;
     if (a->adm.ran) {
         g->admission = a->adm.note;
         g->predicted_ttft_ms = a->adm.predicted_ttft_s >= 0 ? a->adm.predicted_ttft_s * 1e3 : -1;
@@ -179,7 +179,7 @@ bool api_authenticate(struct api_exchange *a)
     size_t len = 0;
     bool has_key = api_request_key(a, &key, &len);
     if (!a->head_keyed)
-        a->tenant = sl_tenant_lookup(a->cfg, has_key ? key : NULL, len);
+        a->tenant = sl_tenant_lookup(&a->cfg->tenancy, has_key ? key : NULL, len);
     a->head_keyed = true;
     if (a->tenant)
         return true;
@@ -221,12 +221,12 @@ static enum sl_http_head on_head(struct sl_exchange *x)
     bool ok;
     switch (guard) {
     case GUARD_NONE: ok = true; break;
-    case GUARD_METRICS: ok = sl_tenant_metrics_check(a->cfg, has_key ? key : NULL, len); break;
+    case GUARD_METRICS: ok = sl_tenant_metrics_check(&a->cfg->tenancy, has_key ? key : NULL, len); break;
     case GUARD_ADMIN:
-        ok = !a->cfg->has_admin_key || sl_tenant_admin_check(a->cfg, has_key ? key : NULL, len);
+        ok = !a->cfg->tenancy.has_admin_key || sl_tenant_admin_check(&a->cfg->tenancy, has_key ? key : NULL, len);
         break;
     default:
-        a->tenant = sl_tenant_lookup(a->cfg, has_key ? key : NULL, len);
+        a->tenant = sl_tenant_lookup(&a->cfg->tenancy, has_key ? key : NULL, len);
         a->head_keyed = true;
         ok = a->tenant != NULL;
         break;
@@ -282,7 +282,7 @@ static void on_reload(void *ctx, struct sl_config *next, const struct sl_config 
 {
     struct sl_api *api = ctx;
     /* Buckets and queue counts of the tenants and tiers both configurations have carry over. */
-    sl_admission_adopt(next, prev, (int64_t)sl_clock_ns());
+    sl_admit_adopt(&next->tenancy, &prev->tenancy, (int64_t)sl_clock_ns());
     /* Every model's scheduler takes the new tier table through its inbox. */
     struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
     int n_tiers = sl_config_sched_tiers(next, tiers, SL_SCHED_MAX_TIERS);
@@ -363,7 +363,7 @@ struct sl_api *sl_api_new(struct sl_config *cfg)
     a->created = sl_clock_unix();
     if (getrandom(&a->nonce, sizeof a->nonce, GRND_NONBLOCK) != (ssize_t)sizeof a->nonce)
         a->nonce = (uint32_t)sl_clock_ns();
-    sl_admission_adopt(cfg, NULL, (int64_t)sl_clock_ns());
+    sl_admit_adopt(&cfg->tenancy, NULL, (int64_t)sl_clock_ns());
     a->cfg0 = cfg;
     return a;
 }

@@ -97,12 +97,12 @@ static int classify(struct api_exchange *a, struct sl_openai_completion *oc,
     };
     int tier;
     struct sl_admit_error why;
-    int st = sl_tier_classify(a->cfg, a->tenant, &rq, &tier, &why);
+    int st = sl_tier_classify(&a->cfg->tenancy, a->tenant, &rq, &tier, &why);
     if (st != SL_OK) {
         sl_openai_error_from_admit(err, &why);
         return st;
     }
-    const struct sl_tier *t = &a->cfg->tiers[tier];
+    const struct sl_tier *t = &a->cfg->tenancy.tiers[tier];
     a->tier = tier;
     oc->params.tier = tier;
     oc->params.priority = t->priority;
@@ -192,7 +192,7 @@ static void submit(struct api_exchange *a)
     struct engine *en = &api->engines[a->engine];
     if (adm->tier != a->tier) {
         /* Demoted: it runs, and says it runs, in the tier admission chose. */
-        const struct sl_tier *tr = &a->cfg->tiers[adm->tier];
+        const struct sl_tier *tr = &a->cfg->tenancy.tiers[adm->tier];
         a->tier = adm->tier;
         oc->params.tier = adm->tier;
         oc->params.priority = tr->priority;
@@ -267,7 +267,7 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
 {
     struct api_thread *t = a->t;
     const struct sl_admit *adm = &a->adm;
-    const char *policy_tier = a->cfg->tiers[adm->policy_tier].name;
+    const char *policy_tier = a->cfg->tenancy.tiers[adm->policy_tier].name;
     struct sl_openai_error err;
     switch (v) {
     case SL_ADMIT_OK:
@@ -291,7 +291,7 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
         sl_openai_error_set(&err, 429, NULL, "rate_limit_exceeded", "%s", adm->why);
         break;
     case SL_ADMIT_OVERLOADED:
-        sl_openai_error_set(&err, a->cfg->tiers[adm->policy_tier].overload_status, NULL,
+        sl_openai_error_set(&err, a->cfg->tenancy.tiers[adm->policy_tier].overload_status, NULL,
                             "server_is_overloaded", "%s", adm->why);
         break;
     }
@@ -316,14 +316,14 @@ static void on_admit_timer(evutil_socket_t fd, short what, void *arg)
  * parsing its heads costs, as nginx's limit_req does. True when it answered. */
 static bool refuse_early(struct api_exchange *a)
 {
-    if (!a->cfg->admission || sl_tier_classify_needs_body(a->cfg))
+    if (!a->cfg->tenancy.admission || sl_tier_classify_needs_body(&a->cfg->tenancy))
         return false;
     struct sl_openai_completion head = {.params.max_tokens = a->cfg->default_max_tokens};
     struct sl_openai_error err;
     if (classify(a, &head, &err) != SL_OK)
         return false; /* answered in full, after the body, like any bad request */
     struct sl_admit_env env = admit_env(a);
-    if (sl_admit_precheck(&a->adm, &env, a->cfg, a->tenant, a->tier, 0, 0,
+    if (sl_admit_precheck(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, 0, 0,
                           (int64_t)sl_clock_ns()) == SL_ADMIT_OK) {
         a->tier = -1;
         return false;
@@ -358,7 +358,7 @@ static void run_decoded(struct api_exchange *a)
     a->adm.n = a->oc.n; /* admission counts each choice's tokens */
     a->adm.prompts = a->oc.n_prompts;
     struct sl_admit_env env = admit_env(a);
-    if (sl_admit_precheck(&a->adm, &env, a->cfg, a->tenant, a->tier, e, a->oc.params.max_tokens,
+    if (sl_admit_precheck(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e, a->oc.params.max_tokens,
                           (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
         admission_decided(a, a->adm.verdict);
         return;
@@ -374,7 +374,7 @@ static void run_decoded(struct api_exchange *a)
         api_send_error(a, &err, NULL);
         return;
     }
-    admission_decided(a, sl_admit_begin(&a->adm, &env, a->cfg, a->tenant, a->tier, e, n_prompt,
+    admission_decided(a, sl_admit_begin(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e, n_prompt,
                                         a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }
 
@@ -415,7 +415,7 @@ static void metrics_on_text(struct api_exchange *a, const struct choice *ch,
 {
     struct sl_metrics *m = a->t->api->metrics;
     uint64_t now = a->t->wake_ns;
-    const char *tier = a->tier >= 0 ? a->cfg->tiers[a->tier].name : "none";
+    const char *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].name : "none";
     if (!a->t_first_ns) {
         a->t_first_ns = now;
         sl_metrics_observe_ttft(m, a->t->idx, tier, (double)(now - a->x->t_start_ns) / 1e9);

@@ -1512,7 +1512,7 @@ void sl_openai_ratelimit_headers(const struct sl_config *cfg, const struct sl_te
                                  int64_t now_ns, struct sl_str *out)
 {
     struct sl_admit_budget requests, tokens;
-    if (!sl_admit_budgets(cfg, t, now_ns, &requests, &tokens))
+    if (!sl_admit_budgets(&cfg->tenancy, t, now_ns, &requests, &tokens))
         return;
     if (requests.limit > 0)
         limit_headers(out, "requests", &requests);

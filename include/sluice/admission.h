@@ -15,6 +15,47 @@
 #include <sluice/common.h>
 #include <sluice/sched.h>
 
+/* Tiers in one configuration (a tenant's allowed tiers are a bit mask). */
+#define SL_TIERS_MAX 32
+
+/* ---------------------------------------------------------------------------------------------
+ * Tenancy: what one configuration says about tenants, tiers, keys and admission
+ */
+
+struct sl_tier;        /* a latency promise: the scheduler's tier and admission's limits */
+struct sl_tenant;      /* who pays: key hash, allowed tiers, default tier, budgets */
+struct sl_tier_rule;   /* one rule of the ordered classification list */
+struct sl_admit_state; /* admission's runtime state: buckets and queue counts */
+
+/* A key as the configuration keeps it: only its SHA-256. */
+struct sl_key_sha256 {
+    bool set;
+    unsigned char sha256[32];
+};
+
+/* Shared and immutable once built (the state's cells are atomic), so any thread may read it. */
+struct sl_tenancy {
+    /* Arrays owned by the tenancy; tiers is never empty, classify may be (every request then gets
+     * its tenant's default). With no tenants every request is the anonymous tenant's, who may
+     * use every tier and defaults to tiers[0]. */
+    struct sl_tier *tiers;
+    int n_tiers;
+    struct sl_tenant *tenants;
+    int n_tenants;
+    struct sl_tier_rule *classify;
+    int n_classify;
+    /* Metrics may be read only with this key (or the admin key) when set; by anyone otherwise,
+     * as vLLM's are. Only the SHA-256 is kept. */
+    struct sl_key_sha256 metrics_key;
+    bool has_admin_key;                 /* the /admin/ routes answer 403 without one */
+    unsigned char admin_key_sha256[32]; /* SHA-256 of the admin key (never the key itself) */
+    bool admission; /* false: every request is admitted as it comes (no limits, no guard) */
+    /* Set once, by sl_admit_adopt, before any request sees the tenancy: the buckets and queue
+     * counts its tenants and tiers use, shared by name with the tenancy it replaced. NULL for a
+     * tenancy never served. Freed with the tenancy. */
+    struct sl_admit_state *state;
+};
+
 /* ---------------------------------------------------------------------------------------------
  * Errors
  */

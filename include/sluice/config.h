@@ -16,14 +16,9 @@
  * Configuration (conf/sluice.json documents every key)
  */
 
-#define SL_TIERS_MAX 32   /* tiers in one configuration (a tenant's allowed tiers are a bit mask) */
 #define SL_MODELS_MAX 8   /* models served at once, each with its own worker and scheduler */
 #define SL_REPLICAS_MAX 8 /* workers (and schedulers) of one model, one per device of "devices" */
 #define SL_MODEL_NAME_MAX 64
-
-struct sl_tier;      /* a latency promise: priority, weight, SLOs (layout in gateway_impl.h) */
-struct sl_tenant;    /* who pays: key hash, allowed tiers, default tier */
-struct sl_tier_rule; /* one rule of the ordered classification list */
 
 /* One served model: its weights and where it runs. models[0] is also "model" and "tokenizer"
  * (the single-model keys), which stay in step with it. */
@@ -36,20 +31,12 @@ struct sl_config_model {
     char *device;    /* where it runs (as "device"); NULL: "device" */
 };
 
-struct sl_admission; /* runtime state of admission for one configuration (gateway/admission.c) */
-
 /* A TLS listener next to the plain one. Off when cert is NULL; then every field is unset. */
 struct sl_config_tls {
     char *listen_host; /* "127.0.0.1" */
     int listen_port;   /* 8443; 0 picks a free port */
     char *cert;        /* PEM certificate (chain) file, or NULL: no TLS listener */
     char *key;         /* PEM private key file */
-};
-
-/* A key as the configuration keeps it: only its SHA-256. */
-struct sl_key_sha256 {
-    bool set;
-    unsigned char sha256[32];
 };
 
 struct sl_config {
@@ -91,30 +78,13 @@ struct sl_config {
     int drain_timeout_ms;          /* SIGTERM: how long requests in flight may take to finish */
     char *log_level;               /* "debug", "info", "warn", "error" */
 
-    /* Tenants, tiers and classification (gateway/tenant.c). Arrays owned by the config; tiers is
-     * never empty, classify may be (every request then gets its tenant's default). With no tenants
-     * every request is the anonymous tenant's, who may use every tier and defaults to tiers[0]. */
-    struct sl_tier *tiers;
-    int n_tiers;
-    struct sl_tenant *tenants;
-    int n_tenants;
-    struct sl_tier_rule *classify;
-    int n_classify;
-    /* /metrics needs "Authorization: Bearer KEY" of this key (or the admin key) when set; open
-     * otherwise, as vLLM's is. Only the SHA-256 is kept. Reloadable. */
-    struct sl_key_sha256 metrics_key;
-    bool has_admin_key; /* the /admin/ routes answer 403 without one */
-    unsigned char
-        admin_key_sha256[32]; /* SHA-256 of the admin key (the key itself is never kept) */
-
-    /* Models (at least one; start-only) and admission control (reloadable). */
+    /* Models (at least one; start-only). */
     struct sl_config_model *models;
     int n_models;
-    bool admission; /* false: every request is admitted as it comes (no limits, no guard) */
-    /* Set once, by the server that adopts this configuration (sl_http_server_new or _reload),
-     * before any request sees it: the buckets and queue counts its tenants and tiers use, shared
-     * by name with the configuration it replaced. NULL for a configuration never served. */
-    struct sl_admission *adm;
+    /* Tenants, tiers, classification, keys and admission control (reloadable). The server that
+     * adopts this configuration (sl_http_server_new or _reload) gives it its admission state
+     * (sl_admit_adopt) before any request sees it. */
+    struct sl_tenancy tenancy;
 };
 
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */

@@ -57,13 +57,13 @@ Test(gateway, admission_keys_load_with_their_defaults_when_absent)
 {
     struct sl_config c;
     load_ok(&c, "{\"tiers\":{" TIER("a", 0, 1, 1000, "") "}}");
-    cr_assert(c.admission);
-    cr_assert_eq(c.tiers[0].token_rate, 0);
-    cr_assert_eq(c.tiers[0].max_queue_requests, -1);
-    cr_assert_eq(c.tiers[0].max_queue_tokens, -1);
-    cr_assert_eq(c.tiers[0].n_overload, 1);
-    cr_assert_eq(c.tiers[0].overload[0].kind, SL_OVERLOAD_REJECT);
-    cr_assert_eq(c.tiers[0].overload_status, 503);
+    cr_assert(c.tenancy.admission);
+    cr_assert_eq(c.tenancy.tiers[0].token_rate, 0);
+    cr_assert_eq(c.tenancy.tiers[0].max_queue_requests, -1);
+    cr_assert_eq(c.tenancy.tiers[0].max_queue_tokens, -1);
+    cr_assert_eq(c.tenancy.tiers[0].n_overload, 1);
+    cr_assert_eq(c.tenancy.tiers[0].overload[0].kind, SL_OVERLOAD_REJECT);
+    cr_assert_eq(c.tenancy.tiers[0].overload_status, 503);
     cr_assert_eq(c.n_models, 1);
     cr_assert_str_eq(c.models[0].spec, "synthetic");
     cr_assert_null(c.models[0].name);
@@ -89,12 +89,12 @@ Test(gateway, admission_keys_load_when_given)
                                                               "\"default_tier\":\"fast\",\"rpm\":"
                                                               "60,\"tpm\":100000}],"
                                                               "\"admission\":false}");
-    cr_assert_not(c.admission);
+    cr_assert_not(c.tenancy.admission);
     cr_assert_eq(c.n_models, 2);
     cr_assert_str_eq(c.model, "synthetic", "models[0] is \"model\"");
     cr_assert_str_eq(c.models[1].name, "small");
     cr_assert_eq(c.models[1].threads, 1);
-    const struct sl_tier *f = &c.tiers[0];
+    const struct sl_tier *f = &c.tenancy.tiers[0];
     cr_assert_eq(f->token_rate, 5000);
     cr_assert_eq(f->burst, 5000, "a second's worth by default");
     cr_assert_eq(f->max_queue_requests, 8);
@@ -110,9 +110,9 @@ Test(gateway, admission_keys_load_when_given)
     cr_assert_eq(f->overload[3].kind, SL_OVERLOAD_QUEUE);
     cr_assert_eq(f->overload[3].arg, 1500);
     cr_assert_eq(f->overload[4].kind, SL_OVERLOAD_REJECT);
-    cr_assert_eq(c.tiers[1].burst, 1);
-    cr_assert_eq(c.tenants[0].rpm, 60);
-    cr_assert_eq(c.tenants[0].tpm, 100000);
+    cr_assert_eq(c.tenancy.tiers[1].burst, 1);
+    cr_assert_eq(c.tenancy.tenants[0].rpm, 60);
+    cr_assert_eq(c.tenancy.tenants[0].tpm, 100000);
     /* /admin/config shows them as the file spells them. */
     json_t *j = sl_config_to_json(&c);
     char *s = json_dumps(j, JSON_SORT_KEYS);
@@ -251,8 +251,9 @@ static void fake_init(struct fake *f, double rate)
     "\"models\":[{\"model\":\"synthetic\",\"name\":\"big\"},{\"model\":\"synthetic\","             \
     "\"name\":\"small\"}]"
 
-static void world(struct sl_config *c, const char *interactive_extra, const char *batch_extra,
-                  const char *tenant_extra)
+/* The configuration, not adopted yet (no admission state). */
+static void world_load(struct sl_config *c, const char *interactive_extra, const char *batch_extra,
+                       const char *tenant_extra)
 {
     char buf[4096];
     snprintf(buf, sizeof buf,
@@ -265,7 +266,13 @@ static void world(struct sl_config *c, const char *interactive_extra, const char
              "\"batch\"],\"default_tier\":\"interactive\"}]}",
              interactive_extra, batch_extra, tenant_extra);
     load_ok(c, buf);
-    sl_admission_adopt(c, NULL, 0);
+}
+
+static void world(struct sl_config *c, const char *interactive_extra, const char *batch_extra,
+                  const char *tenant_extra)
+{
+    world_load(c, interactive_extra, batch_extra, tenant_extra);
+    sl_admit_adopt(&c->tenancy, NULL, 0);
 }
 
 static enum sl_admit_verdict begin(struct sl_admit *a, struct fake *f, const struct sl_config *c,
@@ -274,7 +281,8 @@ static enum sl_admit_verdict begin(struct sl_admit *a, struct fake *f, const str
 {
     struct sl_admit_env env = env_of(f);
     sl_admit_init(a);
-    return sl_admit_begin(a, &env, c, &c->tenants[tenant], tier, model, n_prompt, max_tokens, now);
+    return sl_admit_begin(a, &env, &c->tenancy, &c->tenancy.tenants[tenant], tier, model, n_prompt,
+                          max_tokens, now);
 }
 
 static const char *header(const struct sl_admit *a, const struct sl_config *c,
@@ -312,22 +320,25 @@ Test(gateway, admission_answers_429_with_exact_retry_when_a_tenant_is_over_its_r
         sl_admit_end(&a, 10, 0);
     }
     cr_assert_str_eq(
-        header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "0");
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-limit-requests", h, sizeof h),
-                     "3");
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-reset-requests", h, sizeof h),
-                     "1m0s");
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h),
+        "0");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-limit-requests", h, sizeof h), "3");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-reset-requests", h, sizeof h),
+        "1m0s");
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 10, 10, 5 * SEC), SL_ADMIT_RATE_LIMITED);
     cr_assert_eq(a.reason, SL_ADMIT_REASON_TENANT_REQUESTS);
     cr_assert_eq(a.retry_ns, 15 * SEC, "one request every 20 s, 5 s gone");
     cr_assert_str_eq(a.note, "rejected; reason=tenant_requests");
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 5 * SEC, "Retry-After", h, sizeof h), "15");
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 5 * SEC, "retry-after-ms", h, sizeof h),
+    cr_assert_str_eq(header(&a, &c, &c.tenancy.tenants[0], 5 * SEC, "Retry-After", h, sizeof h),
+                     "15");
+    cr_assert_str_eq(header(&a, &c, &c.tenancy.tenants[0], 5 * SEC, "retry-after-ms", h, sizeof h),
                      "15000");
     cr_assert(strstr(a.why, "Rate limit reached for tenant 'a' on requests per minute"));
     /* Another tenant is not touched, and has no rate headers (it has no limits). */
     cr_assert_eq(begin(&a, &f, &c, 1, 0, 0, 10, 10, 5 * SEC), SL_ADMIT_OK);
-    cr_assert_null(header(&a, &c, &c.tenants[1], 5 * SEC, "x-ratelimit", h, sizeof h));
+    cr_assert_null(header(&a, &c, &c.tenancy.tenants[1], 5 * SEC, "x-ratelimit", h, sizeof h));
     sl_admit_end(&a, 10, 5 * SEC);
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 10, 10, 20 * SEC), SL_ADMIT_OK, "and on time");
     sl_admit_end(&a, 10, 20 * SEC);
@@ -344,8 +355,9 @@ Test(gateway, admission_refunds_unused_tokens_exactly_once_when_requests_end)
     char h[64];
     /* Charged prompt + max_tokens = 100 + 500. */
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_OK);
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "400");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "400");
     cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_RATE_LIMITED);
     cr_assert_eq(b.reason, SL_ADMIT_REASON_TENANT_TOKENS);
     cr_assert_eq(b.retry_ns, 12 * SEC, "200 tokens short at 1000 a minute");
@@ -353,25 +365,28 @@ Test(gateway, admission_refunds_unused_tokens_exactly_once_when_requests_end)
     sl_admit_end(&a, 50, 0);
     sl_admit_end(&a, 50, 0);
     sl_admit_end(&a, 0, 0);
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "850");
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-reset-tokens", h, sizeof h),
-                     "9s");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "850");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-reset-tokens", h, sizeof h), "9s");
     /* A request cut short (its client left after 20 tokens) pays for what it used. */
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_OK);
     sl_admit_end(&a, 20, 0);
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "730");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "730");
     /* A request that never reached the engine pays nothing. */
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 500, 0), SL_ADMIT_OK);
     sl_admit_end(&a, -1, 0);
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "730");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "730");
     /* One larger than the whole budget is refused for good: no retry time. */
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 900, 200, 0), SL_ADMIT_RATE_LIMITED);
     cr_assert_eq(a.retry_ns, -1);
     cr_assert(strstr(a.why, "Request too large"), "%s", a.why);
-    cr_assert_null(header(&a, &c, &c.tenants[0], 0, "Retry-After", h, sizeof h));
+    cr_assert_null(header(&a, &c, &c.tenancy.tenants[0], 0, "Retry-After", h, sizeof h));
     sl_config_dispose(&c);
 }
 
@@ -389,34 +404,38 @@ Test(gateway, admission_charges_each_choice_when_n_is_above_one)
     /* 3 choices of 100 + 200: 900 of the tenant's 1000 a minute. */
     sl_admit_init(&a);
     a.n = 3;
-    cr_assert_eq(sl_admit_begin(&a, &env, &c, &c.tenants[0], 0, 0, 100, 200, 0), SL_ADMIT_OK, "%s",
-                 a.why);
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "100");
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 200, 0),
+                 SL_ADMIT_OK, "%s", a.why);
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "100");
     /* They generated 150 tokens together: 3 × 100 + 150 used, 450 back. */
     sl_admit_end(&a, 150, 0);
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "550");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "550");
     /* Each choice prefills the prompt: n × prompt tokens in the tier's queue (cap 250). */
     sl_admit_init(&a);
     a.n = 2;
-    cr_assert_eq(sl_admit_begin(&a, &env, &c, &c.tenants[0], 0, 0, 100, 10, 0), SL_ADMIT_OK);
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 10, 0),
+                 SL_ADMIT_OK);
     int n;
     long tok;
-    sl_admission_queue(&c, 0, 0, &n, &tok);
+    sl_admit_queue(&c.tenancy, 0, 0, &n, &tok);
     cr_assert_eq(n, 1, "one request");
     cr_assert_eq(tok, 200, "its two prompts");
     sl_admit_init(&b);
     b.n = 2; /* 200 + 2 × 100 > 250 */
-    cr_assert_neq(sl_admit_begin(&b, &env, &c, &c.tenants[0], 0, 0, 100, 10, 0), SL_ADMIT_OK);
+    cr_assert_neq(sl_admit_begin(&b, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 10, 0),
+                  SL_ADMIT_OK);
     cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_QUEUE_TOKENS, "%s", b.why);
     sl_admit_end(&b, -1, 0);
     sl_admit_init(&b); /* 200 + 50 */
-    cr_assert_eq(sl_admit_begin(&b, &env, &c, &c.tenants[0], 0, 0, 50, 10, 0), SL_ADMIT_OK, "%s",
-                 b.why);
+    cr_assert_eq(sl_admit_begin(&b, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 50, 10, 0),
+                 SL_ADMIT_OK, "%s", b.why);
     sl_admit_end(&b, 10, 0);
     sl_admit_end(&a, 20, 0);
-    sl_admission_queue(&c, 0, 0, &n, &tok);
+    sl_admit_queue(&c.tenancy, 0, 0, &n, &tok);
     cr_assert_eq(tok, 0, "all of it leaves the queue");
     sl_config_dispose(&c);
 }
@@ -435,13 +454,15 @@ Test(gateway, admission_charges_each_prompt_and_choice_when_prompts_are_an_array
     sl_admit_init(&a);
     a.n = 2;
     a.prompts = 3; /* 2 × (90 + 3 × 100) = 780 */
-    cr_assert_eq(sl_admit_begin(&a, &env, &c, &c.tenants[0], 0, 0, 90, 100, 0), SL_ADMIT_OK, "%s",
-                 a.why);
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "220");
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 90, 100, 0),
+                 SL_ADMIT_OK, "%s", a.why);
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "220");
     sl_admit_end(&a, 60, 0); /* 2 × 90 + 60 used */
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "760");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "760");
     sl_config_dispose(&c);
 }
 
@@ -465,19 +486,19 @@ Test(gateway, admission_counts_the_tier_queue_until_the_first_token_when_capped)
     sl_admit_end(&a[3], 1, 0);
     int n;
     long tok;
-    sl_admission_queue(&c, 1, 0, &n, &tok);
+    sl_admit_queue(&c.tenancy, 1, 0, &n, &tok);
     cr_assert_eq(n, 2);
     cr_assert_eq(tok, 200);
     sl_admit_started(&a[0]);
     sl_admit_started(&a[0]);
-    sl_admission_queue(&c, 1, 0, &n, &tok);
+    sl_admit_queue(&c.tenancy, 1, 0, &n, &tok);
     cr_assert_eq(n, 1, "a first token leaves the queue, once");
     cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 200, 10, 0), SL_ADMIT_OVERLOADED);
     cr_assert_eq(a[2].reason, SL_ADMIT_REASON_TIER_QUEUE_TOKENS, "100 + 200 over 250");
     cr_assert_eq(begin(&a[2], &f, &c, 0, 1, 0, 150, 10, 0), SL_ADMIT_OK);
     for (int i = 0; i < 3; i++)
         sl_admit_end(&a[i], 5, 0);
-    sl_admission_queue(&c, 1, 0, &n, &tok);
+    sl_admit_queue(&c.tenancy, 1, 0, &n, &tok);
     cr_assert_eq(n, 0);
     cr_assert_eq(tok, 0);
     sl_config_dispose(&c);
@@ -516,8 +537,9 @@ Test(gateway, admission_guard_rejects_with_the_drain_time_when_the_objective_wou
     cr_assert_float_eq(a.predicted_ttft_s, 1.21, 1e-9);
     cr_assert_eq(a.retry_ns, 210 * MS);
     char h[64];
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "Retry-After", h, sizeof h), "1");
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "retry-after-ms", h, sizeof h), "210");
+    cr_assert_str_eq(header(&a, &c, &c.tenancy.tenants[0], 0, "Retry-After", h, sizeof h), "1");
+    cr_assert_str_eq(header(&a, &c, &c.tenancy.tenants[0], 0, "retry-after-ms", h, sizeof h),
+                     "210");
     cr_assert(strstr(a.why, "predicted time to first token, 1.2 s"), "%s", a.why);
     /* Prompts admitted here and not yet in the scheduler's figures count too. */
     f.st[0].tiers[0].queued_prompt_tokens = 0;
@@ -528,11 +550,11 @@ Test(gateway, admission_guard_rejects_with_the_drain_time_when_the_objective_wou
     struct sl_admit over;
     cr_assert_eq(begin(&over, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OVERLOADED);
     /* Admission off: everything goes, as it comes. */
-    c.admission = false;
+    c.tenancy.admission = false;
     cr_assert_eq(begin(&over, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OK);
     cr_assert_str_eq(over.note, "admitted");
     cr_assert_not(over.active);
-    c.admission = true;
+    c.tenancy.admission = true;
     for (int i = 0; i < 9; i++)
         sl_admit_end(&held[i], 1, 0);
     sl_admit_end(&a, 1, 0);
@@ -590,12 +612,13 @@ Test(gateway, overload_cap_max_tokens_admits_degraded_when_the_cap_makes_it_fit)
     cr_assert(b.degraded);
     cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_TOKEN_RATE);
     char h[64];
-    cr_assert_str_eq(header(&b, &c, &c.tenants[0], 0, "x-sluice-admission", h, sizeof h),
+    cr_assert_str_eq(header(&b, &c, &c.tenancy.tenants[0], 0, "x-sluice-admission", h, sizeof h),
                      "degraded; cap_max_tokens=64");
     /* The tenant was charged 36 + 256 and got the 192 above the cap back at once: with a's 300,
      * 364 of 100,000 are used. */
-    cr_assert_str_eq(header(&b, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "99600");
+    cr_assert_str_eq(
+        header(&b, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "99600");
     sl_admit_end(&a, 200, 0);
     sl_admit_end(&b, 64, 0);
     sl_config_dispose(&c);
@@ -638,7 +661,7 @@ Test(gateway, overload_model_step_moves_to_the_cheaper_model_when_it_has_room)
     cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
     int n;
     long tok;
-    sl_admission_queue(&c, 0, 1, &n, &tok);
+    sl_admit_queue(&c.tenancy, 0, 1, &n, &tok);
     cr_assert_eq(n, 1);
     cr_assert_eq(tok, 120, "queued on small's scheduler, in small's tokens");
     sl_admit_end(&a, 1, 0);
@@ -712,9 +735,11 @@ Test(gateway, overload_reject_refunds_the_tenant_when_the_server_says_no)
         sl_admit_end(&a, -1, 0);
     }
     cr_assert_str_eq(
-        header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "2");
-    cr_assert_str_eq(header(&a, &c, &c.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
-                     "1000");
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h),
+        "2");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "1000");
     sl_config_dispose(&c);
 }
 
@@ -769,15 +794,15 @@ Test(gateway, admission_budgets_carry_over_a_reload_when_the_names_stay)
     struct sl_admit batch;
     cr_assert_eq(begin(&batch, &f, &a, 1, 1, 0, 50, 50, 0), SL_ADMIT_OK);
     /* The same tenant and tier, the rpm doubled: still 10 short, now refilling at 20 a minute. */
-    world(&b, "", ",\"token_rate\":100,\"burst\":100", ",\"rpm\":20");
-    sl_admission_free(b.adm);
-    b.adm = NULL;
-    sl_admission_adopt(&b, &a, 0);
+    world_load(&b, "", ",\"token_rate\":100,\"burst\":100", ",\"rpm\":20");
+    sl_admit_adopt(&b.tenancy, &a.tenancy, 0);
     char h[64];
     cr_assert_str_eq(
-        header(&x[0], &b, &b.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "10");
-    cr_assert_str_eq(header(&x[0], &b, &b.tenants[0], 0, "x-ratelimit-reset-requests", h, sizeof h),
-                     "30s");
+        header(&x[0], &b, &b.tenancy.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h),
+        "10");
+    cr_assert_str_eq(
+        header(&x[0], &b, &b.tenancy.tenants[0], 0, "x-ratelimit-reset-requests", h, sizeof h),
+        "30s");
     struct sl_admit y;
     cr_assert_eq(begin(&y, &f, &b, 1, 1, 0, 50, 50, 0), SL_ADMIT_OVERLOADED,
                  "the tier's bucket is the same bucket");
@@ -787,14 +812,13 @@ Test(gateway, admission_budgets_carry_over_a_reload_when_the_names_stay)
     cr_assert_eq(begin(&y, &f, &b, 1, 1, 0, 25, 25, 0), SL_ADMIT_OK);
     sl_admit_end(&y, 50, 0);
     /* A tenant renamed away starts afresh. */
-    world(&d, "", "", "");
-    sl_admission_free(d.adm);
-    d.adm = NULL;
-    snprintf(d.tenants[0].name, sizeof d.tenants[0].name, "a2");
-    d.tenants[0].rpm = 10;
-    sl_admission_adopt(&d, &b, 0);
+    world_load(&d, "", "", "");
+    snprintf(d.tenancy.tenants[0].name, sizeof d.tenancy.tenants[0].name, "a2");
+    d.tenancy.tenants[0].rpm = 10;
+    sl_admit_adopt(&d.tenancy, &b.tenancy, 0);
     cr_assert_str_eq(
-        header(&x[0], &d, &d.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h), "10");
+        header(&x[0], &d, &d.tenancy.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h),
+        "10");
     for (int i = 0; i < 10; i++)
         sl_admit_end(&x[i], 1, 0);
     sl_config_dispose(&a);
@@ -813,7 +837,8 @@ Test(gateway, admission_refuses_before_tokenizing_when_the_tier_takes_nothing_an
     struct sl_admit a;
     sl_admit_init(&a);
     /* Tenant b (no budgets), interactive (closed, nothing but a cap before the rejection). */
-    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 0, 0, 100, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c.tenancy, &c.tenancy.tenants[1], 0, 0, 100, 0),
+                 SL_ADMIT_OVERLOADED);
     cr_assert_str_eq(a.note, "rejected; reason=tier_queue_requests");
     cr_assert_eq(a.retry_ns, SEC);
     cr_assert_not(a.active);
@@ -825,10 +850,13 @@ Test(gateway, admission_refuses_before_tokenizing_when_the_tier_takes_nothing_an
     /* A tier whose policy may still find room (queue:MS), a tenant with budgets to charge, a
      * tier with room: the full decision, after tokenizing. */
     sl_admit_init(&a);
-    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 1, 0, 100, 0), SL_ADMIT_OK);
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c.tenancy, &c.tenancy.tenants[1], 1, 0, 100, 0),
+                 SL_ADMIT_OK);
     cr_assert_not(a.ran);
-    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[0], 0, 0, 100, 0), SL_ADMIT_OK);
-    c.tiers[0].max_queue_requests = 1;
-    cr_assert_eq(sl_admit_precheck(&a, &env, &c, &c.tenants[1], 0, 0, 100, 0), SL_ADMIT_OK);
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 0),
+                 SL_ADMIT_OK);
+    c.tenancy.tiers[0].max_queue_requests = 1;
+    cr_assert_eq(sl_admit_precheck(&a, &env, &c.tenancy, &c.tenancy.tenants[1], 0, 0, 100, 0),
+                 SL_ADMIT_OK);
     sl_config_dispose(&c);
 }

@@ -141,23 +141,24 @@ Test(gateway, lookup_finds_each_tenant_by_key_when_keys_are_known)
 {
     struct sl_config c;
     load_world(&c, NULL);
-    const struct sl_tenant *t = sl_tenant_lookup(&c, KEY_A, strlen(KEY_A));
+    const struct sl_tenant *t = sl_tenant_lookup(&c.tenancy, KEY_A, strlen(KEY_A));
     cr_assert(t && strcmp(t->name, "alice") == 0);
-    t = sl_tenant_lookup(&c, KEY_B, strlen(KEY_B));
+    t = sl_tenant_lookup(&c.tenancy, KEY_B, strlen(KEY_B));
     cr_assert(t && strcmp(t->name, "bob") == 0);
-    t = sl_tenant_lookup(&c, KEY_C, strlen(KEY_C));
+    t = sl_tenant_lookup(&c.tenancy, KEY_C, strlen(KEY_C));
     cr_assert(t && strcmp(t->name, "carol") == 0, "the last tenant is found too");
-    cr_assert_null(sl_tenant_lookup(&c, "sk-nobody", 9));
-    cr_assert_null(sl_tenant_lookup(&c, KEY_A, strlen(KEY_A) - 1), "a prefix is not the key");
-    cr_assert_null(sl_tenant_lookup(&c, NULL, 0));
-    cr_assert_null(sl_tenant_lookup(&c, "", 0));
+    cr_assert_null(sl_tenant_lookup(&c.tenancy, "sk-nobody", 9));
+    cr_assert_null(sl_tenant_lookup(&c.tenancy, KEY_A, strlen(KEY_A) - 1),
+                   "a prefix is not the key");
+    cr_assert_null(sl_tenant_lookup(&c.tenancy, NULL, 0));
+    cr_assert_null(sl_tenant_lookup(&c.tenancy, "", 0));
     /* The hash is not a key. */
-    cr_assert_null(sl_tenant_lookup(&c, HASH_A, strlen(HASH_A)));
+    cr_assert_null(sl_tenant_lookup(&c.tenancy, HASH_A, strlen(HASH_A)));
     /* Tenant keys do not open /admin/, and the admin key is nobody's API key. */
-    cr_assert(sl_tenant_admin_check(&c, KEY_ADMIN, strlen(KEY_ADMIN)));
-    cr_assert_not(sl_tenant_admin_check(&c, KEY_A, strlen(KEY_A)));
-    cr_assert_not(sl_tenant_admin_check(&c, NULL, 0));
-    cr_assert_null(sl_tenant_lookup(&c, KEY_ADMIN, strlen(KEY_ADMIN)));
+    cr_assert(sl_tenant_admin_check(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)));
+    cr_assert_not(sl_tenant_admin_check(&c.tenancy, KEY_A, strlen(KEY_A)));
+    cr_assert_not(sl_tenant_admin_check(&c.tenancy, NULL, 0));
+    cr_assert_null(sl_tenant_lookup(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)));
     sl_config_dispose(&c);
 }
 
@@ -165,10 +166,10 @@ Test(gateway, lookup_gives_anonymous_tenant_when_no_tenants_are_configured)
 {
     struct sl_config c;
     sl_config_init(&c);
-    const struct sl_tenant *t = sl_tenant_lookup(&c, NULL, 0);
+    const struct sl_tenant *t = sl_tenant_lookup(&c.tenancy, NULL, 0);
     cr_assert_eq(t, &sl_tenant_anonymous);
-    cr_assert_eq(sl_tenant_lookup(&c, "whatever", 8), &sl_tenant_anonymous);
-    cr_assert_not(sl_tenant_admin_check(&c, KEY_ADMIN, strlen(KEY_ADMIN)),
+    cr_assert_eq(sl_tenant_lookup(&c.tenancy, "whatever", 8), &sl_tenant_anonymous);
+    cr_assert_not(sl_tenant_admin_check(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)),
                   "no admin key configured: nothing opens /admin/");
     sl_config_dispose(&c);
 }
@@ -225,34 +226,34 @@ Test(gateway, tenancy_sections_load_when_valid)
                    "\"auto\":null}},{\"path\":\"/v1/completions\",\"stream\":true,"
                    "\"tier\":\"gold\"},{\"max_tokens_above\":100,\"tier\":\"batch\"},"
                    "{\"tenant_default\":true}]");
-    cr_assert_eq(c.n_tiers, 3);
-    cr_assert_str_eq(c.tiers[0].name, "interactive");
-    cr_assert_str_eq(c.tiers[1].name, "batch");
-    cr_assert_str_eq(c.tiers[2].name, "gold");
-    cr_assert_eq(c.tiers[2].priority, 1);
-    cr_assert_eq(c.tiers[2].weight, 2);
-    cr_assert_eq(c.tiers[2].ttft_slo_ms, 500);
-    cr_assert_eq(c.tiers[2].tpot_slo_ms, 50);
-    cr_assert_eq(c.n_tenants, 3);
-    cr_assert_str_eq(c.tenants[2].name, "carol");
-    cr_assert_eq(c.tenants[2].tiers, (1u << 2) | (1u << 1));
-    cr_assert_eq(c.tenants[2].default_tier, 2);
+    cr_assert_eq(c.tenancy.n_tiers, 3);
+    cr_assert_str_eq(c.tenancy.tiers[0].name, "interactive");
+    cr_assert_str_eq(c.tenancy.tiers[1].name, "batch");
+    cr_assert_str_eq(c.tenancy.tiers[2].name, "gold");
+    cr_assert_eq(c.tenancy.tiers[2].priority, 1);
+    cr_assert_eq(c.tenancy.tiers[2].weight, 2);
+    cr_assert_eq(c.tenancy.tiers[2].ttft_slo_ms, 500);
+    cr_assert_eq(c.tenancy.tiers[2].tpot_slo_ms, 50);
+    cr_assert_eq(c.tenancy.n_tenants, 3);
+    cr_assert_str_eq(c.tenancy.tenants[2].name, "carol");
+    cr_assert_eq(c.tenancy.tenants[2].tiers, (1u << 2) | (1u << 1));
+    cr_assert_eq(c.tenancy.tenants[2].default_tier, 2);
     unsigned char h[32];
     sl_tenant_hex_decode(HASH_C, h);
-    cr_assert_eq(memcmp(c.tenants[2].key_sha256, h, 32), 0);
-    cr_assert(c.has_admin_key);
-    cr_assert_eq(c.n_classify, 5);
-    cr_assert_eq(c.classify[0].kind, SL_RULE_HEADER);
-    cr_assert_eq(c.classify[1].kind, SL_RULE_SERVICE_TIER);
-    cr_assert_eq(c.classify[1].n_map, 2);
-    cr_assert_eq(c.classify[1].map[1].tier, -1, "null maps to no preference");
-    cr_assert_eq(c.classify[2].kind, SL_RULE_MATCH);
-    cr_assert_str_eq(c.classify[2].path, "/v1/completions");
-    cr_assert_eq(c.classify[2].stream, 1);
-    cr_assert_eq(c.classify[2].max_tokens_above, -1);
-    cr_assert_eq(c.classify[2].tier, 2);
-    cr_assert_eq(c.classify[3].max_tokens_above, 100);
-    cr_assert_eq(c.classify[4].kind, SL_RULE_TENANT_DEFAULT);
+    cr_assert_eq(memcmp(c.tenancy.tenants[2].key_sha256, h, 32), 0);
+    cr_assert(c.tenancy.has_admin_key);
+    cr_assert_eq(c.tenancy.n_classify, 5);
+    cr_assert_eq(c.tenancy.classify[0].kind, SL_RULE_HEADER);
+    cr_assert_eq(c.tenancy.classify[1].kind, SL_RULE_SERVICE_TIER);
+    cr_assert_eq(c.tenancy.classify[1].n_map, 2);
+    cr_assert_eq(c.tenancy.classify[1].map[1].tier, -1, "null maps to no preference");
+    cr_assert_eq(c.tenancy.classify[2].kind, SL_RULE_MATCH);
+    cr_assert_str_eq(c.tenancy.classify[2].path, "/v1/completions");
+    cr_assert_eq(c.tenancy.classify[2].stream, 1);
+    cr_assert_eq(c.tenancy.classify[2].max_tokens_above, -1);
+    cr_assert_eq(c.tenancy.classify[2].tier, 2);
+    cr_assert_eq(c.tenancy.classify[3].max_tokens_above, 100);
+    cr_assert_eq(c.tenancy.classify[4].kind, SL_RULE_TENANT_DEFAULT);
     sl_config_dispose(&c);
 }
 
@@ -263,11 +264,11 @@ Test(gateway, scheduler_gets_every_tier_in_order_when_config_is_converted)
     struct sl_sched_tier t[SL_SCHED_MAX_TIERS];
     cr_assert_eq(sl_config_sched_tiers(&c, t, SL_SCHED_MAX_TIERS), 3);
     for (int i = 0; i < 3; i++) {
-        cr_assert_str_eq(t[i].name, c.tiers[i].name, "same order: a request's index holds");
-        cr_assert_eq(t[i].priority, c.tiers[i].priority);
-        cr_assert_eq(t[i].weight, c.tiers[i].weight);
-        cr_assert_eq(t[i].ttft_slo_ms, c.tiers[i].ttft_slo_ms);
-        cr_assert_eq(t[i].tpot_slo_ms, c.tiers[i].tpot_slo_ms);
+        cr_assert_str_eq(t[i].name, c.tenancy.tiers[i].name, "same order: a request's index holds");
+        cr_assert_eq(t[i].priority, c.tenancy.tiers[i].priority);
+        cr_assert_eq(t[i].weight, c.tenancy.tiers[i].weight);
+        cr_assert_eq(t[i].ttft_slo_ms, c.tenancy.tiers[i].ttft_slo_ms);
+        cr_assert_eq(t[i].tpot_slo_ms, c.tenancy.tiers[i].tpot_slo_ms);
     }
     cr_assert_eq(t[2].weight, 2);
     cr_assert_eq(sl_config_sched_tiers(&c, t, 1), 1, "bounded by the caller's array");
@@ -278,23 +279,23 @@ Test(gateway, defaults_have_two_tiers_and_openai_mapping_when_no_file)
 {
     struct sl_config c;
     sl_config_init(&c);
-    cr_assert_eq(c.n_tiers, 2);
-    cr_assert_str_eq(c.tiers[0].name, "interactive");
-    cr_assert_str_eq(c.tiers[1].name, "batch");
-    cr_assert_eq(c.n_tenants, 0);
-    cr_assert_not(c.has_admin_key);
+    cr_assert_eq(c.tenancy.n_tiers, 2);
+    cr_assert_str_eq(c.tenancy.tiers[0].name, "interactive");
+    cr_assert_str_eq(c.tenancy.tiers[1].name, "batch");
+    cr_assert_eq(c.tenancy.n_tenants, 0);
+    cr_assert_not(c.tenancy.has_admin_key);
     struct sl_tier_request rq = {.service_tier = "flex", .path = "/v1/completions", .path_len = 15};
     struct sl_admit_error err;
     int tier = -1;
-    cr_assert_eq(sl_tier_classify(&c, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
+    cr_assert_eq(sl_tier_classify(&c.tenancy, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
     cr_assert_eq(tier, 1);
     rq.service_tier = "priority";
-    cr_assert_eq(sl_tier_classify(&c, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
+    cr_assert_eq(sl_tier_classify(&c.tenancy, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
     cr_assert_eq(tier, 0);
     rq.service_tier = NULL;
     rq.header = "batch";
     rq.header_len = 5;
-    cr_assert_eq(sl_tier_classify(&c, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
+    cr_assert_eq(sl_tier_classify(&c.tenancy, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
     cr_assert_eq(tier, 1);
     sl_config_dispose(&c);
 }
@@ -310,7 +311,7 @@ Test(gateway, tenants_may_refer_to_tiers_defined_later_in_the_file_when_loading)
              "\"tiers\":[\"gold\"],\"default_tier\":\"gold\"}],%s}",
              tiers3);
     cr_assert_eq(load(&c, buf, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.tenants[0].default_tier, 2);
+    cr_assert_eq(c.tenancy.tenants[0].default_tier, 2);
     sl_config_dispose(&c);
 }
 
@@ -328,12 +329,13 @@ Test(gateway, replaced_tiers_remap_tenants_and_reset_rules_when_only_tiers_chang
                       "\"weight\":1,\"ttft_slo_ms\":9,\"tpot_slo_ms\":9}}}",
                       err, sizeof err),
                  SL_OK, "%s", err);
-    cr_assert_str_eq(c.tenants[0].name, "alice");
-    cr_assert_eq(c.tenants[0].tiers, (1u << 2) | (1u << 0), "interactive is now 2, batch 0");
-    cr_assert_eq(c.tenants[0].default_tier, 2);
-    cr_assert_eq(c.n_classify, 3);
-    cr_assert_eq(c.classify[0].kind, SL_RULE_HEADER);
-    cr_assert_eq(c.classify[2].kind, SL_RULE_TENANT_DEFAULT);
+    cr_assert_str_eq(c.tenancy.tenants[0].name, "alice");
+    cr_assert_eq(c.tenancy.tenants[0].tiers, (1u << 2) | (1u << 0),
+                 "interactive is now 2, batch 0");
+    cr_assert_eq(c.tenancy.tenants[0].default_tier, 2);
+    cr_assert_eq(c.tenancy.n_classify, 3);
+    cr_assert_eq(c.tenancy.classify[0].kind, SL_RULE_HEADER);
+    cr_assert_eq(c.tenancy.classify[2].kind, SL_RULE_TENANT_DEFAULT);
     /* Tiers that drop one a tenant uses are refused, and nothing changes. */
     cr_assert_eq(load(&c,
                       "{\"tiers\":{\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":9,"
@@ -343,7 +345,7 @@ Test(gateway, replaced_tiers_remap_tenants_and_reset_rules_when_only_tiers_chang
     cr_assert(strstr(err, "tenants[0].tiers: tier \"gold\"") ||
                   strstr(err, "tenants[0].tiers: tier \"interactive\""),
               "%s", err);
-    cr_assert_eq(c.n_tiers, 3);
+    cr_assert_eq(c.tenancy.n_tiers, 3);
     sl_config_dispose(&c);
 }
 
@@ -359,9 +361,9 @@ static void expect_error(const char *body, const char *want)
     cr_assert_neq(st, SL_OK, "accepted: %s", body);
     cr_assert(strstr(err, want), "error \"%s\" does not contain \"%s\"", err, want);
     /* A refused file changes nothing. */
-    cr_assert_eq(c.n_tiers, 3);
-    cr_assert_eq(c.n_tenants, 3);
-    cr_assert_str_eq(c.tenants[1].name, "bob");
+    cr_assert_eq(c.tenancy.n_tiers, 3);
+    cr_assert_eq(c.tenancy.n_tenants, 3);
+    cr_assert_str_eq(c.tenancy.tenants[1].name, "bob");
     /* Neither keys nor hashes ever appear in an error. */
     cr_assert_null(strstr(err, "4e3cf284"), "%s", err);
     cr_assert_null(strstr(err, "ca94e0a1"), "%s", err);
@@ -466,8 +468,8 @@ Test(gateway, admin_key_errors_name_the_key_when_invalid)
     load_world(&c, NULL);
     char err[512] = "";
     cr_assert_eq(load(&c, "{\"admin_key_sha256\":null}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_not(c.has_admin_key);
-    cr_assert_not(sl_tenant_admin_check(&c, KEY_ADMIN, strlen(KEY_ADMIN)));
+    cr_assert_not(c.tenancy.has_admin_key);
+    cr_assert_not(sl_tenant_admin_check(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)));
     sl_config_dispose(&c);
 }
 
@@ -515,11 +517,11 @@ Test(gateway, validate_rejects_inconsistent_tenancy_when_built_in_code)
     struct sl_config c;
     load_world(&c, NULL);
     char err[512] = "";
-    c.tenants[1].default_tier = 0; /* bob may not use interactive */
+    c.tenancy.tenants[1].default_tier = 0; /* bob may not use interactive */
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "tenants[1].default_tier"), "%s", err);
-    c.tenants[1].default_tier = 1;
-    c.tenants[1].tiers |= 1u << 5; /* a tier that does not exist */
+    c.tenancy.tenants[1].default_tier = 1;
+    c.tenancy.tenants[1].tiers |= 1u << 5; /* a tier that does not exist */
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "tenants[1].tiers"), "%s", err);
     sl_config_dispose(&c);
@@ -538,9 +540,9 @@ static struct cls run_classify(const struct sl_config *c, const char *tenant, co
                                int max_tokens)
 {
     const struct sl_tenant *t = NULL;
-    for (int i = 0; i < c->n_tenants; i++)
-        if (strcmp(c->tenants[i].name, tenant) == 0)
-            t = &c->tenants[i];
+    for (int i = 0; i < c->tenancy.n_tenants; i++)
+        if (strcmp(c->tenancy.tenants[i].name, tenant) == 0)
+            t = &c->tenancy.tenants[i];
     cr_assert_not_null(t, "no tenant %s", tenant);
     struct sl_tier_request rq = {
         .header = header,
@@ -554,7 +556,7 @@ static struct cls run_classify(const struct sl_config *c, const char *tenant, co
     struct cls r = {.tier = -7};
     struct sl_admit_error why;
     memset(&r.err, 0, sizeof r.err);
-    r.st = sl_tier_classify(c, t, &rq, &r.tier, &why);
+    r.st = sl_tier_classify(&c->tenancy, t, &rq, &r.tier, &why);
     /* What a client sees: the gateway's OpenAI error for admission's refusal. */
     if (r.st != SL_OK)
         sl_openai_error_from_admit(&r.err, &why);
@@ -564,8 +566,8 @@ static struct cls run_classify(const struct sl_config *c, const char *tenant, co
 static const char *tier_of(const struct sl_config *c, struct cls r)
 {
     cr_assert_eq(r.st, SL_OK, "%d %s", r.err.http, r.err.message);
-    cr_assert(r.tier >= 0 && r.tier < c->n_tiers);
-    return c->tiers[r.tier].name;
+    cr_assert(r.tier >= 0 && r.tier < c->tenancy.n_tiers);
+    return c->tenancy.tiers[r.tier].name;
 }
 
 static const char rules[] =
@@ -660,7 +662,7 @@ Test(gateway, tenant_default_decides_when_no_rules_or_rules_exhausted)
 {
     struct sl_config c;
     load_world(&c, "[]");
-    cr_assert_eq(c.n_classify, 0);
+    cr_assert_eq(c.tenancy.n_classify, 0);
     cr_assert_str_eq(tier_of(&c, CL("alice", "batch", "flex", P, true, 500)), "interactive",
                      "no header rule: the header is ignored");
     cr_assert_str_eq(tier_of(&c, CL("bob", NULL, NULL, P, false, 5)), "batch");
@@ -679,15 +681,15 @@ Test(gateway, anonymous_tenant_may_use_every_tier_when_no_tenants)
     char buf[2048];
     snprintf(buf, sizeof buf, "{%s,\"classify\":%s}", tiers3, rules);
     cr_assert_eq(load(&c, buf, err, sizeof err), SL_OK, "%s", err);
-    const struct sl_tenant *t = sl_tenant_lookup(&c, NULL, 0);
+    const struct sl_tenant *t = sl_tenant_lookup(&c.tenancy, NULL, 0);
     struct sl_tier_request rq = {.header = "gold", .header_len = 4, .path = P, .path_len = 15};
     struct sl_admit_error e;
     int tier = -1;
-    cr_assert_eq(sl_tier_classify(&c, t, &rq, &tier, &e), SL_OK, "%s", e.message);
-    cr_assert_str_eq(c.tiers[tier].name, "gold");
+    cr_assert_eq(sl_tier_classify(&c.tenancy, t, &rq, &tier, &e), SL_OK, "%s", e.message);
+    cr_assert_str_eq(c.tenancy.tiers[tier].name, "gold");
     rq.header = NULL;
     rq.header_len = 0;
-    cr_assert_eq(sl_tier_classify(&c, t, &rq, &tier, &e), SL_OK);
+    cr_assert_eq(sl_tier_classify(&c.tenancy, t, &rq, &tier, &e), SL_OK);
     cr_assert_eq(tier, 0, "the first tier listed is the anonymous default");
     sl_config_dispose(&c);
 }
@@ -735,9 +737,9 @@ Test(gateway, shipped_example_defines_interactive_and_batch_when_read)
     sl_config_init(&c);
     char err[512] = "";
     cr_assert_eq(sl_config_load_file(&c, path, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_geq(sl_tier_find(&c, "interactive", 11), 0);
-    cr_assert_geq(sl_tier_find(&c, "batch", 5), 0);
-    cr_assert_eq(c.n_tenants, 0, "the shipped file has no tenant keys to leak");
-    cr_assert_gt(c.n_classify, 0);
+    cr_assert_geq(sl_tier_find(&c.tenancy, "interactive", 11), 0);
+    cr_assert_geq(sl_tier_find(&c.tenancy, "batch", 5), 0);
+    cr_assert_eq(c.tenancy.n_tenants, 0, "the shipped file has no tenant keys to leak");
+    cr_assert_gt(c.tenancy.n_classify, 0);
     sl_config_dispose(&c);
 }
