@@ -189,12 +189,12 @@ void sl_admit_adopt(struct sl_tenancy *next, const struct sl_tenancy *prev, int6
         const struct sl_tier *pt = NULL;
         struct cell *c = NULL;
         for (int o = 0; prev && o < prev->n_tiers && !c; o++)
-            if (strcmp(prev->tiers[o].name, t->name) == 0) {
+            if (strcmp(prev->tiers[o].sched.name, t->sched.name) == 0) {
                 c = cell_ref(prev->state->tiers[o]);
                 pt = &prev->tiers[o];
             }
         if (!c) {
-            c = cell_new(t->name, now_ns);
+            c = cell_new(t->sched.name, now_ns);
         } else if (t->token_rate && pt->token_rate) {
             struct sl_gcra_rate a = tier_rate(pt), b = tier_rate(t);
             sl_gcra_bucket_rescale(&c->tokens, &a, &b, now_ns);
@@ -302,7 +302,7 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
     struct sl_sched_stats st;
     memset(&st, 0, sizeof st);
     env->stats(env->ctx, a->model, &st);
-    int si = stats_tier(&st, cfg->tiers[a->tier].name, a->tier);
+    int si = stats_tier(&st, cfg->tiers[a->tier].sched.name, a->tier);
     if (si < 0)
         return false;
     /* Prompts admitted here since the scheduler's latest publication are not in its figures
@@ -310,9 +310,10 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
     long q[SL_SCHED_MAX_TIERS];
     for (int i = 0; i < st.n_tiers && i < SL_SCHED_MAX_TIERS; i++) {
         q[i] = st.tiers[i].queued_prompt_tokens;
-        int ci = i < cfg->n_tiers && strcmp(cfg->tiers[i].name, st.tiers[i].name) == 0 ? i : -1;
+        int ci =
+            i < cfg->n_tiers && strcmp(cfg->tiers[i].sched.name, st.tiers[i].name) == 0 ? i : -1;
         for (int k = 0; ci < 0 && k < cfg->n_tiers; k++)
-            if (strcmp(cfg->tiers[k].name, st.tiers[i].name) == 0)
+            if (strcmp(cfg->tiers[k].sched.name, st.tiers[i].name) == 0)
                 ci = k;
         if (ci < 0)
             continue;
@@ -387,11 +388,11 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
                 snprintf(a->why, sizeof a->why,
                          "The request's %lld tokens (prompt plus max_tokens) are more than tier "
                          "'%s' admits at once (%lld); reduce the prompt or max_tokens.",
-                         (long long)cost, t->name, t->burst);
+                         (long long)cost, t->sched.name, t->burst);
             else
                 snprintf(a->why, sizeof a->why,
                          "Tier '%s' is at its token rate (%lld tokens/s) and is overloaded.",
-                         t->name, t->token_rate);
+                         t->sched.name, t->token_rate);
             return SL_ADMIT_REASON_TIER_TOKEN_RATE;
         }
         took = true;
@@ -405,15 +406,16 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
         a->retry_ns = DEFAULT_RETRY_NS;
         if (t->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
             a->retry_ns = secs_ns(p.prefill_s);
-        snprintf(
-            a->why, sizeof a->why, "Tier '%s' has its queue full (%s) and is overloaded.", t->name,
-            r == SL_ADMIT_REASON_TIER_QUEUE_REQUESTS ? "max_queue_requests" : "max_queue_tokens");
+        snprintf(a->why, sizeof a->why, "Tier '%s' has its queue full (%s) and is overloaded.",
+                 t->sched.name,
+                 r == SL_ADMIT_REASON_TIER_QUEUE_REQUESTS ? "max_queue_requests"
+                                                          : "max_queue_tokens");
         return r;
     }
     struct sl_guard_prediction p;
     if (predict(a, env, true, &p)) {
         a->predicted_ttft_s = p.ttft_s;
-        double slo = t->ttft_slo_ms / 1e3, over = sl_guard_over_s(&p, slo);
+        double slo = t->sched.ttft_slo_ms / 1e3, over = sl_guard_over_s(&p, slo);
         if (over > 0) {
             queue_release(c, a->model, prompt_work(a));
             if (took)
@@ -422,7 +424,7 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
             snprintf(a->why, sizeof a->why,
                      "Tier '%s' is overloaded: the predicted time to first token, %.1f s, is over "
                      "its objective of %.1f s.",
-                     t->name, p.ttft_s, slo);
+                     t->sched.name, p.ttft_s, slo);
             return SL_ADMIT_REASON_TIER_TTFT_SLO;
         }
     }
@@ -558,7 +560,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
             if (s->arg == a->tier || s->arg < 0 || s->arg >= cfg->n_tiers)
                 continue;
             a->tier = s->arg;
-            note_add(a, "demote=%s", cfg->tiers[s->arg].name);
+            note_add(a, "demote=%s", cfg->tiers[s->arg].sched.name);
             break;
         case SL_OVERLOAD_MODEL: {
             int m = model_find(env, s->model);
@@ -708,7 +710,8 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
     if (tr->max_queue_requests != 0 && predict(a, env, false, &p) && p.prefill_s > 0)
         a->retry_ns = secs_ns(p.prefill_s);
     snprintf(a->why, sizeof a->why,
-             "Tier '%s' has its queue full (max_queue_requests) and is overloaded.", tr->name);
+             "Tier '%s' has its queue full (max_queue_requests) and is overloaded.",
+             tr->sched.name);
     return overloaded(a, now_ns);
 }
 
@@ -789,7 +792,7 @@ void sl_admit_render(const struct sl_tenancy *cfg, struct sl_str *out)
                                 : atomic_load_explicit(&c->queued_tokens[m], memory_order_relaxed);
             }
             /* Tier names are [A-Za-z0-9_.-]: nothing to escape. */
-            sl_str_appendf(out, "%s{tier=\"%s\"} %ld\n", names[k], cfg->tiers[i].name, v);
+            sl_str_appendf(out, "%s{tier=\"%s\"} %ld\n", names[k], cfg->tiers[i].sched.name, v);
         }
     }
 }

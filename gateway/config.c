@@ -1004,14 +1004,7 @@ int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_
 int sl_config_sched_tiers(const struct sl_config *c, struct sl_sched_tier *out, int max)
 {
     int n = c->tenancy.n_tiers < max ? c->tenancy.n_tiers : max;
-    for (int i = 0; i < n; i++) {
-        const struct sl_tier *t = &c->tenancy.tiers[i];
-        memset(&out[i], 0, sizeof out[i]);
-        snprintf(out[i].name, sizeof out[i].name, "%s", t->name);
-        out[i].priority = t->priority;
-        out[i].weight = t->weight;
-        out[i].ttft_slo_ms = t->ttft_slo_ms;
-        out[i].tpot_slo_ms = t->tpot_slo_ms;
-    }
+    for (int i = 0; i < n; i++)
+        out[i] = c->tenancy.tiers[i].sched;
     return n;
 }

@@ -259,11 +259,10 @@ struct sl_overload_step {
 };
 
 struct sl_tier {
-    char name[SL_TIER_NAME_MAX + 1];
-    int priority;    /* lower runs first (0..1000) */
-    int weight;      /* capacity share relative to the other tiers (1..1000) */
-    int ttft_slo_ms; /* p99 time-to-first-token objective */
-    int tpot_slo_ms; /* p99 time-per-output-token objective */
+    /* The tier as the scheduler knows it and a request carries it (struct sl_req_params'
+     * sched_tier): its name, priority (lower runs first, 0..1000), weight (capacity share
+     * relative to the other tiers, 1..1000), ttft_slo_ms and tpot_slo_ms (p99 objectives). */
+    struct sl_sched_tier sched;
     /* Admission (gateway/admission.c). */
     long long token_rate;       /* tokens (prompt + max_tokens) admitted per second; 0: no limit */
     long long burst;            /* of them at once (the bucket's size); token_rate by default */

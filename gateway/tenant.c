@@ -176,7 +176,8 @@ _Static_assert(SL_TIERS_MAX <= SL_SCHED_MAX_TIERS, "every configured tier reache
 int sl_tier_find(const struct sl_tenancy *cfg, const char *name, size_t len)
 {
     for (int i = 0; i < cfg->n_tiers; i++)
-        if (strlen(cfg->tiers[i].name) == len && memcmp(cfg->tiers[i].name, name, len) == 0)
+        if (strlen(cfg->tiers[i].sched.name) == len &&
+            memcmp(cfg->tiers[i].sched.name, name, len) == 0)
             return i;
     return -1;
 }
@@ -202,7 +203,8 @@ static void tier_list(const struct sl_tenancy *cfg, const struct sl_tenant *t, c
     out[0] = '\0';
     for (int i = 0; i < cfg->n_tiers && n < outlen; i++)
         if (!t || allowed(t, i))
-            n += (size_t)snprintf(out + n, outlen - n, "%s%s", n ? ", " : "", cfg->tiers[i].name);
+            n += (size_t)snprintf(out + n, outlen - n, "%s%s", n ? ", " : "",
+                                  cfg->tiers[i].sched.name);
 }
 
 static int error_set(struct sl_admit_error *e, enum sl_status status, const char *param,
@@ -233,7 +235,7 @@ static int explicit_tier(const struct sl_tenancy *cfg, const struct sl_tenant *t
         return error_set(err, SL_EPERM, param, "tier_not_allowed",
                          "Tenant '%s' may not use tier '%s' (requested by '%s'); its tiers "
                          "are: %s.",
-                         t->name, cfg->tiers[tier].name, param, list);
+                         t->name, cfg->tiers[tier].sched.name, param, list);
     }
     *out = tier;
     return SL_OK;
@@ -373,12 +375,16 @@ static void admission_defaults(struct sl_tier *t)
 static void default_tiers(struct tenancy *t)
 {
     static const struct sl_tier defs[] = {
-        {.name = "interactive",
-         .priority = 0,
-         .weight = 4,
-         .ttft_slo_ms = 1000,
-         .tpot_slo_ms = 100},
-        {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000, .tpot_slo_ms = 1000},
+        {.sched = {.name = "interactive",
+                   .priority = 0,
+                   .weight = 4,
+                   .ttft_slo_ms = 1000,
+                   .tpot_slo_ms = 100}},
+        {.sched = {.name = "batch",
+                   .priority = 1,
+                   .weight = 1,
+                   .ttft_slo_ms = 60000,
+                   .tpot_slo_ms = 1000}},
     };
     t->n_tiers = 2;
     t->tiers = sl_xmalloc(sizeof defs);
@@ -390,7 +396,7 @@ static void default_tiers(struct tenancy *t)
 static int find_in(const struct tenancy *t, const char *name)
 {
     for (int i = 0; i < t->n_tiers; i++)
-        if (strcmp(t->tiers[i].name, name) == 0)
+        if (strcmp(t->tiers[i].sched.name, name) == 0)
             return i;
     return -1;
 }
@@ -593,7 +599,7 @@ static int load_tier_admission(struct sl_tier *tr, json_t *tv, const struct mode
                                size_t errlen)
 {
     char path[64];
-    snprintf(path, sizeof path, "tiers.%s", tr->name);
+    snprintf(path, sizeof path, "tiers.%s", tr->sched.name);
     admission_defaults(tr);
     long long q = tr->max_queue_requests;
     int st;
@@ -647,11 +653,11 @@ static int resolve_demotes(struct tenancy *t, char *err, size_t errlen)
                 continue;
             int target = find_in(t, step->model);
             if (target < 0)
-                FAIL("tiers.%s.overload[%d]: \"demote:%s\": no tier \"%s\" in \"tiers\"", tr->name,
-                     k, step->model, step->model);
+                FAIL("tiers.%s.overload[%d]: \"demote:%s\": no tier \"%s\" in \"tiers\"",
+                     tr->sched.name, k, step->model, step->model);
             if (target == i)
-                FAIL("tiers.%s.overload[%d]: \"demote:%s\" demotes the tier to itself", tr->name, k,
-                     step->model);
+                FAIL("tiers.%s.overload[%d]: \"demote:%s\" demotes the tier to itself",
+                     tr->sched.name, k, step->model);
             step->arg = target;
             step->model[0] = '\0';
         }
@@ -688,7 +694,7 @@ static int load_tiers(struct tenancy *t, json_t *v, const struct models *c, char
         if (!json_is_object(tv))
             FAIL("tiers.%s: must be an object", name);
         struct sl_tier *tr = &t->tiers[t->n_tiers];
-        snprintf(tr->name, sizeof tr->name, "%s", name);
+        snprintf(tr->sched.name, sizeof tr->sched.name, "%s", name);
         const char *k;
         json_t *kv;
         static const char *const known[] = {
@@ -704,10 +710,12 @@ static int load_tiers(struct tenancy *t, json_t *v, const struct models *c, char
                 FAIL("tiers.%s.%s: unknown key", name, shown(k, b));
         }
         int st;
-        if ((st = int_field(tv, name, "priority", 0, 1000, &tr->priority, err, errlen)) ||
-            (st = int_field(tv, name, "weight", 1, 1000, &tr->weight, err, errlen)) ||
-            (st = int_field(tv, name, "ttft_slo_ms", 1, 3600000, &tr->ttft_slo_ms, err, errlen)) ||
-            (st = int_field(tv, name, "tpot_slo_ms", 1, 600000, &tr->tpot_slo_ms, err, errlen)) ||
+        if ((st = int_field(tv, name, "priority", 0, 1000, &tr->sched.priority, err, errlen)) ||
+            (st = int_field(tv, name, "weight", 1, 1000, &tr->sched.weight, err, errlen)) ||
+            (st = int_field(tv, name, "ttft_slo_ms", 1, 3600000, &tr->sched.ttft_slo_ms, err,
+                            errlen)) ||
+            (st = int_field(tv, name, "tpot_slo_ms", 1, 600000, &tr->sched.tpot_slo_ms, err,
+                            errlen)) ||
             (st = load_tier_admission(tr, tv, c, err, errlen)))
             return st;
         t->n_tiers++;
@@ -729,7 +737,7 @@ static int tier_ref(const struct tenancy *t, json_t *v, const char *path, int *o
         list[0] = '\0';
         for (int i = 0; i < t->n_tiers && n < sizeof list; i++)
             n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "",
-                                  t->tiers[i].name);
+                                  t->tiers[i].sched.name);
         FAIL("%s: unknown tier \"%s\" (the tiers are: %s)", path, shown(json_string_value(v), b),
              list);
     }
@@ -784,7 +792,7 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
         if (st)
             return st;
         if (tn->tiers >> k2 & 1u)
-            FAIL("%s: \"%s\" is listed twice", path, t->tiers[k2].name);
+            FAIL("%s: \"%s\" is listed twice", path, t->tiers[k2].sched.name);
         tn->tiers |= 1u << k2;
     }
     json_t *def = json_object_get(v, "default_tier");
@@ -796,7 +804,7 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
         return st;
     if (!(tn->tiers >> tn->default_tier & 1u))
         FAIL("tenants[%d].default_tier: \"%s\" is not in tenants[%d].tiers", i,
-             t->tiers[tn->default_tier].name, i);
+             t->tiers[tn->default_tier].sched.name, i);
     snprintf(path, sizeof path, "tenants[%d]", i);
     if ((st = opt_int(v, path, "rpm", 0, 1000000000LL, false, 0, &tn->rpm, err, errlen)) ||
         (st = opt_int(v, path, "tpm", 0, 1000000000000LL, false, 0, &tn->tpm, err, errlen)))
@@ -987,13 +995,13 @@ static int remap_tenants(struct tenancy *t, const struct sl_tenancy *old, char *
         for (int k = 0; k < old->n_tiers; k++) {
             if (!(old->tenants[i].tiers >> k & 1u))
                 continue;
-            int nk = find_in(t, old->tiers[k].name);
+            int nk = find_in(t, old->tiers[k].sched.name);
             if (nk < 0)
                 FAIL("tenants[%d].tiers: tier \"%s\" is not among the new \"tiers\"", i,
-                     old->tiers[k].name);
+                     old->tiers[k].sched.name);
             tn->tiers |= 1u << nk;
         }
-        tn->default_tier = find_in(t, old->tiers[old->tenants[i].default_tier].name);
+        tn->default_tier = find_in(t, old->tiers[old->tenants[i].default_tier].sched.name);
     }
     return SL_OK;
 }
@@ -1121,19 +1129,20 @@ int sl_tenancy_validate(const struct sl_tenancy *c, const char *const *models, i
     for (int i = 0; i < c->n_tiers; i++) {
         const struct sl_tier *t = &c->tiers[i];
         if (t->n_overload < 1 || t->n_overload > SL_OVERLOAD_MAX)
-            FAIL("tiers.%s.overload: 1 to %d steps", t->name, SL_OVERLOAD_MAX);
+            FAIL("tiers.%s.overload: 1 to %d steps", t->sched.name, SL_OVERLOAD_MAX);
         for (int k = 0; k < t->n_overload; k++) {
             const struct sl_overload_step *step = &t->overload[k];
             if (step->kind == SL_OVERLOAD_DEMOTE &&
                 (step->arg < 0 || step->arg >= c->n_tiers || step->arg == i))
-                FAIL("tiers.%s.overload[%d]: demote: must name another of \"tiers\"", t->name, k);
+                FAIL("tiers.%s.overload[%d]: demote: must name another of \"tiers\"", t->sched.name,
+                     k);
             if (step->kind == SL_OVERLOAD_MODEL && !model_named(&m, step->model))
                 FAIL("tiers.%s.overload[%d]: \"model:%s\": no model named \"%s\" in "
                      "\"models\"",
-                     t->name, k, step->model, step->model);
+                     t->sched.name, k, step->model, step->model);
         }
         if (t->overload_status != 429 && t->overload_status != 503)
-            FAIL("tiers.%s.overload_status: must be 503 or 429", t->name);
+            FAIL("tiers.%s.overload_status: must be 503 or 429", t->sched.name);
     }
     for (int i = 0; i < c->n_classify; i++) {
         const struct sl_tier_rule *r = &c->classify[i];
@@ -1151,8 +1160,9 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
     json_t *tiers = json_object();
     for (int i = 0; i < c->n_tiers; i++) {
         const struct sl_tier *t = &c->tiers[i];
-        json_t *o = json_pack("{s:i, s:i, s:i, s:i}", "priority", t->priority, "weight", t->weight,
-                              "ttft_slo_ms", t->ttft_slo_ms, "tpot_slo_ms", t->tpot_slo_ms);
+        json_t *o = json_pack("{s:i, s:i, s:i, s:i}", "priority", t->sched.priority, "weight",
+                              t->sched.weight, "ttft_slo_ms", t->sched.ttft_slo_ms, "tpot_slo_ms",
+                              t->sched.tpot_slo_ms);
         json_object_set_new(o, "token_rate", json_integer(t->token_rate));
         if (t->token_rate)
             json_object_set_new(o, "burst", json_integer(t->burst));
@@ -1170,7 +1180,7 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
         }
         json_object_set_new(o, "overload", ov);
         json_object_set_new(o, "overload_status", json_integer(t->overload_status));
-        json_object_set_new(tiers, t->name, o);
+        json_object_set_new(tiers, t->sched.name, o);
     }
     json_object_set_new(root, "tiers", tiers);
 
@@ -1180,10 +1190,10 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
         json_t *allowed_tiers = json_array();
         for (int k = 0; k < c->n_tiers; k++)
             if (t->tiers >> k & 1u)
-                json_array_append_new(allowed_tiers, json_string(c->tiers[k].name));
+                json_array_append_new(allowed_tiers, json_string(c->tiers[k].sched.name));
         json_t *o =
             json_pack("{s:s, s:s, s:o, s:s}", "name", t->name, "key_sha256", "<redacted>", "tiers",
-                      allowed_tiers, "default_tier", c->tiers[t->default_tier].name);
+                      allowed_tiers, "default_tier", c->tiers[t->default_tier].sched.name);
         if (t->rpm)
             json_object_set_new(o, "rpm", json_integer(t->rpm));
         if (t->tpm)
@@ -1201,9 +1211,10 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
         case SL_RULE_SERVICE_TIER: {
             json_t *m = json_object();
             for (int j = 0; j < r->n_map; j++)
-                json_object_set_new(
-                    m, r->map[j].value,
-                    r->map[j].tier < 0 ? json_null() : json_string(c->tiers[r->map[j].tier].name));
+                json_object_set_new(m, r->map[j].value,
+                                    r->map[j].tier < 0
+                                        ? json_null()
+                                        : json_string(c->tiers[r->map[j].tier].sched.name));
             json_object_set_new(o, "service_tier", m);
             break;
         }
@@ -1214,7 +1225,7 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
                 json_object_set_new(o, "stream", json_boolean(r->stream));
             if (r->max_tokens_above >= 0)
                 json_object_set_new(o, "max_tokens_above", json_integer(r->max_tokens_above));
-            json_object_set_new(o, "tier", json_string(c->tiers[r->tier].name));
+            json_object_set_new(o, "tier", json_string(c->tiers[r->tier].sched.name));
             break;
         case SL_RULE_TENANT_DEFAULT: json_object_set_new(o, "tenant_default", json_true()); break;
         }
@@ -1232,7 +1243,7 @@ void sl_tier_overload_format(const struct sl_tenancy *c, const struct sl_overloa
     case SL_OVERLOAD_CAP_MAX_TOKENS: snprintf(out, outlen, "cap_max_tokens:%d", s->arg); return;
     case SL_OVERLOAD_DEMOTE:
         snprintf(out, outlen, "demote:%s",
-                 s->arg >= 0 && s->arg < c->n_tiers ? c->tiers[s->arg].name : "?");
+                 s->arg >= 0 && s->arg < c->n_tiers ? c->tiers[s->arg].sched.name : "?");
         return;
     case SL_OVERLOAD_MODEL: snprintf(out, outlen, "model:%s", s->model); return;
     case SL_OVERLOAD_QUEUE: snprintf(out, outlen, "queue:%d", s->arg); return;

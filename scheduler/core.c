@@ -131,21 +131,23 @@ static void dequeue(struct sl_sched_core *c, struct sl_seq *s)
 
 static const struct sl_sched_tier default_tier = {.name = "default", .priority = 0, .weight = 1};
 
-/* The tier a request belongs to: by name, else by index, else by its priority (the tier of the
- * same priority, else the next lower one, else the lowest). */
+/* The tier a request belongs to (see struct sl_req_params): the one at its index when that one
+ * has its name, which it has unless a reload changed the table since the request was
+ * classified; else by name; else by its priority (the tier of the same priority, else the next
+ * lower one, else the lowest). */
 static int tier_of(const struct sl_sched_core *c, const struct sl_req_params *p)
 {
-    if (p->tier_name[0]) {
-        for (int i = 0; i < c->n_tiers; i++)
-            if (strcmp(c->tiers[i].t.name, p->tier_name) == 0)
-                return i;
-    } else if (p->tier >= 0 && p->tier < c->n_tiers) {
+    const struct sl_sched_tier *want = &p->sched_tier;
+    if (p->tier >= 0 && p->tier < c->n_tiers &&
+        (!want->name[0] || strcmp(c->tiers[p->tier].t.name, want->name) == 0))
         return p->tier;
-    }
+    for (int i = 0; want->name[0] && i < c->n_tiers; i++)
+        if (strcmp(c->tiers[i].t.name, want->name) == 0)
+            return i;
     int best = -1, lowest = 0;
     for (int i = 0; i < c->n_tiers; i++) {
         int pr = c->tiers[i].t.priority;
-        if (pr >= p->priority && (best < 0 || pr < c->tiers[best].t.priority))
+        if (pr >= want->priority && (best < 0 || pr < c->tiers[best].t.priority))
             best = i;
         if (pr > c->tiers[lowest].t.priority)
             lowest = i;
@@ -431,8 +433,8 @@ int sl_sched_core_submit(struct sl_sched_core *c, struct sl_req *r, uint64_t now
     s->req = r;
     sl_req_ref(r);
     s->tier = tier_of(c, p);
-    s->prio = p->priority;
-    s->tpot_ms = p->tpot_slo_ms > 0 ? p->tpot_slo_ms : 0;
+    s->prio = p->sched_tier.priority;
+    s->tpot_ms = p->sched_tier.tpot_slo_ms > 0 ? p->sched_tier.tpot_slo_ms : 0;
     s->arrival_ns = now_ns;
     s->order = c->next_order++;
     s->plan = -1;
@@ -609,7 +611,7 @@ static bool grow(struct sl_sched_core *c, struct sl_seq *s)
  * time) within SL_SCHED_PREEMPT_PATIENCE of s's TTFT objective, counted from its arrival. */
 static bool worth_preempting(const struct sl_sched_core *c, const struct sl_seq *s)
 {
-    int slo = s->req->params.ttft_slo_ms;
+    int slo = s->req->params.sched_tier.ttft_slo_ms;
     if (slo <= 0)
         return true;
     double patience_us = slo * 1e3 * SL_SCHED_PREEMPT_PATIENCE;

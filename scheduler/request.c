@@ -1,8 +1,18 @@
 /* Requests: reference-counted, shared by the gateway and the scheduler. */
 #include "sched_impl.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The former field names of struct sl_req_params read and write sched_tier's fields. */
+#define SAME_PLACE(a, b) (offsetof(struct sl_req_params, a) == offsetof(struct sl_req_params, b))
+_Static_assert(SAME_PLACE(tier_name, sched_tier.name) &&
+                   SAME_PLACE(priority, sched_tier.priority) &&
+                   SAME_PLACE(weight, sched_tier.weight) &&
+                   SAME_PLACE(ttft_slo_ms, sched_tier.ttft_slo_ms) &&
+                   SAME_PLACE(tpot_slo_ms, sched_tier.tpot_slo_ms),
+               "the aliases of sched_tier line up");
 
 const char *sl_finish_str(enum sl_finish f)
 {
@@ -43,7 +53,7 @@ struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_r
     if (n_prompt > 0)
         memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
     r->params = *p;
-    r->params.tier_name[SL_SCHED_TIER_NAME_MAX] = '\0';
+    r->params.sched_tier.name[SL_SCHED_TIER_NAME_MAX] = '\0';
     int n = clamp_count(p->n_stop, SL_REQ_MAX_STOPS);
     r->params.n_stop = n;
     for (int i = 0; i < SL_REQ_MAX_STOPS; i++) {

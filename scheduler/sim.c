@@ -197,12 +197,8 @@ static int sim_submit(struct sim *m, struct sl_sched_core *core, int i, int32_t 
         .temperature = 0.f,
         .top_p = 1.f,
         .tier = rq->tier,
-        .priority = t->priority,
-        .weight = t->weight,
-        .ttft_slo_ms = t->ttft_slo_ms,
-        .tpot_slo_ms = t->tpot_slo_ms,
+        .sched_tier = *t,
     };
-    memcpy(p.tier_name, t->name, sizeof p.tier_name);
     struct sl_req *r = sl_req_new(scratch, rq->prompt_tokens, &p);
     sl_req_set_user(r, q);
     uint64_t arrival = (uint64_t)llround(rq->arrival_s * 1e9);

@@ -237,9 +237,11 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
         json_object_set_new(o, "throughput_rps", num(r->throughput_rps));
         json_object_set_new(o, "output_tokens_per_s", num(r->output_tokens_per_s));
         json_object_set_new(o, "preemptions", json_integer(r->preemptions));
-        json_object_set_new(o, "ttft_slo_ms", json_integer(cfg->tenancy.tiers[t].ttft_slo_ms));
-        json_object_set_new(o, "tpot_slo_ms", json_integer(cfg->tenancy.tiers[t].tpot_slo_ms));
-        json_object_set_new(tiers, cfg->tenancy.tiers[t].name, o);
+        json_object_set_new(o, "ttft_slo_ms",
+                            json_integer(cfg->tenancy.tiers[t].sched.ttft_slo_ms));
+        json_object_set_new(o, "tpot_slo_ms",
+                            json_integer(cfg->tenancy.tiers[t].sched.tpot_slo_ms));
+        json_object_set_new(tiers, cfg->tenancy.tiers[t].sched.name, o);
     }
     json_object_set_new(root, "tiers", tiers);
     json_object_set_new(root, "requests", json_integer(n_reqs));
@@ -280,13 +282,13 @@ static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_
         snprintf(b, sizeof b, "%.1f/%.1f/%.1f", r->tpot_ms[0], r->tpot_ms[1], r->tpot_ms[2]);
         snprintf(c, sizeof c, "%.0f/%.0f/%.0f", r->e2e_ms[0], r->e2e_ms[1], r->e2e_ms[2]);
         fprintf(out, "%-16s %7d %7d %7d  %-20s %-20s %-22s %5.1f%% %8.2f %8.1f %7ld\n",
-                cfg->tenancy.tiers[t].name, r->requests, r->completed, r->refused, a, b, c,
+                cfg->tenancy.tiers[t].sched.name, r->requests, r->completed, r->refused, a, b, c,
                 100 * r->slo_attainment, r->throughput_rps, r->output_tokens_per_s, r->preemptions);
     }
     fprintf(out, "\nSLO: TTFT within ttft_slo_ms and TPOT within tpot_slo_ms (");
     for (int t = 0; t < rep->n_tiers; t++)
-        fprintf(out, "%s%s %d/%d ms", t ? ", " : "", cfg->tenancy.tiers[t].name,
-                cfg->tenancy.tiers[t].ttft_slo_ms, cfg->tenancy.tiers[t].tpot_slo_ms);
+        fprintf(out, "%s%s %d/%d ms", t ? ", " : "", cfg->tenancy.tiers[t].sched.name,
+                cfg->tenancy.tiers[t].sched.ttft_slo_ms, cfg->tenancy.tiers[t].sched.tpot_slo_ms);
     fprintf(out, "); refused requests count as missed.\n");
 }
 

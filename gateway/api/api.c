@@ -23,7 +23,7 @@ const char *api_headers(struct api_exchange *a, const char *extra)
     sl_str_clear(w);
     if (a->tier >= 0) {
         str_add(w, "X-Sluice-Tier: ");
-        str_add(w, a->cfg->tenancy.tiers[a->tier].name);
+        str_add(w, a->cfg->tenancy.tiers[a->tier].sched.name);
         str_add(w, "\r\n");
     }
     /* What admission did, and the tenant's budgets on every response of a tenant with limits. */
@@ -39,7 +39,7 @@ const char *api_headers(struct api_exchange *a, const char *extra)
  * authentication or classification decided them. */
 static void request_labels(const struct api_exchange *a, const char **tier, const char **tenant)
 {
-    *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].name : "none";
+    *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].sched.name : "none";
     *tenant = a->tenant ? a->tenant->name : "none";
 }
 
@@ -85,7 +85,7 @@ void api_log_end(struct api_exchange *a, const char *finish, int n_completion)
     metrics_request_end(a, finish, n_completion, sl_clock_ns());
     struct sl_http_log *g = &x->log;
     g->tenant = a->tenant ? a->tenant->name : NULL;
-    g->tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].name : NULL;
+    g->tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].sched.name : NULL;
     if (a->adm.ran) {
         g->admission = a->adm.note;
         g->predicted_ttft_ms = a->adm.predicted_ttft_s >= 0 ? a->adm.predicted_ttft_s * 1e3 : -1;

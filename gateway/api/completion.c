@@ -102,14 +102,9 @@ static int classify(struct api_exchange *a, struct sl_openai_completion *oc,
         sl_openai_error_from_admit(err, &why);
         return st;
     }
-    const struct sl_tier *t = &a->cfg->tenancy.tiers[tier];
     a->tier = tier;
     oc->params.tier = tier;
-    oc->params.priority = t->priority;
-    oc->params.weight = t->weight;
-    oc->params.ttft_slo_ms = t->ttft_slo_ms;
-    oc->params.tpot_slo_ms = t->tpot_slo_ms;
-    snprintf(oc->params.tier_name, sizeof oc->params.tier_name, "%s", t->name);
+    oc->params.sched_tier = a->cfg->tenancy.tiers[tier].sched;
     return SL_OK;
 }
 
@@ -192,14 +187,9 @@ static void submit(struct api_exchange *a)
     struct engine *en = &api->engines[a->engine];
     if (adm->tier != a->tier) {
         /* Demoted: it runs, and says it runs, in the tier admission chose. */
-        const struct sl_tier *tr = &a->cfg->tenancy.tiers[adm->tier];
         a->tier = adm->tier;
         oc->params.tier = adm->tier;
-        oc->params.priority = tr->priority;
-        oc->params.weight = tr->weight;
-        oc->params.ttft_slo_ms = tr->ttft_slo_ms;
-        oc->params.tpot_slo_ms = tr->tpot_slo_ms;
-        snprintf(oc->params.tier_name, sizeof oc->params.tier_name, "%s", tr->name);
+        oc->params.sched_tier = a->cfg->tenancy.tiers[adm->tier].sched;
     }
     oc->params.max_tokens = adm->max_tokens;
     t->n_req++;
@@ -267,7 +257,7 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
 {
     struct api_thread *t = a->t;
     const struct sl_admit *adm = &a->adm;
-    const char *policy_tier = a->cfg->tenancy.tiers[adm->policy_tier].name;
+    const char *policy_tier = a->cfg->tenancy.tiers[adm->policy_tier].sched.name;
     struct sl_openai_error err;
     switch (v) {
     case SL_ADMIT_OK:
@@ -415,7 +405,7 @@ static void metrics_on_text(struct api_exchange *a, const struct choice *ch,
 {
     struct sl_metrics *m = a->t->api->metrics;
     uint64_t now = a->t->wake_ns;
-    const char *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].name : "none";
+    const char *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].sched.name : "none";
     if (!a->t_first_ns) {
         a->t_first_ns = now;
         sl_metrics_observe_ttft(m, a->t->idx, tier, (double)(now - a->x->t_start_ns) / 1e9);

@@ -84,18 +84,28 @@ struct sl_req_params {
      * SL_MAX_TOP_LOGPROBS) most likely alternatives (struct sl_token_logprobs). */
     bool logprobs;
     int top_logprobs;
-    /* The tier the gateway classified the request into, copied from the configuration it
-     * started with, so a reload cannot change them under a queued request. Zero when not set.
-     * The scheduler queues the request in its tier named tier_name (by index `tier` when the
-     * name is empty; by its priority when the scheduler has no such tier, e.g. after a reload
-     * removed it), and ranks it for decoding and preemption by its own priority; its own
-     * tpot_slo_ms is what the TPOT guard protects. */
-    int tier;        /* index into the gateway configuration's tiers */
-    int priority;    /* lower runs first */
-    int weight;      /* capacity share relative to the other tiers */
-    int ttft_slo_ms; /* p99 time-to-first-token objective */
-    int tpot_slo_ms; /* p99 time-per-output-token objective; 0 = none */
-    char tier_name[SL_SCHED_TIER_NAME_MAX + 1];
+    /* The tier the request runs in, by value: the tier of the configuration it started with, so
+     * a reload cannot change it under a queued request; and `tier`, that tier's index in the
+     * table handed to the scheduler with that configuration. The scheduler queues the request in
+     * its tier `tier` when that tier has the request's tier name (or the name is empty), without
+     * looking it up; else (a reload renamed, removed or reordered tiers since) in the tier of
+     * that name; else by its priority: the tier of the same priority, else the next lower one,
+     * else the lowest. It ranks the request for decoding and preemption by its own priority,
+     * and its own tpot_slo_ms is what the TPOT guard protects. Zero when not set (the first
+     * tier). */
+    int tier;
+    union {
+        struct sl_sched_tier sched_tier;
+        /* The same fields under their former names, for code not moved to sched_tier yet
+         * (bench/sched_bench.c); new code uses sched_tier. */
+        struct {
+            char tier_name[SL_SCHED_TIER_NAME_MAX + 1];
+            int priority;
+            int weight;
+            int ttft_slo_ms;
+            int tpot_slo_ms;
+        };
+    };
 };
 
 struct sl_req;

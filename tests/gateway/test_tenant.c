@@ -227,13 +227,13 @@ Test(gateway, tenancy_sections_load_when_valid)
                    "\"tier\":\"gold\"},{\"max_tokens_above\":100,\"tier\":\"batch\"},"
                    "{\"tenant_default\":true}]");
     cr_assert_eq(c.tenancy.n_tiers, 3);
-    cr_assert_str_eq(c.tenancy.tiers[0].name, "interactive");
-    cr_assert_str_eq(c.tenancy.tiers[1].name, "batch");
-    cr_assert_str_eq(c.tenancy.tiers[2].name, "gold");
-    cr_assert_eq(c.tenancy.tiers[2].priority, 1);
-    cr_assert_eq(c.tenancy.tiers[2].weight, 2);
-    cr_assert_eq(c.tenancy.tiers[2].ttft_slo_ms, 500);
-    cr_assert_eq(c.tenancy.tiers[2].tpot_slo_ms, 50);
+    cr_assert_str_eq(c.tenancy.tiers[0].sched.name, "interactive");
+    cr_assert_str_eq(c.tenancy.tiers[1].sched.name, "batch");
+    cr_assert_str_eq(c.tenancy.tiers[2].sched.name, "gold");
+    cr_assert_eq(c.tenancy.tiers[2].sched.priority, 1);
+    cr_assert_eq(c.tenancy.tiers[2].sched.weight, 2);
+    cr_assert_eq(c.tenancy.tiers[2].sched.ttft_slo_ms, 500);
+    cr_assert_eq(c.tenancy.tiers[2].sched.tpot_slo_ms, 50);
     cr_assert_eq(c.tenancy.n_tenants, 3);
     cr_assert_str_eq(c.tenancy.tenants[2].name, "carol");
     cr_assert_eq(c.tenancy.tenants[2].tiers, (1u << 2) | (1u << 1));
@@ -264,11 +264,12 @@ Test(gateway, scheduler_gets_every_tier_in_order_when_config_is_converted)
     struct sl_sched_tier t[SL_SCHED_MAX_TIERS];
     cr_assert_eq(sl_config_sched_tiers(&c, t, SL_SCHED_MAX_TIERS), 3);
     for (int i = 0; i < 3; i++) {
-        cr_assert_str_eq(t[i].name, c.tenancy.tiers[i].name, "same order: a request's index holds");
-        cr_assert_eq(t[i].priority, c.tenancy.tiers[i].priority);
-        cr_assert_eq(t[i].weight, c.tenancy.tiers[i].weight);
-        cr_assert_eq(t[i].ttft_slo_ms, c.tenancy.tiers[i].ttft_slo_ms);
-        cr_assert_eq(t[i].tpot_slo_ms, c.tenancy.tiers[i].tpot_slo_ms);
+        cr_assert_str_eq(t[i].name, c.tenancy.tiers[i].sched.name,
+                         "same order: a request's index holds");
+        cr_assert_eq(t[i].priority, c.tenancy.tiers[i].sched.priority);
+        cr_assert_eq(t[i].weight, c.tenancy.tiers[i].sched.weight);
+        cr_assert_eq(t[i].ttft_slo_ms, c.tenancy.tiers[i].sched.ttft_slo_ms);
+        cr_assert_eq(t[i].tpot_slo_ms, c.tenancy.tiers[i].sched.tpot_slo_ms);
     }
     cr_assert_eq(t[2].weight, 2);
     cr_assert_eq(sl_config_sched_tiers(&c, t, 1), 1, "bounded by the caller's array");
@@ -280,8 +281,8 @@ Test(gateway, defaults_have_two_tiers_and_openai_mapping_when_no_file)
     struct sl_config c;
     sl_config_init(&c);
     cr_assert_eq(c.tenancy.n_tiers, 2);
-    cr_assert_str_eq(c.tenancy.tiers[0].name, "interactive");
-    cr_assert_str_eq(c.tenancy.tiers[1].name, "batch");
+    cr_assert_str_eq(c.tenancy.tiers[0].sched.name, "interactive");
+    cr_assert_str_eq(c.tenancy.tiers[1].sched.name, "batch");
     cr_assert_eq(c.tenancy.n_tenants, 0);
     cr_assert_not(c.tenancy.has_admin_key);
     struct sl_tier_request rq = {.service_tier = "flex", .path = "/v1/completions", .path_len = 15};
@@ -567,7 +568,7 @@ static const char *tier_of(const struct sl_config *c, struct cls r)
 {
     cr_assert_eq(r.st, SL_OK, "%d %s", r.err.http, r.err.message);
     cr_assert(r.tier >= 0 && r.tier < c->tenancy.n_tiers);
-    return c->tenancy.tiers[r.tier].name;
+    return c->tenancy.tiers[r.tier].sched.name;
 }
 
 static const char rules[] =
@@ -686,7 +687,7 @@ Test(gateway, anonymous_tenant_may_use_every_tier_when_no_tenants)
     struct sl_admit_error e;
     int tier = -1;
     cr_assert_eq(sl_tier_classify(&c.tenancy, t, &rq, &tier, &e), SL_OK, "%s", e.message);
-    cr_assert_str_eq(c.tenancy.tiers[tier].name, "gold");
+    cr_assert_str_eq(c.tenancy.tiers[tier].sched.name, "gold");
     rq.header = NULL;
     rq.header_len = 0;
     cr_assert_eq(sl_tier_classify(&c.tenancy, t, &rq, &tier, &e), SL_OK);

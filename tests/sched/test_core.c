@@ -247,11 +247,7 @@ static struct sl_req *add_req_tier(struct env *e, int i, int n_prompt, int max_t
                               .temperature = 0.f,
                               .top_p = 1.f,
                               .tier = t,
-                              .priority = two_tiers[t].priority,
-                              .weight = two_tiers[t].weight,
-                              .ttft_slo_ms = two_tiers[t].ttft_slo_ms,
-                              .tpot_slo_ms = two_tiers[t].tpot_slo_ms};
-    snprintf(p.tier_name, sizeof p.tier_name, "%s", two_tiers[t].name);
+                              .sched_tier = two_tiers[t]};
     struct sl_req *r = sl_req_new(prompt, n_prompt, &p);
     e->rec.reqs[i] = r;
     return r;
@@ -854,8 +850,8 @@ Test(sched, request_without_a_known_tier_queues_by_priority_when_named_tier_is_m
     struct env e;
     env_init_tiers(&e, 4, 64, 64, 4, two_tiers, 2);
     int32_t prompt[3] = {1, 5, 6};
-    struct sl_req_params p = {.max_tokens = 2, .top_p = 1.f, .priority = 7, .tier = 0};
-    snprintf(p.tier_name, sizeof p.tier_name, "gone");
+    struct sl_req_params p = {
+        .max_tokens = 2, .top_p = 1.f, .sched_tier = {.name = "gone", .priority = 7}, .tier = 0};
     struct sl_req *r = sl_req_new(prompt, 3, &p);
     e.rec.reqs[0] = r;
     sl_sched_core_submit(e.core, r, 0);

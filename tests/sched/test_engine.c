@@ -168,9 +168,9 @@ static void submit(struct engine *e, const struct golden *g, int i, int c, int t
                               .temperature = 0.f,
                               .top_p = 1.f,
                               .tier = t,
-                              .priority = tiers[t].priority,
-                              .tpot_slo_ms = tiers[t].tpot_slo_ms,
-                              .ttft_slo_ms = tiers[t].ttft_slo_ms};
+                              .sched_tier = {.priority = tiers[t].priority,
+                                             .tpot_slo_ms = tiers[t].tpot_slo_ms,
+                                             .ttft_slo_ms = tiers[t].ttft_slo_ms}};
     e->reqs[i] = sl_req_new(g->prompt[c], g->n_prompt[c], &p);
     cr_assert_eq(sl_sched_core_submit(e->core, e->reqs[i], now), SL_OK);
 }
@@ -291,7 +291,7 @@ Test(sched, real_model_sampled_output_is_unchanged_when_preempted_and_resumed)
                                   .top_p = 0.95f,
                                   .seed = 42,
                                   .tier = 1,
-                                  .priority = 1};
+                                  .sched_tier = {.priority = 1}};
         e.reqs[0] = sl_req_new(g.prompt[0], g.n_prompt[0], &p);
         cr_assert_eq(sl_sched_core_submit(e.core, e.reqs[0], now), SL_OK);
         if (pass)

@@ -392,8 +392,8 @@ Test(sched, new_tier_table_is_in_effect_when_a_later_request_is_done)
     cr_assert_eq(sl_sched_set_tiers(h.sched, t, -1), SL_EINVAL);
     /* The inbox is first in, first out: once a later request is done, the table is applied. */
     int32_t ids[2] = {1, 42};
-    struct sl_req_params p = {.max_tokens = 4, .top_p = 1.f, .priority = 1};
-    snprintf(p.tier_name, sizeof p.tier_name, "batch");
+    struct sl_req_params p = {
+        .max_tokens = 4, .top_p = 1.f, .sched_tier = {.name = "batch", .priority = 1}};
     struct sl_req *r = sl_req_new(ids, 2, &p);
     sl_sched_submit(h.sched, r, h.box);
     struct result res;
