@@ -325,9 +325,6 @@ extern const struct sl_tenant sl_tenant_anonymous;
 void sl_tenant_sha256(const void *data, size_t len, unsigned char out[32]);
 /* Parses 64 hex digits (either case) into out. False when s is anything else. */
 bool sl_tenant_hex_decode(const char *s, unsigned char out[32]);
-/* The key of an Authorization value "Bearer KEY" (scheme case-insensitive, spaces around the key
- * trimmed). False when the value is absent, another scheme, or an empty key. */
-bool sl_tenant_bearer(const char *value, size_t len, const char **key, size_t *key_len);
 /* The tenant whose key is `key`: its SHA-256 is compared with every tenant's hash in constant
  * time, without stopping at a match. NULL when none matches (or no key). With no tenants
  * configured, the anonymous tenant whatever the key. The result points into ten. */

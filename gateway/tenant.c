@@ -84,28 +84,6 @@ static bool is_space(char c)
     return c == ' ' || c == '\t';
 }
 
-bool sl_tenant_bearer(const char *value, size_t len, const char **key, size_t *key_len)
-{
-    static const char scheme[] = "bearer";
-    const size_t sl = sizeof scheme - 1;
-    if (!value)
-        return false;
-    while (len && is_space(*value))
-        value++, len--;
-    while (len && is_space(value[len - 1]))
-        len--;
-    if (len <= sl || strncasecmp(value, scheme, sl) != 0 || !is_space(value[sl]))
-        return false;
-    value += sl, len -= sl;
-    while (len && is_space(*value))
-        value++, len--;
-    if (!len)
-        return false;
-    *key = value;
-    *key_len = len;
-    return true;
-}
-
 /* Compares h with every hash and returns the index of the one equal to it, or -1. The loop
  * always runs to the end and picks the index with masks rather than a branch on the match. */
 static long ct_find(const unsigned char h[32], const unsigned char *hashes, size_t stride, size_t n)

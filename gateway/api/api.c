@@ -147,7 +147,7 @@ bool api_request_key(const struct api_exchange *a, const char **key, size_t *len
 {
     struct sl_strv v;
     if (sl_exchange_header(a->x, "authorization", &v) && v.len)
-        return sl_tenant_bearer(v.p, v.len, key, len);
+        return sl_http_bearer(v.p, v.len, key, len);
     /* Anthropic's SDKs send the key as x-api-key; any route takes it (as LiteLLM does). */
     if (sl_exchange_header(a->x, "x-api-key", &v) && v.len) {
         *key = v.p;

@@ -486,3 +486,30 @@ bool sl_http_parser_header(const struct sl_http_parser *p, const char *name,
     }
     return false;
 }
+
+static bool is_ows(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+bool sl_http_bearer(const char *value, size_t len, const char **key, size_t *key_len)
+{
+    static const char scheme[] = "bearer";
+    const size_t sl = sizeof scheme - 1;
+    if (!value)
+        return false;
+    while (len && is_ows(*value))
+        value++, len--;
+    while (len && is_ows(value[len - 1]))
+        len--;
+    if (len <= sl || strncasecmp(value, scheme, sl) != 0 || !is_ows(value[sl]))
+        return false;
+    value += sl, len -= sl;
+    while (len && is_ows(*value))
+        value++, len--;
+    if (!len)
+        return false;
+    *key = value;
+    *key_len = len;
+    return true;
+}

@@ -82,6 +82,9 @@ struct sl_exchange {
  * anthropic-version, x-sluice-tier, content-type, and any other up to SL_HTTP_MAX_HEADERS. */
 #define SL_HTTP_MAX_HEADERS 64
 bool sl_exchange_header(const struct sl_exchange *x, const char *name, struct sl_strv *value);
+/* The key of an Authorization value "Bearer KEY" (scheme case-insensitive, spaces around the key
+ * trimmed). False when the value is absent, another scheme, or an empty key. */
+bool sl_http_bearer(const char *value, size_t len, const char **key, size_t *key_len);
 /* True when the path is lit exactly. */
 bool sl_exchange_path_is(const struct sl_exchange *x, const char *lit);
 /* GET or HEAD (GET routes answer HEAD too; the body is then left out). */

@@ -52,8 +52,8 @@ static bool record(struct transcript *t, const struct sl_http_parser *p)
     /* What the routes do with the head next. */
     const char *key;
     size_t key_len;
-    if (p->authorization.len && sl_tenant_bearer(sl_http_span_ptr(p, p->authorization),
-                                                 p->authorization.len, &key, &key_len))
+    if (p->authorization.len &&
+        sl_http_bearer(sl_http_span_ptr(p, p->authorization), p->authorization.len, &key, &key_len))
         fuzz_check(key >= p->buf.p && key + key_len <= p->buf.p + p->buf.len, "key outside");
     (void)sl_http_span_eq(p, p->content_type, "application/json");
     t->n_reqs++;

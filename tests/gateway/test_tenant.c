@@ -115,7 +115,7 @@ static bool bearer(const char *v, const char *want)
 {
     const char *k = NULL;
     size_t n = 0;
-    bool ok = sl_tenant_bearer(v, v ? strlen(v) : 0, &k, &n);
+    bool ok = sl_http_bearer(v, v ? strlen(v) : 0, &k, &n);
     if (!want)
         return !ok;
     return ok && n == strlen(want) && memcmp(k, want, n) == 0;
