@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Admission keeps queue counts for every served model, and a "model:NAME" step holds any name. */
+_Static_assert(SL_MODELS_MAX <= SL_ADMIT_MODELS_MAX, "admission counts every model's queues");
+_Static_assert(SL_MODEL_NAME_MAX <= SL_ADMIT_MODEL_NAME_MAX, "overload steps hold model names");
+
 void sl_config_init(struct sl_config *c)
 {
     memset(c, 0, sizeof *c);

@@ -3,11 +3,12 @@
  * (DESIGN.md, "Tiers, tenants, admission").
  *
  * Admission speaks no HTTP and no API's JSON: it answers with an enum sl_status and a neutral
- * reason, and the gateway turns those into status codes, headers and error objects. It reads
- * the scheduler only through what the scheduler publishes (struct sl_sched_stats).
+ * reason (struct sl_admit_error, enum sl_admit_reason), and the gateway turns those into status
+ * codes, headers and error objects. It reads the scheduler only through what the scheduler
+ * publishes (struct sl_sched_stats), and the engines through struct sl_admit_env.
  *
- * Threads: unless said otherwise, every function here may run on any thread; state shared
- * between threads is atomic and lock-free.
+ * Threads: unless said otherwise, every function here may run on any thread. A tenancy is
+ * immutable once built; the state admission keeps in it is atomic and lock-free.
  */
 #ifndef SLUICE_ADMISSION_H
 #define SLUICE_ADMISSION_H
@@ -15,46 +16,17 @@
 #include <sluice/common.h>
 #include <sluice/sched.h>
 
-/* Tiers in one configuration (a tenant's allowed tiers are a bit mask). */
-#define SL_TIERS_MAX 32
+struct json_t; /* jansson's json_t: a configuration section */
 
-/* ---------------------------------------------------------------------------------------------
- * Tenancy: what one configuration says about tenants, tiers, keys and admission
- */
-
-struct sl_tier;        /* a latency promise: the scheduler's tier and admission's limits */
-struct sl_tenant;      /* who pays: key hash, allowed tiers, default tier, budgets */
-struct sl_tier_rule;   /* one rule of the ordered classification list */
-struct sl_admit_state; /* admission's runtime state: buckets and queue counts */
-
-/* A key as the configuration keeps it: only its SHA-256. */
-struct sl_key_sha256 {
-    bool set;
-    unsigned char sha256[32];
-};
-
-/* Shared and immutable once built (the state's cells are atomic), so any thread may read it. */
-struct sl_tenancy {
-    /* Arrays owned by the tenancy; tiers is never empty, classify may be (every request then gets
-     * its tenant's default). With no tenants every request is the anonymous tenant's, who may
-     * use every tier and defaults to tiers[0]. */
-    struct sl_tier *tiers;
-    int n_tiers;
-    struct sl_tenant *tenants;
-    int n_tenants;
-    struct sl_tier_rule *classify;
-    int n_classify;
-    /* Metrics may be read only with this key (or the admin key) when set; by anyone otherwise,
-     * as vLLM's are. Only the SHA-256 is kept. */
-    struct sl_key_sha256 metrics_key;
-    bool has_admin_key;                 /* the /admin/ routes answer 403 without one */
-    unsigned char admin_key_sha256[32]; /* SHA-256 of the admin key (never the key itself) */
-    bool admission; /* false: every request is admitted as it comes (no limits, no guard) */
-    /* Set once, by sl_admit_adopt, before any request sees the tenancy: the buckets and queue
-     * counts its tenants and tiers use, shared by name with the tenancy it replaced. NULL for a
-     * tenancy never served. Freed with the tenancy. */
-    struct sl_admit_state *state;
-};
+#define SL_TIERS_MAX 32       /* tiers in one configuration (a tenant's tiers are a bit mask) */
+#define SL_TIER_NAME_MAX 32   /* tier names: [A-Za-z0-9_.-], they travel in a header */
+#define SL_TENANT_NAME_MAX 64 /* tenant names: printable ASCII without '"' or '\' */
+#define SL_RULE_PATH_MAX 256
+#define SL_TIER_HEADER "x-sluice-tier" /* the request header a "header" rule reads */
+#define SL_OVERLOAD_MAX 8              /* steps in one tier's overload policy */
+/* Models whose queues admission counts apart (struct sl_admit_env's n_models at most). */
+#define SL_ADMIT_MODELS_MAX 8
+#define SL_ADMIT_MODEL_NAME_MAX 64 /* the name a "model:NAME" overload step gives */
 
 /* ---------------------------------------------------------------------------------------------
  * Errors
@@ -69,6 +41,342 @@ struct sl_admit_error {
     char param[64];        /* the request field at fault ("service_tier"), "" when none */
     char message[512];     /* one client-safe sentence; never a key or a key hash */
 };
+
+/* ---------------------------------------------------------------------------------------------
+ * Tiers, tenants and the rules that classify requests (the layouts a configuration fills)
+ */
+
+/* One step of a tier's overload policy ("cap_max_tokens:256", "demote:batch", "model:small",
+ * "queue:2000", "reject"): what admission tries, in order, when the tier cannot take a request
+ * as it is (its token bucket is empty, its queue is full, or the SLO guard predicts its TTFT
+ * objective broken). */
+enum sl_overload_kind {
+    SL_OVERLOAD_CAP_MAX_TOKENS, /* arg: max_tokens cap */
+    SL_OVERLOAD_DEMOTE,         /* arg: tier index */
+    SL_OVERLOAD_MODEL,          /* model: a name of "models" (resolved when applied) */
+    SL_OVERLOAD_QUEUE,          /* arg: milliseconds to wait for capacity */
+    SL_OVERLOAD_REJECT,
+};
+
+struct sl_overload_step {
+    enum sl_overload_kind kind;
+    int arg;
+    char model[SL_ADMIT_MODEL_NAME_MAX + 1];
+};
+
+/* A latency promise. */
+struct sl_tier {
+    /* The tier as the scheduler knows it and a request carries it (struct sl_req_params'
+     * sched_tier): its name, priority (lower runs first, 0..1000), weight (capacity share
+     * relative to the other tiers, 1..1000), ttft_slo_ms and tpot_slo_ms (p99 objectives). */
+    struct sl_sched_tier sched;
+    /* Admission. */
+    long long token_rate;       /* tokens (prompt + max_tokens) admitted per second; 0: no limit */
+    long long burst;            /* of them at once (the bucket's size); token_rate by default */
+    int max_queue_requests;     /* admitted requests without a first token yet; -1: no limit */
+    long long max_queue_tokens; /* their prompt tokens; -1: no limit */
+    struct sl_overload_step overload[SL_OVERLOAD_MAX]; /* ["reject"] by default */
+    int n_overload;
+    int overload_status; /* the configuration's "overload_status" (503, the default, or 429):
+                            what the gateway answers a rejection with; admission only keeps it */
+};
+
+/* Who pays. */
+struct sl_tenant {
+    char name[SL_TENANT_NAME_MAX + 1];
+    unsigned char key_sha256[32]; /* SHA-256 of the API key; the key itself is never kept */
+    uint32_t tiers;               /* bit i set: may use tiers[i] */
+    int default_tier;             /* index into tiers; always allowed */
+    long long rpm;                /* requests per minute; 0: no limit */
+    long long tpm;                /* tokens (prompt + max_tokens, unused refunded) per minute */
+};
+
+enum sl_rule_kind {
+    SL_RULE_HEADER,         /* the x-sluice-tier header names the tier (explicit) */
+    SL_RULE_SERVICE_TIER,   /* OpenAI's service_tier, through map (explicit) */
+    SL_RULE_MATCH,          /* path / stream / max_tokens_above conditions → tier (shape) */
+    SL_RULE_TENANT_DEFAULT, /* the tenant's default tier; ends the list */
+};
+
+/* service_tier value → tier; tier -1 means "no preference" (the next rule decides). */
+struct sl_service_tier_map {
+    char value[SL_TIER_NAME_MAX + 1];
+    int tier;
+};
+
+/* One rule of the ordered classification list. */
+struct sl_tier_rule {
+    enum sl_rule_kind kind;
+    /* SERVICE_TIER */
+    struct sl_service_tier_map *map;
+    int n_map;
+    /* MATCH: every condition given must hold (absent ones match anything). */
+    char *path;                 /* exact request path, or NULL */
+    int stream;                 /* -1: any; 0 or 1: the request's "stream" */
+    long long max_tokens_above; /* -1: any; else max_tokens (after the default) must exceed it */
+    int tier;                   /* MATCH: the tier it yields */
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Tenancy: what one configuration says about tenants, tiers, keys and admission
+ * (admission/tenancy_config.c)
+ */
+
+struct sl_admit_state; /* admission's runtime state: buckets and queue counts */
+
+/* A key as the configuration keeps it: only its SHA-256. */
+struct sl_key_sha256 {
+    bool set;
+    unsigned char sha256[32];
+};
+
+/* Built by one thread (the configuration's loader), then shared and never changed (the state's
+ * cells are atomic), so any thread may read it. Embedded: _init/_dispose. */
+struct sl_tenancy {
+    /* Arrays owned by the tenancy; tiers is never empty, classify may be (every request then gets
+     * its tenant's default). With no tenants every request is the anonymous tenant's, who may
+     * use every tier and defaults to tiers[0]. */
+    struct sl_tier *tiers;
+    int n_tiers;
+    struct sl_tenant *tenants;
+    int n_tenants;
+    struct sl_tier_rule *classify;
+    int n_classify;
+    /* Metrics may be read only with this key (or the admin key) when set; by anyone otherwise,
+     * as vLLM's are. Only the SHA-256 is kept. */
+    struct sl_key_sha256 metrics_key;
+    bool has_admin_key;                 /* the admin routes are closed without one */
+    unsigned char admin_key_sha256[32]; /* SHA-256 of the admin key (never the key itself) */
+    bool admission; /* false: every request is admitted as it comes (no limits, no guard) */
+    /* Set once, by sl_admit_adopt, before any request sees the tenancy: the buckets and queue
+     * counts its tenants and tiers use, shared by name with the tenancy it replaced. NULL for a
+     * tenancy never served. Freed with the tenancy. */
+    struct sl_admit_state *state;
+};
+
+/* The configuration's sections. init gives the defaults: tiers "interactive" and "batch", no
+ * tenants, no admin or metrics key, admission on, and the rules [header, service_tier (priority
+ * → interactive, flex → batch), tenant_default]. dispose frees the arrays and the admission
+ * state. */
+void sl_tenancy_init(struct sl_tenancy *ten);
+void sl_tenancy_dispose(struct sl_tenancy *ten);
+/* Applies the sections given (NULL = not in the file: "tiers", "tenants", "classify",
+ * "admin_key_sha256") in dependency order: tiers, then tenants and classify, which name tiers.
+ * When tiers are replaced, tenants kept from before are mapped to the new tiers by name and the
+ * rules, unless given, go back to the defaults. A "model:NAME" overload step must name one of
+ * models (n_models names, NULL for a model without one). Returns SL_OK, or SL_EINVAL with ten
+ * unchanged and err naming the path of the bad value ("tenants[1].key_sha256: ..."); err never
+ * contains a key or a key hash. Before the tenancy is adopted (no state yet). */
+int sl_tenancy_load(struct sl_tenancy *ten, const char *const *models, int n_models,
+                    struct json_t *tiers, struct json_t *tenants, struct json_t *classify,
+                    struct json_t *admin_key_sha256, char *err, size_t errlen);
+/* Cross-checks (every reference in range, defaults allowed, model steps among models), for
+ * tenancies built in code: SL_OK, or SL_EINVAL with err naming the path. */
+int sl_tenancy_validate(const struct sl_tenancy *ten, const char *const *models, int n_models,
+                        char *err, size_t errlen);
+/* Adds "tiers", "tenants", "classify" and "admin_key_sha256" to the JSON object root as the file
+ * would spell them, every key hash replaced by "<redacted>". */
+void sl_tenancy_to_json(const struct sl_tenancy *ten, struct json_t *root);
+/* A step of ten's tiers as the file spells it ("demote:batch"), NUL-terminated in out. */
+void sl_tier_overload_format(const struct sl_tenancy *ten, const struct sl_overload_step *s,
+                             char *out, size_t outlen);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tenants and keys (admission/tenant.c)
+ *
+ * Keys are compared as SHA-256 hashes, in constant time.
+ */
+
+/* The tenant of requests when the configuration has none: every tier allowed, tiers[0] default. */
+extern const struct sl_tenant sl_tenant_anonymous;
+
+/* SHA-256 of data into out. */
+void sl_tenant_sha256(const void *data, size_t len, unsigned char out[32]);
+/* Parses 64 hex digits (either case) into out. False when s is anything else. */
+bool sl_tenant_hex_decode(const char *s, unsigned char out[32]);
+/* The tenant whose key is `key`: its SHA-256 is compared with every tenant's hash in constant
+ * time, without stopping at a match. NULL when none matches (or no key). With no tenants
+ * configured, the anonymous tenant whatever the key. The result points into ten. */
+const struct sl_tenant *sl_tenant_lookup(const struct sl_tenancy *ten, const char *key, size_t len);
+/* True when ten has an admin key and `key` is it (constant-time comparison of hashes). */
+bool sl_tenant_admin_check(const struct sl_tenancy *ten, const char *key, size_t len);
+/* True when metrics may be read with `key`: no metrics key is configured, or the key is it or
+ * the admin key (constant-time comparison of hashes). */
+bool sl_tenant_metrics_check(const struct sl_tenancy *ten, const char *key, size_t len);
+/* A form of key safe to show its owner, NUL-terminated in out: "sk-ab****wxyz" (5 + 4 of its
+ * bytes) for printable keys of 20 bytes or more, "****" otherwise. */
+void sl_tenant_key_redact(const char *key, size_t len, char *out, size_t outlen);
+
+/* ---------------------------------------------------------------------------------------------
+ * Classification (admission/classify.c)
+ */
+
+/* What classification looks at. Strings need not be NUL-terminated unless said. */
+struct sl_tier_request {
+    const char *header; /* the x-sluice-tier value (spaces trimmed by the callee), or NULL */
+    size_t header_len;
+    const char *service_tier; /* NUL-terminated, or NULL */
+    const char *path;
+    size_t path_len;
+    bool stream;
+    int max_tokens; /* after default_max_tokens applied */
+};
+
+/* Index of the tier named name[0..len), or -1. */
+int sl_tier_find(const struct sl_tenancy *ten, const char *name, size_t len);
+/* Puts a request of tenant t into a tier by ten's classify rules, first match wins (see
+ * conf/sluice.json). An explicit request (header or service_tier) for an unknown tier is
+ * SL_EINVAL ("invalid_tier"), for a tier the tenant may not use SL_EPERM ("tier_not_allowed"),
+ * err naming the param either way; a shape rule whose tier the tenant may not use is skipped;
+ * the tenant default ends the list. Returns SL_OK with *tier set, or the status with err
+ * filled. */
+int sl_tier_classify(const struct sl_tenancy *ten, const struct sl_tenant *t,
+                     const struct sl_tier_request *rq, int *tier, struct sl_admit_error *err);
+/* False when no rule of ten reads the body (service_tier, stream, max_tokens): the tier then
+ * follows from the head alone, whatever the body says. */
+bool sl_tier_classify_needs_body(const struct sl_tenancy *ten);
+
+/* ---------------------------------------------------------------------------------------------
+ * Admission (admission/admission.c): tenant budgets, tier buckets and queues, the SLO guard and
+ * the overload policy, run on the I/O threads before a request reaches a scheduler.
+ *
+ * Lock-free throughout: every bucket is one atomic word (struct sl_gcra_bucket), every queue
+ * count an atomic reserved by compare-and-swap below its cap, and the scheduler's figures are
+ * read through struct sl_admit_env. The state lives in cells shared by name between a tenancy
+ * and the one that replaces it (sl_admit_adopt), so a reload keeps the buckets and queue counts
+ * of the tenants and tiers it keeps, and a request refunds into the cells of the tenancy it
+ * started with, which its caller holds.
+ */
+
+/* Why a request was refused or degraded: the reason the gateway shows (x-sluice-admission) and
+ * counts (metrics). */
+enum sl_admit_reason {
+    SL_ADMIT_REASON_NONE,
+    SL_ADMIT_REASON_TENANT_REQUESTS,     /* "tenant_requests": the tenant's rpm */
+    SL_ADMIT_REASON_TENANT_TOKENS,       /* "tenant_tokens": the tenant's tpm */
+    SL_ADMIT_REASON_TIER_TOKEN_RATE,     /* "tier_token_rate": the tier's bucket */
+    SL_ADMIT_REASON_TIER_QUEUE_REQUESTS, /* "tier_queue_requests": max_queue_requests */
+    SL_ADMIT_REASON_TIER_QUEUE_TOKENS,   /* "tier_queue_tokens": max_queue_tokens */
+    SL_ADMIT_REASON_TIER_TTFT_SLO,       /* "tier_ttft_slo": the SLO guard */
+    SL_ADMIT_N_REASONS,
+};
+const char *sl_admit_reason_str(enum sl_admit_reason r);
+
+enum sl_admit_verdict {
+    SL_ADMIT_OK,           /* admitted, perhaps degraded: submit it as struct sl_admit says */
+    SL_ADMIT_PARK,         /* a queue:MS step: call sl_admit_resume at recheck_ns (or before) */
+    SL_ADMIT_RATE_LIMITED, /* over the tenant's budget (rpm or tpm): the client's doing */
+    SL_ADMIT_OVERLOADED,   /* the tier's overload policy ended in a rejection: the server's */
+};
+
+/* The decision's label in metrics: "admitted", "degraded", "rejected". */
+enum sl_admit_decision {
+    SL_ADMIT_ADMITTED,
+    SL_ADMIT_DEGRADED,
+    SL_ADMIT_REJECTED,
+    SL_ADMIT_N_DECISIONS
+};
+
+/* What admission reads of the engines (the served models). */
+struct sl_admit_env {
+    int n_models;
+    const char *const *model_names; /* (n_models) as requests name them */
+    void *ctx;
+    /* The statistics of model i's scheduler; leaves *out zeroed when it has none. */
+    void (*stats)(void *ctx, int model, struct sl_sched_stats *out);
+    /* Tokenizes the request's prompt for model i (a "model:NAME" step), checking the context
+     * for max_tokens; SL_OK with *n_prompt, or an error (the step is then skipped). */
+    int (*encode)(void *ctx, int model, int max_tokens, int *n_prompt);
+};
+
+/* One request's admission, embedded in its connection. Zeroed (sl_admit_init) before each
+ * request; sl_admit_end releases what it holds exactly once. */
+struct sl_admit {
+    bool ran;    /* admission decided something about this request */
+    bool active; /* it holds tokens, a queue slot or a parking place: sl_admit_end owes */
+    /* The request as admission leaves it (submit it so). */
+    const struct sl_tenancy *cfg; /* of the configuration it started with */
+    const struct sl_tenant *tenant;
+    int tier;        /* the tier it runs in (after a demotion) */
+    int policy_tier; /* the tier it was classified into, whose overload policy applies */
+    int model;
+    int n_prompt;   /* tokens of its prompts, all of them together */
+    int max_tokens; /* of each choice */
+    int n;          /* choices of each prompt (OpenAI's n; 0 reads as 1) */
+    int prompts;    /* prompts (a completion's array of them; 0 reads as 1): each choice of
+                     * each prompt is a sequence, so the request may use n · (n_prompt +
+                     * prompts · max_tokens) tokens and queues n · n_prompt prompt tokens */
+    /* The decision. */
+    enum sl_admit_verdict verdict;
+    enum sl_admit_reason reason; /* what refused or degraded it */
+    bool degraded;
+    int64_t retry_ns;        /* refused: until a retry may pass; -1: never as sent */
+    double predicted_ttft_s; /* the guard's latest prediction, < 0 when none */
+    char note[192];          /* what was decided: "admitted", "degraded; cap_max_tokens=256",
+                                "rejected; reason=tier_ttft_slo" (the gateway's
+                                x-sluice-admission) */
+    char why[256];           /* refused: one client-safe sentence saying why */
+    /* Parking (queue:MS). */
+    int step; /* next overload step */
+    int64_t park_start_ns, deadline_ns, recheck_ns;
+    /* What it holds. */
+    void *tenant_cell, *tier_cell, *queue_cell, *park_cell;
+    bool took_request;     /* one of the tenant's requests per minute */
+    int64_t tenant_tokens; /* charged to the tenant's tokens per minute */
+    int64_t tier_tokens;   /* charged to tier_cell's bucket */
+    int queue_model;
+    long queue_tokens; /* prompt tokens counted in queue_cell's queue of queue_model */
+    bool queued;       /* counted in a tier's queue until its first token */
+};
+
+void sl_admit_init(struct sl_admit *a);
+/* Decides on a request of tenant t (NULL: anonymous) classified into `tier`, for `model`, with
+ * n_prompt prompt tokens and max_tokens, at now_ns (sl_clock_ns). ten must have been adopted
+ * (sl_admit_adopt) and must outlive the admission. Any I/O thread. */
+enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_env *env,
+                                     const struct sl_tenancy *ten, const struct sl_tenant *t,
+                                     int tier, int model, int n_prompt, int max_tokens,
+                                     int64_t now_ns);
+/* Before the prompt is tokenized: a request admission would refuse whatever its length (its
+ * tier's queue at max_queue_requests for its model, an overload policy of cap_max_tokens and
+ * reject steps only, a tenant without budgets) is refused now, as sl_admit_begin would refuse
+ * it (SL_ADMIT_OVERLOADED), so that a flood's refusals cost no tokenization. Otherwise SL_ADMIT_OK
+ * and a untouched: tokenize and call sl_admit_begin. */
+enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
+                                        const struct sl_tenancy *ten, const struct sl_tenant *t,
+                                        int tier, int model, int max_tokens, int64_t now_ns);
+/* A parked request's next look: admitted as soon as the tier has room, else parked again until
+ * its deadline, after which the rest of the policy applies. */
+enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_env *env,
+                                      int64_t now_ns);
+/* The request's first token arrived (or it ended): it leaves its tier's queue. Idempotent. */
+void sl_admit_started(struct sl_admit *a);
+/* The request ended (finished, cancelled, failed, or its client left) after n_generated
+ * tokens (all its choices together; < 0: it never reached a scheduler): releases its queue slot or
+ * parking place and refunds the tokens it was charged and did not use. Exactly once: later calls do
+ * nothing. */
+void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns);
+/* A tenant's per-minute budget (rpm or tpm) as its bucket stands. */
+struct sl_admit_budget {
+    long long limit;   /* per minute; 0: the tenant has no such limit (and the rest is 0) */
+    int64_t remaining; /* that could be taken at once now */
+    int64_t reset_ns;  /* until the bucket is full again (0 when full) */
+};
+/* Tenant t's requests and tokens per minute under ten, as the buckets are at now_ns. False, both
+ * zeroed, when t has neither (or admission is off). */
+bool sl_admit_budgets(const struct sl_tenancy *ten, const struct sl_tenant *t, int64_t now_ns,
+                      struct sl_admit_budget *requests, struct sl_admit_budget *tokens);
+
+/* Gives next its runtime state (next->state), sharing cells with prev (may be NULL) by tenant
+ * and tier name; a kept bucket whose rate changed keeps its debt in tokens
+ * (sl_gcra_bucket_rescale). Does nothing when next already has its state. Call before next
+ * serves any request, from one thread at a time. */
+void sl_admit_adopt(struct sl_tenancy *next, const struct sl_tenancy *prev, int64_t now_ns);
+/* Appends the admission gauges of the metrics (Prometheus text): requests and prompt tokens
+ * queued per tier (admitted, no first token yet), and requests parked by queue:MS steps. */
+void sl_admit_render(const struct sl_tenancy *ten, struct sl_str *out);
+/* Requests and prompt tokens admitted into tier i for model m and not started yet. */
+void sl_admit_queue(const struct sl_tenancy *ten, int tier, int model, int *requests, long *tokens);
 
 /* ---------------------------------------------------------------------------------------------
  * Token buckets and the SLO guard (admission/gcra.c)

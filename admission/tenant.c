@@ -7,8 +7,9 @@
  * nothing about which hash (or how much of it) matched. Error messages and logs name tenants and
  * tiers, never keys or their hashes.
  */
-#include "gateway_impl.h"
+#include "admission_impl.h"
 
+#include <jansson.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <pthread.h>

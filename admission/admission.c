@@ -2,19 +2,20 @@
  * guard, and the tier's overload policy, decided before a request reaches a scheduler.
  *
  * Order: the tenant's requests and tokens per minute first (over budget is the client's doing,
- * answered 429 with the exact time to retry, and no overload policy applies); then the tier:
- * its token bucket, its queue caps (counted here, exactly, from admission to the first token),
- * and the SLO guard's prediction from the scheduler's published figures. A tier that cannot take
- * the request walks its overload policy in order: each step changes the request (a cap, a
- * demotion, a cheaper model) and the tier checks run again; "queue:MS" parks it on a timer of
- * its connection (never blocking the thread) and looks again until its deadline; "reject", or
- * the end of the list, answers 503 (or 429) with a Retry-After from the predicted drain time.
+ * refused as rate limited with the exact time to retry, and no overload policy applies); then
+ * the tier: its token bucket, its queue caps (counted here, exactly, from admission to the first
+ * token), and the SLO guard's prediction from the scheduler's published figures. A tier that
+ * cannot take the request walks its overload policy in order: each step changes the request (a
+ * cap, a demotion, a cheaper model) and the tier checks run again; "queue:MS" parks it (its
+ * caller looks again at recheck_ns, on a timer that never blocks the thread) until its
+ * deadline; "reject", or the end of the list, refuses it as overloaded, with a time to retry
+ * from the predicted drain time.
  *
  * Everything a request takes it gives back in one place (sl_admit_end, once): the tokens it was
  * charged and did not use, its queue slot, its parking place; a request refused after its
  * tenant paid gets all of it back, since the server, not the client, said no.
  */
-#include "gateway_impl.h"
+#include "admission_impl.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -36,8 +37,8 @@ struct cell {
     char name[SL_TENANT_NAME_MAX + 1];
     struct sl_gcra_bucket requests; /* a tenant's rpm */
     struct sl_gcra_bucket tokens;   /* a tenant's tpm, a tier's token_rate */
-    atomic_int queued[SL_MODELS_MAX];
-    atomic_long queued_tokens[SL_MODELS_MAX];
+    atomic_int queued[SL_ADMIT_MODELS_MAX];
+    atomic_long queued_tokens[SL_ADMIT_MODELS_MAX];
     atomic_int parked;
 };
 
@@ -54,7 +55,7 @@ static struct cell *cell_new(const char *name, int64_t now)
     snprintf(c->name, sizeof c->name, "%s", name);
     sl_gcra_bucket_init(&c->requests, now);
     sl_gcra_bucket_init(&c->tokens, now);
-    for (int m = 0; m < SL_MODELS_MAX; m++) {
+    for (int m = 0; m < SL_ADMIT_MODELS_MAX; m++) {
         atomic_init(&c->queued[m], 0);
         atomic_init(&c->queued_tokens[m], 0);
     }
@@ -211,7 +212,7 @@ void sl_admit_queue(const struct sl_tenancy *cfg, int tier, int model, int *requ
     *requests = 0;
     *tokens = 0;
     if (!cfg->state || tier < 0 || tier >= cfg->state->n_tiers || model < 0 ||
-        model >= SL_MODELS_MAX)
+        model >= SL_ADMIT_MODELS_MAX)
         return;
     struct cell *c = cfg->state->tiers[tier];
     *requests = atomic_load_explicit(&c->queued[model], memory_order_relaxed);
@@ -565,7 +566,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
         case SL_OVERLOAD_MODEL: {
             int m = model_find(env, s->model);
             int n = 0;
-            if (m < 0 || m == a->model || m >= SL_MODELS_MAX ||
+            if (m < 0 || m == a->model || m >= SL_ADMIT_MODELS_MAX ||
                 env->encode(env->ctx, m, a->max_tokens, &n) != SL_OK)
                 continue; /* not served, or the prompt does not fit it */
             a->model = m;
@@ -622,7 +623,7 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
     a->n_prompt = n_prompt;
     a->max_tokens = max_tokens;
     a->retry_ns = 0;
-    if (!cfg->admission || !cfg->state || model < 0 || model >= SL_MODELS_MAX)
+    if (!cfg->admission || !cfg->state || model < 0 || model >= SL_ADMIT_MODELS_MAX)
         return admitted(a);
     if (has_limits(t) && t != &sl_tenant_anonymous) {
         struct cell *c = cfg->state->tenants[t - cfg->tenants];
@@ -684,7 +685,8 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
                                         const struct sl_tenancy *cfg, const struct sl_tenant *t,
                                         int tier, int model, int max_tokens, int64_t now_ns)
 {
-    if (!cfg->admission || !cfg->state || has_limits(t) || model < 0 || model >= SL_MODELS_MAX)
+    if (!cfg->admission || !cfg->state || has_limits(t) || model < 0 ||
+        model >= SL_ADMIT_MODELS_MAX)
         return SL_ADMIT_OK;
     const struct sl_tier *tr = &cfg->tiers[tier];
     if (tr->max_queue_requests < 0)
@@ -787,7 +789,7 @@ void sl_admit_render(const struct sl_tenancy *cfg, struct sl_str *out)
             if (k == 2) {
                 v = atomic_load_explicit(&c->parked, memory_order_relaxed);
             } else {
-                for (int m = 0; m < SL_MODELS_MAX; m++)
+                for (int m = 0; m < SL_ADMIT_MODELS_MAX; m++)
                     v += k == 0 ? atomic_load_explicit(&c->queued[m], memory_order_relaxed)
                                 : atomic_load_explicit(&c->queued_tokens[m], memory_order_relaxed);
             }
