@@ -1,4 +1,6 @@
-/* Tenants, tiers and classification: configuration sections, key lookup, the rules. */
+/* Tenants and tiers in the gateway: Bearer keys and the tier header, the scheduler's tier table
+ * from a configuration, classification's refusals as OpenAI errors, and what /admin/config shows.
+ * Tenants and classification on their own are tests/admission's. */
 #include <criterion/criterion.h>
 
 #include "gateway_impl.h"
@@ -65,52 +67,6 @@ static void load_world(struct sl_config *c, const char *classify)
     cr_assert_eq(sl_config_validate(c, err, sizeof err), SL_OK, "%s", err);
 }
 
-static void hex(const unsigned char h[32], char out[65])
-{
-    for (int i = 0; i < 32; i++)
-        sprintf(out + 2 * i, "%02x", h[i]);
-}
-
-/* ---- keys ---- */
-
-Test(gateway, sha256_matches_known_digests_when_hashing)
-{
-    unsigned char h[32];
-    char x[65];
-    sl_tenant_sha256("abc", 3, h);
-    hex(h, x);
-    cr_assert_str_eq(x, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-    sl_tenant_sha256("", 0, h);
-    hex(h, x);
-    cr_assert_str_eq(x, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-    sl_tenant_sha256(KEY_A, strlen(KEY_A), h);
-    hex(h, x);
-    cr_assert_str_eq(x, HASH_A);
-}
-
-Test(gateway, hex_decode_accepts_only_64_hex_digits_when_parsing_hashes)
-{
-    unsigned char h[32], u[32];
-    cr_assert(sl_tenant_hex_decode(HASH_A, h));
-    char upper[65];
-    for (int i = 0; i < 65; i++)
-        upper[i] = (char)(HASH_A[i] >= 'a' && HASH_A[i] <= 'f' ? HASH_A[i] - 32 : HASH_A[i]);
-    cr_assert(sl_tenant_hex_decode(upper, u));
-    cr_assert_eq(memcmp(h, u, 32), 0);
-    char x[65];
-    hex(h, x);
-    cr_assert_str_eq(x, HASH_A);
-    cr_assert_not(sl_tenant_hex_decode(NULL, h));
-    cr_assert_not(sl_tenant_hex_decode("", h));
-    cr_assert_not(sl_tenant_hex_decode(HASH_A "0", h));
-    char bad[65];
-    memcpy(bad, HASH_A, 65);
-    bad[63] = 'g';
-    cr_assert_not(sl_tenant_hex_decode(bad, h));
-    bad[63] = '\0';
-    cr_assert_not(sl_tenant_hex_decode(bad, h));
-}
-
 static bool bearer(const char *v, const char *want)
 {
     const char *k = NULL;
@@ -135,56 +91,6 @@ Test(gateway, bearer_key_is_extracted_when_scheme_is_bearer)
     cr_assert(bearer("Bearersk-1", NULL));
     cr_assert(bearer("Basic c2s6MQ==", NULL));
     cr_assert(bearer("sk-1", NULL));
-}
-
-Test(gateway, lookup_finds_each_tenant_by_key_when_keys_are_known)
-{
-    struct sl_config c;
-    load_world(&c, NULL);
-    const struct sl_tenant *t = sl_tenant_lookup(&c.tenancy, KEY_A, strlen(KEY_A));
-    cr_assert(t && strcmp(t->name, "alice") == 0);
-    t = sl_tenant_lookup(&c.tenancy, KEY_B, strlen(KEY_B));
-    cr_assert(t && strcmp(t->name, "bob") == 0);
-    t = sl_tenant_lookup(&c.tenancy, KEY_C, strlen(KEY_C));
-    cr_assert(t && strcmp(t->name, "carol") == 0, "the last tenant is found too");
-    cr_assert_null(sl_tenant_lookup(&c.tenancy, "sk-nobody", 9));
-    cr_assert_null(sl_tenant_lookup(&c.tenancy, KEY_A, strlen(KEY_A) - 1),
-                   "a prefix is not the key");
-    cr_assert_null(sl_tenant_lookup(&c.tenancy, NULL, 0));
-    cr_assert_null(sl_tenant_lookup(&c.tenancy, "", 0));
-    /* The hash is not a key. */
-    cr_assert_null(sl_tenant_lookup(&c.tenancy, HASH_A, strlen(HASH_A)));
-    /* Tenant keys do not open /admin/, and the admin key is nobody's API key. */
-    cr_assert(sl_tenant_admin_check(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)));
-    cr_assert_not(sl_tenant_admin_check(&c.tenancy, KEY_A, strlen(KEY_A)));
-    cr_assert_not(sl_tenant_admin_check(&c.tenancy, NULL, 0));
-    cr_assert_null(sl_tenant_lookup(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)));
-    sl_config_dispose(&c);
-}
-
-Test(gateway, lookup_gives_anonymous_tenant_when_no_tenants_are_configured)
-{
-    struct sl_config c;
-    sl_config_init(&c);
-    const struct sl_tenant *t = sl_tenant_lookup(&c.tenancy, NULL, 0);
-    cr_assert_eq(t, &sl_tenant_anonymous);
-    cr_assert_eq(sl_tenant_lookup(&c.tenancy, "whatever", 8), &sl_tenant_anonymous);
-    cr_assert_not(sl_tenant_admin_check(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)),
-                  "no admin key configured: nothing opens /admin/");
-    sl_config_dispose(&c);
-}
-
-Test(gateway, redacted_key_shows_at_most_ends_when_shown_to_client)
-{
-    char out[32];
-    sl_tenant_key_redact("sk-abcdefghijklmnopwxyz", 23, out, sizeof out);
-    cr_assert_str_eq(out, "sk-ab****wxyz");
-    sl_tenant_key_redact("short-key", 9, out, sizeof out);
-    cr_assert_str_eq(out, "****");
-    sl_tenant_key_redact("sk-abcdefghijklmno\"pwxyz", 24, out, sizeof out);
-    cr_assert_str_eq(out, "****", "a key that would need escaping is not quoted at all");
-    sl_tenant_key_redact("sk-abcdefghij\x01klmnopwxyz", 24, out, sizeof out);
-    cr_assert_str_eq(out, "****");
 }
 
 Test(gateway, parser_records_key_and_tier_headers_when_present_and_forgets_them_after)
@@ -217,46 +123,6 @@ Test(gateway, parser_records_key_and_tier_headers_when_present_and_forgets_them_
     }
 }
 
-/* ---- configuration ---- */
-
-Test(gateway, tenancy_sections_load_when_valid)
-{
-    struct sl_config c;
-    load_world(&c, "[{\"header\":\"x-sluice-tier\"},{\"service_tier\":{\"flex\":\"batch\","
-                   "\"auto\":null}},{\"path\":\"/v1/completions\",\"stream\":true,"
-                   "\"tier\":\"gold\"},{\"max_tokens_above\":100,\"tier\":\"batch\"},"
-                   "{\"tenant_default\":true}]");
-    cr_assert_eq(c.tenancy.n_tiers, 3);
-    cr_assert_str_eq(c.tenancy.tiers[0].sched.name, "interactive");
-    cr_assert_str_eq(c.tenancy.tiers[1].sched.name, "batch");
-    cr_assert_str_eq(c.tenancy.tiers[2].sched.name, "gold");
-    cr_assert_eq(c.tenancy.tiers[2].sched.priority, 1);
-    cr_assert_eq(c.tenancy.tiers[2].sched.weight, 2);
-    cr_assert_eq(c.tenancy.tiers[2].sched.ttft_slo_ms, 500);
-    cr_assert_eq(c.tenancy.tiers[2].sched.tpot_slo_ms, 50);
-    cr_assert_eq(c.tenancy.n_tenants, 3);
-    cr_assert_str_eq(c.tenancy.tenants[2].name, "carol");
-    cr_assert_eq(c.tenancy.tenants[2].tiers, (1u << 2) | (1u << 1));
-    cr_assert_eq(c.tenancy.tenants[2].default_tier, 2);
-    unsigned char h[32];
-    sl_tenant_hex_decode(HASH_C, h);
-    cr_assert_eq(memcmp(c.tenancy.tenants[2].key_sha256, h, 32), 0);
-    cr_assert(c.tenancy.has_admin_key);
-    cr_assert_eq(c.tenancy.n_classify, 5);
-    cr_assert_eq(c.tenancy.classify[0].kind, SL_RULE_HEADER);
-    cr_assert_eq(c.tenancy.classify[1].kind, SL_RULE_SERVICE_TIER);
-    cr_assert_eq(c.tenancy.classify[1].n_map, 2);
-    cr_assert_eq(c.tenancy.classify[1].map[1].tier, -1, "null maps to no preference");
-    cr_assert_eq(c.tenancy.classify[2].kind, SL_RULE_MATCH);
-    cr_assert_str_eq(c.tenancy.classify[2].path, "/v1/completions");
-    cr_assert_eq(c.tenancy.classify[2].stream, 1);
-    cr_assert_eq(c.tenancy.classify[2].max_tokens_above, -1);
-    cr_assert_eq(c.tenancy.classify[2].tier, 2);
-    cr_assert_eq(c.tenancy.classify[3].max_tokens_above, 100);
-    cr_assert_eq(c.tenancy.classify[4].kind, SL_RULE_TENANT_DEFAULT);
-    sl_config_dispose(&c);
-}
-
 Test(gateway, scheduler_gets_every_tier_in_order_when_config_is_converted)
 {
     struct sl_config c;
@@ -275,260 +141,6 @@ Test(gateway, scheduler_gets_every_tier_in_order_when_config_is_converted)
     cr_assert_eq(sl_config_sched_tiers(&c, t, 1), 1, "bounded by the caller's array");
     sl_config_dispose(&c);
 }
-
-Test(gateway, defaults_have_two_tiers_and_openai_mapping_when_no_file)
-{
-    struct sl_config c;
-    sl_config_init(&c);
-    cr_assert_eq(c.tenancy.n_tiers, 2);
-    cr_assert_str_eq(c.tenancy.tiers[0].sched.name, "interactive");
-    cr_assert_str_eq(c.tenancy.tiers[1].sched.name, "batch");
-    cr_assert_eq(c.tenancy.n_tenants, 0);
-    cr_assert_not(c.tenancy.has_admin_key);
-    struct sl_tier_request rq = {.service_tier = "flex", .path = "/v1/completions", .path_len = 15};
-    struct sl_admit_error err;
-    int tier = -1;
-    cr_assert_eq(sl_tier_classify(&c.tenancy, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
-    cr_assert_eq(tier, 1);
-    rq.service_tier = "priority";
-    cr_assert_eq(sl_tier_classify(&c.tenancy, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
-    cr_assert_eq(tier, 0);
-    rq.service_tier = NULL;
-    rq.header = "batch";
-    rq.header_len = 5;
-    cr_assert_eq(sl_tier_classify(&c.tenancy, &sl_tenant_anonymous, &rq, &tier, &err), SL_OK);
-    cr_assert_eq(tier, 1);
-    sl_config_dispose(&c);
-}
-
-Test(gateway, tenants_may_refer_to_tiers_defined_later_in_the_file_when_loading)
-{
-    struct sl_config c;
-    sl_config_init(&c);
-    char err[512] = "";
-    char buf[2048];
-    snprintf(buf, sizeof buf,
-             "{\"tenants\":[{\"name\":\"carol\",\"key_sha256\":\"" HASH_C "\","
-             "\"tiers\":[\"gold\"],\"default_tier\":\"gold\"}],%s}",
-             tiers3);
-    cr_assert_eq(load(&c, buf, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.tenancy.tenants[0].default_tier, 2);
-    sl_config_dispose(&c);
-}
-
-Test(gateway, replaced_tiers_remap_tenants_and_reset_rules_when_only_tiers_change)
-{
-    struct sl_config c;
-    load_world(&c, "[{\"max_tokens_above\":5,\"tier\":\"gold\"}]");
-    char err[512] = "";
-    /* A second file with other tiers: tenants follow by name; the old rules named "gold",
-     * which is gone, so the default rules return. */
-    cr_assert_eq(load(&c,
-                      "{\"tiers\":{\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":9,"
-                      "\"tpot_slo_ms\":9},\"gold\":{\"priority\":0,\"weight\":1,"
-                      "\"ttft_slo_ms\":9,\"tpot_slo_ms\":9},\"interactive\":{\"priority\":0,"
-                      "\"weight\":1,\"ttft_slo_ms\":9,\"tpot_slo_ms\":9}}}",
-                      err, sizeof err),
-                 SL_OK, "%s", err);
-    cr_assert_str_eq(c.tenancy.tenants[0].name, "alice");
-    cr_assert_eq(c.tenancy.tenants[0].tiers, (1u << 2) | (1u << 0),
-                 "interactive is now 2, batch 0");
-    cr_assert_eq(c.tenancy.tenants[0].default_tier, 2);
-    cr_assert_eq(c.tenancy.n_classify, 3);
-    cr_assert_eq(c.tenancy.classify[0].kind, SL_RULE_HEADER);
-    cr_assert_eq(c.tenancy.classify[2].kind, SL_RULE_TENANT_DEFAULT);
-    /* Tiers that drop one a tenant uses are refused, and nothing changes. */
-    cr_assert_eq(load(&c,
-                      "{\"tiers\":{\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":9,"
-                      "\"tpot_slo_ms\":9}}}",
-                      err, sizeof err),
-                 SL_EINVAL);
-    cr_assert(strstr(err, "tenants[0].tiers: tier \"gold\"") ||
-                  strstr(err, "tenants[0].tiers: tier \"interactive\""),
-              "%s", err);
-    cr_assert_eq(c.tenancy.n_tiers, 3);
-    sl_config_dispose(&c);
-}
-
-/* Loads `body` (a JSON object's members) over the three-tier world and expects an error that
- * contains `want`. */
-static void expect_error(const char *body, const char *want)
-{
-    struct sl_config c;
-    load_world(&c, NULL);
-    char buf[4096], err[768] = "";
-    snprintf(buf, sizeof buf, "{%s}", body);
-    int st = load(&c, buf, err, sizeof err);
-    cr_assert_neq(st, SL_OK, "accepted: %s", body);
-    cr_assert(strstr(err, want), "error \"%s\" does not contain \"%s\"", err, want);
-    /* A refused file changes nothing. */
-    cr_assert_eq(c.tenancy.n_tiers, 3);
-    cr_assert_eq(c.tenancy.n_tenants, 3);
-    cr_assert_str_eq(c.tenancy.tenants[1].name, "bob");
-    /* Neither keys nor hashes ever appear in an error. */
-    cr_assert_null(strstr(err, "4e3cf284"), "%s", err);
-    cr_assert_null(strstr(err, "ca94e0a1"), "%s", err);
-    cr_assert_null(strstr(err, "4863aec6"), "%s", err);
-    cr_assert_null(strstr(err, "sk-"), "%s", err);
-    sl_config_dispose(&c);
-}
-
-#define TIER(n) "\"" n "\":{\"priority\":0,\"weight\":1,\"ttft_slo_ms\":1,\"tpot_slo_ms\":1}"
-#define TENANT(name, hash, tiers, def)                                                             \
-    "{\"name\":\"" name "\",\"key_sha256\":\"" hash "\",\"tiers\":" tiers                          \
-    ",\"default_tier\":\"" def "\"}"
-
-Test(gateway, tier_errors_name_the_path_when_tiers_are_invalid)
-{
-    expect_error("\"tiers\":[]", "tiers: must be a non-empty object");
-    expect_error("\"tiers\":{}", "tiers: must be a non-empty object");
-    expect_error("\"tiers\":{\"//\":\"only a comment\"}", "tiers: must be a non-empty object");
-    expect_error("\"tiers\":{\"bad name\":{}}", "tiers.bad name: a tier name is");
-    expect_error("\"tiers\":{" TIER("x") ",\"y\":3}", "tiers.y: must be an object");
-    expect_error("\"tiers\":{\"x\":{\"priority\":0,\"weight\":1,\"ttft_slo_ms\":1}}",
-                 "tiers.x.tpot_slo_ms: missing");
-    expect_error("\"tiers\":{\"x\":{\"priority\":0,\"weight\":0,\"ttft_slo_ms\":1,"
-                 "\"tpot_slo_ms\":1}}",
-                 "tiers.x.weight: must be an integer from 1 to 1000");
-    expect_error("\"tiers\":{\"x\":{\"priority\":\"high\",\"weight\":1,\"ttft_slo_ms\":1,"
-                 "\"tpot_slo_ms\":1}}",
-                 "tiers.x.priority: must be an integer");
-    expect_error("\"tiers\":{\"x\":{\"priority\":0,\"weight\":1,\"ttft_slo_ms\":1,"
-                 "\"tpot_slo_ms\":1,\"brust\":3}}",
-                 "tiers.x.brust: unknown key");
-    char many[8192];
-    size_t n = (size_t)snprintf(many, sizeof many, "\"tiers\":{");
-    for (int i = 0; i < 33; i++)
-        n += (size_t)snprintf(many + n, sizeof many - n,
-                              "%s\"t%d\":{\"priority\":0,\"weight\":1,\"ttft_slo_ms\":1,"
-                              "\"tpot_slo_ms\":1}",
-                              i ? "," : "", i);
-    snprintf(many + n, sizeof many - n, "}");
-    expect_error(many, "tiers: 33 tiers, at most 32");
-}
-
-Test(gateway, tenant_errors_name_the_path_when_tenants_are_invalid)
-{
-    expect_error("\"tenants\":{}", "tenants: must be an array");
-    expect_error("\"tenants\":[3]", "tenants[0]: must be an object");
-    expect_error(
-        "\"tenants\":[" TENANT("a", HASH_A, "[\"batch\"]", "batch") ",{\"name\":\"b\","
-                                                                    "\"key\":\"sk-oops\"}]",
-        "tenants[1].key: unknown key");
-    expect_error("\"tenants\":[{\"key_sha256\":\"" HASH_A "\"}]", "tenants[0].name: missing");
-    expect_error("\"tenants\":[" TENANT("", HASH_A, "[\"batch\"]", "batch") "]",
-                 "tenants[0].name: must be 1 to 64 printable");
-    expect_error("\"tenants\":[" TENANT("a\\\"b", HASH_A, "[\"batch\"]", "batch") "]",
-                 "tenants[0].name: must be 1 to 64 printable");
-    expect_error("\"tenants\":[{\"name\":\"a\",\"tiers\":[\"batch\"],\"default_tier\":\"batch\"}]",
-                 "tenants[0].key_sha256: missing");
-    /* A pasted key instead of its hash is refused without echoing it. */
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\"]",
-                                        "batch") "," TENANT("b", KEY_B, "[\"batch\"]", "batch") "]",
-                 "tenants[1].key_sha256: must be 64 hex digits");
-    expect_error("\"tenants\":[" TENANT("a",
-                                        "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb2"
-                                        "01998cc4cfz",
-                                        "[\"batch\"]", "batch") "]",
-                 "tenants[0].key_sha256: must be 64 hex digits");
-    expect_error("\"tenants\":[{\"name\":\"a\",\"key_sha256\":\"" HASH_A "\","
-                 "\"default_tier\":\"batch\"}]",
-                 "tenants[0].tiers: missing");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[]", "batch") "]",
-                 "tenants[0].tiers: must be a non-empty array");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\",\"platinum\"]", "batch") "]",
-                 "tenants[0].tiers[1]: unknown tier \"platinum\"");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\",7]", "batch") "]",
-                 "tenants[0].tiers[1]: must be a tier name");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\",\"batch\"]", "batch") "]",
-                 "tenants[0].tiers[1]: \"batch\" is listed twice");
-    expect_error("\"tenants\":[{\"name\":\"a\",\"key_sha256\":\"" HASH_A "\","
-                 "\"tiers\":[\"batch\"]}]",
-                 "tenants[0].default_tier: missing");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\"]", "platinum") "]",
-                 "tenants[0].default_tier: unknown tier \"platinum\"");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\"]", "gold") "]",
-                 "tenants[0].default_tier: \"gold\" is not in tenants[0].tiers");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\"]", "batch") "," TENANT(
-                     "a", HASH_B, "[\"batch\"]", "batch") "]",
-                 "tenants[1].name: \"a\" is also tenants[0].name");
-    expect_error("\"tenants\":[" TENANT("a", HASH_A, "[\"batch\"]", "batch") "," TENANT(
-                     "b", HASH_B, "[\"batch\"]", "batch") "," TENANT("c", HASH_A, "[\"batch\"]",
-                                                                     "batch") "]",
-                 "tenants[2].key_sha256: the same key as tenants[0] (\"a\")");
-}
-
-Test(gateway, admin_key_errors_name_the_key_when_invalid)
-{
-    expect_error("\"admin_key_sha256\":\"" KEY_ADMIN "\"",
-                 "admin_key_sha256: must be 64 hex digits");
-    expect_error("\"admin_key_sha256\":42", "admin_key_sha256: must be 64 hex digits");
-    expect_error("\"admin_key_sha256\":\"" HASH_B "\"",
-                 "admin_key_sha256: the same key as tenants[1] (\"bob\")");
-    struct sl_config c;
-    load_world(&c, NULL);
-    char err[512] = "";
-    cr_assert_eq(load(&c, "{\"admin_key_sha256\":null}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_not(c.tenancy.has_admin_key);
-    cr_assert_not(sl_tenant_admin_check(&c.tenancy, KEY_ADMIN, strlen(KEY_ADMIN)));
-    sl_config_dispose(&c);
-}
-
-Test(gateway, classify_errors_name_the_path_when_rules_are_invalid)
-{
-    expect_error("\"classify\":{}", "classify: must be an array");
-    expect_error("\"classify\":[\"header\"]", "classify[0]: must be an object");
-    expect_error("\"classify\":[{\"header\":\"x-tier\"}]",
-                 "classify[0].header: must be \"x-sluice-tier\"");
-    expect_error("\"classify\":[{\"header\":\"x-sluice-tier\",\"tier\":\"batch\"}]",
-                 "classify[0].tier: a \"header\" rule takes no other key");
-    expect_error("\"classify\":[{\"header\":\"x-sluice-tier\"},{\"header\":\"x-sluice-tier\"}]",
-                 "classify[1]: a second \"header\" rule (after classify[0]) never matches");
-    expect_error("\"classify\":[{\"service_tier\":[\"flex\"]}]",
-                 "classify[0].service_tier: must be an object");
-    expect_error("\"classify\":[{\"service_tier\":{\"flex\":\"bulk\"}}]",
-                 "classify[0].service_tier.flex: unknown tier \"bulk\"");
-    expect_error("\"classify\":[{\"service_tier\":{\"flex\":1}}]",
-                 "classify[0].service_tier.flex: must be a tier name");
-    expect_error("\"classify\":[{\"service_tier\":{}},{\"service_tier\":{}}]",
-                 "classify[1]: a second \"service_tier\" rule");
-    expect_error("\"classify\":[{\"service_tier\":{},\"path\":\"/x\"}]",
-                 "classify[0].path: a \"service_tier\" rule takes no other key");
-    expect_error("\"classify\":[{\"tenant_default\":false}]",
-                 "classify[0].tenant_default: must be true");
-    expect_error("\"classify\":[{\"tenant_default\":true,\"tier\":\"batch\"}]",
-                 "classify[0].tier: a \"tenant_default\" rule takes no other key");
-    expect_error("\"classify\":[{\"tenant_default\":true},{\"stream\":true,\"tier\":\"gold\"}]",
-                 "classify[1]: never reached, \"tenant_default\" at classify[0] ends the list");
-    expect_error("\"classify\":[{\"stream\":true}]", "classify[0].tier: missing");
-    expect_error("\"classify\":[{\"stream\":true,\"tier\":\"bulk\"}]",
-                 "classify[0].tier: unknown tier \"bulk\"");
-    expect_error("\"classify\":[{\"stream\":\"yes\",\"tier\":\"batch\"}]",
-                 "classify[0].stream: must be true or false");
-    expect_error("\"classify\":[{\"path\":\"v1/completions\",\"tier\":\"batch\"}]",
-                 "classify[0].path: must be a path starting with '/'");
-    expect_error("\"classify\":[{\"max_tokens_above\":-1,\"tier\":\"batch\"}]",
-                 "classify[0].max_tokens_above: must be an integer from 0");
-    expect_error("\"classify\":[{\"max_tokens\":10,\"tier\":\"batch\"}]",
-                 "classify[0].max_tokens: unknown key");
-}
-
-Test(gateway, validate_rejects_inconsistent_tenancy_when_built_in_code)
-{
-    struct sl_config c;
-    load_world(&c, NULL);
-    char err[512] = "";
-    c.tenancy.tenants[1].default_tier = 0; /* bob may not use interactive */
-    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
-    cr_assert(strstr(err, "tenants[1].default_tier"), "%s", err);
-    c.tenancy.tenants[1].default_tier = 1;
-    c.tenancy.tenants[1].tiers |= 1u << 5; /* a tier that does not exist */
-    cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
-    cr_assert(strstr(err, "tenants[1].tiers"), "%s", err);
-    sl_config_dispose(&c);
-}
-
-/* ---- classification ---- */
 
 struct cls {
     int st;
@@ -564,13 +176,6 @@ static struct cls run_classify(const struct sl_config *c, const char *tenant, co
     return r;
 }
 
-static const char *tier_of(const struct sl_config *c, struct cls r)
-{
-    cr_assert_eq(r.st, SL_OK, "%d %s", r.err.http, r.err.message);
-    cr_assert(r.tier >= 0 && r.tier < c->tenancy.n_tiers);
-    return c->tenancy.tiers[r.tier].sched.name;
-}
-
 static const char rules[] =
     "[{\"header\":\"x-sluice-tier\"},"
     "{\"service_tier\":{\"priority\":\"interactive\",\"flex\":\"batch\",\"scale\":\"gold\","
@@ -583,49 +188,6 @@ static const char rules[] =
 #define CL(tenant, header, st, path, stream, mt)                                                   \
     run_classify(&c, tenant, header, st, path, stream, mt)
 #define P "/v1/completions"
-
-Test(gateway, classify_takes_first_matching_rule_when_several_match)
-{
-    struct sl_config c;
-    load_world(&c, rules);
-    /* Header first, even when service_tier and shape say otherwise. */
-    cr_assert_str_eq(tier_of(&c, CL("alice", "batch", "priority", P, true, 5)), "batch");
-    cr_assert_str_eq(tier_of(&c, CL("alice", " \tbatch ", NULL, P, false, 5)), "batch");
-    /* An empty header asks for nothing. */
-    cr_assert_str_eq(tier_of(&c, CL("alice", "", "flex", P, false, 5)), "batch");
-    /* service_tier through the map, before shape rules. */
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, "flex", P, true, 5)), "batch");
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, "priority", P, false, 500)), "interactive");
-    cr_assert_str_eq(tier_of(&c, CL("carol", NULL, "scale", P, false, 5)), "gold");
-    /* A value not in the map may name a tier directly. */
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, "interactive", P, false, 500)), "interactive");
-    /* Mapped to null, or OpenAI's "auto": no preference, the shape rules decide. */
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, "default", P, false, 500)), "batch");
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, "auto", P, true, 500)), "interactive");
-    /* Path rule before stream and max_tokens. */
-    cr_assert_str_eq(tier_of(&c, CL("carol", NULL, NULL, "/v1/chat/completions", true, 500)),
-                     "gold");
-    /* Stream before max_tokens. */
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, NULL, P, true, 500)), "interactive");
-    /* max_tokens_above is strict. */
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, NULL, P, false, 100)), "interactive");
-    cr_assert_str_eq(tier_of(&c, CL("alice", NULL, NULL, P, false, 101)), "batch");
-    /* Nothing matches: the tenant default. */
-    cr_assert_str_eq(tier_of(&c, CL("carol", NULL, NULL, P, false, 5)), "gold");
-    sl_config_dispose(&c);
-}
-
-Test(gateway, shape_rule_falls_through_when_tenant_may_not_use_its_tier)
-{
-    struct sl_config c;
-    load_world(&c, rules);
-    /* bob may only use batch: the path (gold) and stream (interactive) rules skip to the next. */
-    cr_assert_str_eq(tier_of(&c, CL("bob", NULL, NULL, "/v1/chat/completions", true, 5)), "batch");
-    /* carol: stream → interactive is not hers, so max_tokens_above decides. */
-    cr_assert_str_eq(tier_of(&c, CL("carol", NULL, NULL, P, true, 500)), "batch");
-    cr_assert_str_eq(tier_of(&c, CL("carol", NULL, NULL, P, true, 5)), "gold");
-    sl_config_dispose(&c);
-}
 
 Test(gateway, explicit_tier_is_refused_when_unknown_or_not_allowed)
 {
@@ -656,42 +218,6 @@ Test(gateway, explicit_tier_is_refused_when_unknown_or_not_allowed)
     r = CL("alice", "x\x01y\xff", NULL, P, false, 5);
     cr_assert_eq(r.err.http, 400);
     cr_assert(strstr(r.err.message, "'x?y?'"), "%s", r.err.message);
-    sl_config_dispose(&c);
-}
-
-Test(gateway, tenant_default_decides_when_no_rules_or_rules_exhausted)
-{
-    struct sl_config c;
-    load_world(&c, "[]");
-    cr_assert_eq(c.tenancy.n_classify, 0);
-    cr_assert_str_eq(tier_of(&c, CL("alice", "batch", "flex", P, true, 500)), "interactive",
-                     "no header rule: the header is ignored");
-    cr_assert_str_eq(tier_of(&c, CL("bob", NULL, NULL, P, false, 5)), "batch");
-    sl_config_dispose(&c);
-    load_world(&c, "[{\"stream\":true,\"tier\":\"batch\"}]");
-    cr_assert_str_eq(tier_of(&c, CL("carol", NULL, NULL, P, false, 5)), "gold");
-    cr_assert_str_eq(tier_of(&c, CL("carol", NULL, NULL, P, true, 5)), "batch");
-    sl_config_dispose(&c);
-}
-
-Test(gateway, anonymous_tenant_may_use_every_tier_when_no_tenants)
-{
-    struct sl_config c;
-    sl_config_init(&c);
-    char err[512] = "";
-    char buf[2048];
-    snprintf(buf, sizeof buf, "{%s,\"classify\":%s}", tiers3, rules);
-    cr_assert_eq(load(&c, buf, err, sizeof err), SL_OK, "%s", err);
-    const struct sl_tenant *t = sl_tenant_lookup(&c.tenancy, NULL, 0);
-    struct sl_tier_request rq = {.header = "gold", .header_len = 4, .path = P, .path_len = 15};
-    struct sl_admit_error e;
-    int tier = -1;
-    cr_assert_eq(sl_tier_classify(&c.tenancy, t, &rq, &tier, &e), SL_OK, "%s", e.message);
-    cr_assert_str_eq(c.tenancy.tiers[tier].sched.name, "gold");
-    rq.header = NULL;
-    rq.header_len = 0;
-    cr_assert_eq(sl_tier_classify(&c.tenancy, t, &rq, &tier, &e), SL_OK);
-    cr_assert_eq(tier, 0, "the first tier listed is the anonymous default");
     sl_config_dispose(&c);
 }
 
