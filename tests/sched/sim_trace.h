@@ -1,5 +1,6 @@
-/* Shared by the simulator tests (test_sim.c, test_adm.c): conf/sluice.json's two tiers and
- * limits over the stories15M CPU cost model, and request traces drawn from a seeded generator. */
+/* Shared by the simulator tests (test_sim.c, tests/admission/test_gcra.c): conf/sluice.json's two
+ * tiers and limits over the stories15M CPU cost model, and request traces drawn from a seeded
+ * generator. */
 #ifndef SLUICE_TESTS_SIM_TRACE_H
 #define SLUICE_TESTS_SIM_TRACE_H
 
