@@ -299,7 +299,7 @@ static long prompt_work(const struct sl_admit *a)
 static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
                     struct sl_guard_prediction *p)
 {
-    const struct sl_tenancy *cfg = a->cfg;
+    const struct sl_tenancy *cfg = a->tenancy;
     struct sl_sched_stats st;
     memset(&st, 0, sizeof st);
     env->stats(env->ctx, a->model, &st);
@@ -375,7 +375,7 @@ static int64_t secs_ns(double s)
 static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_env *env,
                                      int64_t now)
 {
-    const struct sl_tenancy *cfg = a->cfg;
+    const struct sl_tenancy *cfg = a->tenancy;
     const struct sl_tier *t = &cfg->tiers[a->tier];
     struct cell *c = cfg->state->tiers[a->tier];
     int64_t cost = charge(a);
@@ -495,7 +495,7 @@ void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)
         tenant_refund(a, 0, true, now_ns);
     struct cell *c = a->tier_cell;
     if (c && a->tier_tokens > used) {
-        const struct sl_tier *t = &a->cfg->tiers[a->tier];
+        const struct sl_tier *t = &a->tenancy->tiers[a->tier];
         struct sl_gcra_rate r = tier_rate(t);
         sl_gcra_bucket_refund(&c->tokens, &r, now_ns, a->tier_tokens - used);
     }
@@ -544,7 +544,7 @@ static int model_find(const struct sl_admit_env *env, const char *name)
  * rejects it. */
 static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env *env, int64_t now)
 {
-    const struct sl_tenancy *cfg = a->cfg;
+    const struct sl_tenancy *cfg = a->tenancy;
     const struct sl_tier *policy = &cfg->tiers[a->policy_tier];
     while (a->step < policy->n_overload) {
         const struct sl_overload_step *s = &policy->overload[a->step++];
@@ -616,7 +616,7 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
                                      int64_t now_ns)
 {
     a->ran = true;
-    a->cfg = cfg;
+    a->tenancy = cfg;
     a->tenant = t;
     a->tier = a->policy_tier = tier;
     a->model = model;
@@ -701,7 +701,7 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
     /* What sl_admit_begin would answer: the queue is full, and capping max_tokens does not
      * empty it. */
     a->ran = true;
-    a->cfg = cfg;
+    a->tenancy = cfg;
     a->tenant = t;
     a->tier = a->policy_tier = tier;
     a->model = model;

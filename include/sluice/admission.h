@@ -289,13 +289,13 @@ struct sl_admit_env {
     int (*encode)(void *ctx, int model, int max_tokens, int *n_prompt);
 };
 
-/* One request's admission, embedded in its connection. Zeroed (sl_admit_init) before each
- * request; sl_admit_end releases what it holds exactly once. */
+/* One request's admission, embedded in the caller's state for the request. Zeroed (sl_admit_init)
+ * before each request; sl_admit_end releases what it holds exactly once. */
 struct sl_admit {
     bool ran;    /* admission decided something about this request */
     bool active; /* it holds tokens, a queue slot or a parking place: sl_admit_end owes */
     /* The request as admission leaves it (submit it so). */
-    const struct sl_tenancy *cfg; /* of the configuration it started with */
+    const struct sl_tenancy *tenancy; /* of the configuration it started with */
     const struct sl_tenant *tenant;
     int tier;        /* the tier it runs in (after a demotion) */
     int policy_tier; /* the tier it was classified into, whose overload policy applies */
