@@ -27,7 +27,8 @@
  * the device's, measured in the same run: HBM bandwidth by a copy kernel (bytes read + written
  * over time) and dense BF16 GEMM throughput by cuBLAS (8192³, fp32 accumulate). Without a device
  * it fails at once with the reason. */
-#include "worker_impl.h"
+#include <sluice/kernels.h>
+#include <sluice/worker.h>
 
 #include "sl_build_config.h"
 
@@ -263,7 +264,8 @@ static int print_ceilings(int device)
 
 /* --profile: one member of "profile": the device ms per step of each kind of launch, the
  * launches per step, and the step's device ms and tokens/s by that measure. */
-static void print_profile(const char *label, const struct sl_cuda_profile *p, int tokens, bool last)
+static void print_profile(const char *label, const struct sl_worker_profile *p, int tokens,
+                          bool last)
 {
     double steps = p->steps > 0 ? (double)p->steps : 1.0;
     printf("    \"%s\": {\"steps\": %ld, \"step_ms\": %.4f, \"tok_s\": %.1f, \"kinds\": {", label,
@@ -275,34 +277,6 @@ static void print_profile(const char *label, const struct sl_cuda_profile *p, in
     printf("}}%s\n", last ? "" : ",");
 }
 #endif
-
-struct mat_sums {
-    double bytes;  /* bytes read per decode step */
-    double layer;  /* layer-matrix weights */
-    double decode; /* weights multiplied per decode token */
-};
-
-static void add_mat(struct mat_sums *s, const struct sl_mat *m, bool layer)
-{
-    s->bytes += (double)m->rows * (double)sl_dtype_row_bytes(m->type, m->cols);
-    double n = (double)m->rows * m->cols;
-    s->decode += n;
-    if (layer)
-        s->layer += n;
-}
-
-static struct mat_sums weight_sums(const struct sl_model *m)
-{
-    struct mat_sums s = {0};
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const struct sl_layer_weights *L = &m->w.layers[l];
-        const struct sl_mat *ms[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w1, &L->w2, &L->w3};
-        for (int i = 0; i < 7; i++)
-            add_mat(&s, ms[i], true);
-    }
-    add_mat(&s, &m->w.wcls, false);
-    return s;
-}
 
 /* The measured figures both devices report: "load_s" through "decode_tok_s_worst" over the
  * first nb batch sizes. */
@@ -325,11 +299,12 @@ static void print_runs(double t_load, int prompt, int ctx, double prefill, doubl
 
 /* The work per step and token the ceilings divide: "weight_bytes_per_step" through
  * "flops_per_prefill_token". */
-static void print_work(const struct mat_sums *ws, double flops_decode_tok, double flops_prefill_tok)
+static void print_work(const struct sl_model_work *ws, double flops_decode_tok,
+                       double flops_prefill_tok)
 {
-    printf("  \"weight_bytes_per_step\": %.0f,\n", ws->bytes);
-    printf("  \"params_per_decode_token\": %.0f,\n", ws->decode);
-    printf("  \"params_per_prefill_token\": %.0f,\n", ws->layer);
+    printf("  \"weight_bytes_per_step\": %.0f,\n", ws->weight_bytes);
+    printf("  \"params_per_decode_token\": %.0f,\n", ws->decode_params);
+    printf("  \"params_per_prefill_token\": %.0f,\n", ws->layer_params);
     printf("  \"flops_per_decode_token\": %.0f,\n", flops_decode_tok);
     printf("  \"flops_per_prefill_token\": %.0f,\n", flops_prefill_tok);
 }
@@ -478,7 +453,7 @@ int main(int argc, char **argv)
         return 2;
     }
 #if SL_HAVE_CUDA
-    struct sl_cuda_profile prof_prefill = {0}, prof_dec[NB] = {0};
+    struct sl_worker_profile prof_prefill = {0}, prof_dec[NB] = {0};
 #endif
     struct sl_model *m = NULL;
     double t_load = now_s();
@@ -523,64 +498,37 @@ int main(int argc, char **argv)
         sl_cpu_pool_free(pool);
     }
 
-    /* Sequence s owns blocks [s·per_seq, (s+1)·per_seq); the prefill sequence comes after. */
-    int per_seq = (ctx + BLOCK - 1) / BLOCK, prompt_blocks = (prompt + BLOCK - 1) / BLOCK;
-    int cap = prompt > MAX_B ? prompt : MAX_B;
-    struct sl_backend_opts o = {.n_kv_blocks = MAX_B * per_seq + prompt_blocks,
-                                .block_size = BLOCK,
-                                .max_batch_tokens = cap,
-                                .max_seqs = MAX_B,
-                                .threads = threads,
+    /* MAX_B decoding sequences of ctx positions and one prompt, in a KV pool that holds them. */
+    struct sl_worker_bench *bench = NULL;
+    if (sl_worker_bench_new(m, MAX_B, ctx, prompt, BLOCK, &bench) != SL_OK) {
+        fprintf(stderr, "engine-bench: bad batch layout\n");
+        return 1;
+    }
+    struct sl_backend_opts o = {.threads = threads,
                                 .no_pin = !pin,
                                 .device = dev.index,
                                 .profile = profile,
                                 .kv_dtype = kv_dtype};
+    sl_worker_bench_opts(bench, &o);
     struct sl_worker *w = NULL;
     int rc = sl_worker_new(m, dev.ops, &o, &w);
     if (rc != SL_OK) {
         fprintf(stderr, "engine-bench: worker: %s\n", sl_status_str(rc));
         return 1;
     }
-    int V = cfg->vocab_size;
-    int32_t *tokens = malloc((size_t)cap * 4), *pos = malloc((size_t)cap * 4);
-    int32_t *seq = malloc((size_t)cap * 4), *rows = malloc((size_t)cap * 4);
-    int32_t *tables = malloc((size_t)(MAX_B + 1) * (size_t)(per_seq + prompt_blocks) * 4);
-    const int32_t **tab = malloc((size_t)MAX_B * sizeof(*tab));
-    int32_t *ctx_len = malloc((size_t)MAX_B * sizeof(int32_t)), *ids = malloc((size_t)MAX_B * 4);
+    int32_t *ids = malloc((size_t)MAX_B * sizeof(int32_t));
     struct sl_sample_row *greedy = calloc((size_t)MAX_B, sizeof(*greedy));
     for (int i = 0; i < MAX_B; i++)
         greedy[i].p = (struct sl_sampling){.temperature = 0.0f, .top_p = 1.0f};
-    float *logits = malloc((size_t)cap * (size_t)V * sizeof(float));
-    uint64_t rng = 0x5eed;
-    for (int i = 0; i < cap; i++) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        tokens[i] = (int32_t)((rng >> 33) % (uint64_t)V);
-    }
+    /* Logits for the most rows a batch samples: a decode step's. */
+    float *logits = malloc((size_t)MAX_B * (size_t)cfg->vocab_size * sizeof(float));
 
     /* Prefill: one prompt, logits for its last row. */
-    int32_t *ptable = tables + (size_t)MAX_B * per_seq;
-    for (int i = 0; i < prompt_blocks; i++)
-        ptable[i] = MAX_B * per_seq + i;
-    for (int i = 0; i < prompt; i++) {
-        pos[i] = i;
-        seq[i] = 0;
-    }
-    tab[0] = ptable;
-    ctx_len[0] = prompt;
-    rows[0] = prompt - 1;
-    struct sl_batch pb = {.n_tokens = prompt,
-                          .tokens = tokens,
-                          .pos = pos,
-                          .seq = seq,
-                          .n_seqs = 1,
-                          .block_tables = tab,
-                          .ctx_len = ctx_len,
-                          .n_logits = 1,
-                          .logit_rows = rows};
+    const struct sl_batch *pb = sl_worker_bench_prompt(bench);
     double best = 1e30, worst = 0;
     for (int r = 0; r < (only ? 0 : reps + 1); r++) {
         double t0 = now_s();
-        if (sl_worker_forward(w, &pb, logits) != SL_OK)
+        if (sl_worker_forward(w, pb, logits) != SL_OK)
             return 1;
         double t = now_s() - t0;
         if (r > 0) {
@@ -589,19 +537,19 @@ int main(int argc, char **argv)
         }
 #if SL_HAVE_CUDA
         if (profile && r == 0) /* the first (modules load, cuBLAS chooses) is not counted */
-            sl_cuda_worker_profile(w, &prof_prefill);
+            sl_worker_bench_profile(w, &prof_prefill);
 #endif
     }
     double prefill = prompt / best, prefill_worst = prompt / worst;
 #if SL_HAVE_CUDA
     if (profile)
-        sl_cuda_worker_profile(w, &prof_prefill);
+        sl_worker_bench_profile(w, &prof_prefill);
 #endif
     if (only_prefill) {
         double t0 = now_s(), fastest = 1e30;
         for (int r = 0; r < only_prefill; r++) {
             double t1 = now_s();
-            if (sl_worker_forward(w, &pb, logits) != SL_OK)
+            if (sl_worker_forward(w, pb, logits) != SL_OK)
                 return 1;
             t1 = now_s() - t1;
             fastest = t1 < fastest ? t1 : fastest;
@@ -612,36 +560,12 @@ int main(int argc, char **argv)
     }
 
     /* Decode contexts: every sequence prefilled to ctx - 1 positions, a few at a time. */
-    for (int s = 0; s < MAX_B; s++)
-        for (int i = 0; i < per_seq; i++)
-            tables[(size_t)s * per_seq + i] = s * per_seq + i;
-    for (int s0 = 0; s0 < (only ? only : MAX_B);) {
-        int nt = 0, ns = 0;
-        while (s0 + ns < MAX_B && nt + (ctx - 1) <= cap && ns < MAX_B) {
-            for (int i = 0; i < ctx - 1; i++) {
-                pos[nt] = i;
-                seq[nt++] = ns;
-            }
-            tab[ns] = tables + (size_t)(s0 + ns) * per_seq;
-            ctx_len[ns] = ctx - 1;
-            ns++;
-        }
-        if (ns == 0 || ctx == 1) {
-            s0 = MAX_B;
+    for (int s0 = 0, ns = 0; s0 < (only ? only : MAX_B); s0 += ns) {
+        const struct sl_batch *cb = sl_worker_bench_context(bench, s0, &ns);
+        if (!cb)
             break;
-        }
-        struct sl_batch b = {.n_tokens = nt,
-                             .tokens = tokens,
-                             .pos = pos,
-                             .seq = seq,
-                             .n_seqs = ns,
-                             .block_tables = tab,
-                             .ctx_len = ctx_len,
-                             .n_logits = 0,
-                             .logit_rows = rows};
-        if (sl_worker_forward(w, &b, logits) != SL_OK)
+        if (sl_worker_forward(w, cb, logits) != SL_OK)
             return 1;
-        s0 += ns;
     }
     double dec[NB] = {0}, dec_worst[NB] = {0};
     for (int bi = 0; bi < NB; bi++) {
@@ -650,26 +574,11 @@ int main(int argc, char **argv)
             dec[bi] = dec_worst[bi] = 0;
             continue;
         }
-        for (int s = 0; s < B; s++) {
-            pos[s] = ctx - 1;
-            seq[s] = s;
-            rows[s] = s;
-            tab[s] = tables + (size_t)s * per_seq;
-            ctx_len[s] = ctx;
-        }
-        struct sl_batch b = {.n_tokens = B,
-                             .tokens = tokens,
-                             .pos = pos,
-                             .seq = seq,
-                             .n_seqs = B,
-                             .block_tables = tab,
-                             .ctx_len = ctx_len,
-                             .n_logits = B,
-                             .logit_rows = rows};
+        const struct sl_batch *b = sl_worker_bench_decode(bench, B);
         /* On a device, decode steps sample there (ids only come back), as when serving. The
          * first two steps also capture the step as a CUDA graph. */
 #define STEP()                                                                                     \
-    (cuda ? sl_worker_forward_sample(w, &b, greedy, ids) : sl_worker_forward(w, &b, logits))
+    (cuda ? sl_worker_forward_sample(w, b, greedy, ids) : sl_worker_forward(w, b, logits))
         /* Steps per repetition: about 0.3 s of work at the expected rate, at least 3. */
         if (STEP() != SL_OK || STEP() != SL_OK)
             return 1;
@@ -682,7 +591,7 @@ int main(int argc, char **argv)
         double bt = 1e30, wt = 0;
 #if SL_HAVE_CUDA
         if (profile) /* the steps before these are not counted */
-            sl_cuda_worker_profile(w, &prof_dec[bi]);
+            sl_worker_bench_profile(w, &prof_dec[bi]);
 #endif
         for (int r = 0; r < reps; r++) {
             t0 = now_s();
@@ -698,7 +607,7 @@ int main(int argc, char **argv)
         dec_worst[bi] = B / wt;
 #if SL_HAVE_CUDA
         if (profile)
-            sl_cuda_worker_profile(w, &prof_dec[bi]);
+            sl_worker_bench_profile(w, &prof_dec[bi]);
 #endif
     }
 
@@ -727,23 +636,24 @@ int main(int argc, char **argv)
         return 0;
     }
 #endif
-    struct mat_sums ws = weight_sums(m);
+    struct sl_model_work ws;
+    sl_model_bench_work(m, &ws);
     double attn = 4.0 * cfg->dim * cfg->n_layers; /* flops per attended position of a row */
-    double flops_decode_tok = 2 * ws.decode + attn * ctx;
-    double flops_prefill_tok = 2 * ws.layer + attn * (prompt + 1) / 2.0;
+    double flops_decode_tok = 2 * ws.decode_params + attn * ctx;
+    double flops_prefill_tok = 2 * ws.layer_params + attn * (prompt + 1) / 2.0;
     if (cuda) {
         /* The device holds an all-F32 model as F32 and any other as 16-bit values; its KV
          * blocks are in the same type, which tells which. */
         bool f32 =
             dev.ops->kv_block_bytes(m, 1, SL_KV_F32) == sl_model_kv_block_bytes(m, 1, SL_KV_F32);
-        ws.bytes = (ws.decode) * (f32 ? 4 : 2);
-        double bw_ceiling = bw * 1e9 / ws.bytes;
+        ws.weight_bytes = ws.decode_params * (f32 ? 4 : 2);
+        double bw_ceiling = bw * 1e9 / ws.weight_bytes;
         double flops_decode = gflops * 1e9 / flops_decode_tok;
         double flops_prefill = gflops * 1e9 / flops_prefill_tok;
         printf("{\n");
         printf("  \"model\": \"%s\",\n", sl_model_id(m));
         printf("  \"device\": \"%s\",\n", dev.name);
-        printf("  \"weight_type\": \"%s\",\n", f32 ? "f32" : sl_dtype_name(m->w.layers[0].wq.type));
+        printf("  \"weight_type\": \"%s\",\n", f32 ? "f32" : ws.weight_type);
         print_runs(t_load, prompt, ctx, prefill, prefill_worst, batches, dec, dec_worst, n_gpu);
         printf("  \"hbm_copy_gbs\": %.1f,\n", bw);
         printf("  \"bf16_gemm_tflops\": %.1f,\n", gflops / 1e3);
@@ -763,31 +673,26 @@ int main(int argc, char **argv)
         printf(", \"prefill_vs_gemm\": %.3f}\n", prefill / flops_prefill);
         printf("}\n");
     } else {
-        double bw_ceiling = bw * 1e9 / ws.bytes;
+        double bw_ceiling = bw * 1e9 / ws.weight_bytes;
         /* The same read over the step's weight bytes: on a host whose cache holds them (this
          * one's L3 was reported as 480 MiB), batch 1 is bound by that rate, not memory's. */
         double ws_bw = 0;
         if (!only && !only_prefill) {
             struct sl_cpu_pool *pool = sl_cpu_pool_new(threads, pin);
-            ws_bw = measure_bw(pool, reps, ((size_t)ws.bytes + 255) / 256 * 256);
+            ws_bw = measure_bw(pool, reps, ((size_t)ws.weight_bytes + 255) / 256 * 256);
             sl_cpu_pool_free(pool);
         }
-        double ws_ceiling = ws_bw * 1e9 / ws.bytes;
+        double ws_ceiling = ws_bw * 1e9 / ws.weight_bytes;
         double fma_decode = gflops * 1e9 / flops_decode_tok;
         double fma_prefill = gflops * 1e9 / flops_prefill_tok;
         /* The CPU backend runs the last layer past its QKV only for the row that samples: per
          * prompt token, the flops it does not execute of those counted above. */
-        const struct sl_layer_weights *last = &m->w.layers[cfg->n_layers - 1];
-        double last_rest = 0;
-        const struct sl_mat *rest[] = {&last->wo, &last->w1, &last->w2, &last->w3};
-        for (int i = 0; i < 4; i++)
-            last_rest += (double)rest[i]->rows * rest[i]->cols;
         double skipped =
-            (prompt - 1.0) / prompt * 2 * last_rest + 4.0 * cfg->dim * (prompt - 1) / 2.0;
+            (prompt - 1.0) / prompt * 2 * ws.last_tail_params + 4.0 * cfg->dim * (prompt - 1) / 2.0;
         double flops_prefill_run = flops_prefill_tok - skipped;
         printf("{\n");
         printf("  \"model\": \"%s\",\n", sl_model_id(m));
-        printf("  \"weight_type\": \"%s\",\n", sl_dtype_name(m->w.layers[0].wq.type));
+        printf("  \"weight_type\": \"%s\",\n", ws.weight_type);
         printf("  \"isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa()));
         printf("  \"threads\": %d,\n", nth);
         printf("  \"kv_dtype\": \"%s\",\n", sl_kv_dtype_name(kv_dtype));
@@ -818,15 +723,9 @@ int main(int argc, char **argv)
         printf("}\n");
     }
     sl_worker_free(w);
+    sl_worker_bench_free(bench);
     sl_model_free(m);
-    free(tokens);
-    free(pos);
-    free(seq);
-    free(rows);
-    free(tables);
     free(logits);
-    free(tab);
-    free(ctx_len);
     free(ids);
     free(greedy);
     return 0;

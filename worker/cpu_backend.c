@@ -370,6 +370,16 @@ static void gather_sampled_rows(struct sl_cpu_ctx *c, const struct sl_batch *b)
     }
 }
 
+/* sl_worker_bench_time_phases: the time since the last phase ended goes to phase p. */
+static inline void phase_end(struct sl_cpu_ctx *c, enum sl_worker_phase p)
+{
+    if (!c->time_phases)
+        return;
+    uint64_t t = sl_clock_ns();
+    c->phase_ns[p] += t - c->phase_t;
+    c->phase_t = t;
+}
+
 static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
 {
     struct sl_cpu_ctx *c = vctx;
@@ -381,6 +391,8 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
     const struct sl_model_config *cfg = &c->cfg;
     const struct sl_model_weights *w = &c->m->w;
     int n = b->n_tokens, dim = cfg->dim, L = cfg->n_layers;
+    if (c->time_phases)
+        c->phase_t = sl_clock_ns();
     glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_EMBED, .n = n});
 
     /* Consecutive rows of one sequence (a prefill chunk) are attended in groups. */
@@ -411,9 +423,11 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         float *const qkv_out[3] = {c->q, c->k, c->v};
         const struct sl_mat qkv[3] = {Lw->wq, Lw->wk, Lw->wv};
         sl_cpu_matmul_multi_mt(c->pool, 3, qkv_out, c->xb, qkv, n);
+        phase_end(c, SL_WORKER_PHASE_QKV);
         /* Every row's K and V go to the cache before any row attends, so a prefill chunk sees
          * its own earlier rows. */
         glue(c, &(struct glue_job){.c = c, .b = b, .op = GLUE_KV, .n = n, .layer = l});
+        phase_end(c, SL_WORKER_PHASE_KV);
         if (l == L - 1 && gather) {
             if (b->n_logits == 0)
                 return SL_OK;
@@ -422,15 +436,20 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
         struct attn_job aj = {.c = c, .b = b, .layer = l, .n_tasks = n_tasks};
         atomic_store_explicit(&aj.next, 0, memory_order_relaxed);
         sl_cpu_pool_run(c->pool, attn_task, &aj);
+        phase_end(c, SL_WORKER_PHASE_ATTENTION);
         if (l == L - 1 && gather) {
             gather_sampled_rows(c, b);
             n = b->n_logits;
         }
         sl_cpu_matmul_mt(c->pool, c->xb2, c->xb, &Lw->wo, n);
+        phase_end(c, SL_WORKER_PHASE_WO);
         glue(c, &(struct glue_job){
                     .c = c, .b = b, .op = GLUE_NORM, .n = n, .add = true, .norm = Lw->rms_ffn});
+        phase_end(c, SL_WORKER_PHASE_NORM);
         sl_cpu_matmul_swiglu_mt(c->pool, c->hb, c->hb2, c->xb, &Lw->w1, &Lw->w3, n);
+        phase_end(c, SL_WORKER_PHASE_W1_W3);
         sl_cpu_matmul_mt(c->pool, c->xb2, c->hb, &Lw->w2, n);
+        phase_end(c, SL_WORKER_PHASE_W2);
         if (l + 1 < L)
             glue(c, &(struct glue_job){.c = c,
                                        .b = b,
@@ -440,6 +459,7 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
                                        .norm = w->layers[l + 1].rms_att});
         else
             sl_cpu_add(c->x, c->xb2, n * dim);
+        phase_end(c, SL_WORKER_PHASE_NORM2);
     }
 
     /* Only rows that sample pay for the final norm and the (vocab, dim) classifier. */
@@ -449,6 +469,7 @@ static int cpu_forward(void *vctx, const struct sl_batch *b, float *logits)
                        cfg->rms_eps);
     if (b->n_logits > 0)
         sl_cpu_matmul_mt(c->pool, logits, c->xl, &w->wcls, b->n_logits);
+    phase_end(c, SL_WORKER_PHASE_CLASSIFIER);
     return SL_OK;
 }
 

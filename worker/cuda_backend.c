@@ -72,13 +72,13 @@ struct step_shape {
 };
 
 /* opts.profile: an event before a step's first launch and after each launch, and the totals
- * they add up to (sl_cuda_worker_profile). */
+ * they add up to (sl_worker_bench_profile). */
 #define PROF_EVENTS 1024
 struct step_prof {
     cudaEvent_t ev[PROF_EVENTS];
     const char *what[PROF_EVENTS]; /* the launch that ev[i] ends; NULL for a step's start */
     int n;
-    struct sl_cuda_profile sum;
+    struct sl_worker_profile sum;
 };
 
 struct sl_cuda_ctx {
@@ -634,7 +634,7 @@ static void collect(struct sl_cuda_ctx *c)
     struct step_prof *p = c->prof;
     if (!p || p->n < 2)
         return;
-    struct sl_cuda_profile *sum = &p->sum;
+    struct sl_worker_profile *sum = &p->sum;
     for (int i = 1; i < p->n; i++) {
         float ms = 0;
         if (!p->what[i] || cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]) != cudaSuccess)
@@ -642,7 +642,7 @@ static void collect(struct sl_cuda_ctx *c)
         int k = 0;
         while (k < sum->n_kinds && strcmp(sum->k[k].kind, p->what[i]) != 0)
             k++;
-        if (k == SL_CUDA_PROFILE_KINDS)
+        if (k == SL_WORKER_PROFILE_KINDS)
             continue;
         if (k == sum->n_kinds) {
             sum->n_kinds++;
@@ -660,7 +660,7 @@ static void collect(struct sl_cuda_ctx *c)
     p->n = 0;
 }
 
-int sl_cuda_worker_profile(struct sl_worker *w, struct sl_cuda_profile *out)
+int sl_worker_bench_profile(struct sl_worker *w, struct sl_worker_profile *out)
 {
     struct sl_cuda_ctx *c = sl_worker_backend_ctx(w, &sl_cuda_backend_ops);
     if (!c || !out || !c->prof)

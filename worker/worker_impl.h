@@ -218,26 +218,8 @@ int sl_cuda_device_probe(int index, struct sl_worker_device *out, char *why, siz
  * margin for the CUDA context. */
 size_t sl_cuda_backend_mem_need(const struct sl_model *m, int max_batch_tokens, int max_seqs);
 
-/* Where a CUDA worker made with sl_backend_opts.profile spent its steps: device time between
- * events recorded around each launch, summed by kind of launch ("attention_decode", "gemm_qkv",
- * …, in the order first seen). */
-#define SL_CUDA_PROFILE_KINDS 24
-struct sl_cuda_profile {
-    long steps;     /* steps timed */
-    double step_ms; /* their device time, first launch to last */
-    int n_kinds;
-    struct {
-        const char *kind; /* a static string */
-        double ms;
-        long calls;
-    } k[SL_CUDA_PROFILE_KINDS];
-};
-/* Copies the figures gathered since the last call into out and starts again from zero.
- * SL_EINVAL when w is not a CUDA worker made with profile set. */
-int sl_cuda_worker_profile(struct sl_worker *w, struct sl_cuda_profile *out);
-
 /* The backend context of w when w runs on ops, else NULL (for backend-private calls such as
- * sl_cuda_worker_profile). */
+ * sl_worker_bench_profile). */
 void *sl_worker_backend_ctx(struct sl_worker *w, const struct sl_backend_ops *ops);
 
 /* The CPU backend's context. Every buffer is sized at init from sl_backend_opts. */
@@ -269,6 +251,11 @@ struct sl_cpu_ctx {
     size_t sscratch_len; /* floats: sl_sample_scratch_size(vocab) rounded up to 64 bytes */
     int *attn_rows;      /* (T + 1) first row of each attention row group, then n_tokens */
     int *attn_tasks; /* (T · n_kv_heads) group · (n_kv_heads + 1) + KV head + 1; 0: every head */
+    /* sl_worker_bench_time_phases: when on, nanoseconds per enum sl_worker_phase so far, and
+     * the clock at the end of the last phase timed */
+    bool time_phases;
+    uint64_t phase_ns[SL_WORKER_PHASES];
+    uint64_t phase_t;
     /* paged KV pool, elements of kv_type (F32, or F16 for o.kv_dtype == SL_KV_F16) */
     void *key_cache;   /* (n_kv_blocks, layer, n_kv_heads, block_size, head_size) */
     void *value_cache; /* (n_kv_blocks, layer, n_kv_heads, block_size, head_size) */

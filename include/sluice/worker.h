@@ -272,7 +272,7 @@ struct sl_backend_opts {
     int device;           /* CUDA device ordinal (the CPU backend ignores it) */
     bool eager;           /* CUDA: never capture decode steps as CUDA graphs (tests, profiling) */
     bool profile;         /* CUDA: time every launch of every step (eagerly; see
-                           * sl_cuda_worker_profile in worker_impl.h) */
+                           * sl_worker_bench_profile) */
     enum sl_kv_dtype kv_dtype; /* K and V storage (see enum sl_kv_dtype) */
 };
 
@@ -373,5 +373,106 @@ int sl_worker_device_select(const char *spec, struct sl_worker_device *out, char
  * the CPU (the caller reads MemAvailable). */
 size_t sl_worker_device_kv_room(const struct sl_worker_device *d, const struct sl_model *m,
                                 int max_batch_tokens, int max_seqs);
+
+/* ---------------------------------------------------------------------------------------------
+ * Benchmark hooks (bench/engine_bench.c): the work in a model's weights, ready-made batches over
+ * a fixed KV layout, and where a forward's time goes. Nothing that serves calls them.
+ */
+
+/* The weights a token multiplies, for ceilings: the layer matrices (wq, wk, wv, wo, w1, w2, w3
+ * of every layer) and the classifier, each counted once even where the classifier is the
+ * token embedding. */
+struct sl_model_work {
+    double weight_bytes;     /* bytes of all of them as stored: what a decode step reads */
+    double decode_params;    /* weights multiplied per decode token: all of them */
+    double layer_params;     /* per prefill token: the layer matrices alone (the classifier
+                              * runs for a prompt's last row only) */
+    double last_tail_params; /* the last layer's wo, w1, w2 and w3: what the CPU backend
+                              * multiplies only for the rows that sample */
+    const char *weight_type; /* the projections' element type as stored: "f32", "f16", "bf16",
+                              * "q8_0" (layer 0's wq) */
+};
+
+/* Fills out for m. Never fails. */
+void sl_model_bench_work(const struct sl_model *m, struct sl_model_work *out);
+
+/* A benchmark's batches over one fixed KV layout: max_seqs decoding sequences of ctx positions
+ * each (sequence s owns blocks [s · per_seq, (s + 1) · per_seq), per_seq = ceil(ctx /
+ * block_size)), then one prompt of `prompt` positions in the blocks after them. Tokens are drawn
+ * from a fixed seed, the same on every run. A worker made with sl_worker_bench_opts's options
+ * accepts every batch it hands out. Belongs to one thread at a time. */
+struct sl_worker_bench;
+
+/* SL_EINVAL when block_size or max_seqs is below 1, or ctx or prompt is outside [1, seq_len] of
+ * m; otherwise SL_OK and *out (freed with sl_worker_bench_free), which needs m only while it is
+ * made. */
+int sl_worker_bench_new(const struct sl_model *m, int max_seqs, int ctx, int prompt, int block_size,
+                        struct sl_worker_bench **out);
+void sl_worker_bench_free(struct sl_worker_bench *b);
+/* Sets the fields of o that the layout fixes and leaves the others: n_kv_blocks (every
+ * sequence's blocks and the prompt's), block_size, max_seqs, and max_batch_tokens (the largest
+ * of prompt, max_seqs and ctx - 1, so that one batch can write a whole context). */
+void sl_worker_bench_opts(const struct sl_worker_bench *b, struct sl_backend_opts *o);
+/* Each batch below points into b and stays valid until b is freed or the next call for a batch
+ * of the same kind, which rewrites it; the three kinds share no arrays. */
+
+/* The whole prompt as one sequence, logits for its last row only. */
+const struct sl_batch *sl_worker_bench_prompt(struct sl_worker_bench *b);
+/* Writes the context of sequences first, first + 1, …: positions 0 .. ctx - 2 of each, as many
+ * sequences as one batch holds (at least one, none at or past max_seqs), no logits. Sets
+ * *n_seqs to how many. NULL (and *n_seqs 0) when first is outside [0, max_seqs) or ctx is 1
+ * (nothing to write). */
+const struct sl_batch *sl_worker_bench_context(struct sl_worker_bench *b, int first, int *n_seqs);
+/* One decode step of sequences 0 .. n_seqs - 1: row i is sequence i's token at position ctx - 1,
+ * and every row wants logits. NULL when n_seqs is outside [1, max_seqs]. */
+const struct sl_batch *sl_worker_bench_decode(struct sl_worker_bench *b, int n_seqs);
+
+/* Where a CPU forward's time goes, in step order, each phase summed over the layers: the QKV
+ * projection (the embedding and the first norm count here too), RoPE of K and the KV writes,
+ * attention, the output projection, the residual add and the FFN norm, gate and up with SwiGLU,
+ * down, the residual add and the next layer's norm; then the final norm and the classifier. */
+enum sl_worker_phase {
+    SL_WORKER_PHASE_QKV,
+    SL_WORKER_PHASE_KV,
+    SL_WORKER_PHASE_ATTENTION,
+    SL_WORKER_PHASE_WO,
+    SL_WORKER_PHASE_NORM,
+    SL_WORKER_PHASE_W1_W3,
+    SL_WORKER_PHASE_W2,
+    SL_WORKER_PHASE_NORM2,
+    SL_WORKER_PHASE_CLASSIFIER,
+    SL_WORKER_PHASES /* how many */
+};
+
+/* "qkv", "kv_glue", "attention", "wo", "norm", "w1_w3", "w2", "norm2", "classifier"; "?" past
+ * the last. */
+const char *sl_worker_phase_name(enum sl_worker_phase p);
+/* Times (on) or stops timing the phases of w's forwards: one clock read at the end of each
+ * phase of each layer. Off when a worker is made. SL_EINVAL when w does not run on the CPU
+ * backend. Call between forwards, from w's thread. */
+int sl_worker_bench_time_phases(struct sl_worker *w, bool on);
+/* Writes the nanoseconds timed in each phase since the last call (or since timing started) to
+ * ns (SL_WORKER_PHASES) and starts again from zero. SL_EINVAL when w does not run on the CPU
+ * backend. */
+int sl_worker_bench_phases(struct sl_worker *w, uint64_t *ns);
+
+/* Where a CUDA worker made with sl_backend_opts.profile spent its steps: device time between
+ * events recorded around each launch, summed by kind of launch ("attention_decode", "gemm_qkv",
+ * …, in the order first seen). */
+#define SL_WORKER_PROFILE_KINDS 24
+struct sl_worker_profile {
+    long steps;     /* steps timed */
+    double step_ms; /* their device time, first launch to last */
+    int n_kinds;
+    struct {
+        const char *kind; /* a static string */
+        double ms;
+        long calls;
+    } k[SL_WORKER_PROFILE_KINDS];
+};
+/* Copies the figures gathered since the last call into out and starts again from zero.
+ * SL_EINVAL when w is not a CUDA worker made with profile set (always, in a build without
+ * CUDA). */
+int sl_worker_bench_profile(struct sl_worker *w, struct sl_worker_profile *out);
 
 #endif
