@@ -85,6 +85,25 @@ int sl_cpu_set_isa(enum sl_cpu_isa isa);
 const char *sl_cpu_isa_name(enum sl_cpu_isa isa);
 
 /* ---------------------------------------------------------------------------------------------
+ * Paired builds (bench/paired.sh)
+ *
+ * A build configured with -Dpaired_avx2=FILE compiles FILE, kernels/cpu/avx2.c as another
+ * revision has it (the "old" kernels), beside this tree's ("new"), every sl_cpu_avx2_ name in it
+ * renamed. Its AVX2 matmul (sl_cpu_matmul_cols and the _mt matmuls wherever they take the AVX2
+ * path: on an AVX-512 CPU, below three rows only, unless the ISA is forced to avx2) and its
+ * attention of a decode row (sl_cpu_attention_row) can then run in place of this tree's,
+ * switched between calls so that both sides meet the same machine. Every other kernel is this
+ * tree's on both sides. Other builds have no old side.
+ */
+
+/* Whether this build has an old side. */
+bool sl_cpu_paired_built(void);
+/* Runs the old side's two kernels (old true) or this tree's (false, the default), process-wide.
+ * SL_EINVAL when the build has no old side. Not to be called while another thread runs a
+ * kernel. */
+int sl_cpu_paired_use_old(bool old);
+
+/* ---------------------------------------------------------------------------------------------
  * Conversions
  */
 

@@ -67,6 +67,13 @@ double sl_cpu_avx512_bench_fma(long iters);
 #define SL_CPU_HAVE_AVX512 0
 #endif
 
+/* SL_CPU_PAIRED 1: a paired build (kernels.h), whose old side's avx2.c is compiled as
+ * avx2_old.c with every sl_cpu_avx2_ name made sl_cpu_old_avx2_, declared in the generated
+ * cpu_impl_old.h (kernels/cpu/meson.build). */
+#ifndef SL_CPU_PAIRED
+#define SL_CPU_PAIRED 0
+#endif
+
 /* e^x as avx2.c's exp8 and avx512.c's exp16 compute it (Cephes' expf), one set of constants so
  * the two stay bit for bit the same: inputs clamped to [MIN, MAX] (below MIN: 0), x = n·ln2 + r
  * with ln2 in two parts, and a degree-6 polynomial P0..P5 for e^r. */

@@ -5,6 +5,9 @@
 #if SL_CPU_HAVE_AVX2
 #include <cpuid.h>
 #endif
+#if SL_CPU_PAIRED
+#include "cpu_impl_old.h" /* generated: the old side's names (kernels/cpu/meson.build) */
+#endif
 
 #include <math.h>
 #include <pthread.h>
@@ -213,6 +216,33 @@ int sl_cpu_set_isa(enum sl_cpu_isa isa)
     return SL_OK;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Paired builds: the old side's AVX2 kernels in place of this tree's, where PAIRED() calls one.
+ */
+
+static _Atomic bool g_paired_old;
+
+#if SL_CPU_PAIRED
+#define PAIRED(fn)                                                                                 \
+    (atomic_load_explicit(&g_paired_old, memory_order_relaxed) ? sl_cpu_old_avx2_##fn              \
+                                                               : sl_cpu_avx2_##fn)
+#else
+#define PAIRED(fn) sl_cpu_avx2_##fn
+#endif
+
+bool sl_cpu_paired_built(void)
+{
+    return SL_CPU_PAIRED;
+}
+
+int sl_cpu_paired_use_old(bool old)
+{
+    if (!SL_CPU_PAIRED)
+        return SL_EINVAL;
+    atomic_store_explicit(&g_paired_old, old, memory_order_relaxed);
+    return SL_OK;
+}
+
 const char *sl_cpu_isa_name(enum sl_cpu_isa isa)
 {
     switch (isa) {
@@ -332,7 +362,7 @@ static void matmul_cols_p(float *out, const float *x, const float *xp, const str
         return;
     }
     if (AVX2()) {
-        sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
+        PAIRED(matmul_cols)(out, x, w, n, d0, d1);
         return;
     }
 #endif
@@ -576,7 +606,7 @@ void sl_cpu_attention_row(float *out, const float *q, int n_heads, int n_kv_head
 {
 #if SL_CPU_HAVE_AVX2
     if (AVX2() && hs % 8 == 0) {
-        sl_cpu_avx2_attention_row(out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, att_stride);
+        PAIRED(attention_row)(out, q, n_heads, n_kv_heads, k, v, n_ctx, hs, att, att_stride);
         return;
     }
 #else

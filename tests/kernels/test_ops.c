@@ -957,6 +957,14 @@ Test(kernels, isa_is_forced_when_set_and_refused_when_unsupported)
     cr_assert_str_eq(sl_cpu_isa_name(SL_CPU_ISA_AVX512), "avx512");
 }
 
+/* Only a paired build (meson -Dpaired_avx2, bench/paired.sh) has an old side to switch to. */
+Test(kernels, paired_switch_is_refused_when_build_has_no_old_side)
+{
+    int want = sl_cpu_paired_built() ? SL_OK : SL_EINVAL;
+    cr_assert_eq(sl_cpu_paired_use_old(true), want);
+    cr_assert_eq(sl_cpu_paired_use_old(false), want);
+}
+
 /* The AVX-512 matmul packs two activation rows per register and reduces both at once: each row's
  * sums must still be AVX2's bits, for every shape the packing and tiling can meet (odd rows, a
  * pair's missing row, partial register tiles, weight rows past the last whole tile, more than one
