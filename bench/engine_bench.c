@@ -77,6 +77,59 @@ static double now_s(void)
     return (double)sl_clock_ns() * 1e-9;
 }
 
+/* A paired build (kernels.h; bench/paired.sh) on the CPU: forwards alternate between the old
+ * kernels and this tree's (odd forwards new, even ones old), each side's forward time is summed,
+ * and for decode steps its time per phase (worker.h); paired_report prints them on stderr at
+ * exit. The JSON's figures are then those of both sides together. */
+static struct {
+    bool on;
+    long n;                              /* forwards run */
+    double fw_s[2];                      /* [old, new]: seconds in forwards */
+    long fws[2];                         /* forwards */
+    double phase_s[2][SL_WORKER_PHASES]; /* seconds per phase over decode steps */
+    long steps[2];                       /* decode steps */
+} paired;
+
+static void paired_report(void)
+{
+    fflush(stdout); /* the JSON first, as when both go to a terminal */
+    if (!paired.fws[0] || !paired.fws[1])
+        return;
+    double o = paired.fw_s[0] / paired.fws[0], n = paired.fw_s[1] / paired.fws[1];
+    fprintf(stderr,
+            "paired: forward old %.4f ms  new %.4f ms  new/old %.4f  (%ld / %ld forwards)\n",
+            o * 1e3, n * 1e3, n / o, paired.fws[0], paired.fws[1]);
+    if (!paired.steps[0] || !paired.steps[1])
+        return;
+    for (int p = 0; p < SL_WORKER_PHASES; p++) {
+        o = paired.phase_s[0][p] / paired.steps[0];
+        n = paired.phase_s[1][p] / paired.steps[1];
+        fprintf(stderr, "paired: %-10s old %.3f ms  new %.3f ms  new/old %.3f\n",
+                sl_worker_phase_name(p), o * 1e3, n * 1e3, n / o);
+    }
+}
+
+/* sl_worker_forward, alternated and timed in a paired build; decode: b is a decode step. */
+static int forward(struct sl_worker *w, const struct sl_batch *b, float *logits, bool decode)
+{
+    if (!paired.on)
+        return sl_worker_forward(w, b, logits);
+    int side = (int)(++paired.n & 1);
+    sl_cpu_paired_use_old(side == 0);
+    double t0 = now_s();
+    int rc = sl_worker_forward(w, b, logits);
+    paired.fw_s[side] += now_s() - t0;
+    paired.fws[side]++;
+    uint64_t ns[SL_WORKER_PHASES];
+    sl_worker_bench_phases(w, ns);
+    if (decode) {
+        paired.steps[side]++;
+        for (int p = 0; p < SL_WORKER_PHASES; p++)
+            paired.phase_s[side][p] += (double)ns[p] * 1e-9;
+    }
+    return rc;
+}
+
 /* Best-of-reps GB/s of a streaming read of a buffer of `bytes` (a multiple of 256), read once
  * before the timed reads: 1 GiB is beyond any cache (memory's rate); a decode step's weight
  * bytes are what a cache that holds them between steps gives. */
@@ -516,6 +569,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "engine-bench: worker: %s\n", sl_status_str(rc));
         return 1;
     }
+    if (!cuda && sl_cpu_paired_built()) {
+        paired.on = true;
+        sl_worker_bench_time_phases(w, true);
+        atexit(paired_report);
+    }
     int32_t *ids = malloc((size_t)MAX_B * sizeof(int32_t));
     struct sl_sample_row *greedy = calloc((size_t)MAX_B, sizeof(*greedy));
     for (int i = 0; i < MAX_B; i++)
@@ -528,7 +586,7 @@ int main(int argc, char **argv)
     double best = 1e30, worst = 0;
     for (int r = 0; r < (only ? 0 : reps + 1); r++) {
         double t0 = now_s();
-        if (sl_worker_forward(w, pb, logits) != SL_OK)
+        if (forward(w, pb, logits, false) != SL_OK)
             return 1;
         double t = now_s() - t0;
         if (r > 0) {
@@ -549,7 +607,7 @@ int main(int argc, char **argv)
         double t0 = now_s(), fastest = 1e30;
         for (int r = 0; r < only_prefill; r++) {
             double t1 = now_s();
-            if (sl_worker_forward(w, pb, logits) != SL_OK)
+            if (forward(w, pb, logits, false) != SL_OK)
                 return 1;
             t1 = now_s() - t1;
             fastest = t1 < fastest ? t1 : fastest;
@@ -564,7 +622,7 @@ int main(int argc, char **argv)
         const struct sl_batch *cb = sl_worker_bench_context(bench, s0, &ns);
         if (!cb)
             break;
-        if (sl_worker_forward(w, cb, logits) != SL_OK)
+        if (forward(w, cb, logits, false) != SL_OK)
             return 1;
     }
     double dec[NB] = {0}, dec_worst[NB] = {0};
@@ -577,8 +635,7 @@ int main(int argc, char **argv)
         const struct sl_batch *b = sl_worker_bench_decode(bench, B);
         /* On a device, decode steps sample there (ids only come back), as when serving. The
          * first two steps also capture the step as a CUDA graph. */
-#define STEP()                                                                                     \
-    (cuda ? sl_worker_forward_sample(w, b, greedy, ids) : sl_worker_forward(w, b, logits))
+#define STEP() (cuda ? sl_worker_forward_sample(w, b, greedy, ids) : forward(w, b, logits, true))
         /* Steps per repetition: about 0.3 s of work at the expected rate, at least 3. */
         if (STEP() != SL_OK || STEP() != SL_OK)
             return 1;
