@@ -1,9 +1,10 @@
 /* The further models of "models": each loaded with its own worker and scheduler, as main.c does
  * for the first, so that a tier's "model:NAME" step sends a request to a model that really is
  * cheaper to run. */
-#include "gateway_impl.h"
-
+#include <sluice/config.h>
+#include <sluice/sched.h>
 #include <sluice/server.h>
+#include <sluice/worker.h>
 
 #include <stdio.h>
 #include <stdlib.h>

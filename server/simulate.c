@@ -5,11 +5,13 @@
  * Reading the trace is the only part here: JSON lines, one request each, every bad line an error
  * naming its line, so a trace that is half wrong is never half simulated.
  */
-#include "gateway_impl.h"
-
+#include <sluice/admission.h>
+#include <sluice/config.h>
+#include <sluice/sched.h>
 #include <sluice/server.h>
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,6 +7,7 @@
 
 #include "gateway_impl.h"
 
+#include <sluice/admission.h>
 #include <sluice/api.h>
 #include <sluice/http.h>
 

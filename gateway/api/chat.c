@@ -18,22 +18,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const names[SL_CHAT_TEMPLATE_COUNT] = {
-    [SL_CHAT_TEMPLATE_PLAIN] = "plain",     [SL_CHAT_TEMPLATE_CHATML] = "chatml",
-    [SL_CHAT_TEMPLATE_LLAMA2] = "llama2",   [SL_CHAT_TEMPLATE_LLAMA3] = "llama3",
-    [SL_CHAT_TEMPLATE_MISTRAL] = "mistral", [SL_CHAT_TEMPLATE_ZEPHYR] = "zephyr",
-    [SL_CHAT_TEMPLATE_GEMMA] = "gemma",     [SL_CHAT_TEMPLATE_PHI3] = "phi3",
-};
+/* The names are the configuration's (what "chat_template" may say), in this enum's order. */
+_Static_assert(SL_CHAT_TEMPLATE_COUNT == SL_CONFIG_CHAT_TEMPLATES,
+               "every builtin chat template is named in config.c, in order");
 
 const char *sl_chat_template_name(enum sl_chat_template t)
 {
-    return (unsigned)t < SL_CHAT_TEMPLATE_COUNT ? names[t] : "unknown";
+    return (unsigned)t < SL_CHAT_TEMPLATE_COUNT ? sl_config_chat_templates[t] : "unknown";
 }
 
 int sl_chat_template_from_name(const char *name)
 {
     for (int i = 0; i < SL_CHAT_TEMPLATE_COUNT; i++)
-        if (strcmp(names[i], name) == 0)
+        if (strcmp(sl_config_chat_templates[i], name) == 0)
             return i;
     return -1;
 }
@@ -69,7 +66,7 @@ enum sl_chat_template sl_chat_template_of_model(const struct sl_model *m)
         sl_log(SL_LOG_INFO,
                "model %s: chat template recognised as \"%s\" (the config key chat_template may "
                "name another)",
-               sl_model_id(m), names[t]);
+               sl_model_id(m), sl_config_chat_templates[t]);
         return (enum sl_chat_template)t;
     }
     if (jinja)

@@ -126,4 +126,14 @@ void sl_config_usage(FILE *out);
 void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src);
 bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b);
 
+/* The effective configuration as JSON (every key conf/sluice.json documents), with key hashes
+ * redacted: what GET /admin/config answers. The caller owns the result (a jansson json_t). */
+struct json_t;
+struct json_t *sl_config_to_json(const struct sl_config *c);
+
+/* The builtin chat templates "chat_template" may name, in the order of the API's
+ * enum sl_chat_template (gateway/api/chat.c renders them). */
+#define SL_CONFIG_CHAT_TEMPLATES 8
+extern const char *const sl_config_chat_templates[SL_CONFIG_CHAT_TEMPLATES];
+
 #endif

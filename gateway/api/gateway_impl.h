@@ -226,9 +226,6 @@ void sl_openai_models_encode(struct sl_str *out, const char *const *ids, const i
 void sl_openai_model_encode(struct sl_str *out, const char *model_id, int max_len, int64_t created);
 
 
-/* The effective configuration as JSON (every key conf/sluice.json documents), with key hashes
- * redacted: what GET /admin/config answers. The caller owns the result. */
-json_t *sl_config_to_json(const struct sl_config *c);
 
 /* ---------------------------------------------------------------------------------------------
  * Chat templates (gateway/chat.c)

@@ -1,5 +1,5 @@
 /* Configuration: built-in defaults, a JSON file, then command-line flags. */
-#include "gateway_impl.h"
+#include <sluice/config.h>
 
 #include <jansson.h>
 #include <limits.h>
@@ -737,6 +737,10 @@ int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t
     return st;
 }
 
+const char *const sl_config_chat_templates[SL_CONFIG_CHAT_TEMPLATES] = {
+    "plain", "chatml", "llama2", "llama3", "mistral", "zephyr", "gemma", "phi3",
+};
+
 int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
 {
     if (c->max_batch_tokens < c->max_seqs) {
@@ -746,7 +750,10 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
                  c->max_batch_tokens, c->max_seqs);
         return SL_EINVAL;
     }
-    if (c->chat_template && sl_chat_template_from_name(c->chat_template) < 0) {
+    bool known = !c->chat_template;
+    for (int i = 0; !known && i < SL_CONFIG_CHAT_TEMPLATES; i++)
+        known = strcmp(sl_config_chat_templates[i], c->chat_template) == 0;
+    if (!known) {
         snprintf(err, errlen,
                  "\"chat_template\" must be null (the model's own) or one of plain, chatml, "
                  "llama2, llama3, mistral, zephyr, gemma, phi3, not \"%.40s\"",
@@ -804,7 +811,7 @@ int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
     return sl_tenancy_validate(&c->tenancy, names, model_names(c, names), err, errlen);
 }
 
-json_t *sl_config_to_json(const struct sl_config *c)
+struct json_t *sl_config_to_json(const struct sl_config *c)
 {
     json_t *root = json_object();
     const char *base = (const char *)c;
