@@ -107,14 +107,8 @@ int main(int argc, char **argv)
     uint64_t now = 0;
     for (int i = 0; i < n_seqs + backlog; i++) {
         int t = i < n_seqs ? i % 2 : 1;
-        struct sl_req_params p = {.max_tokens = max_tokens,
-                                  .top_p = 1.f,
-                                  .tier = t,
-                                  .priority = tiers[t].priority,
-                                  .weight = tiers[t].weight,
-                                  .ttft_slo_ms = tiers[t].ttft_slo_ms,
-                                  .tpot_slo_ms = tiers[t].tpot_slo_ms};
-        memcpy(p.tier_name, tiers[t].name, sizeof p.tier_name);
+        struct sl_req_params p = {
+            .max_tokens = max_tokens, .top_p = 1.f, .tier = t, .sched_tier = tiers[t]};
         struct sl_req *r = sl_req_new(ids, prompt, &p);
         if (sl_sched_core_submit(c, r, now) != SL_OK) {
             fprintf(stderr, "sched-bench: submit refused\n");

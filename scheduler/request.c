@@ -5,15 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The former field names of struct sl_req_params read and write sched_tier's fields. */
-#define SAME_PLACE(a, b) (offsetof(struct sl_req_params, a) == offsetof(struct sl_req_params, b))
-_Static_assert(SAME_PLACE(tier_name, sched_tier.name) &&
-                   SAME_PLACE(priority, sched_tier.priority) &&
-                   SAME_PLACE(weight, sched_tier.weight) &&
-                   SAME_PLACE(ttft_slo_ms, sched_tier.ttft_slo_ms) &&
-                   SAME_PLACE(tpot_slo_ms, sched_tier.tpot_slo_ms),
-               "the aliases of sched_tier line up");
-
 const char *sl_finish_str(enum sl_finish f)
 {
     switch (f) {

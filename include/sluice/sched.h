@@ -94,18 +94,7 @@ struct sl_req_params {
      * and its own tpot_slo_ms is what the TPOT guard protects. Zero when not set (the first
      * tier). */
     int tier;
-    union {
-        struct sl_sched_tier sched_tier;
-        /* The same fields under their former names, for code not moved to sched_tier yet
-         * (bench/sched_bench.c); new code uses sched_tier. */
-        struct {
-            char tier_name[SL_SCHED_TIER_NAME_MAX + 1];
-            int priority;
-            int weight;
-            int ttft_slo_ms;
-            int tpot_slo_ms;
-        };
-    };
+    struct sl_sched_tier sched_tier;
 };
 
 struct sl_req;
