@@ -50,7 +50,7 @@ static void metrics_request_end(struct api_exchange *a, const char *finish, int 
 {
     struct sl_exchange *x = a->x;
     struct sl_metrics *m = a->t->api->metrics;
-    sl_metrics_http_done(m, a->t->idx, api_route_label(x), x->status);
+    sl_metrics_http_done(m, a->t->idx, api_route_label(a), x->status);
     if (!a->inference)
         return;
     a->inference = false;
@@ -82,7 +82,8 @@ void api_log_end(struct api_exchange *a, const char *finish, int n_completion)
     struct sl_exchange *x = a->x;
     if (x->logged)
         return;
-    metrics_request_end(a, finish, n_completion, sl_clock_ns());
+    x->t_end_ns = sl_clock_ns();
+    metrics_request_end(a, finish, n_completion, x->t_end_ns);
     struct sl_http_log *g = &x->log;
     g->tenant = a->tenant ? a->tenant->name : NULL;
     g->tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].sched.name : NULL;
@@ -143,7 +144,7 @@ void api_not_allowed(struct api_exchange *a, const char *allow)
 
 /* ---- keys ---- */
 
-bool api_request_key(const struct api_exchange *a, const char **key, size_t *len)
+static bool read_key(const struct api_exchange *a, const char **key, size_t *len)
 {
     struct sl_strv v;
     if (sl_exchange_header(a->x, "authorization", &v) && v.len)
@@ -155,6 +156,17 @@ bool api_request_key(const struct api_exchange *a, const char **key, size_t *len
         return true;
     }
     return false;
+}
+
+bool api_request_key(struct api_exchange *a, const char **key, size_t *len)
+{
+    if (!a->key_read) {
+        a->key_read = true;
+        a->has_key = read_key(a, &a->key, &a->key_len);
+    }
+    *key = a->has_key ? a->key : NULL;
+    *len = a->has_key ? a->key_len : 0;
+    return a->has_key;
 }
 
 void api_unauthorized(struct api_exchange *a, bool has_key, const char *key, size_t len)
@@ -200,9 +212,9 @@ static struct api_exchange *exchange_state(struct sl_exchange *x)
     a->cfg = x->cfg;
     a->tier = -1;
     a->ids_engine = -1;
-    sl_admit_init(&a->adm);
-    const struct api_route *r = x->path.len ? api_route_find(x) : NULL;
-    a->kind = r ? r->kind : API_OPENAI;
+    a->adm.predicted_ttft_s = -1; /* sl_admit_init's state, but for the zeroing done above */
+    a->route = x->path.len ? api_route_find(x) : NULL;
+    a->kind = a->route ? a->route->kind : API_OPENAI;
     x->data = a;
     return a;
 }
@@ -213,17 +225,20 @@ static struct api_exchange *exchange_state(struct sl_exchange *x)
 static enum sl_http_head on_head(struct sl_exchange *x)
 {
     struct api_exchange *a = exchange_state(x);
-    const struct api_route *r = api_route_find(x);
-    enum api_guard guard = r ? r->guard : GUARD_TENANT;
+    enum api_guard guard = a->route ? a->route->guard : GUARD_TENANT;
+    if (guard == GUARD_NONE)
+        return SL_HTTP_HEAD_READ; /* probes: no key is read */
     const char *key = NULL;
     size_t len = 0;
     bool has_key = api_request_key(a, &key, &len);
     bool ok;
     switch (guard) {
-    case GUARD_NONE: ok = true; break;
-    case GUARD_METRICS: ok = sl_tenant_metrics_check(&a->cfg->tenancy, has_key ? key : NULL, len); break;
+    case GUARD_METRICS:
+        ok = sl_tenant_metrics_check(&a->cfg->tenancy, has_key ? key : NULL, len);
+        break;
     case GUARD_ADMIN:
-        ok = !a->cfg->tenancy.has_admin_key || sl_tenant_admin_check(&a->cfg->tenancy, has_key ? key : NULL, len);
+        ok = !a->cfg->tenancy.has_admin_key ||
+             sl_tenant_admin_check(&a->cfg->tenancy, has_key ? key : NULL, len);
         break;
     default:
         a->tenant = sl_tenant_lookup(&a->cfg->tenancy, has_key ? key : NULL, len);

@@ -89,6 +89,11 @@ struct api_exchange {
     struct api_thread *t;
     const struct sl_config *cfg; /* x->cfg */
     enum api_kind kind;
+    const struct api_route *route; /* NULL: an unknown URL (or the transport refused it) */
+    /* The request's key (api_request_key), read once. */
+    bool key_read, has_key;
+    const char *key;
+    size_t key_len;
     /* Who sent it and its tier (an index into cfg->tiers, -1 until classified); both point into
      * cfg. NULL: not authenticated (yet). */
     const struct sl_tenant *tenant;
@@ -147,8 +152,9 @@ void api_send_error(struct api_exchange *a, const struct sl_openai_error *e, con
 void api_log_end(struct api_exchange *a, const char *finish, int n_completion);
 /* A 405 naming the methods allowed. */
 void api_not_allowed(struct api_exchange *a, const char *allow);
-/* The key of the request: "Authorization: Bearer KEY", or (Anthropic) "x-api-key: KEY". */
-bool api_request_key(const struct api_exchange *a, const char **key, size_t *len);
+/* The key of the request: "Authorization: Bearer KEY", or (Anthropic) "x-api-key: KEY". Read
+ * once. */
+bool api_request_key(struct api_exchange *a, const char **key, size_t *len);
 /* A 401 for a missing or wrong key; the key itself is never echoed. */
 void api_unauthorized(struct api_exchange *a, bool has_key, const char *key, size_t len);
 /* Sets a->tenant from the key (looked up once, in on_head), or answers 401. */
@@ -166,6 +172,7 @@ enum api_method { METHOD_GET = 1, METHOD_POST = 2 }; /* GET routes answer HEAD t
  * with '/'), the methods it takes, the key it needs, the API it speaks and its handler. */
 struct api_route {
     const char *path;
+    size_t path_len;
     unsigned methods;
     enum api_guard guard;
     enum api_kind kind;
@@ -175,8 +182,8 @@ struct api_route {
 
 /* The route of x's path, or NULL (an unknown URL). */
 const struct api_route *api_route_find(const struct sl_exchange *x);
-/* The metrics label of x's route, SL_METRICS_OTHER for an unknown one. */
-const char *api_route_label(const struct sl_exchange *x);
+/* The metrics label of a's route, SL_METRICS_OTHER for an unknown one. */
+const char *api_route_label(const struct api_exchange *a);
 /* The whole request is here: routes it (the key, the method, then the handler). */
 void api_route(struct api_exchange *a);
 /* GET /readyz. */

@@ -17,30 +17,38 @@ static void serve_healthz(struct api_exchange *a);
 static void serve_admin_config(struct api_exchange *a);
 static void serve_tokenize(struct api_exchange *a);
 
+/* A path's length is part of its entry, measured at compile time. */
+#define ROUTE(path, ...)                                                                           \
+    {                                                                                              \
+        path, sizeof path - 1, __VA_ARGS__                                                         \
+    }
+
 /* Exact paths first, then prefixes (a path ending with '/'), each list in the order looked at. */
 static const struct api_route routes[] = {
-    {"/v1/chat/completions", METHOD_POST, GUARD_TENANT, API_OPENAI, "/v1/chat/completions",
-     api_serve_completion},
-    {"/v1/completions", METHOD_POST, GUARD_TENANT, API_OPENAI, "/v1/completions",
-     api_serve_completion},
-    {"/v1/messages", METHOD_POST, GUARD_TENANT, API_ANTHROPIC, "/v1/messages", api_serve_messages},
-    {"/v1/models", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models", serve_models},
-    {"/tokenize", METHOD_POST, GUARD_TENANT, API_OPENAI, "/tokenize", serve_tokenize},
-    {"/detokenize", METHOD_POST, GUARD_TENANT, API_OPENAI, "/detokenize", serve_tokenize},
-    {"/metrics", METHOD_GET, GUARD_METRICS, API_OPENAI, "/metrics", serve_metrics},
-    {"/healthz", METHOD_GET, GUARD_NONE, API_OPENAI, "/healthz", serve_healthz},
-    {"/readyz", METHOD_GET, GUARD_NONE, API_OPENAI, "/readyz", api_serve_ready},
-    {"/admin/config", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/config", serve_admin_config},
-    {"/v1/models/", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models/{id}", serve_model},
+    ROUTE("/v1/chat/completions", METHOD_POST, GUARD_TENANT, API_OPENAI, "/v1/chat/completions",
+          api_serve_completion),
+    ROUTE("/v1/completions", METHOD_POST, GUARD_TENANT, API_OPENAI, "/v1/completions",
+          api_serve_completion),
+    ROUTE("/v1/messages", METHOD_POST, GUARD_TENANT, API_ANTHROPIC, "/v1/messages",
+          api_serve_messages),
+    ROUTE("/v1/models", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models", serve_models),
+    ROUTE("/tokenize", METHOD_POST, GUARD_TENANT, API_OPENAI, "/tokenize", serve_tokenize),
+    ROUTE("/detokenize", METHOD_POST, GUARD_TENANT, API_OPENAI, "/detokenize", serve_tokenize),
+    ROUTE("/metrics", METHOD_GET, GUARD_METRICS, API_OPENAI, "/metrics", serve_metrics),
+    ROUTE("/healthz", METHOD_GET, GUARD_NONE, API_OPENAI, "/healthz", serve_healthz),
+    ROUTE("/readyz", METHOD_GET, GUARD_NONE, API_OPENAI, "/readyz", api_serve_ready),
+    ROUTE("/admin/config", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/config",
+          serve_admin_config),
+    ROUTE("/v1/models/", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models/{id}", serve_model),
     /* Any other /admin/ URL: the admin key first, then a 404. */
-    {"/admin/", 0, GUARD_ADMIN, API_OPENAI, SL_METRICS_OTHER, NULL},
+    ROUTE("/admin/", 0, GUARD_ADMIN, API_OPENAI, SL_METRICS_OTHER, NULL),
 };
 
 const struct api_route *api_route_find(const struct sl_exchange *x)
 {
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         const struct api_route *r = &routes[i];
-        size_t n = strlen(r->path);
+        size_t n = r->path_len;
         if (r->path[n - 1] == '/') {
             if (x->path.len >= n && memcmp(x->path.p, r->path, n) == 0 &&
                 (x->path.len > n || !r->serve))
@@ -52,12 +60,9 @@ const struct api_route *api_route_find(const struct sl_exchange *x)
     return NULL;
 }
 
-const char *api_route_label(const struct sl_exchange *x)
+const char *api_route_label(const struct api_exchange *a)
 {
-    if (!x->parsed)
-        return SL_METRICS_OTHER;
-    const struct api_route *r = api_route_find(x);
-    return r ? r->label : SL_METRICS_OTHER;
+    return a->x->parsed && a->route ? a->route->label : SL_METRICS_OTHER;
 }
 
 static void unknown_url(struct api_exchange *a)
@@ -114,7 +119,7 @@ static bool guard(struct api_exchange *a, enum api_guard g)
 void api_route(struct api_exchange *a)
 {
     struct sl_exchange *x = a->x;
-    const struct api_route *r = api_route_find(x);
+    const struct api_route *r = a->route;
     if (!guard(a, r ? r->guard : GUARD_TENANT))
         return;
     if (x->body_skipped) {

@@ -373,7 +373,7 @@ void sl_http_log_access(struct sl_exchange *x)
     x->logged = true;
     conn_t *c = conn_of(x);
     const struct sl_http_log *g = &x->log;
-    uint64_t now = sl_clock_ns();
+    uint64_t now = x->t_end_ns ? x->t_end_ns : sl_clock_ns();
     struct sl_str *l = &c->io->line;
     sl_str_clear(l);
     str_add(l, "access {\"io\":");
@@ -474,10 +474,7 @@ static void exchange_end(conn_t *c, bool cancel)
     c->io->srv->h.on_close(x, cancel);
     x->data = NULL;
     sl_arena_reset(&x->arena);
-    if (x->cfg) {
-        sl_config_unref(x->cfg);
-        x->cfg = NULL;
-    }
+    x->cfg = NULL;
 }
 
 /* The request's view from the parser: the head once it is whole, the body once it is all here. */
@@ -501,7 +498,7 @@ static struct sl_exchange *exchange_begin(conn_t *c)
     conn_adopt_cfg(c);
     struct sl_exchange *x = &c->x;
     x->data = NULL;
-    x->cfg = sl_config_ref(c->cfg);
+    x->cfg = c->cfg; /* the connection's reference: it changes only between exchanges */
     x->parsed = false;
     x->body_skipped = false;
     x->method = 0;
@@ -513,6 +510,7 @@ static struct sl_exchange *exchange_begin(conn_t *c)
     x->chunked = false;
     x->head_sent = false;
     x->t_start_ns = sl_clock_ns();
+    x->t_end_ns = 0;
     x->log = (struct sl_http_log){.predicted_ttft_ms = -1, .replica = -1};
     x->logged = false;
     c->active = true;

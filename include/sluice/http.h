@@ -54,7 +54,8 @@ struct sl_exchange {
     void *data;            /* the handler's state of this exchange (in arena, usually) */
     void *thread;          /* the handler's state of this I/O thread (thread_start) */
     int io;                /* the I/O thread's index */
-    struct sl_config *cfg; /* the configuration this request started with (a reference) */
+    struct sl_config *cfg; /* the configuration this request started with (the connection's
+                            * reference, which it keeps until the exchange ends) */
 
     /* The request. Valid once the head is whole (on_head), the body once it is all here
      * (on_request); they point into the connection's buffer until the exchange ends. */
@@ -73,6 +74,8 @@ struct sl_exchange {
                       * connection (HTTP/1.0) */
     bool head_sent;
     uint64_t t_start_ns; /* when it began (the clock, once) */
+    uint64_t t_end_ns;   /* when its outcome was decided: set by the handler before it logs (one
+                          * clock read for its metrics and the log), else read when logging */
     struct sl_http_log log;
     bool logged; /* its access-log line is written */
 };
