@@ -47,7 +47,10 @@ struct sl_http_log {
 };
 
 /* One request and its response. The transport's fields are read-only to the handler, except
- * `data`, `log` and `keep_alive` (which a handler may only clear). */
+ * `data`, `log`, `t_end_ns`, `status` before the head is sent (a request whose client left is
+ * logged 499) and `keep_alive` (which a handler may only clear). The exchange is the
+ * connection's: a handler that hands work to another thread (a scheduler) refers back to it
+ * through its own state and lets go of that reference in on_close. */
 struct sl_exchange {
     struct sl_http_conn *conn;
     struct sl_arena arena; /* the exchange's memory, reset once when it ends */

@@ -196,6 +196,24 @@ Test(tenants, known_key_is_served_in_its_default_tier_when_valid)
     close(fd);
 }
 
+/* Anthropic's SDKs send the key as x-api-key: any route takes it, and Authorization wins when
+ * both are sent. */
+Test(tenants, x_api_key_is_a_key_on_every_route_and_authorization_wins_over_it)
+{
+    expect_tier("x-api-key: " BOB "\r\n", small, "batch");
+    expect_tier(AUTH(ALICE) "x-api-key: " BOB "\r\n", small, "interactive");
+    struct response r = req("GET", "/v1/models", "x-api-key: " ALICE "\r\n", NULL);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    response_dispose(&r);
+    r = req("POST", "/v1/completions", "x-api-key: " WRONG "\r\n", small);
+    assert_error(&r, 401, "invalid_request_error", NULL, "invalid_api_key");
+    response_dispose(&r);
+    /* A wrong Authorization is not rescued by a right x-api-key. */
+    r = req("POST", "/v1/completions", AUTH(WRONG) "x-api-key: " ALICE "\r\n", small);
+    cr_assert_eq(r.status, 401, "%s", r.body);
+    response_dispose(&r);
+}
+
 Test(tenants, tier_header_is_honoured_and_echoed_when_allowed)
 {
     expect_tier(AUTH(ALICE) "x-sluice-tier: batch\r\n", small, "batch");
