@@ -1,6 +1,6 @@
 /* A test backend: the CPU backend whose forward fails on chosen calls, for the fault tests of
  * tests/integration. Only the test build of the server (tests/integration's sluice-fault, built
- * from gateway/main.c with SL_FAULT_INJECTION) links this file; the sluice binary has none of it,
+ * from server/main.c with SL_FAULT_INJECTION) links this file; the sluice binary has none of it,
  * so neither a request nor the environment can make a served model fail this way.
  *
  * SLUICE_FAULT_FORWARD is read once, at init: a comma-separated list of forward calls (forward

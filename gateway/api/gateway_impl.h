@@ -1,6 +1,6 @@
-/* Private layouts of the gateway's API layer and of tenants, tiers and admission: the OpenAI JSON
- * layer, chat templates, metrics, tenants and admission. Its tests include this header; nothing
- * outside gateway/ and server/ may.
+/* Private layouts of the API's codecs (gateway/api/): OpenAI's JSON (openai_decode.c,
+ * openai_encode.c), chat templates (chat.c) and metrics (metrics.c). Its tests include this
+ * header; nothing outside gateway/api/ may.
  *
  * Threads: everything here is plain data and pure functions unless it says otherwise.
  */
@@ -228,7 +228,7 @@ void sl_openai_model_encode(struct sl_str *out, const char *model_id, int max_le
 
 
 /* ---------------------------------------------------------------------------------------------
- * Chat templates (gateway/chat.c)
+ * Chat templates (chat.c)
  *
  * Models ship their chat template as Jinja. Like llama.cpp (llm_chat_detect_template) sluice has
  * no Jinja engine: it recognises the well-known templates by distinctive markers and renders

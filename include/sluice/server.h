@@ -14,7 +14,7 @@
 #include <stdio.h>
 
 /* `sluice simulate ARGS` (argv[0] is "simulate"): replays a trace of requests against a
- * configuration's tiers and limits with the scheduler under a virtual clock (gateway/simulate.c
+ * configuration's tiers and limits with the scheduler under a virtual clock (server/simulate.c
  * documents the arguments and the trace format) and prints the report to out, errors to err.
  * Returns the process exit status: 0, 1 when the simulation failed, 2 for bad arguments, a bad
  * configuration or a bad trace line (named by its line number). */

@@ -1,4 +1,4 @@
-/* Fuzz target: the configuration loader (sl_config_load_file, gateway/config.c, with the tenants,
+/* Fuzz target: the configuration loader (sl_config_load_file, config/config.c, with the tenants,
  * tiers and classify sections of admission/tenancy_config.c), given the input as the file through
  * an in-memory file. A file is refused with a message or loaded; a loaded one is validated, turned
  * into the scheduler's tier table and into /admin/config's JSON, where every key hash must read

@@ -1,4 +1,4 @@
-/* Fuzz target: the whole request path of a connection (gateway/http.c): the real server runs in
+/* Fuzz target: the whole request path of a connection (gateway/http/conn.c): the real server runs in
  * this process on a loopback port, with the synthetic model and no engine (completions are
  * decoded, authenticated, classified and tokenized, then answered 503), and each input is what
  * one client sends on one connection before it shuts its side. The server must answer and close

@@ -1,4 +1,4 @@
-/* Fuzz target: the HTTP/1.1 request parser (sl_http_parser, gateway/http.c) as a connection drives
+/* Fuzz target: the HTTP/1.1 request parser (sl_http_parser, gateway/http/parser.c) as a connection drives
  * it: requests pipelined back to back, their bytes arriving all at once, one byte at a time, or
  * cut at one point with the tail buffered behind a finished request (what a connection does
  * while it answers one). Every way of cutting the same bytes must give the same requests (method,

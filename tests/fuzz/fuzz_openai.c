@@ -1,5 +1,5 @@
 /* Fuzz target: request JSON validation of both endpoints (sl_openai_completion_decode and
- * sl_openai_chat_decode, gateway/openai.c), and what the gateway does next with a request that
+ * sl_openai_chat_decode, gateway/api/openai_decode.c), and what the gateway does next with a request that
  * passes: the prompt tokenized or the messages rendered with every chat template and tokenized,
  * with the context check. Any refusal must be a 4xx whose error object (as sent) is valid JSON;
  * an accepted request's parameters must be inside their documented ranges; and the response
