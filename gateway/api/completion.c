@@ -348,8 +348,8 @@ static void run_decoded(struct api_exchange *a)
     a->adm.n = a->oc.n; /* admission counts each choice's tokens */
     a->adm.prompts = a->oc.n_prompts;
     struct sl_admit_env env = admit_env(a);
-    if (sl_admit_precheck(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e, a->oc.params.max_tokens,
-                          (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
+    if (sl_admit_precheck(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e,
+                          a->oc.params.max_tokens, (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
         admission_decided(a, a->adm.verdict);
         return;
     }
@@ -364,8 +364,8 @@ static void run_decoded(struct api_exchange *a)
         api_send_error(a, &err, NULL);
         return;
     }
-    admission_decided(a, sl_admit_begin(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e, n_prompt,
-                                        a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
+    admission_decided(a, sl_admit_begin(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e,
+                                        n_prompt, a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }
 
 void api_serve_completion(struct api_exchange *a)

@@ -225,8 +225,6 @@ void sl_openai_models_encode(struct sl_str *out, const char *const *ids, const i
                              int64_t created);
 void sl_openai_model_encode(struct sl_str *out, const char *model_id, int max_len, int64_t created);
 
-
-
 /* ---------------------------------------------------------------------------------------------
  * Chat templates (chat.c)
  *

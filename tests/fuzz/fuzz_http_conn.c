@@ -1,5 +1,5 @@
-/* Fuzz target: the whole request path of a connection (gateway/http/conn.c): the real server runs in
- * this process on a loopback port, with the synthetic model and no engine (completions are
+/* Fuzz target: the whole request path of a connection (gateway/http/conn.c): the real server runs
+ * in this process on a loopback port, with the synthetic model and no engine (completions are
  * decoded, authenticated, classified and tokenized, then answered 503), and each input is what
  * one client sends on one connection before it shuts its side. The server must answer and close
  * (a connection it keeps open after that is a hang, reported as a crash), and what it sends must

@@ -1,6 +1,6 @@
-/* Fuzz target: the HTTP/1.1 request parser (sl_http_parser, gateway/http/parser.c) as a connection drives
- * it: requests pipelined back to back, their bytes arriving all at once, one byte at a time, or
- * cut at one point with the tail buffered behind a finished request (what a connection does
+/* Fuzz target: the HTTP/1.1 request parser (sl_http_parser, gateway/http/parser.c) as a connection
+ * drives it: requests pipelined back to back, their bytes arriving all at once, one byte at a time,
+ * or cut at one point with the tail buffered behind a finished request (what a connection does
  * while it answers one). Every way of cutting the same bytes must give the same requests (method,
  * version, URL, the headers sluice reads, body, keep-alive) and end in the same state with the
  * same error status; every span must lie inside the buffer and within the limits.

@@ -1,10 +1,10 @@
 /* Fuzz target: request JSON validation of both endpoints (sl_openai_completion_decode and
- * sl_openai_chat_decode, gateway/api/openai_decode.c), and what the gateway does next with a request that
- * passes: the prompt tokenized or the messages rendered with every chat template and tokenized,
- * with the context check. Any refusal must be a 4xx whose error object (as sent) is valid JSON;
- * an accepted request's parameters must be inside their documented ranges; and the response
- * encoders, given the request's own text, must write JSON that reads back to that text. The
- * same body is also decoded as a /tokenize or /detokenize request.
+ * sl_openai_chat_decode, gateway/api/openai_decode.c), and what the gateway does next with a
+ * request that passes: the prompt tokenized or the messages rendered with every chat template and
+ * tokenized, with the context check. Any refusal must be a 4xx whose error object (as sent) is
+ * valid JSON; an accepted request's parameters must be inside their documented ranges; and the
+ * response encoders, given the request's own text, must write JSON that reads back to that text.
+ * The same body is also decoded as a /tokenize or /detokenize request.
  *
  * Input: byte 0 picks the endpoint (bit 0: chat; bit 1: detokenize) and default_max_tokens, the
  * rest is the body. */
