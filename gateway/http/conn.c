@@ -39,8 +39,6 @@
 
 /* Bytes a connection buffers from the socket while its current request is being answered. */
 #define READ_HIGH_WATER (64 << 10)
-/* Access-log bytes an I/O thread buffers before writing them out within an iteration. */
-#define LOG_FLUSH_BYTES (16 << 10)
 /* After an error answer, input discarded (at most, and for at most LINGER_SECS) so that the
  * close does not reset the connection before the client has read the answer. */
 #define LINGER_MAX_BYTES (4 << 20)
@@ -53,7 +51,6 @@ typedef struct sl_http_conn conn_t;
 
 static void conn_advance(conn_t *c);
 static void conn_set_busy(conn_t *c, bool busy);
-static void io_flush_later(struct io *io);
 
 static conn_t *conn_of(const struct sl_exchange *x)
 {
@@ -156,7 +153,7 @@ static void conn_flush_later(conn_t *c)
     c->flush_queued = true;
     c->flush_next = c->io->flush;
     c->io->flush = c;
-    io_flush_later(c->io);
+    sl_http_io_flush_later(c->io);
 }
 
 /* Queues bytes for the client. bufferevent_openssl encrypts and writes them at once. */
@@ -310,110 +307,6 @@ size_t sl_http_queued(const struct sl_exchange *x)
 void sl_http_abort(struct sl_exchange *x)
 {
     sl_http_conn_close(conn_of(x));
-}
-
-/* ---- the access log ---- */
-
-/* Access-log lines are buffered per I/O thread and written once per loop iteration (or every
- * LOG_FLUSH_BYTES): a write(2) per request would cost as much as serving a small one. */
-static void access_log_add(struct io *io, const struct sl_str *line)
-{
-    char prefix[SL_LOG_PREFIX_MAX];
-    size_t n = sl_log_prefix(prefix, SL_LOG_INFO);
-    if (n == 0)
-        return;
-    sl_str_append(&io->log, prefix, n);
-    sl_str_append(&io->log, line->p, line->len);
-    sl_str_append(&io->log, "\n", 1);
-    if (io->log.len >= LOG_FLUSH_BYTES) {
-        sl_log_write(io->log.p, io->log.len);
-        sl_str_clear(&io->log);
-    } else {
-        io_flush_later(io);
-    }
-}
-
-/* Appends ns as milliseconds with three decimals. */
-static void str_add_ms(struct sl_str *w, uint64_t ns)
-{
-    uint64_t us = ns / 1000;
-    char frac[5] = {'.', (char)('0' + us / 100 % 10), (char)('0' + us / 10 % 10),
-                    (char)('0' + us % 10), 0};
-    str_add_num(w, us / 1000);
-    sl_str_append(w, frac, 4);
-}
-
-static void str_add_field(struct sl_str *l, const char *name, const char *value)
-{
-    str_add(l, ",\"");
-    str_add(l, name);
-    str_add(l, "\":\"");
-    str_add(l, value);
-    sl_str_append(l, "\"", 1);
-}
-
-static void str_add_int(struct sl_str *l, const char *name, long long v)
-{
-    str_add(l, ",\"");
-    str_add(l, name);
-    str_add(l, "\":");
-    if (v < 0) {
-        sl_str_append(l, "-", 1);
-        v = -v;
-    }
-    str_add_num(l, (unsigned long long)v);
-}
-
-/* One JSON line per request, written where its outcome is decided: its response is complete,
- * or its client left. */
-void sl_http_log_access(struct sl_exchange *x)
-{
-    if (x->logged)
-        return;
-    x->logged = true;
-    conn_t *c = conn_of(x);
-    const struct sl_http_log *g = &x->log;
-    uint64_t now = x->t_end_ns ? x->t_end_ns : sl_clock_ns();
-    struct sl_str *l = &c->io->line;
-    sl_str_clear(l);
-    str_add(l, "access {\"io\":");
-    str_add_num(l, (unsigned)c->io->idx);
-    str_add(l, ",\"method\":\"");
-    str_add(l, x->parsed ? x->method_name : "");
-    str_add(l, "\",\"path\":\"");
-    if (x->parsed)
-        sl_str_append_json(l, x->path.p, x->path.len > 200 ? 200 : x->path.len);
-    str_add(l, "\",\"status\":");
-    str_add_num(l, (unsigned)x->status);
-    /* Names are checked at load to need no escaping; keys never get this far. */
-    if (g->tenant)
-        str_add_field(l, "tenant", g->tenant);
-    if (g->tier)
-        str_add_field(l, "tier", g->tier);
-    if (g->admission) {
-        str_add_field(l, "admission", g->admission);
-        if (g->predicted_ttft_ms >= 0)
-            sl_str_appendf(l, ",\"predicted_ttft_ms\":%.0f", g->predicted_ttft_ms);
-    }
-    if (g->engine) {
-        str_add_field(l, "model", g->model);
-        if (g->replica >= 0)
-            str_add_int(l, "replica", g->replica);
-        str_add_field(l, "id", g->id ? g->id : "");
-        str_add_int(l, "prompt_tokens", g->prompt_tokens);
-        str_add_int(l, "completion_tokens", g->completion_tokens);
-        str_add_field(l, "finish", g->finish ? g->finish : "none");
-        if (g->n > 1)
-            str_add_int(l, "n", g->n);
-        if (g->ttft_ns) {
-            str_add(l, ",\"ttft_ms\":");
-            str_add_ms(l, g->ttft_ns);
-        }
-    }
-    str_add(l, ",\"e2e_ms\":");
-    str_add_ms(l, now - x->t_start_ns);
-    sl_str_append(l, "}", 1);
-    access_log_add(c->io, l);
 }
 
 /* ---- exchanges ---- */
@@ -914,19 +807,11 @@ void sl_http_io_reap(struct io *io)
     }
 }
 
-static void io_flush_later(struct io *io)
+void sl_http_io_flush_later(struct io *io)
 {
     if (!io->flush_pending) {
         io->flush_pending = true;
         event_active(io->flush_ev, EV_WRITE, 0);
-    }
-}
-
-void sl_http_io_log_flush(struct io *io)
-{
-    if (io->log.len) {
-        sl_log_write(io->log.p, io->log.len);
-        sl_str_clear(&io->log);
     }
 }
 

@@ -255,7 +255,10 @@ void sl_http_io_cancel(struct io *io);
 void sl_http_io_reap(struct io *io);
 /* Forgets the flush list (the loop is stopping), so reap frees every closed connection. */
 void sl_http_io_flush_clear(struct io *io);
-/* Writes the access-log lines buffered. */
+/* Has the flush run at the end of this loop iteration. */
+void sl_http_io_flush_later(struct io *io);
+
+/* access_log.c: writes the access-log lines buffered. */
 void sl_http_io_log_flush(struct io *io);
 /* The flush event's callback: writes and moves on the flush list, then the log. */
 void sl_http_io_on_flush(int fd, short what, void *arg);
