@@ -47,7 +47,19 @@ static bool record(struct transcript *t, const struct sl_http_parser *p)
     put_span(t, p, p->connection);
     put_span(t, p, p->expect);
     put_span(t, p, p->authorization);
-    put_span(t, p, p->tier);
+    /* Every header the head kept (the API looks them up by name), inside the head. */
+    fuzz_check(p->n_headers >= 0 && p->n_headers <= SL_HTTP_MAX_HEADERS, "%d headers",
+               p->n_headers);
+    for (int i = 0; i < p->n_headers; i++) {
+        fuzz_check(p->headers[i].name.off + p->headers[i].name.len <= p->head_end &&
+                       p->headers[i].value.off + p->headers[i].value.len <= p->head_end,
+                   "header %d outside the head", i);
+        put_span(t, p, p->headers[i].name);
+        put_span(t, p, p->headers[i].value);
+    }
+    struct sl_http_span tier = {0, 0};
+    sl_http_parser_header(p, "x-sluice-tier", &tier);
+    put_span(t, p, tier);
     put_span(t, p, p->body);
     /* What the routes do with the head next. */
     const char *key;
