@@ -35,8 +35,8 @@ if [ ! -f build/build.ninja ]; then
 fi
 ninja -C build
 
-# The pinned openai package for the SDK test (tests/sdk/package-lock.json); npm ci runs again
-# only when the lock file has changed since the last install.
+# The pinned openai and @anthropic-ai/sdk packages for the SDK tests (tests/sdk/package-lock.json);
+# npm ci runs again only when the lock file has changed since the last install.
 stamp=tests/sdk/node_modules/.sluice-lock
 if ! cmp -s tests/sdk/package-lock.json "$stamp"; then
   echo "setup: npm ci in tests/sdk"
