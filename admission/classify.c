@@ -107,8 +107,9 @@ bool sl_tier_classify_needs_body(const struct sl_tenancy *cfg)
     return false;
 }
 
-int sl_tier_classify(const struct sl_tenancy *cfg, const struct sl_tenant *t,
-                     const struct sl_tier_request *rq, int *tier, struct sl_admit_error *err)
+enum sl_status sl_tier_classify(const struct sl_tenancy *cfg, const struct sl_tenant *t,
+                                const struct sl_tier_request *rq, int *tier,
+                                struct sl_admit_error *err)
 {
     for (int i = 0; i < cfg->n_classify; i++) {
         const struct sl_tier_rule *r = &cfg->classify[i];

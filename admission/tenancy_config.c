@@ -776,9 +776,9 @@ static int build(struct tenancy *t, const struct sl_tenancy *c, const struct mod
     return SL_OK;
 }
 
-int sl_tenancy_load(struct sl_tenancy *c, const char *const *models, int n_models, json_t *tiers,
-                    json_t *tenants, json_t *classify, json_t *admin_key_sha256, char *err,
-                    size_t errlen)
+enum sl_status sl_tenancy_load(struct sl_tenancy *c, const char *const *models, int n_models,
+                               json_t *tiers, json_t *tenants, json_t *classify,
+                               json_t *admin_key_sha256, char *err, size_t errlen)
 {
     if (!tiers && !tenants && !classify && !admin_key_sha256)
         return SL_OK;
@@ -801,8 +801,8 @@ int sl_tenancy_load(struct sl_tenancy *c, const char *const *models, int n_model
     return SL_OK;
 }
 
-int sl_tenancy_validate(const struct sl_tenancy *c, const char *const *models, int n_models,
-                        char *err, size_t errlen)
+enum sl_status sl_tenancy_validate(const struct sl_tenancy *c, const char *const *models,
+                                   int n_models, char *err, size_t errlen)
 {
     struct models m = {models, n_models};
     if (c->n_tiers < 1 || c->n_tiers > SL_TIERS_MAX || !c->tiers)

@@ -657,7 +657,7 @@ static int model_names(const struct sl_config *c, const char *names[SL_MODELS_MA
     return n;
 }
 
-int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen)
+enum sl_status sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen)
 {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
@@ -741,7 +741,7 @@ const char *const sl_config_chat_templates[SL_CONFIG_CHAT_TEMPLATES] = {
     "plain", "chatml", "llama2", "llama3", "mistral", "zephyr", "gemma", "phi3",
 };
 
-int sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
+enum sl_status sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
 {
     if (c->max_batch_tokens < c->max_seqs) {
         snprintf(err, errlen,
@@ -944,8 +944,8 @@ static bool is_flag(const char *a, const char *flag)
     return strncmp(a, flag, fl) == 0 && (a[fl] == '\0' || a[fl] == '=');
 }
 
-int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_action *action,
-                        char *err, size_t errlen)
+enum sl_status sl_config_from_args(struct sl_config *c, int argc, char **argv,
+                                   enum sl_cli_action *action, char *err, size_t errlen)
 {
     *action = SL_CLI_SERVE;
     /* The file first, wherever --config stands, so flags always override it. */

@@ -126,8 +126,9 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
     return SL_OK;
 }
 
-int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backend_ops *cpu_ops,
-                    struct sl_engine **out, char *err, size_t errlen)
+enum sl_status sl_engine_start(const struct sl_config *cfg, int idx,
+                               const struct sl_backend_ops *cpu_ops, struct sl_engine **out,
+                               char *err, size_t errlen)
 {
     *out = NULL;
     uint64_t t0 = sl_clock_ns();

@@ -403,8 +403,8 @@ void sl_api_set_server(struct sl_api *a, struct sl_http_server *s)
     a->server = s;
 }
 
-int sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *model,
-                     struct sl_sched *sched, char *err, size_t errlen)
+enum sl_status sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *model,
+                                struct sl_sched *sched, char *err, size_t errlen)
 {
     const struct sl_config *cfg = a->cfg0;
     bool first = a->n_engines == 0;
@@ -434,8 +434,8 @@ int sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *
     return SL_OK;
 }
 
-int sl_api_add_replica(struct sl_api *a, const char *name, struct sl_sched *sched, char *err,
-                       size_t errlen)
+enum sl_status sl_api_add_replica(struct sl_api *a, const char *name, struct sl_sched *sched,
+                                  char *err, size_t errlen)
 {
     for (int i = 0; i < a->n_engines && !a->serving; i++) {
         struct engine *e = &a->engines[i];

@@ -209,7 +209,7 @@ static int listen_all(const char *host, int port, int backlog, int n, int *fds, 
     return st;
 }
 
-int sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen)
+enum sl_status sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen)
 {
     int port;
     int st = listen_all(cfg->listen_host, cfg->listen_port, 0, 0, NULL, &port, err, errlen);
@@ -297,8 +297,8 @@ static void io_dispose(struct io *io)
     sl_str_dispose(&io->log);
 }
 
-int sl_http_server_new(struct sl_config *cfg, const struct sl_http_handler *h,
-                       struct sl_http_server **out, char *err, size_t errlen)
+enum sl_status sl_http_server_new(struct sl_config *cfg, const struct sl_http_handler *h,
+                                  struct sl_http_server **out, char *err, size_t errlen)
 {
     if (cfg->io_threads < 1) {
         snprintf(err, errlen, "io_threads must be at least 1");
@@ -360,7 +360,7 @@ int sl_http_server_tls_port(const struct sl_http_server *s)
     return s->tls_port;
 }
 
-int sl_http_server_start(struct sl_http_server *s)
+enum sl_status sl_http_server_start(struct sl_http_server *s)
 {
     if (s->started)
         return SL_OK;
@@ -468,8 +468,8 @@ static void keep_start_keys(struct sl_config *next, const struct sl_config *cur)
     }
 }
 
-int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
-                          size_t errlen)
+enum sl_status sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
+                                     size_t errlen)
 {
     if (sl_config_validate(next, err, errlen) != SL_OK)
         return SL_EINVAL;
@@ -526,7 +526,7 @@ static struct timespec deadline_after(int ms)
     return t;
 }
 
-int sl_http_server_drain(struct sl_http_server *s, int timeout_ms)
+enum sl_status sl_http_server_drain(struct sl_http_server *s, int timeout_ms)
 {
     if (timeout_ms < 0) {
         pthread_mutex_lock(&s->cfg_lock);

@@ -74,7 +74,7 @@ struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t
     return ctx;
 }
 
-int sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen)
+enum sl_status sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen)
 {
     if (!cfg->tls.cert)
         return SL_OK;

@@ -167,13 +167,14 @@ void sl_tenancy_dispose(struct sl_tenancy *ten);
  * models (n_models names, NULL for a model without one). Returns SL_OK, or SL_EINVAL with ten
  * unchanged and err naming the path of the bad value ("tenants[1].key_sha256: ..."); err never
  * contains a key or a key hash. Before the tenancy is adopted (no state yet). */
-int sl_tenancy_load(struct sl_tenancy *ten, const char *const *models, int n_models,
-                    struct json_t *tiers, struct json_t *tenants, struct json_t *classify,
-                    struct json_t *admin_key_sha256, char *err, size_t errlen);
+enum sl_status sl_tenancy_load(struct sl_tenancy *ten, const char *const *models, int n_models,
+                               struct json_t *tiers, struct json_t *tenants,
+                               struct json_t *classify, struct json_t *admin_key_sha256, char *err,
+                               size_t errlen);
 /* Cross-checks (every reference in range, defaults allowed, model steps among models), for
  * tenancies built in code: SL_OK, or SL_EINVAL with err naming the path. */
-int sl_tenancy_validate(const struct sl_tenancy *ten, const char *const *models, int n_models,
-                        char *err, size_t errlen);
+enum sl_status sl_tenancy_validate(const struct sl_tenancy *ten, const char *const *models,
+                                   int n_models, char *err, size_t errlen);
 /* Adds "tiers", "tenants", "classify" and "admin_key_sha256" to the JSON object root as the file
  * would spell them, every key hash replaced by "<redacted>". */
 void sl_tenancy_to_json(const struct sl_tenancy *ten, struct json_t *root);
@@ -230,8 +231,9 @@ int sl_tier_find(const struct sl_tenancy *ten, const char *name, size_t len);
  * err naming the param either way; a shape rule whose tier the tenant may not use is skipped;
  * the tenant default ends the list. Returns SL_OK with *tier set, or the status with err
  * filled. */
-int sl_tier_classify(const struct sl_tenancy *ten, const struct sl_tenant *t,
-                     const struct sl_tier_request *rq, int *tier, struct sl_admit_error *err);
+enum sl_status sl_tier_classify(const struct sl_tenancy *ten, const struct sl_tenant *t,
+                                const struct sl_tier_request *rq, int *tier,
+                                struct sl_admit_error *err);
 /* False when no rule of ten reads the body (service_tier, stream, max_tokens): the tier then
  * follows from the head alone, whatever the body says. */
 bool sl_tier_classify_needs_body(const struct sl_tenancy *ten);

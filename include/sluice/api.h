@@ -26,13 +26,13 @@ void sl_api_free(struct sl_api *a);
  * cfg->models[0] has no name, the first is named by the model's own id and answers to its
  * configured spec too. The model and scheduler must outlive the API. SL_EINVAL (err says why)
  * when the name is taken, SL_MODELS_MAX are served, or the server has started. */
-int sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *model,
-                     struct sl_sched *sched, char *err, size_t errlen);
+enum sl_status sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *model,
+                                struct sl_sched *sched, char *err, size_t errlen);
 /* Serves model `name` on one more scheduler: a replica of the same weights on another device.
  * Each completion goes to the replica with the fewest requests in flight. At most
  * SL_REPLICAS_MAX per model, before the server starts. */
-int sl_api_add_replica(struct sl_api *a, const char *name, struct sl_sched *sched, char *err,
-                       size_t errlen);
+enum sl_status sl_api_add_replica(struct sl_api *a, const char *name, struct sl_sched *sched,
+                                  char *err, size_t errlen);
 /* The handler to give sl_http_server_new. */
 const struct sl_http_handler *sl_api_handler(struct sl_api *a);
 /* The server it answers for (readiness says when it drains). */

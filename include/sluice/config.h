@@ -100,9 +100,9 @@ struct sl_config *sl_config_ref(struct sl_config *c);
 void sl_config_unref(struct sl_config *c);
 /* Overlays the JSON file at `path` onto c. Unknown keys, wrong types and out-of-range values are
  * errors; err then names the key (and "line L, column C" for JSON syntax errors). */
-int sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen);
+enum sl_status sl_config_load_file(struct sl_config *c, const char *path, char *err, size_t errlen);
 /* Checks cross-field invariants after everything is loaded. */
-int sl_config_validate(const struct sl_config *c, char *err, size_t errlen);
+enum sl_status sl_config_validate(const struct sl_config *c, char *err, size_t errlen);
 
 enum sl_cli_action { SL_CLI_SERVE, SL_CLI_HELP, SL_CLI_VERSION, SL_CLI_CHECK };
 
@@ -116,8 +116,8 @@ int sl_config_sched_tiers(const struct sl_config *c, struct sl_sched_tier *out, 
  * `--check-config FILE` loads FILE as --config does and sets SL_CLI_CHECK: the caller reports
  * the result and exits without serving.
  * Returns SL_OK and sets *action, or SL_EINVAL with err naming the flag. */
-int sl_config_from_args(struct sl_config *c, int argc, char **argv, enum sl_cli_action *action,
-                        char *err, size_t errlen);
+enum sl_status sl_config_from_args(struct sl_config *c, int argc, char **argv,
+                                   enum sl_cli_action *action, char *err, size_t errlen);
 /* Writes the --help text. */
 void sl_config_usage(FILE *out);
 

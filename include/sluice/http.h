@@ -167,8 +167,8 @@ void sl_http_log_access(struct sl_exchange *x);
  * cfg->tls.cert is set, the TLS listener next to it (its certificate and key loaded now), and
  * prepares cfg->io_threads event loops, each with its handler state. The server takes its own
  * reference to cfg (from sl_config_new). On failure err says why. */
-int sl_http_server_new(struct sl_config *cfg, const struct sl_http_handler *h,
-                       struct sl_http_server **out, char *err, size_t errlen);
+enum sl_status sl_http_server_new(struct sl_config *cfg, const struct sl_http_handler *h,
+                                  struct sl_http_server **out, char *err, size_t errlen);
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
  * every request that starts from now on; requests in flight keep theirs. Keys that only take
  * effect at start (listen, listen_backlog, tls.listen, model, threads, pin_threads, KV and
@@ -176,21 +176,21 @@ int sl_http_server_new(struct sl_config *cfg, const struct sl_http_handler *h,
  * With a TLS listener the certificate and key are loaded again first: when they do not load or
  * do not match, nothing changes and SL_EINVAL says why; otherwise new TLS connections use them
  * and open ones keep theirs. The handler's on_reload sees the change first. Any thread. */
-int sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
-                          size_t errlen);
+enum sl_status sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
+                                     size_t errlen);
 /* The port actually bound (useful when cfg->listen_port is 0). */
 int sl_http_server_port(const struct sl_http_server *s);
 /* The TLS listener's bound port, or 0 without one. */
 int sl_http_server_tls_port(const struct sl_http_server *s);
 /* Starts the I/O threads. */
-int sl_http_server_start(struct sl_http_server *s);
+enum sl_status sl_http_server_start(struct sl_http_server *s);
 /* Drains (SIGTERM): stops accepting, answers every request that starts on an open connection
  * from now on with 503, Retry-After and Connection: close; then blocks until the responses in
  * progress are complete or timeout_ms (< 0: the current configuration's drain_timeout_ms) has
  * passed. Whatever is left is then ended by the handler's on_cancel before it returns. Returns
  * SL_OK, or SL_ETIMEDOUT when requests had to be cancelled. Call from one thread (main), after
  * sl_http_server_start; sl_http_server_stop follows it. */
-int sl_http_server_drain(struct sl_http_server *s, int timeout_ms);
+enum sl_status sl_http_server_drain(struct sl_http_server *s, int timeout_ms);
 /* True once a drain began. Any thread. */
 bool sl_http_server_draining(const struct sl_http_server *s);
 /* Stops accepting, closes connections (on_close with cancel), joins the I/O threads. */
@@ -200,11 +200,11 @@ void sl_http_server_free(struct sl_http_server *s);
 /* Loads the TLS certificate and key that cfg names (if any) as the server would, so that
  * --check-config and a reload fail the same way. Returns SL_OK, or SL_EINVAL with err saying
  * which file does not load or that they do not match. Any thread. */
-int sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen);
+enum sl_status sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen);
 /* Checks that the server could listen where cfg says (plain and TLS): each address resolves and
  * can be bound now, no other process listening there. Nothing is left open. Returns SL_OK, or
  * SL_EIO / SL_EINVAL with err naming the address and the OS error. */
-int sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen);
+enum sl_status sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen);
 
 /* Maps a status to the HTTP status code: the one place where statuses become HTTP. */
 int sl_http_status_code(int status);

@@ -33,8 +33,9 @@ struct sl_engine;
  * tiers and limits. cpu_ops, when not NULL,
  * replaces the CPU backend (the fault-injection test build); NULL in sluice. On failure e is
  * empty and err names the model. Main thread, at start. */
-int sl_engine_start(const struct sl_config *cfg, int idx, const struct sl_backend_ops *cpu_ops,
-                    struct sl_engine **out, char *err, size_t errlen);
+enum sl_status sl_engine_start(const struct sl_config *cfg, int idx,
+                               const struct sl_backend_ops *cpu_ops, struct sl_engine **out,
+                               char *err, size_t errlen);
 /* Stops the schedulers (their requests finish CANCELLED), frees workers and model. Call after
  * the HTTP server has stopped and before it is freed (the schedulers post to its outboxes). */
 void sl_engine_free(struct sl_engine *e);
