@@ -610,18 +610,25 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
     return overloaded(a, now);
 }
 
-enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_env *env,
-                                     const struct sl_tenancy *cfg, const struct sl_tenant *t,
-                                     int tier, int model, int n_prompt, int max_tokens,
-                                     int64_t now_ns)
+/* The request a decision is about, as sl_admit_begin and sl_admit_precheck take it. */
+static void admit_open(struct sl_admit *a, const struct sl_tenancy *cfg, const struct sl_tenant *t,
+                       int tier, int model, int max_tokens)
 {
     a->ran = true;
     a->tenancy = cfg;
     a->tenant = t;
     a->tier = a->policy_tier = tier;
     a->model = model;
-    a->n_prompt = n_prompt;
     a->max_tokens = max_tokens;
+}
+
+enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_env *env,
+                                     const struct sl_tenancy *cfg, const struct sl_tenant *t,
+                                     int tier, int model, int n_prompt, int max_tokens,
+                                     int64_t now_ns)
+{
+    admit_open(a, cfg, t, tier, model, max_tokens);
+    a->n_prompt = n_prompt;
     a->retry_ns = 0;
     if (!cfg->admission || !cfg->state || model < 0 || model >= SL_ADMIT_MODELS_MAX)
         return admitted(a);
@@ -700,12 +707,7 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
         return SL_ADMIT_OK;
     /* What sl_admit_begin would answer: the queue is full, and capping max_tokens does not
      * empty it. */
-    a->ran = true;
-    a->tenancy = cfg;
-    a->tenant = t;
-    a->tier = a->policy_tier = tier;
-    a->model = model;
-    a->max_tokens = max_tokens;
+    admit_open(a, cfg, t, tier, model, max_tokens);
     a->reason = SL_ADMIT_REASON_TIER_QUEUE_REQUESTS;
     struct sl_guard_prediction p;
     a->retry_ns = DEFAULT_RETRY_NS;

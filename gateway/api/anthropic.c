@@ -125,19 +125,7 @@ static int decode_content(struct sl_chat_msg *m, json_t *v, const char *param,
         if (!json_is_string(t))
             return bad(err, at, "a string", t);
     }
-    struct sl_str joined;
-    sl_str_init(&joined);
-    sl_str_append(&joined, "", 0); /* allocated and NUL-terminated even when empty */
-    json_array_foreach(v, j, b)
-    {
-        json_t *t = json_object_get(b, "text");
-        if (j > 0)
-            sl_str_append(&joined, "\n", 1);
-        sl_str_append(&joined, json_string_value(t), json_string_length(t));
-    }
-    m->content = joined.p;
-    m->len = joined.len;
-    m->owned = true;
+    sl_chat_msg_join(m, v);
     return SL_OK;
 }
 

@@ -128,7 +128,6 @@ struct api_exchange {
      * i's; admission, parking and submit reuse them (in the arena; the scheduler copies). */
     int32_t **ids;
     int *n_ids;
-    int n_prompts_ids;
     int ids_engine; /* -1: none computed */
     /* Anthropic: the stop sequences (in the arena), to name the one that matched. */
     const char *stops[SL_REQ_MAX_STOPS];

@@ -385,8 +385,7 @@ void api_serve_completion(struct api_exchange *a)
         api_send_error(a, &err, NULL);
         return;
     }
-    a->has_oc = true;
-    run_decoded(a);
+    api_serve_decoded(a);
 }
 
 void api_serve_decoded(struct api_exchange *a)

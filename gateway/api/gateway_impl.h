@@ -49,6 +49,10 @@ struct sl_chat_msg {
     bool owned; /* content was joined from text parts: freed with the request */
 };
 
+/* m's content: the "text" members of parts (an array of checked text parts), joined with "\n"
+ * (as vLLM joins them), owned by m. */
+void sl_chat_msg_join(struct sl_chat_msg *m, json_t *parts);
+
 /* A decoded POST /v1/completions or /v1/chat/completions body. Strings point into `root`, which
  * owns them. */
 /* One prompt of a completion: text, or token ids. */

@@ -716,6 +716,25 @@ static int decode_part(json_t *part, size_t i, size_t j, struct sl_openai_error 
     return SL_OK;
 }
 
+void sl_chat_msg_join(struct sl_chat_msg *m, json_t *parts)
+{
+    struct sl_str joined;
+    sl_str_init(&joined);
+    sl_str_append(&joined, "", 0); /* allocated and NUL-terminated even when empty */
+    size_t j;
+    json_t *part;
+    json_array_foreach(parts, j, part)
+    {
+        json_t *t = json_object_get(part, "text");
+        if (j > 0)
+            sl_str_append(&joined, "\n", 1);
+        sl_str_append(&joined, json_string_value(t), json_string_length(t));
+    }
+    m->content = joined.p;
+    m->len = joined.len;
+    m->owned = true;
+}
+
 /* content as an array of parts: text parts only, joined with "\n" (as vLLM does). */
 static int decode_parts(struct sl_chat_msg *m, json_t *parts, size_t i, struct sl_openai_error *err)
 {
@@ -727,19 +746,7 @@ static int decode_parts(struct sl_chat_msg *m, json_t *parts, size_t i, struct s
         if (st != SL_OK)
             return st;
     }
-    struct sl_str joined;
-    sl_str_init(&joined);
-    sl_str_append(&joined, "", 0); /* allocated and NUL-terminated even when empty */
-    json_array_foreach(parts, j, part)
-    {
-        json_t *t = json_object_get(part, "text");
-        if (j > 0)
-            sl_str_append(&joined, "\n", 1);
-        sl_str_append(&joined, json_string_value(t), json_string_length(t));
-    }
-    m->content = joined.p;
-    m->len = joined.len;
-    m->owned = true;
+    sl_chat_msg_join(m, parts);
     return SL_OK;
 }
 

@@ -398,20 +398,6 @@ static int64_t ceil_div(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
-/* Appends v in decimal (no printf: this runs on every refusal, the path a flood takes). */
-static void put_num(struct sl_str *o, long long v)
-{
-    char d[24];
-    size_t i = sizeof d;
-    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
-    do
-        d[--i] = (char)('0' + u % 10);
-    while ((u /= 10) != 0);
-    if (v < 0)
-        d[--i] = '-';
-    sl_str_append(o, d + i, sizeof d - i);
-}
-
 void sl_openai_admission_headers(const struct sl_admit *a, struct sl_str *out)
 {
     if (!a->ran)
@@ -423,9 +409,9 @@ void sl_openai_admission_headers(const struct sl_admit *a, struct sl_str *out)
         a->retry_ns >= 0) {
         int64_t ns = a->retry_ns > 0 ? a->retry_ns : 1;
         put_lit(out, "Retry-After: ");
-        put_num(out, ceil_div(ns, NS_PER_S));
+        sl_str_append_int(out, ceil_div(ns, NS_PER_S));
         put_lit(out, "\r\nretry-after-ms: ");
-        put_num(out, ceil_div(ns, NS_PER_MS));
+        sl_str_append_int(out, ceil_div(ns, NS_PER_MS));
         put_lit(out, "\r\n");
     }
 }

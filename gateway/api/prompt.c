@@ -85,7 +85,6 @@ int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_pro
     if (!a->ids) {
         a->ids = sl_arena_calloc(ar, (size_t)n_prompts, sizeof *a->ids);
         a->n_ids = sl_arena_calloc(ar, (size_t)n_prompts, sizeof *a->n_ids);
-        a->n_prompts_ids = n_prompts;
     }
     a->ids_engine = -1;
     int st = SL_OK;

@@ -53,6 +53,12 @@ static void send_payload(struct api_exchange *a, const char *event, const struct
         sl_http_send_sse(a->x, b->p ? b->p : "", b->len);
 }
 
+/* An event whose data never changes. */
+static void send_fixed(struct api_exchange *a, const char *event, const char *data)
+{
+    sl_http_send_sse_event(a->x, event, data, strlen(data));
+}
+
 void api_stream_chunk(struct api_exchange *a, struct choice *ch, const char *text, size_t len,
                       enum sl_finish finish, bool lp_all)
 {
@@ -89,13 +95,9 @@ void api_stream_head(struct api_exchange *a)
         sl_anthropic_message_start_encode(b, &a->ident, a->n_prompt);
         send_payload(a, "message_start", b);
         sl_str_clear(b);
-        sl_str_append(b,
-                      "{\"type\":\"content_block_start\",\"index\":0,"
-                      "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}",
-                      strlen("{\"type\":\"content_block_start\",\"index\":0,"
-                             "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}"));
-        send_payload(a, "content_block_start", b);
-        sl_str_clear(b);
+        send_fixed(a, "content_block_start",
+                   "{\"type\":\"content_block_start\",\"index\":0,"
+                   "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}");
         return;
     }
     for (int i = 0; i < a->n_ch; i++) {
@@ -130,16 +132,10 @@ void api_stream_end(struct api_exchange *a, const struct sl_openai_error *err)
             sl_anthropic_error_encode(b, err);
             send_payload(a, "error", b);
         } else {
-            static const char stop[] = "{\"type\":\"content_block_stop\",\"index\":0}";
-            sl_str_append(b, stop, sizeof stop - 1);
-            send_payload(a, "content_block_stop", b);
-            sl_str_clear(b);
+            send_fixed(a, "content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}");
             sl_anthropic_message_delta_encode(b, a->ch[0].finish, api_stop_sequence(a), a->n_gen);
             send_payload(a, "message_delta", b);
-            sl_str_clear(b);
-            static const char end[] = "{\"type\":\"message_stop\"}";
-            sl_str_append(b, end, sizeof end - 1);
-            send_payload(a, "message_stop", b);
+            send_fixed(a, "message_stop", "{\"type\":\"message_stop\"}");
         }
         sl_http_end(a->x);
         return;

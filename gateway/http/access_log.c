@@ -14,11 +14,6 @@ static void str_add(struct sl_str *w, const char *lit)
     sl_str_append(w, lit, strlen(lit));
 }
 
-static void str_add_num(struct sl_str *w, unsigned long long v)
-{
-    sl_str_append_int(w, (long long)v);
-}
-
 /* Access-log lines are buffered per I/O thread and written once per loop iteration (or every
  * LOG_FLUSH_BYTES): a write(2) per request would cost as much as serving a small one. */
 static void access_log_add(struct io *io, const struct sl_str *line)
@@ -44,7 +39,7 @@ static void str_add_ms(struct sl_str *w, uint64_t ns)
     uint64_t us = ns / 1000;
     char frac[5] = {'.', (char)('0' + us / 100 % 10), (char)('0' + us / 10 % 10),
                     (char)('0' + us % 10), 0};
-    str_add_num(w, us / 1000);
+    sl_str_append_int(w, us / 1000);
     sl_str_append(w, frac, 4);
 }
 
@@ -62,11 +57,7 @@ static void str_add_int(struct sl_str *l, const char *name, long long v)
     str_add(l, ",\"");
     str_add(l, name);
     str_add(l, "\":");
-    if (v < 0) {
-        sl_str_append(l, "-", 1);
-        v = -v;
-    }
-    str_add_num(l, (unsigned long long)v);
+    sl_str_append_int(l, v);
 }
 
 /* One JSON line per request, written where its outcome is decided: its response is complete,
@@ -82,14 +73,14 @@ void sl_http_log_access(struct sl_exchange *x)
     struct sl_str *l = &c->io->line;
     sl_str_clear(l);
     str_add(l, "access {\"io\":");
-    str_add_num(l, (unsigned)c->io->idx);
+    sl_str_append_int(l, c->io->idx);
     str_add(l, ",\"method\":\"");
     str_add(l, x->parsed ? x->method_name : "");
     str_add(l, "\",\"path\":\"");
     if (x->parsed)
         sl_str_append_json(l, x->path.p, x->path.len > 200 ? 200 : x->path.len);
     str_add(l, "\",\"status\":");
-    str_add_num(l, (unsigned)x->status);
+    sl_str_append_int(l, x->status);
     /* Names are checked at load to need no escaping; keys never get this far. */
     if (g->tenant)
         str_add_field(l, "tenant", g->tenant);

@@ -139,11 +139,6 @@ static void str_add(struct sl_str *w, const char *lit)
     sl_str_append(w, lit, strlen(lit));
 }
 
-static void str_add_num(struct sl_str *w, unsigned long long v)
-{
-    sl_str_append_int(w, (long long)v);
-}
-
 /* Puts the connection on its thread's flush list: sl_http_io_on_flush writes its output (plain
  * sockets) and moves it on (conn_advance) at the end of this loop iteration. */
 static void conn_flush_later(conn_t *c)
@@ -174,7 +169,7 @@ static void head_format(struct sl_exchange *x, struct sl_str *w, int code, const
         x->keep_alive = false;
     x->status = code;
     str_add(w, "HTTP/1.1 ");
-    str_add_num(w, (unsigned)code);
+    sl_str_append_int(w, code);
     sl_str_append(w, " ", 1);
     str_add(w, sl_http_reason_phrase(code));
     str_add(w, "\r\nServer: sluice/" SL_VERSION "\r\nDate: ");
@@ -183,7 +178,7 @@ static void head_format(struct sl_exchange *x, struct sl_str *w, int code, const
     str_add(w, ctype);
     if (content_length >= 0) {
         str_add(w, "\r\nContent-Length: ");
-        str_add_num(w, (unsigned long long)content_length);
+        sl_str_append_int(w, content_length);
     } else if (x->chunked) {
         str_add(w, "\r\nTransfer-Encoding: chunked");
     }
@@ -893,7 +888,6 @@ void sl_http_conn_open(struct io *io, evutil_socket_t fd, bool tls)
     c->tls = tls;
     c->state = CONN_READING;
     c->x.conn = c;
-    c->x.io = io->idx;
     c->x.thread = io->handler_thread;
     sl_arena_init(&c->x.arena);
     sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);

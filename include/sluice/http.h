@@ -56,7 +56,6 @@ struct sl_exchange {
     struct sl_arena arena; /* the exchange's memory, reset once when it ends */
     void *data;            /* the handler's state of this exchange (in arena, usually) */
     void *thread;          /* the handler's state of this I/O thread (thread_start) */
-    int io;                /* the I/O thread's index */
     struct sl_config *cfg; /* the configuration this request started with (the connection's
                             * reference, which it keeps until the exchange ends) */
 
