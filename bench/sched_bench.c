@@ -109,7 +109,7 @@ int main(int argc, char **argv)
         int t = i < n_seqs ? i % 2 : 1;
         struct sl_req_params p = {
             .max_tokens = max_tokens, .top_p = 1.f, .tier = t, .sched_tier = tiers[t]};
-        struct sl_req *r = sl_req_new(ids, prompt, &p);
+        struct sl_req *r = sl_req_new(sl_req_prompt_copy(ids, prompt), &p);
         if (sl_sched_core_submit(c, r, now) != SL_OK) {
             fprintf(stderr, "sched-bench: submit refused\n");
             return 1;

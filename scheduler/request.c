@@ -32,17 +32,54 @@ static void *dup_array(const void *src, int n, size_t size)
     return p;
 }
 
-struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_req_params *p)
+struct sl_req_prompt *sl_req_prompt_new(int n)
+{
+    n = n < 0 ? 0 : n; /* an empty prompt: sl_sched_submit refuses the request */
+    struct sl_req_prompt *pr = sl_xmalloc(sizeof *pr + sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    atomic_init(&pr->refs, 1);
+    pr->n = n;
+    return pr;
+}
+
+struct sl_req_prompt *sl_req_prompt_copy(const int32_t *ids, int n)
+{
+    struct sl_req_prompt *pr = sl_req_prompt_new(n);
+    memcpy(pr->ids, ids, sizeof(int32_t) * (size_t)pr->n);
+    return pr;
+}
+
+int32_t *sl_req_prompt_ids(struct sl_req_prompt *pr)
+{
+    return pr->ids;
+}
+
+int sl_req_prompt_n(const struct sl_req_prompt *pr)
+{
+    return pr->n;
+}
+
+struct sl_req_prompt *sl_req_prompt_ref(struct sl_req_prompt *pr)
+{
+    atomic_fetch_add_explicit(&pr->refs, 1, memory_order_relaxed);
+    return pr;
+}
+
+void sl_req_prompt_unref(struct sl_req_prompt *pr)
+{
+    if (pr && atomic_fetch_sub_explicit(&pr->refs, 1, memory_order_acq_rel) == 1)
+        free(pr);
+}
+
+struct sl_req *sl_req_new(struct sl_req_prompt *prompt, const struct sl_req_params *p)
 {
     struct sl_req *r = sl_xcalloc(1, sizeof *r);
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancelled, false);
     atomic_init(&r->submit_ns, SL_REQ_NOT_YET);
     atomic_init(&r->first_step_ns, SL_REQ_NOT_YET);
-    r->n_prompt = n_prompt;
-    r->prompt = sl_xmalloc(sizeof(int32_t) * (size_t)(n_prompt > 0 ? n_prompt : 1));
-    if (n_prompt > 0)
-        memcpy(r->prompt, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    r->prompt_ref = prompt;
+    r->prompt = prompt->ids;
+    r->n_prompt = prompt->n;
     r->params = *p;
     r->params.sched_tier.name[SL_SCHED_TIER_NAME_MAX] = '\0';
     int n = clamp_count(p->n_stop, SL_REQ_MAX_STOPS);
@@ -82,7 +119,7 @@ void sl_req_unref(struct sl_req *r)
     if (r->detok)
         sl_detok_free(r->detok);
     sl_str_dispose(&r->pending);
-    free(r->prompt);
+    sl_req_prompt_unref(r->prompt_ref);
     free(r);
 }
 

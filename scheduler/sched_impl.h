@@ -9,10 +9,17 @@
 
 struct sl_seq;
 
+struct sl_req_prompt {
+    atomic_int refs;
+    int n;
+    int32_t ids[]; /* (n) */
+};
+
 struct sl_req {
     atomic_int refs;
     atomic_bool cancelled;
-    int32_t *prompt; /* (n_prompt) token ids, BOS first */
+    struct sl_req_prompt *prompt_ref; /* the reference the request holds */
+    const int32_t *prompt;            /* (n_prompt) prompt_ref's ids, BOS first */
     int n_prompt;
     struct sl_req_params params; /* stop strings point into stop_copy */
     char *stop_copy[SL_REQ_MAX_STOPS];

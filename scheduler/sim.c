@@ -177,7 +177,7 @@ static void sim_preempted(void *ctx, struct sl_req *r)
     q->res.preemptions++;
 }
 
-static int sim_submit(struct sim *m, struct sl_sched_core *core, int i, int32_t *scratch)
+static int sim_submit(struct sim *m, struct sl_sched_core *core, int i)
 {
     const struct sl_sim_request *rq = &m->reqs[i];
     const struct sl_sched_tier *t = &m->cfg->lim.tiers[rq->tier];
@@ -188,9 +188,11 @@ static int sim_submit(struct sim *m, struct sl_sched_core *core, int i, int32_t 
         m->cfg->on_arrival(m->cfg->on_arrival_ctx, i, &st);
     }
     q->expect = HASH_SEED;
+    struct sl_req_prompt *prompt = sl_req_prompt_new(rq->prompt_tokens);
+    int32_t *ids = sl_req_prompt_ids(prompt);
     for (int k = 0; k < rq->prompt_tokens; k++) {
-        scratch[k] = prompt_token(i, k);
-        q->expect = mix(q->expect, scratch[k]);
+        ids[k] = prompt_token(i, k);
+        q->expect = mix(q->expect, ids[k]);
     }
     struct sl_req_params p = {
         .max_tokens = rq->output_tokens,
@@ -199,7 +201,7 @@ static int sim_submit(struct sim *m, struct sl_sched_core *core, int i, int32_t 
         .tier = rq->tier,
         .sched_tier = *t,
     };
-    struct sl_req *r = sl_req_new(scratch, rq->prompt_tokens, &p);
+    struct sl_req *r = sl_req_new(prompt, &p);
     sl_req_set_user(r, q);
     uint64_t arrival = (uint64_t)llround(rq->arrival_s * 1e9);
     int st = sl_sched_core_submit(core, r, arrival);
@@ -307,14 +309,11 @@ int sl_sim_run(const struct sl_sim_config *cfg, const struct sl_sim_request *req
     if (n < 0 || lim->n_tiers < 1 || lim->n_tiers > SL_SCHED_MAX_TIERS || !lim->tiers ||
         lim->n_blocks < 1 || lim->block_size < 1)
         return SL_EINVAL;
-    int max_prompt = 1;
     for (int i = 0; i < n; i++) {
         const struct sl_sim_request *r = &reqs[i];
         if (!(r->arrival_s >= 0) || !isfinite(r->arrival_s) || r->tier < 0 ||
             r->tier >= lim->n_tiers || r->prompt_tokens < 1 || r->output_tokens < 1)
             return SL_EINVAL;
-        if (r->prompt_tokens > max_prompt)
-            max_prompt = r->prompt_tokens;
     }
     struct sim m = {.cfg = cfg, .reqs = reqs};
     struct sl_sched_limits l = *lim;
@@ -327,7 +326,6 @@ int sl_sim_run(const struct sl_sim_config *cfg, const struct sl_sim_request *req
         return SL_EINVAL;
     m.kv = sl_xcalloc((size_t)lim->n_blocks * (size_t)lim->block_size, sizeof *m.kv);
     m.st = sl_xcalloc((size_t)(n > 0 ? n : 1), sizeof *m.st);
-    int32_t *scratch = sl_xmalloc(sizeof(int32_t) * (size_t)max_prompt);
     struct arrival *by = sl_xmalloc(sizeof *by * (size_t)(n > 0 ? n : 1));
     for (int i = 0; i < n; i++) {
         by[i] = (struct arrival){reqs[i].arrival_s, i};
@@ -346,13 +344,13 @@ int sl_sim_run(const struct sl_sim_config *cfg, const struct sl_sim_request *req
     for (;;) {
         while (next < n && (uint64_t)llround(reqs[order[next]].arrival_s * 1e9) <= m.now_ns) {
             if (!cfg->static_batching)
-                sim_submit(&m, core, order[next], scratch);
+                sim_submit(&m, core, order[next]);
             next++;
         }
         /* Static batching: the next batch is whatever has arrived, once the last one is done. */
         if (cfg->static_batching && sl_sched_core_pending(core) == 0)
             for (int k = 0; k < lim->max_seqs && held < next; k++)
-                sim_submit(&m, core, order[held++], scratch);
+                sim_submit(&m, core, order[held++]);
         if (sl_sched_core_pending(core) == 0) {
             if (cfg->static_batching && held < next)
                 continue; /* every request of the batch was refused: form the next one */
@@ -404,7 +402,6 @@ int sl_sim_run(const struct sl_sim_config *cfg, const struct sl_sim_request *req
     for (int t = 0; t < SL_SCHED_MAX_TIERS; t++)
         free(m.itl[t].v);
     free(order);
-    free(scratch);
     free(m.st);
     free(m.kv);
     return st;

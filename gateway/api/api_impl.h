@@ -124,10 +124,11 @@ struct api_exchange {
     bool has_oc;
     bool parked;             /* a queue:MS step holds it: no scheduler has it yet */
     struct event *adm_timer; /* created at the first park */
-    /* The prompts' token ids for `ids_engine`, computed once: ids[i] (n_ids[i] tokens) is prompt
-     * i's; admission, parking and submit reuse them (in the arena; the scheduler copies). */
-    int32_t **ids;
-    int *n_ids;
+    /* The prompts' token ids for `ids_engine`, computed once: prompts[i] is prompt i's (the
+     * array in the arena, each prompt a reference the exchange holds until its requests take
+     * theirs: api_release_prompts); admission, parking and submit reuse them. */
+    struct sl_req_prompt **prompts;
+    int n_prompts;
     int ids_engine; /* -1: none computed */
     /* Anthropic: the stop sequences (in the arena), to name the one that matched. */
     const char *stops[SL_REQ_MAX_STOPS];
@@ -201,6 +202,8 @@ enum sl_chat_template api_chat_template(const struct api_exchange *a, const stru
  * their tokens together. */
 int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_prompt,
                        struct sl_openai_error *err);
+/* Drops the exchange's references to its prompts' ids (the requests keep theirs). */
+void api_release_prompts(struct api_exchange *a);
 /* echo: the prompt's text into out, as sent, or its token ids through the detokenizer. */
 void api_echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,
                      const struct sl_tok *tok, const int32_t *ids, int n);

@@ -32,6 +32,7 @@ static void admit_release(struct api_exchange *a, int n_generated)
         evtimer_del(a->adm_timer);
     a->parked = false;
     sl_admit_end(&a->adm, n_generated, (int64_t)sl_clock_ns());
+    api_release_prompts(a);
     if (a->has_oc) {
         sl_openai_completion_dispose(&a->oc);
         a->has_oc = false;
@@ -206,12 +207,11 @@ static void submit(struct api_exchange *a)
     a->n_ch = a->n_live = 0;
     for (int i = 0; i < total; i++) {
         struct choice *ch = &a->ch[i];
-        const int32_t *ids = a->ids[i / n];
-        int n_ids = a->n_ids[i / n];
+        struct sl_req_prompt *prompt = a->prompts[i / n];
         if (n_prompts > 1 && i % n == 0)
             sl_openai_prompt_select(oc, i / n); /* echo writes the selected prompt */
         oc->params.seed = oc->has_seed ? seed + (uint64_t)(i % n) : random_seed(t);
-        struct sl_req *r = sl_req_new(ids, n_ids, &oc->params);
+        struct sl_req *r = sl_req_new(sl_req_prompt_ref(prompt), &oc->params);
         sl_req_set_user(r, a);
         int st = sl_sched_submit(en->sched[a->replica], r, t->outbox);
         if (st != SL_OK) {
@@ -233,12 +233,14 @@ static void submit(struct api_exchange *a)
         sl_str_init(&ch->text);
         sl_str_init(&ch->held);
         if (oc->echo)
-            api_echo_prompt(&ch->text, oc, sl_model_tok(en->model), ids, n_ids);
+            api_echo_prompt(&ch->text, oc, sl_model_tok(en->model), sl_req_prompt_ids(prompt),
+                            sl_req_prompt_n(prompt));
         ch->echo_pending = oc->echo && oc->stream;
         a->n_ch = ++a->n_live;
     }
     sl_openai_completion_dispose(oc);
     a->has_oc = false;
+    api_release_prompts(a); /* the requests hold them now */
     a->n_prompt = n_prompt; /* all the prompts together */
     const char *prefix = a->kind == API_ANTHROPIC             ? "msg_"
                          : a->ident.api == SL_OPENAI_API_CHAT ? "chatcmpl-"

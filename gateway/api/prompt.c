@@ -62,6 +62,16 @@ static int encode_prompt(struct api_exchange *a, int e, int max_tokens, int *n_i
     return st;
 }
 
+void api_release_prompts(struct api_exchange *a)
+{
+    for (int i = 0; i < a->n_prompts; i++) {
+        sl_req_prompt_unref(a->prompts[i]);
+        a->prompts[i] = NULL;
+    }
+    a->n_prompts = 0;
+    a->ids_engine = -1;
+}
+
 int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_prompt,
                        struct sl_openai_error *err)
 {
@@ -73,20 +83,17 @@ int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_pro
         int seq_len = sl_model_config(a->t->api->engines[e].model)->seq_len;
         const char *param = oc->messages ? "messages" : "prompt";
         for (int i = 0; i < n_prompts; i++) {
-            if (sl_openai_check_context(seq_len, a->n_ids[i], false, max_tokens, param, err) !=
-                SL_OK)
+            int n = sl_req_prompt_n(a->prompts[i]);
+            if (sl_openai_check_context(seq_len, n, false, max_tokens, param, err) != SL_OK)
                 return SL_EINVAL;
-            total += a->n_ids[i];
+            total += n;
         }
         *n_prompt = total;
         return SL_OK;
     }
-    struct sl_arena *ar = &a->x->arena;
-    if (!a->ids) {
-        a->ids = sl_arena_calloc(ar, (size_t)n_prompts, sizeof *a->ids);
-        a->n_ids = sl_arena_calloc(ar, (size_t)n_prompts, sizeof *a->n_ids);
-    }
-    a->ids_engine = -1;
+    api_release_prompts(a);
+    if (!a->prompts)
+        a->prompts = sl_arena_calloc(&a->x->arena, (size_t)n_prompts, sizeof *a->prompts);
     int st = SL_OK;
     for (int i = 0; i < n_prompts && st == SL_OK; i++) {
         int n = 0;
@@ -94,16 +101,16 @@ int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_pro
             sl_openai_prompt_select(oc, i);
         st = encode_prompt(a, e, max_tokens, &n, err);
         if (st == SL_OK) {
-            a->ids[i] = sl_arena_alloc(ar, sizeof *a->ids[i] * (size_t)(n > 0 ? n : 1));
-            memcpy(a->ids[i], a->t->ids, sizeof *a->ids[i] * (size_t)n);
-            a->n_ids[i] = n;
+            a->prompts[a->n_prompts++] = sl_req_prompt_copy(a->t->ids, n);
             total += n;
         }
     }
     if (n_prompts > 1)
         sl_openai_prompt_select(oc, 0);
-    if (st != SL_OK)
+    if (st != SL_OK) {
+        api_release_prompts(a);
         return st;
+    }
     a->ids_engine = e;
     *n_prompt = total;
     return SL_OK;

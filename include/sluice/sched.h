@@ -99,9 +99,24 @@ struct sl_req_params {
 
 struct sl_req;
 
-/* Creates a request holding one reference (the caller's). Copies the prompt ids, the stop
- * strings and the logit bias. n_prompt >= 1. */
-struct sl_req *sl_req_new(const int32_t *prompt, int n_prompt, const struct sl_req_params *p);
+/* A prompt's token ids, BOS first, shared read-only by the requests that hold a reference to it
+ * (the n choices of one completion): tokenized once, never copied on the way to the scheduler.
+ * The last reference frees it. Any thread. */
+struct sl_req_prompt;
+/* Room for n ids, holding one reference (the caller's); fill it through sl_req_prompt_ids before
+ * handing it to a request. A request with an empty prompt is refused at submit. */
+struct sl_req_prompt *sl_req_prompt_new(int n);
+/* A new prompt holding a copy of ids (n). */
+struct sl_req_prompt *sl_req_prompt_copy(const int32_t *ids, int n);
+int32_t *sl_req_prompt_ids(struct sl_req_prompt *pr); /* (n) */
+int sl_req_prompt_n(const struct sl_req_prompt *pr);
+struct sl_req_prompt *sl_req_prompt_ref(struct sl_req_prompt *pr);
+void sl_req_prompt_unref(struct sl_req_prompt *pr);
+
+/* Creates a request holding one reference (the caller's). It takes over the caller's reference
+ * to prompt (sl_req_prompt_ref first to keep one), and copies the stop strings and the logit
+ * bias. */
+struct sl_req *sl_req_new(struct sl_req_prompt *prompt, const struct sl_req_params *p);
 void sl_req_ref(struct sl_req *r);
 /* Drops a reference; the last one frees the request. Any thread. */
 void sl_req_unref(struct sl_req *r);

@@ -231,7 +231,7 @@ static struct sl_req *add_req(struct env *e, int i, int n_prompt, int max_tokens
     for (int k = 1; k < n_prompt; k++)
         prompt[k] = 3 + (10 + i + k) % (VOCAB - 3);
     struct sl_req_params p = {.max_tokens = max_tokens, .temperature = 0.f, .top_p = 1.f};
-    struct sl_req *r = sl_req_new(prompt, n_prompt, &p);
+    struct sl_req *r = sl_req_new(sl_req_prompt_copy(prompt, n_prompt), &p);
     e->rec.reqs[i] = r;
     return r;
 }
@@ -248,7 +248,7 @@ static struct sl_req *add_req_tier(struct env *e, int i, int n_prompt, int max_t
                               .top_p = 1.f,
                               .tier = t,
                               .sched_tier = two_tiers[t]};
-    struct sl_req *r = sl_req_new(prompt, n_prompt, &p);
+    struct sl_req *r = sl_req_new(sl_req_prompt_copy(prompt, n_prompt), &p);
     e->rec.reqs[i] = r;
     return r;
 }
@@ -852,7 +852,7 @@ Test(sched, request_without_a_known_tier_queues_by_priority_when_named_tier_is_m
     int32_t prompt[3] = {1, 5, 6};
     struct sl_req_params p = {
         .max_tokens = 2, .top_p = 1.f, .sched_tier = {.name = "gone", .priority = 7}, .tier = 0};
-    struct sl_req *r = sl_req_new(prompt, 3, &p);
+    struct sl_req *r = sl_req_new(sl_req_prompt_copy(prompt, 3), &p);
     e.rec.reqs[0] = r;
     sl_sched_core_submit(e.core, r, 0);
     struct sl_sched_stats st;
@@ -994,7 +994,7 @@ static void run_sampled(struct env *e, int n, bool sampling)
                                   .top_p = i % 2 ? 0.9f : 1.f,
                                   .top_k = i % 3 == 2 ? 7 : 0,
                                   .seed = 100 + (uint64_t)i};
-        e->rec.reqs[i] = sl_req_new(prompt, 3 + i, &p);
+        e->rec.reqs[i] = sl_req_new(sl_req_prompt_copy(prompt, 3 + i), &p);
         cr_assert_eq(sl_sched_core_submit(e->core, e->rec.reqs[i], 0), SL_OK);
     }
     run_until_idle(e, 200);
@@ -1040,7 +1040,7 @@ static int run_greedy(struct env *e, struct sl_req_params p, bool sampling, int3
     const int32_t prompt[4] = {1, 20, 21, 22};
     p.temperature = 0.f;
     p.top_p = 1.f;
-    e->rec.reqs[0] = sl_req_new(prompt, 4, &p);
+    e->rec.reqs[0] = sl_req_new(sl_req_prompt_copy(prompt, 4), &p);
     cr_assert_eq(sl_sched_core_submit(e->core, e->rec.reqs[0], 0), SL_OK);
     sampled_rows = 0;
     run_until_idle(e, 100);
@@ -1302,7 +1302,7 @@ Test(sched, request_copies_its_stop_ids)
 {
     int32_t ids[2] = {5, 6};
     struct sl_req_params p = {.max_tokens = 4, .n_stop_ids = 2, .stop_ids = ids, .min_tokens = -3};
-    struct sl_req *r = sl_req_new(ids, 2, &p);
+    struct sl_req *r = sl_req_new(sl_req_prompt_copy(ids, 2), &p);
     ids[0] = 40;
     const struct sl_req_params *rp = sl_req_params(r);
     cr_assert_eq(rp->n_stop_ids, 2);

@@ -171,7 +171,7 @@ static void submit(struct engine *e, const struct golden *g, int i, int c, int t
                               .sched_tier = {.priority = tiers[t].priority,
                                              .tpot_slo_ms = tiers[t].tpot_slo_ms,
                                              .ttft_slo_ms = tiers[t].ttft_slo_ms}};
-    e->reqs[i] = sl_req_new(g->prompt[c], g->n_prompt[c], &p);
+    e->reqs[i] = sl_req_new(sl_req_prompt_copy(g->prompt[c], g->n_prompt[c]), &p);
     cr_assert_eq(sl_sched_core_submit(e->core, e->reqs[i], now), SL_OK);
 }
 
@@ -292,7 +292,7 @@ Test(sched, real_model_sampled_output_is_unchanged_when_preempted_and_resumed)
                                   .seed = 42,
                                   .tier = 1,
                                   .sched_tier = {.priority = 1}};
-        e.reqs[0] = sl_req_new(g.prompt[0], g.n_prompt[0], &p);
+        e.reqs[0] = sl_req_new(sl_req_prompt_copy(g.prompt[0], g.n_prompt[0]), &p);
         cr_assert_eq(sl_sched_core_submit(e.core, e.reqs[0], now), SL_OK);
         if (pass)
             for (int i = 1; i < 6; i++)

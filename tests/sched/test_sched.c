@@ -145,7 +145,7 @@ static struct sl_req *make_req_eos(struct harness *h, const char *prompt, int ma
     struct sl_req_params p = {
         .max_tokens = max_tokens, .temperature = temp, .top_p = 1.f, .seed = seed};
     p.ignore_eos = ignore_eos;
-    return sl_req_new(ids, n, &p);
+    return sl_req_new(sl_req_prompt_copy(ids, n), &p);
 }
 
 static struct sl_req *make_req(struct harness *h, const char *prompt, int max_tokens, float temp,
@@ -171,6 +171,43 @@ Test(sched, thread_delivers_all_tokens_then_done_when_request_runs)
     sl_str_dispose(&res.text);
     sl_req_unref(r);
     harness_dispose(&h);
+}
+
+Test(sched, requests_read_one_shared_prompt_without_copying_it_and_let_go_of_it_when_freed)
+{
+    struct harness h;
+    harness_init(&h);
+    int32_t ids[512];
+    int n;
+    const char *text = "Once upon a time";
+    cr_assert_eq(sl_tok_encode(sl_model_tok(h.model), text, strlen(text), true, ids, 512, &n),
+                 SL_OK);
+    /* Two choices of one completion: one tokenized prompt, a reference each. */
+    struct sl_req_prompt *pr = sl_req_prompt_copy(ids, n);
+    struct sl_req_params p = {.max_tokens = 12, .temperature = 0.f, .top_p = 1.f};
+    struct sl_req *r[2];
+    struct result res[2];
+    for (int i = 0; i < 2; i++) {
+        r[i] = sl_req_new(sl_req_prompt_ref(pr), &p);
+        cr_assert_eq(r[i]->prompt, sl_req_prompt_ids(pr), "the request reads the prompt given");
+        cr_assert_eq(sl_req_n_prompt(r[i]), n);
+    }
+    cr_assert_eq(atomic_load(&pr->refs), 3);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(sl_sched_submit(h.sched, r[i], h.box), SL_OK);
+        collect(&h, r[i], &res[i], false);
+    }
+    cr_assert_gt(res[0].n_tokens, 0);
+    cr_assert_eq(res[0].text.len, res[1].text.len, "greedy over the same prompt");
+    cr_assert(res[0].text.len == 0 || memcmp(res[0].text.p, res[1].text.p, res[0].text.len) == 0);
+    for (int i = 0; i < 2; i++) {
+        sl_str_dispose(&res[i].text);
+        sl_req_unref(r[i]);
+    }
+    harness_dispose(&h); /* the scheduler's references are gone with it */
+    cr_assert_eq(atomic_load(&pr->refs), 1, "each request let go of its reference once");
+    cr_assert_eq(sl_req_prompt_ids(pr)[0], ids[0]);
+    sl_req_prompt_unref(pr);
 }
 
 Test(sched, same_seed_gives_same_text_when_sampling_with_temperature)
@@ -394,7 +431,7 @@ Test(sched, new_tier_table_is_in_effect_when_a_later_request_is_done)
     int32_t ids[2] = {1, 42};
     struct sl_req_params p = {
         .max_tokens = 4, .top_p = 1.f, .sched_tier = {.name = "batch", .priority = 1}};
-    struct sl_req *r = sl_req_new(ids, 2, &p);
+    struct sl_req *r = sl_req_new(sl_req_prompt_copy(ids, 2), &p);
     sl_sched_submit(h.sched, r, h.box);
     struct result res;
     collect(&h, r, &res, false);
@@ -418,7 +455,7 @@ Test(sched, outbox_recycles_events_empty_and_keeps_long_text_apart_when_given_ba
     struct sl_outbox *box = sl_outbox_new(no_wake, NULL);
     int32_t prompt[] = {1, 2, 3};
     struct sl_req_params p = {.max_tokens = 4, .temperature = 0, .top_p = 1};
-    struct sl_req *r = sl_req_new(prompt, 3, &p);
+    struct sl_req *r = sl_req_new(sl_req_prompt_copy(prompt, 3), &p);
     char long_text[SL_OUT_INLINE * 3];
     memset(long_text, 'x', sizeof long_text);
     for (int round = 0; round < 3; round++) {
