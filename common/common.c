@@ -229,42 +229,45 @@ void sl_str_append_int(struct sl_str *s, long long v)
     sl_str_append(s, d + i, sizeof d - i);
 }
 
-void sl_str_append_json(struct sl_str *s, const char *data, size_t len)
+char *sl_json_escape(char *dst, const char *data, size_t len)
 {
     static const char hex[] = "0123456789abcdef";
-    sl_str_reserve(s, len + 2);
-    size_t i = 0;
-    while (i < len) {
-        /* Runs of plain bytes in one copy: most text has no escape at all. */
-        size_t run = i;
-        while (run < len && json_plain((unsigned char)data[run]))
-            run++;
-        if (run > i) {
-            sl_str_append(s, data + i, run - i);
-            i = run;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)data[i];
+        if (json_plain(c)) {
+            *dst++ = (char)c;
             continue;
         }
-        unsigned char c = (unsigned char)data[i++];
-        char esc[7];
-        const char *out = esc;
-        size_t n = 2;
+        *dst++ = '\\';
         switch (c) {
-        case '"': out = "\\\""; break;
-        case '\\': out = "\\\\"; break;
-        case '\n': out = "\\n"; break;
-        case '\r': out = "\\r"; break;
-        case '\t': out = "\\t"; break;
+        case '"': *dst++ = '"'; break;
+        case '\\': *dst++ = '\\'; break;
+        case '\n': *dst++ = 'n'; break;
+        case '\r': *dst++ = 'r'; break;
+        case '\t': *dst++ = 't'; break;
         default:
-            esc[0] = '\\';
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            n = 6;
+            *dst++ = 'u';
+            *dst++ = '0';
+            *dst++ = '0';
+            *dst++ = hex[c >> 4];
+            *dst++ = hex[c & 15];
         }
-        sl_str_append(s, out, n);
     }
+    return dst;
+}
+
+void sl_str_append_json(struct sl_str *s, const char *data, size_t len)
+{
+    /* In pieces, so that a long text reserves a little over its size, not six times it. */
+    enum { PIECE = 4096 };
+    do {
+        size_t n = len < PIECE ? len : PIECE;
+        sl_str_reserve(s, SL_JSON_ESCAPED_MAX(n));
+        s->len = (size_t)(sl_json_escape(s->p + s->len, data, n) - s->p);
+        data += n;
+        len -= n;
+    } while (len > 0);
+    s->p[s->len] = '\0';
 }
 
 void sl_str_clear(struct sl_str *s)

@@ -386,12 +386,17 @@ void sl_anthropic_message_start_encode(struct sl_str *out, const struct sl_opena
     put_lit(out, ",\"output_tokens\":0}}}");
 }
 
+#define DELTA_PRE                                                                                  \
+    "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"
+#define DELTA_POST "}}"
+const struct sl_strv sl_anthropic_delta_pre = {DELTA_PRE "\"", sizeof DELTA_PRE};
+const struct sl_strv sl_anthropic_delta_post = {"\"" DELTA_POST, sizeof DELTA_POST};
+
 void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len)
 {
-    put_lit(out, "{\"type\":\"content_block_delta\",\"index\":0,"
-                 "\"delta\":{\"type\":\"text_delta\",\"text\":");
+    put_lit(out, DELTA_PRE);
     put_text(out, text, len);
-    put_lit(out, "}}");
+    put_lit(out, DELTA_POST);
 }
 
 void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,

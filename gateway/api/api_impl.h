@@ -81,6 +81,9 @@ struct choice {
     int n_lp, cap_lp;
     size_t lp_offset; /* streaming completions: the next token's text_offset */
     int stop_index;   /* done with a stop string: which (params.stop's index), else -1 */
+    /* Streaming (OpenAI): what its chunks of plain text have around the text, made once at the
+     * stream's head (sl_openai_chunk_affixes), in the arena. */
+    struct sl_strv chunk_pre, chunk_post;
 };
 
 /* The API's state of one exchange (x->data), in the exchange's arena. */
@@ -260,6 +263,9 @@ void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_iden
 void sl_anthropic_message_start_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                        int input_tokens);
 void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len);
+/* What a text_delta's data has around a text that is valid UTF-8 (then written by
+ * sl_json_escape): the same bytes as sl_anthropic_delta_encode. */
+extern const struct sl_strv sl_anthropic_delta_pre, sl_anthropic_delta_post;
 void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,
                                        int output_tokens);
 

@@ -203,6 +203,11 @@ void sl_openai_completion_encode_choices(struct sl_str *out, const struct sl_ope
 /* A streaming chunk of choice id->index; finish SL_FINISH_NONE gives "finish_reason": null. */
 void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
                             size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp);
+/* The parts of choice id->index's chunks of text without log probabilities or a finish that
+ * do not change from one to the next: such a chunk is pre, the text as the inside of a JSON
+ * string (sl_json_escape), then post, as sl_openai_chunk_encode writes it. Appends pre then post
+ * to out (empty) and returns pre's length. */
+size_t sl_openai_chunk_affixes(const struct sl_openai_ident *id, struct sl_str *out);
 /* Bytes of token id's text after prev (what completions' text_offset advances by). */
 size_t sl_openai_token_len(const struct sl_tok *tok, int32_t prev, int32_t id);
 /* The first chunk of a chat stream's choice id->index: delta {"role": "assistant",

@@ -259,29 +259,56 @@ void sl_openai_completion_encode_choices(struct sl_str *out, const struct sl_ope
     put_lit(out, "}");
 }
 
-void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
-                            size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp)
+/* A chunk up to its text (content: a chat delta has "content"), and from its text on. */
+static void chunk_open(struct sl_str *out, const struct sl_openai_ident *id, bool content)
 {
     put_head(out, id, true);
     put_lit(out, ",\"choices\":[");
-    if (id->api == SL_OPENAI_API_CHAT) {
-        /* OpenAI's last chunk has an empty delta and the finish_reason. */
-        put_lit(out, "{\"index\":");
-        sl_str_append_int(out, id->index);
-        put_lit(out, ",\"delta\":{");
-        if (len > 0 || finish == SL_FINISH_NONE) {
-            put_lit(out, "\"content\":");
-            put_str(out, text, len);
-        }
-        put_lit(out, "}");
-        put_logprobs(out, id, lp);
-        put_finish(out, finish);
-        put_lit(out, "}");
-    } else {
-        put_choice(out, id, id->index, text, len, finish, lp);
+    if (id->api != SL_OPENAI_API_CHAT) {
+        put_lit(out, "{\"text\":\"");
+        return;
     }
-    put_lit(out, "]");
+    /* OpenAI's last chunk has an empty delta and the finish_reason. */
+    put_lit(out, "{\"index\":");
+    sl_str_append_int(out, id->index);
+    put_lit(out, ",\"delta\":{");
+    if (content)
+        put_lit(out, "\"content\":\"");
+}
+
+static void chunk_close(struct sl_str *out, const struct sl_openai_ident *id, bool content,
+                        enum sl_finish finish, const struct sl_openai_logprobs *lp)
+{
+    if (id->api != SL_OPENAI_API_CHAT) {
+        put_lit(out, "\",\"index\":");
+        sl_str_append_int(out, id->index);
+    } else {
+        if (content)
+            put_lit(out, "\"");
+        put_lit(out, "}");
+    }
+    put_logprobs(out, id, lp);
+    put_finish(out, finish);
+    put_lit(out, "}]");
     put_chunk_tail(out, id);
+}
+
+void sl_openai_chunk_encode(struct sl_str *out, const struct sl_openai_ident *id, const char *text,
+                            size_t len, enum sl_finish finish, const struct sl_openai_logprobs *lp)
+{
+    bool content = id->api != SL_OPENAI_API_CHAT || len > 0 || finish == SL_FINISH_NONE;
+    chunk_open(out, id, content);
+    if (content)
+        sl_str_append_json(out, text, len);
+    chunk_close(out, id, content, finish, lp);
+}
+
+size_t sl_openai_chunk_affixes(const struct sl_openai_ident *id, struct sl_str *out)
+{
+    chunk_open(out, id, true);
+    size_t n_pre = out->len;
+    chunk_close(out, id, true, SL_FINISH_NONE, NULL);
+    return n_pre;
 }
 
 void sl_openai_chunk_role_encode(struct sl_str *out, const struct sl_openai_ident *id)

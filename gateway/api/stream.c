@@ -59,6 +59,23 @@ static void send_fixed(struct api_exchange *a, const char *event, const char *da
     sl_http_send_sse_event(a->x, event, data, strlen(data));
 }
 
+static char *put(char *p, struct sl_strv s)
+{
+    memcpy(p, s.p, s.len);
+    return p + s.len;
+}
+
+/* The common event, a text with no log probabilities and no finish: its JSON is written straight
+ * into the connection's output, between parts made once per stream. */
+static void send_text(struct api_exchange *a, const char *event, struct sl_strv pre,
+                      const char *text, size_t len, struct sl_strv post)
+{
+    char *p = sl_http_sse_begin(a->x, event, pre.len + SL_JSON_ESCAPED_MAX(len) + post.len);
+    p = put(p, pre);
+    p = sl_json_escape(p, text, len);
+    sl_http_sse_commit(a->x, put(p, post));
+}
+
 void api_stream_chunk(struct api_exchange *a, struct choice *ch, const char *text, size_t len,
                       enum sl_finish finish, bool lp_all)
 {
@@ -68,6 +85,11 @@ void api_stream_chunk(struct api_exchange *a, struct choice *ch, const char *tex
         /* The finish goes in message_delta at the end; a chunk without text says nothing. */
         if (len == 0)
             return;
+        if (sl_utf8_valid(text, len)) {
+            send_text(a, "content_block_delta", sl_anthropic_delta_pre, text, len,
+                      sl_anthropic_delta_post);
+            return;
+        }
         sl_anthropic_delta_encode(b, text, len);
         send_payload(a, "content_block_delta", b);
         sl_str_clear(b);
@@ -76,6 +98,10 @@ void api_stream_chunk(struct api_exchange *a, struct choice *ch, const char *tex
     struct sl_openai_logprobs lpb;
     const struct sl_openai_logprobs *lp =
         lp_all && ch->n_lp == 0 ? NULL : api_lp_pending(a, ch, &lpb);
+    if (!lp && finish == SL_FINISH_NONE && ch->chunk_pre.len > 0) {
+        send_text(a, NULL, ch->chunk_pre, text, len, ch->chunk_post);
+        return;
+    }
     a->ident.index = (int)(ch - a->ch);
     sl_openai_chunk_encode(b, &a->ident, text, len, finish, lp);
     lp_sent(ch, lp);
@@ -103,6 +129,11 @@ void api_stream_head(struct api_exchange *a)
     for (int i = 0; i < a->n_ch; i++) {
         struct choice *ch = &a->ch[i];
         a->ident.index = i;
+        sl_str_clear(b);
+        size_t n_pre = sl_openai_chunk_affixes(&a->ident, b);
+        const char *both = sl_arena_strndup(&a->x->arena, b->p, b->len);
+        ch->chunk_pre = (struct sl_strv){both, n_pre};
+        ch->chunk_post = (struct sl_strv){both + n_pre, b->len - n_pre};
         if (a->ident.api == SL_OPENAI_API_CHAT) {
             /* A chat stream opens each choice with the assistant's role. */
             sl_str_clear(b);

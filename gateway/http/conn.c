@@ -243,19 +243,34 @@ static char *put(char *p, const void *s, size_t n)
     return p + n;
 }
 
-/* One server-sent event, framed (and chunked) straight into the output buffer: one copy of the
- * payload, no scratch. */
-static void send_event(struct sl_exchange *x, const char *event, const char *payload, size_t len)
+/* A server-sent event is framed in the output buffer around its payload, which the caller writes
+ * in place: the room is reserved with the payload at a fixed offset past the longest framing that
+ * can precede it, and at commit the framing is written and the payload moved back against it
+ * (a few hundred bytes at most, in cache). One reservation is open at a time per connection. */
+#define SSE_EVENT_MAX 64 /* longest event name */
+#define SSE_PRE_MAX (2 * sizeof(size_t) + 2 + 7 + SSE_EVENT_MAX + 1 + 6)
+#define SSE_POST_MAX 4 /* "\n\n", "\r\n" */
+
+char *sl_http_sse_begin(struct sl_exchange *x, const char *event, size_t max)
+{
+    conn_t *c = conn_of(x);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (evbuffer_reserve_space(out, (ev_ssize_t)(SSE_PRE_MAX + max + SSE_POST_MAX), &c->sse, 1) < 1)
+        abort(); /* libevent could not allocate: the style's answer is to stop */
+    c->sse_event = event;
+    return (char *)c->sse.iov_base + SSE_PRE_MAX;
+}
+
+void sl_http_sse_commit(struct sl_exchange *x, char *end)
 {
     static const char ev[] = "event: ", pre[] = "data: ", post[] = "\n\n";
     conn_t *c = conn_of(x);
-    size_t elen = event ? strlen(event) : 0;
+    const char *event = c->sse_event;
+    char *base = c->sse.iov_base, *payload = base + SSE_PRE_MAX;
+    size_t len = (size_t)(end - payload);
+    size_t elen = event ? strnlen(event, SSE_EVENT_MAX) : 0;
     size_t n = sizeof pre - 1 + len + sizeof post - 1 + (event ? sizeof ev - 1 + elen + 1 : 0);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    struct evbuffer_iovec v;
-    if (evbuffer_reserve_space(out, (ev_ssize_t)(n + 2 * sizeof n + 4), &v, 1) < 1)
-        abort(); /* libevent could not allocate: the style's answer is to stop */
-    char *p = v.iov_base;
+    char *p = base;
     if (x->chunked) {
         p = put_hex(p, n);
         p = put(p, "\r\n", 2);
@@ -266,13 +281,21 @@ static void send_event(struct sl_exchange *x, const char *event, const char *pay
         *p++ = '\n';
     }
     p = put(p, pre, sizeof pre - 1);
-    p = put(p, payload, len);
+    memmove(p, payload, len);
+    p += len;
     p = put(p, post, sizeof post - 1);
     if (x->chunked)
         p = put(p, "\r\n", 2);
-    v.iov_len = (size_t)(p - (char *)v.iov_base);
-    evbuffer_commit_space(out, &v, 1);
+    c->sse.iov_len = (size_t)(p - base);
+    evbuffer_commit_space(bufferevent_get_output(c->bev), &c->sse, 1);
     conn_flush_later(c);
+}
+
+static void send_event(struct sl_exchange *x, const char *event, const char *payload, size_t len)
+{
+    char *p = sl_http_sse_begin(x, event, len);
+    memcpy(p, payload, len);
+    sl_http_sse_commit(x, p + len);
 }
 
 void sl_http_send_sse(struct sl_exchange *x, const char *payload, size_t len)

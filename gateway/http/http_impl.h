@@ -6,6 +6,7 @@
 
 #include <sluice/http.h>
 
+#include <event2/buffer.h>
 #include <llhttp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -164,6 +165,8 @@ struct sl_http_conn {
     struct io *io;
     struct sl_http_conn *prev, *next; /* io->conns, or io->dead once closed */
     struct bufferevent *bev;
+    struct evbuffer_iovec sse; /* the room sl_http_sse_begin reserved in the output */
+    const char *sse_event;     /* and its event name, or NULL */
     struct sl_http_parser req;
     enum conn_state state;
     bool closed; /* waiting to be reaped; no callback may touch it any more */

@@ -74,6 +74,9 @@ void sl_str_append_int(struct sl_str *s, long long v);
 /* Appends the bytes as the body of a JSON string (no quotes): escapes ", \ and control bytes.
  * The input must be valid UTF-8; it is copied as is otherwise. */
 void sl_str_append_json(struct sl_str *s, const char *data, size_t len);
+/* The same written at dst, which has room for SL_JSON_ESCAPED_MAX(len) bytes; returns the end. */
+char *sl_json_escape(char *dst, const char *data, size_t len);
+#define SL_JSON_ESCAPED_MAX(len) (6 * (size_t)(len)) /* a control byte becomes \u00XX */
 void sl_str_clear(struct sl_str *s);
 
 /* Aborting allocators: never return NULL. */

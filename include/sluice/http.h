@@ -150,6 +150,13 @@ void sl_http_send_sse(struct sl_exchange *x, const char *payload, size_t len);
 /* The same with an "event: NAME" line before the data (Anthropic's streams). */
 void sl_http_send_sse_event(struct sl_exchange *x, const char *event, const char *payload,
                             size_t len);
+/* One server-sent event written in place, with no copy: sl_http_sse_begin reserves room for a
+ * payload of at most max bytes in the output and returns where to write it; sl_http_sse_commit,
+ * given the end of what was written, frames it as sl_http_send_sse_event does (event NULL: as
+ * sl_http_send_sse). Nothing else may be sent on x in between. event: at most 64 bytes, and it
+ * must stay valid until the commit. */
+char *sl_http_sse_begin(struct sl_exchange *x, const char *event, size_t max);
+void sl_http_sse_commit(struct sl_exchange *x, char *end);
 /* The streamed response is complete (the last chunk): the exchange ends once it is written. */
 void sl_http_end(struct sl_exchange *x);
 /* Bytes queued for the client and not yet taken by the kernel. */

@@ -2,6 +2,7 @@
 #include <sluice/common.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 static char *sanitized(const char *in, size_t len)
@@ -20,6 +21,33 @@ Test(common, json_escape_covers_quotes_backslash_and_controls_when_appending)
     const char in[] = "a\"b\\c\nd\te\x01\x1f f\xc3\xa9";
     sl_str_append_json(&s, in, sizeof in - 1);
     cr_assert_str_eq(s.p, "a\\\"b\\\\c\\nd\\te\\u0001\\u001f f\xc3\xa9");
+    sl_str_dispose(&s);
+}
+
+/* Long texts are escaped in pieces: an escape on either side of a piece's edge comes out whole,
+ * and the in-place escaper writes the same bytes. */
+Test(common, json_escape_of_a_long_text_is_whole_across_the_pieces_it_is_done_in)
+{
+    enum { N = 3 * 4096 + 7 };
+    char *in = malloc(N);
+    for (int i = 0; i < N; i++)
+        in[i] = (i % 4096 == 4095 || i % 4096 == 0) ? '\n' : (char)('a' + i % 26);
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_str_append(&s, "[", 1);
+    sl_str_append_json(&s, in, N);
+    size_t newlines = 0;
+    for (int i = 0; i < N; i++)
+        newlines += in[i] == '\n';
+    cr_assert_eq(s.len, 1 + N + newlines, "each newline becomes two bytes");
+    cr_assert_eq(s.p[s.len], '\0');
+    char *direct = malloc(SL_JSON_ESCAPED_MAX(N));
+    size_t n = (size_t)(sl_json_escape(direct, in, N) - direct);
+    cr_assert_eq(n, s.len - 1);
+    cr_assert_eq(memcmp(direct, s.p + 1, n), 0);
+    cr_assert_eq(memcmp(s.p + 1 + 4096, "\\n\\n", 4), 0, "the escapes at the first edge");
+    free(direct);
+    free(in);
     sl_str_dispose(&s);
 }
 

@@ -164,6 +164,14 @@ Test(gateway, anthropic_message_names_its_stop_when_encoded)
     }
     sl_str_clear(&out);
     sl_anthropic_delta_encode(&out, "a\nb", 3);
+    /* The stream's fast path, pre + the escaped text + post, writes the same bytes. */
+    char fast[256], *p = fast;
+    memcpy(p, sl_anthropic_delta_pre.p, sl_anthropic_delta_pre.len);
+    p = sl_json_escape(p + sl_anthropic_delta_pre.len, "a\nb", 3);
+    memcpy(p, sl_anthropic_delta_post.p, sl_anthropic_delta_post.len);
+    p += sl_anthropic_delta_post.len;
+    cr_assert_eq((size_t)(p - fast), out.len);
+    cr_assert_eq(memcmp(fast, out.p, out.len), 0, "%.*s", (int)out.len, out.p);
     j = parsed(&out);
     cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "content_block_delta");
     cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "delta"), "text")),

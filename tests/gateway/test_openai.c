@@ -443,6 +443,40 @@ Test(gateway, encodes_a_chunk_with_null_finish_when_the_stream_goes_on)
     sl_str_dispose(&s);
 }
 
+/* The stream's fast path writes pre, the escaped text, post: the same bytes as the encoder. */
+Test(gateway, chunk_affixes_around_the_escaped_text_make_the_encoders_chunk)
+{
+    const char *texts[] = {"x", "hello world", tricky, "\"\\\n\x01", "\xc3\xa9t\xc3\xa9"};
+    struct sl_str want, got;
+    sl_str_init(&want);
+    sl_str_init(&got);
+    for (int api = 0; api < 2; api++)
+        for (int usage = 0; usage < 2; usage++)
+            for (int index = 0; index < 3; index++)
+                for (size_t t = 0; t < sizeof texts / sizeof *texts; t++) {
+                    struct sl_openai_ident id = ident;
+                    id.api = api ? SL_OPENAI_API_CHAT : SL_OPENAI_API_COMPLETIONS;
+                    id.include_usage = usage;
+                    id.index = index;
+                    size_t len = strlen(texts[t]);
+                    sl_str_clear(&want);
+                    sl_openai_chunk_encode(&want, &id, texts[t], len, SL_FINISH_NONE, NULL);
+                    sl_str_clear(&got);
+                    size_t n_pre = sl_openai_chunk_affixes(&id, &got);
+                    char *post = strndup(got.p + n_pre, got.len - n_pre);
+                    got.len = n_pre;
+                    sl_str_reserve(&got, SL_JSON_ESCAPED_MAX(len) + strlen(post));
+                    got.len = (size_t)(sl_json_escape(got.p + got.len, texts[t], len) - got.p);
+                    sl_str_append(&got, post, strlen(post));
+                    free(post);
+                    cr_assert_eq(got.len, want.len, "api %d, usage %d, index %d: %s vs %s", api,
+                                 usage, index, got.p, want.p);
+                    cr_assert_eq(memcmp(got.p, want.p, want.len), 0, "%s vs %s", got.p, want.p);
+                }
+    sl_str_dispose(&want);
+    sl_str_dispose(&got);
+}
+
 Test(gateway, encodes_null_usage_in_every_chunk_when_include_usage_is_set)
 {
     struct sl_openai_ident id = ident;
