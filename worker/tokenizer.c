@@ -10,59 +10,28 @@
 
 #define BOS_ID 1 /* llama2.c hard-codes it */
 
-static int cmp_bytes(const char *a, size_t alen, const char *b, size_t blen)
+/* FNV-1a over s, continuing from h: a piece's hash is the same whether it is hashed whole or as
+ * the two pieces a merge would join. */
+static uint32_t hash_more(uint32_t h, const char *s, size_t n)
 {
-    size_t n = alen < blen ? alen : blen;
-    int c = memcmp(a, b, n);
-    if (c)
-        return c;
-    return alen < blen ? -1 : alen > blen;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 16777619u;
+    return h;
 }
 
-static int cmp_entry(const void *pa, const void *pb)
-{
-    const struct sl_tok_entry *a = pa, *b = pb;
-    int c = cmp_bytes(a->s, a->len, b->s, b->len);
-    if (c)
-        return c;
-    return a->id < b->id ? -1 : a->id > b->id;
-}
+#define HASH_SEED 2166136261u
 
-/* Compares the concatenation a ‖ b with s, without building it. */
-static int cmp_concat(const char *a, size_t alen, const char *b, size_t blen, const char *s,
-                      size_t slen)
-{
-    size_t n = alen < slen ? alen : slen;
-    int c = memcmp(a, s, n);
-    if (c)
-        return c;
-    if (alen > slen)
-        return 1;
-    size_t m = blen < slen - alen ? blen : slen - alen;
-    c = memcmp(b, s + alen, m);
-    if (c)
-        return c;
-    size_t tot = alen + blen;
-    return tot < slen ? -1 : tot > slen;
-}
-
-/* Lowest id whose piece is a ‖ b, or -1 (lower bound, so duplicate pieces resolve to the first). */
+/* Lowest id whose piece is a ‖ b, or -1. */
 static int32_t lookup2(const struct sl_tok *t, const char *a, size_t alen, const char *b,
                        size_t blen)
 {
-    int lo = 0, hi = t->vocab_size;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        const struct sl_tok_entry *e = &t->sorted[mid];
-        if (cmp_concat(a, alen, b, blen, e->s, e->len) > 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    if (lo < t->vocab_size) {
-        const struct sl_tok_entry *e = &t->sorted[lo];
-        if (cmp_concat(a, alen, b, blen, e->s, e->len) == 0)
-            return e->id;
+    uint32_t slot = hash_more(hash_more(HASH_SEED, a, alen), b, blen) & t->index_mask;
+    for (uint32_t v; (v = t->index[slot]) != 0; slot = (slot + 1) & t->index_mask) {
+        int32_t id = (int32_t)(v - 1);
+        const char *p = t->pieces[id];
+        if (t->piece_len[id] == alen + blen && memcmp(p, a, alen) == 0 &&
+            memcmp(p + alen, b, blen) == 0)
+            return id;
     }
     return -1;
 }
@@ -86,13 +55,22 @@ static int hexval(char c)
 void sl_tok_index(struct sl_tok *t)
 {
     int n = t->vocab_size;
-    t->sorted = sl_xmalloc((size_t)n * sizeof(*t->sorted));
+    uint32_t slots = 16;
+    while (slots < 2u * (uint32_t)n)
+        slots *= 2;
+    t->index = sl_xcalloc(slots, sizeof *t->index);
+    t->index_mask = slots - 1;
     t->byte_piece = sl_xmalloc((size_t)n * sizeof(*t->byte_piece));
     t->max_token_length = 0;
     for (int i = 0; i < n; i++) {
         const char *p = t->pieces[i];
         uint32_t len = t->piece_len[i];
-        t->sorted[i] = (struct sl_tok_entry){p, len, i};
+        if (lookup2(t, p, len, "", 0) < 0) { /* ids in order: the lowest one stays */
+            uint32_t slot = hash_more(HASH_SEED, p, len) & t->index_mask;
+            while (t->index[slot])
+                slot = (slot + 1) & t->index_mask;
+            t->index[slot] = (uint32_t)i + 1;
+        }
         if ((int)len > t->max_token_length)
             t->max_token_length = (int)len;
         t->byte_piece[i] = -1;
@@ -107,7 +85,6 @@ void sl_tok_index(struct sl_tok *t)
     for (int i = n - 1; i >= 0; i--)
         if (t->byte_piece[i] >= 0)
             t->byte_id[t->byte_piece[i]] = i; /* the lowest id wins, like the piece lookup */
-    qsort(t->sorted, (size_t)n, sizeof(*t->sorted), cmp_entry);
     t->space_id = sl_tok_lookup(t, " ", 1);
 }
 
@@ -119,7 +96,7 @@ void sl_tok_free(struct sl_tok *t)
     free(t->pieces);
     free(t->piece_len);
     free(t->scores);
-    free(t->sorted);
+    free(t->index);
     free(t->byte_piece);
     free(t->special);
     free(t->merges);

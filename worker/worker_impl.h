@@ -92,12 +92,6 @@ int sl_model_load_gguf(struct sl_model *m, const char *path, char *err, size_t e
 /* dir: a Hugging Face folder with config.json, model.safetensors and tokenizer.json. */
 int sl_model_load_hf(struct sl_model *m, const char *dir, char *err, size_t errlen);
 
-struct sl_tok_entry {
-    const char *s; /* piece bytes (not NUL-terminated) */
-    uint32_t len;
-    int32_t id;
-};
-
 enum sl_tok_kind {
     /* llama2.c tokenizer.bin and GGUF "llama" vocabularies: a dummy-prefix space, merges of any
      * two adjacent pieces whose concatenation is a piece, highest score first. */
@@ -127,19 +121,23 @@ struct sl_tok_added {
 struct sl_tok {
     enum sl_tok_kind kind;
     int vocab_size;
-    int max_token_length;        /* longest piece in bytes */
-    char *blob;                  /* all pieces back to back, each followed by a NUL */
-    const char **pieces;         /* (vocab) piece start in blob */
-    uint32_t *piece_len;         /* (vocab) piece bytes */
-    float *scores;               /* (vocab) merge scores: higher merges first */
-    struct sl_tok_entry *sorted; /* (vocab) pieces in byte order, for bsearch */
-    int16_t *byte_piece;         /* (vocab) raw byte a "<0xAB>" piece stands for, -1 otherwise */
-    unsigned char bytes[256];    /* bytes[b] == b: storage that decode of "<0xAB>" points into */
-    int32_t space_id;            /* id of " " (the dummy prefix), -1 when absent */
-    int32_t bos_id;              /* prepended by encode(bos); decode drops a space after it */
-    int32_t byte_id[256];        /* id of the "<0xAB>" piece of byte b, -1 when absent */
-    uint8_t *special;            /* (vocab) or NULL: 1 for control tokens, which decode to "" */
-    int32_t unk_id;              /* id for characters outside the vocab, -1 = drop them */
+    int max_token_length; /* longest piece in bytes */
+    char *blob;           /* all pieces back to back, each followed by a NUL */
+    const char **pieces;  /* (vocab) piece start in blob */
+    uint32_t *piece_len;  /* (vocab) piece bytes */
+    float *scores;        /* (vocab) merge scores: higher merges first */
+    /* The pieces by their bytes: an open-addressed hash table of index_mask + 1 slots (at least
+     * twice the vocabulary), each 0 or a piece's id + 1; a piece spelled twice has its lowest id
+     * there. */
+    uint32_t *index;
+    uint32_t index_mask;
+    int16_t *byte_piece;      /* (vocab) raw byte a "<0xAB>" piece stands for, -1 otherwise */
+    unsigned char bytes[256]; /* bytes[b] == b: storage that decode of "<0xAB>" points into */
+    int32_t space_id;         /* id of " " (the dummy prefix), -1 when absent */
+    int32_t bos_id;           /* prepended by encode(bos); decode drops a space after it */
+    int32_t byte_id[256];     /* id of the "<0xAB>" piece of byte b, -1 when absent */
+    uint8_t *special;         /* (vocab) or NULL: 1 for control tokens, which decode to "" */
+    int32_t unk_id;           /* id for characters outside the vocab, -1 = drop them */
     /* SL_TOK_KIND_HF_BPE only */
     bool byte_fallback;          /* a character's "<0xAB>" ids, when all exist, before <unk> */
     bool fuse_unk;               /* consecutive unknown characters give one <unk> */

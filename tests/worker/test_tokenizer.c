@@ -461,6 +461,21 @@ Test(worker, encode_merges_best_score_first_when_pairs_overlap)
     sl_tok_free(t);
 }
 
+Test(worker, encode_takes_the_lowest_id_when_a_piece_is_spelled_twice)
+{
+    /* 259 " ", 260 "a", 261 "b", 262 "ab", 263 "ab" again (a higher score, unused: the lowest
+     * id's score decides, as llama2.c's sorted lookup finds it), 264 "x" */
+    const char *const extra[] = {" ", "a", "b", "ab", "ab", "x"};
+    const float scores[] = {0, 0, 0, -1.0f, 9.0f, 0};
+    struct sl_tok *t = tok_from(extra, scores, 6);
+    expect_ids(t, "ab", (const int32_t[]){259, 262}, 2);
+    expect_ids(t, "xab", (const int32_t[]){259, 264, 262}, 3);
+    cr_assert_eq(sl_tok_lookup(t, "ab", 2), 262);
+    cr_assert_eq(sl_tok_lookup(t, "abx", 3), -1);
+    cr_assert_eq(sl_tok_lookup(t, "", 0), -1);
+    sl_tok_free(t);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * HF BPE semantics on small tokenizer.json texts
  */
