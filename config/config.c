@@ -514,6 +514,64 @@ bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b
     return true;
 }
 
+/* Keys read only at start: a reload keeps the running value and says so. */
+void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *cur)
+{
+#define KEEP_STR(f)                                                                                \
+    if (!(next->f == cur->f || (next->f && cur->f && strcmp(next->f, cur->f) == 0))) {             \
+        sl_log(SL_LOG_WARN, "reload: \"" #f "\" changes only on restart; keeping \"%s\"",          \
+               cur->f ? cur->f : "null");                                                          \
+        free(next->f);                                                                             \
+        next->f = cur->f ? sl_xstrdup(cur->f) : NULL;                                              \
+    }
+#define KEEP_NUM(f)                                                                                \
+    if (next->f != cur->f) {                                                                       \
+        sl_log(SL_LOG_WARN, "reload: \"" #f "\" changes only on restart; keeping %g",              \
+               (double)cur->f);                                                                    \
+        next->f = cur->f;                                                                          \
+    }
+    KEEP_STR(listen_host)
+    KEEP_NUM(listen_port)
+    KEEP_NUM(listen_backlog)
+    KEEP_STR(model)
+    KEEP_STR(tokenizer)
+    KEEP_STR(device)
+    KEEP_NUM(io_threads)
+    KEEP_NUM(threads)
+    KEEP_NUM(pin_threads)
+    KEEP_STR(cpu_isa)
+    KEEP_NUM(max_seqs)
+    KEEP_NUM(max_batch_tokens)
+    KEEP_NUM(block_size)
+    KEEP_NUM(kv_cache_mib)
+    KEEP_NUM(kv_cache_fraction)
+    if (next->kv_dtype != cur->kv_dtype) {
+        sl_log(SL_LOG_WARN, "reload: \"kv_dtype\" changes only on restart; keeping %s",
+               sl_kv_dtype_name(cur->kv_dtype));
+        next->kv_dtype = cur->kv_dtype;
+    }
+    /* The TLS listener exists or not from the start; its certificate and key are reloadable. */
+    if (!cur->tls.cert != !next->tls.cert) {
+        sl_log(SL_LOG_WARN, "reload: \"tls\" can be %s only on restart; keeping it %s",
+               cur->tls.cert ? "removed" : "added", cur->tls.cert ? "as it was" : "off");
+        tls_clear(&next->tls);
+        next->tls.listen_host = cur->tls.listen_host ? sl_xstrdup(cur->tls.listen_host) : NULL;
+        next->tls.listen_port = cur->tls.listen_port;
+        next->tls.cert = cur->tls.cert ? sl_xstrdup(cur->tls.cert) : NULL;
+        next->tls.key = cur->tls.key ? sl_xstrdup(cur->tls.key) : NULL;
+    }
+    KEEP_STR(tls.listen_host)
+    KEEP_NUM(tls.listen_port)
+#undef KEEP_STR
+#undef KEEP_NUM
+    /* Each model has its worker and scheduler from the start. */
+    if (!sl_config_models_equal(next, cur)) {
+        sl_log(SL_LOG_WARN, "reload: \"models\" change only on restart; keeping the %d served",
+               cur->n_models);
+        sl_config_models_copy(next, cur);
+    }
+}
+
 /* models[0] is "model" and "tokenizer": a flag or key that set those sets it. */
 static void models_sync(struct sl_config *c)
 {

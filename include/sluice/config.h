@@ -125,6 +125,10 @@ void sl_config_usage(FILE *out);
  * models in the same way (a reload cannot change them). */
 void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src);
 bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b);
+/* For a reload: next keeps cur's value of every key read only at start (listen, io_threads, the
+ * models and their devices, threads, the KV cache's sizing, whether there is a TLS listener and
+ * where), logging a warning for each one that next changed. */
+void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *cur);
 
 /* The effective configuration as JSON (every key conf/sluice.json documents), with key hashes
  * redacted: what GET /admin/config answers. The caller owns the result (a jansson json_t). */

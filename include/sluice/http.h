@@ -178,7 +178,8 @@ enum sl_status sl_http_server_new(struct sl_config *cfg, const struct sl_http_ha
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
  * every request that starts from now on; requests in flight keep theirs. Keys that only take
  * effect at start (listen, listen_backlog, tls.listen, model, threads, pin_threads, KV and
- * batch sizes, io_threads) keep their running values, each change logged as needing a restart.
+ * batch sizes, io_threads) keep their running values, each change logged as needing a restart
+ * (sl_config_keep_start_keys).
  * With a TLS listener the certificate and key are loaded again first: when they do not load or
  * do not match, nothing changes and SL_EINVAL says why; otherwise new TLS connections use them
  * and open ones keep theirs. The handler's on_reload sees the change first. Any thread. */
