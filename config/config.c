@@ -16,37 +16,37 @@ _Static_assert(SL_MODEL_NAME_MAX <= SL_ADMIT_MODEL_NAME_MAX, "overload steps hol
 void sl_config_init(struct sl_config *c)
 {
     memset(c, 0, sizeof *c);
-    c->listen_host = sl_xstrdup("127.0.0.1");
-    c->listen_port = 8080;
-    c->listen_backlog = 4096;
+    c->http.listen_host = sl_xstrdup("127.0.0.1");
+    c->http.listen_port = 8080;
+    c->http.listen_backlog = 4096;
+    c->http.io_threads = 1;
+    c->http.max_body_bytes = 1 << 20;
+    c->http.max_header_bytes = 16 << 10;
+    c->http.header_timeout_ms = 10000;
+    c->http.idle_timeout_ms = 60000;
+    c->http.max_connections = 4096;
+    c->http.write_high_water_bytes = 64 << 10;
+    c->http.write_hard_cap_bytes = 1 << 20;
+    c->http.tcp_send_buffer_bytes = 0;
+    c->http.drain_timeout_ms = 30000;
     c->model = sl_xstrdup("synthetic");
     c->tokenizer = NULL;
-    c->device = sl_xstrdup("auto");
-    c->io_threads = 1;
-    c->threads = 0;
-    c->pin_threads = true;
-    c->cpu_isa = sl_xstrdup("auto");
-    c->max_seqs = 32;
-    c->max_batch_tokens = 512;
-    c->block_size = 16;
-    c->kv_cache_mib = 512;
-    c->kv_dtype = SL_KV_F16; /* as llama.cpp's default cache type; f32 on request */
-    c->default_max_tokens = 16;
-    c->default_max_tokens_chat = 0;
-    c->max_body_bytes = 1 << 20;
-    c->max_header_bytes = 16 << 10;
-    c->header_timeout_ms = 10000;
-    c->idle_timeout_ms = 60000;
-    c->max_connections = 4096;
-    c->write_high_water_bytes = 64 << 10;
-    c->write_hard_cap_bytes = 1 << 20;
-    c->tcp_send_buffer_bytes = 0;
-    c->drain_timeout_ms = 30000;
+    c->engine.n_models = 1;
+    c->engine.models = sl_xcalloc(1, sizeof *c->engine.models);
+    c->engine.models[0].spec = sl_xstrdup(c->model);
+    c->engine.models[0].threads = -1; /* device NULL: "device" */
+    c->engine.device = sl_xstrdup("auto");
+    c->engine.threads = 0;
+    c->engine.pin_threads = true;
+    c->engine.cpu_isa = sl_xstrdup("auto");
+    c->engine.max_seqs = 32;
+    c->engine.max_batch_tokens = 512;
+    c->engine.block_size = 16;
+    c->engine.kv_cache_mib = 512;
+    c->engine.kv_dtype = SL_KV_F16; /* as llama.cpp's default cache type; f32 on request */
+    c->api.default_max_tokens = 16;
+    c->api.default_max_tokens_chat = 0;
     c->log_level = sl_xstrdup("info");
-    c->n_models = 1;
-    c->models = sl_xcalloc(1, sizeof *c->models);
-    c->models[0].spec = sl_xstrdup(c->model);
-    c->models[0].threads = -1; /* device NULL: "device" */
     sl_tenancy_init(&c->tenancy);
 }
 
@@ -78,17 +78,17 @@ static void devices_free(char **d, int n)
 
 void sl_config_dispose(struct sl_config *c)
 {
-    models_free(c->models, c->n_models);
-    devices_free(c->devices, c->n_devices);
-    tls_clear(&c->tls);
-    free(c->listen_host);
+    models_free(c->engine.models, c->engine.n_models);
+    devices_free(c->engine.devices, c->engine.n_devices);
+    tls_clear(&c->http.tls);
+    free(c->http.listen_host);
     free(c->model);
     free(c->tokenizer);
     free(c->served_model_name);
-    free(c->device);
-    free(c->chat_template);
+    free(c->engine.device);
+    free(c->api.chat_template);
     free(c->log_level);
-    free(c->cpu_isa);
+    free(c->engine.cpu_isa);
     sl_tenancy_dispose(&c->tenancy);
     memset(c, 0, sizeof *c);
 }
@@ -128,6 +128,36 @@ void sl_config_unref(struct sl_config *c)
         sl_config_dispose(&b->c);
         free(b);
     }
+}
+
+const struct sl_config_http *sl_config_http(const struct sl_config *c)
+{
+    return &c->http;
+}
+
+const struct sl_config_engine *sl_config_engine(const struct sl_config *c)
+{
+    return &c->engine;
+}
+
+const struct sl_config_api *sl_config_api(const struct sl_config *c)
+{
+    return &c->api;
+}
+
+const struct sl_tenancy *sl_config_tenancy(const struct sl_config *c)
+{
+    return &c->tenancy;
+}
+
+struct sl_tenancy *sl_config_tenancy_mut(struct sl_config *c)
+{
+    return &c->tenancy;
+}
+
+const char *sl_config_log_level(const struct sl_config *c)
+{
+    return c->log_level;
 }
 
 static void replace(char **dst, const char *src)
@@ -205,34 +235,34 @@ struct key {
 #define OFF(f) offsetof(struct sl_config, f)
 static const struct key keys[] = {
     {"listen", K_LISTEN, 0, 0, 0},
-    {"listen_backlog", K_INT, OFF(listen_backlog), 1, 65535},
+    {"listen_backlog", K_INT, OFF(http.listen_backlog), 1, 65535},
     {"tls", K_TLS, 0, 0, 0},
     {"model", K_STR, OFF(model), 0, 0},
     {"tokenizer", K_STR_OR_NULL, OFF(tokenizer), 0, 0},
     {"served_model_name", K_MODEL_NAME, OFF(served_model_name), 0, 0},
-    {"device", K_STR, OFF(device), 0, 0},
-    {"chat_template", K_STR_OR_NULL, OFF(chat_template), 0, 0},
-    {"io_threads", K_INT, OFF(io_threads), 1, 64},
-    {"threads", K_INT, OFF(threads), 0, 1024},
-    {"pin_threads", K_BOOL, OFF(pin_threads), 0, 0},
-    {"cpu_isa", K_CPU_ISA, OFF(cpu_isa), 0, 0},
-    {"max_seqs", K_INT, OFF(max_seqs), 1, 4096},
-    {"max_batch_tokens", K_INT, OFF(max_batch_tokens), 1, 1 << 20},
-    {"block_size", K_INT, OFF(block_size), 1, 1024},
-    {"kv_cache_mib", K_INT, OFF(kv_cache_mib), 1, 1 << 24},
-    {"kv_cache_fraction", K_FRACTION, OFF(kv_cache_fraction), 0, 0},
-    {"kv_dtype", K_KV_DTYPE, OFF(kv_dtype), 0, 0},
-    {"default_max_tokens", K_INT, OFF(default_max_tokens), 1, 1 << 20},
-    {"default_max_tokens_chat", K_INT, OFF(default_max_tokens_chat), 0, 1 << 20},
-    {"max_body_bytes", K_SIZE, OFF(max_body_bytes), 64, 1L << 30},
-    {"max_header_bytes", K_SIZE, OFF(max_header_bytes), 256, 1L << 20},
-    {"header_timeout_ms", K_INT, OFF(header_timeout_ms), 1, 3600000},
-    {"idle_timeout_ms", K_INT, OFF(idle_timeout_ms), 1, 86400000},
-    {"max_connections", K_INT, OFF(max_connections), 1, 1000000},
-    {"write_high_water_bytes", K_SIZE, OFF(write_high_water_bytes), 0, 1L << 30},
-    {"write_hard_cap_bytes", K_SIZE, OFF(write_hard_cap_bytes), 1024, 1L << 34},
-    {"tcp_send_buffer_bytes", K_SIZE, OFF(tcp_send_buffer_bytes), 0, 1L << 28},
-    {"drain_timeout_ms", K_INT, OFF(drain_timeout_ms), 0, 3600000},
+    {"device", K_STR, OFF(engine.device), 0, 0},
+    {"chat_template", K_STR_OR_NULL, OFF(api.chat_template), 0, 0},
+    {"io_threads", K_INT, OFF(http.io_threads), 1, 64},
+    {"threads", K_INT, OFF(engine.threads), 0, 1024},
+    {"pin_threads", K_BOOL, OFF(engine.pin_threads), 0, 0},
+    {"cpu_isa", K_CPU_ISA, OFF(engine.cpu_isa), 0, 0},
+    {"max_seqs", K_INT, OFF(engine.max_seqs), 1, 4096},
+    {"max_batch_tokens", K_INT, OFF(engine.max_batch_tokens), 1, 1 << 20},
+    {"block_size", K_INT, OFF(engine.block_size), 1, 1024},
+    {"kv_cache_mib", K_INT, OFF(engine.kv_cache_mib), 1, 1 << 24},
+    {"kv_cache_fraction", K_FRACTION, OFF(engine.kv_cache_fraction), 0, 0},
+    {"kv_dtype", K_KV_DTYPE, OFF(engine.kv_dtype), 0, 0},
+    {"default_max_tokens", K_INT, OFF(api.default_max_tokens), 1, 1 << 20},
+    {"default_max_tokens_chat", K_INT, OFF(api.default_max_tokens_chat), 0, 1 << 20},
+    {"max_body_bytes", K_SIZE, OFF(http.max_body_bytes), 64, 1L << 30},
+    {"max_header_bytes", K_SIZE, OFF(http.max_header_bytes), 256, 1L << 20},
+    {"header_timeout_ms", K_INT, OFF(http.header_timeout_ms), 1, 3600000},
+    {"idle_timeout_ms", K_INT, OFF(http.idle_timeout_ms), 1, 86400000},
+    {"max_connections", K_INT, OFF(http.max_connections), 1, 1000000},
+    {"write_high_water_bytes", K_SIZE, OFF(http.write_high_water_bytes), 0, 1L << 30},
+    {"write_hard_cap_bytes", K_SIZE, OFF(http.write_hard_cap_bytes), 1024, 1L << 34},
+    {"tcp_send_buffer_bytes", K_SIZE, OFF(http.tcp_send_buffer_bytes), 0, 1L << 28},
+    {"drain_timeout_ms", K_INT, OFF(http.drain_timeout_ms), 0, 3600000},
     {"log_level", K_LOG_LEVEL, OFF(log_level), 0, 0},
     {"models", K_MODELS, 0, 0, 0},
     {"devices", K_DEVICES, 0, 0, 0},
@@ -246,7 +276,7 @@ static int parse_tls(struct sl_config *c, json_t *v, char *err, size_t errlen, c
 {
     struct sl_config_tls t = {0};
     if (json_is_null(v)) {
-        tls_clear(&c->tls);
+        tls_clear(&c->http.tls);
         return SL_OK;
     }
     if (!json_is_object(v)) {
@@ -296,8 +326,8 @@ static int parse_tls(struct sl_config *c, json_t *v, char *err, size_t errlen, c
         tls_clear(&t);
         return st;
     }
-    tls_clear(&c->tls);
-    c->tls = t;
+    tls_clear(&c->http.tls);
+    c->http.tls = t;
     return SL_OK;
 }
 
@@ -425,9 +455,9 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
         models_free(m, n);
         return st;
     }
-    models_free(c->models, c->n_models);
-    c->models = m;
-    c->n_models = n;
+    models_free(c->engine.models, c->engine.n_models);
+    c->engine.models = m;
+    c->engine.n_models = n;
     replace(&c->model, m[0].spec);
     replace(&c->tokenizer, m[0].tokenizer);
     return SL_OK;
@@ -466,43 +496,43 @@ static int parse_devices(struct sl_config *c, json_t *v, char *err, size_t errle
             return SL_EINVAL;
         }
     }
-    devices_free(c->devices, c->n_devices);
-    c->devices = d;
-    c->n_devices = n;
+    devices_free(c->engine.devices, c->engine.n_devices);
+    c->engine.devices = d;
+    c->engine.n_devices = n;
     return SL_OK;
 }
 
 void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src)
 {
-    struct sl_config_model *m = sl_xcalloc((size_t)src->n_models, sizeof *m);
-    for (int i = 0; i < src->n_models; i++) {
-        const struct sl_config_model *o = &src->models[i];
+    struct sl_config_model *m = sl_xcalloc((size_t)src->engine.n_models, sizeof *m);
+    for (int i = 0; i < src->engine.n_models; i++) {
+        const struct sl_config_model *o = &src->engine.models[i];
         m[i].name = o->name ? sl_xstrdup(o->name) : NULL;
         m[i].spec = o->spec ? sl_xstrdup(o->spec) : NULL;
         m[i].tokenizer = o->tokenizer ? sl_xstrdup(o->tokenizer) : NULL;
         m[i].device = o->device ? sl_xstrdup(o->device) : NULL;
         m[i].threads = o->threads;
     }
-    models_free(dst->models, dst->n_models);
-    dst->models = m;
-    dst->n_models = src->n_models;
-    char **d = src->n_devices ? sl_xcalloc((size_t)src->n_devices, sizeof *d) : NULL;
-    for (int i = 0; i < src->n_devices; i++)
-        d[i] = sl_xstrdup(src->devices[i]);
-    devices_free(dst->devices, dst->n_devices);
-    dst->devices = d;
-    dst->n_devices = src->n_devices;
+    models_free(dst->engine.models, dst->engine.n_models);
+    dst->engine.models = m;
+    dst->engine.n_models = src->engine.n_models;
+    char **d = src->engine.n_devices ? sl_xcalloc((size_t)src->engine.n_devices, sizeof *d) : NULL;
+    for (int i = 0; i < src->engine.n_devices; i++)
+        d[i] = sl_xstrdup(src->engine.devices[i]);
+    devices_free(dst->engine.devices, dst->engine.n_devices);
+    dst->engine.devices = d;
+    dst->engine.n_devices = src->engine.n_devices;
 }
 
 bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b)
 {
-    if (a->n_models != b->n_models || a->n_devices != b->n_devices)
+    if (a->engine.n_models != b->engine.n_models || a->engine.n_devices != b->engine.n_devices)
         return false;
-    for (int i = 0; i < a->n_devices; i++)
-        if (strcmp(a->devices[i], b->devices[i]) != 0)
+    for (int i = 0; i < a->engine.n_devices; i++)
+        if (strcmp(a->engine.devices[i], b->engine.devices[i]) != 0)
             return false;
-    for (int i = 0; i < a->n_models; i++) {
-        const struct sl_config_model *x = &a->models[i], *y = &b->models[i];
+    for (int i = 0; i < a->engine.n_models; i++) {
+        const struct sl_config_model *x = &a->engine.models[i], *y = &b->engine.models[i];
         const char *xs[4] = {x->name, x->spec, x->tokenizer, x->device};
         const char *ys[4] = {y->name, y->spec, y->tokenizer, y->device};
         for (int k = 0; k < 4; k++)
@@ -517,57 +547,59 @@ bool sl_config_models_equal(const struct sl_config *a, const struct sl_config *b
 /* Keys read only at start: a reload keeps the running value and says so. */
 void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *cur)
 {
-#define KEEP_STR(f)                                                                                \
+#define KEEP_STR(f, name)                                                                          \
     if (!(next->f == cur->f || (next->f && cur->f && strcmp(next->f, cur->f) == 0))) {             \
-        sl_log(SL_LOG_WARN, "reload: \"" #f "\" changes only on restart; keeping \"%s\"",          \
+        sl_log(SL_LOG_WARN, "reload: \"" name "\" changes only on restart; keeping \"%s\"",        \
                cur->f ? cur->f : "null");                                                          \
         free(next->f);                                                                             \
         next->f = cur->f ? sl_xstrdup(cur->f) : NULL;                                              \
     }
-#define KEEP_NUM(f)                                                                                \
+#define KEEP_NUM(f, name)                                                                          \
     if (next->f != cur->f) {                                                                       \
-        sl_log(SL_LOG_WARN, "reload: \"" #f "\" changes only on restart; keeping %g",              \
+        sl_log(SL_LOG_WARN, "reload: \"" name "\" changes only on restart; keeping %g",            \
                (double)cur->f);                                                                    \
         next->f = cur->f;                                                                          \
     }
-    KEEP_STR(listen_host)
-    KEEP_NUM(listen_port)
-    KEEP_NUM(listen_backlog)
-    KEEP_STR(model)
-    KEEP_STR(tokenizer)
-    KEEP_STR(device)
-    KEEP_NUM(io_threads)
-    KEEP_NUM(threads)
-    KEEP_NUM(pin_threads)
-    KEEP_STR(cpu_isa)
-    KEEP_NUM(max_seqs)
-    KEEP_NUM(max_batch_tokens)
-    KEEP_NUM(block_size)
-    KEEP_NUM(kv_cache_mib)
-    KEEP_NUM(kv_cache_fraction)
-    if (next->kv_dtype != cur->kv_dtype) {
+    KEEP_STR(http.listen_host, "listen_host")
+    KEEP_NUM(http.listen_port, "listen_port")
+    KEEP_NUM(http.listen_backlog, "listen_backlog")
+    KEEP_STR(model, "model")
+    KEEP_STR(tokenizer, "tokenizer")
+    KEEP_STR(engine.device, "device")
+    KEEP_NUM(http.io_threads, "io_threads")
+    KEEP_NUM(engine.threads, "threads")
+    KEEP_NUM(engine.pin_threads, "pin_threads")
+    KEEP_STR(engine.cpu_isa, "cpu_isa")
+    KEEP_NUM(engine.max_seqs, "max_seqs")
+    KEEP_NUM(engine.max_batch_tokens, "max_batch_tokens")
+    KEEP_NUM(engine.block_size, "block_size")
+    KEEP_NUM(engine.kv_cache_mib, "kv_cache_mib")
+    KEEP_NUM(engine.kv_cache_fraction, "kv_cache_fraction")
+    if (next->engine.kv_dtype != cur->engine.kv_dtype) {
         sl_log(SL_LOG_WARN, "reload: \"kv_dtype\" changes only on restart; keeping %s",
-               sl_kv_dtype_name(cur->kv_dtype));
-        next->kv_dtype = cur->kv_dtype;
+               sl_kv_dtype_name(cur->engine.kv_dtype));
+        next->engine.kv_dtype = cur->engine.kv_dtype;
     }
     /* The TLS listener exists or not from the start; its certificate and key are reloadable. */
-    if (!cur->tls.cert != !next->tls.cert) {
+    const struct sl_config_tls *ct = &cur->http.tls;
+    struct sl_config_tls *nt = &next->http.tls;
+    if (!ct->cert != !nt->cert) {
         sl_log(SL_LOG_WARN, "reload: \"tls\" can be %s only on restart; keeping it %s",
-               cur->tls.cert ? "removed" : "added", cur->tls.cert ? "as it was" : "off");
-        tls_clear(&next->tls);
-        next->tls.listen_host = cur->tls.listen_host ? sl_xstrdup(cur->tls.listen_host) : NULL;
-        next->tls.listen_port = cur->tls.listen_port;
-        next->tls.cert = cur->tls.cert ? sl_xstrdup(cur->tls.cert) : NULL;
-        next->tls.key = cur->tls.key ? sl_xstrdup(cur->tls.key) : NULL;
+               ct->cert ? "removed" : "added", ct->cert ? "as it was" : "off");
+        tls_clear(nt);
+        nt->listen_host = ct->listen_host ? sl_xstrdup(ct->listen_host) : NULL;
+        nt->listen_port = ct->listen_port;
+        nt->cert = ct->cert ? sl_xstrdup(ct->cert) : NULL;
+        nt->key = ct->key ? sl_xstrdup(ct->key) : NULL;
     }
-    KEEP_STR(tls.listen_host)
-    KEEP_NUM(tls.listen_port)
+    KEEP_STR(http.tls.listen_host, "tls.listen_host")
+    KEEP_NUM(http.tls.listen_port, "tls.listen_port")
 #undef KEEP_STR
 #undef KEEP_NUM
     /* Each model has its worker and scheduler from the start. */
     if (!sl_config_models_equal(next, cur)) {
         sl_log(SL_LOG_WARN, "reload: \"models\" change only on restart; keeping the %d served",
-               cur->n_models);
+               cur->engine.n_models);
         sl_config_models_copy(next, cur);
     }
 }
@@ -575,10 +607,10 @@ void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *c
 /* models[0] is "model" and "tokenizer": a flag or key that set those sets it. */
 static void models_sync(struct sl_config *c)
 {
-    replace(&c->models[0].spec, c->model);
-    replace(&c->models[0].tokenizer, c->tokenizer);
+    replace(&c->engine.models[0].spec, c->model);
+    replace(&c->engine.models[0].tokenizer, c->tokenizer);
     if (c->served_model_name)
-        replace(&c->models[0].name, c->served_model_name);
+        replace(&c->engine.models[0].name, c->served_model_name);
 }
 
 static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *err, size_t errlen,
@@ -634,8 +666,8 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
         }
         char what[512];
         snprintf(what, sizeof what, "%s: \"listen\"", where);
-        return parse_listen(&c->listen_host, &c->listen_port, json_string_value(v), err, errlen,
-                            what);
+        return parse_listen(&c->http.listen_host, &c->http.listen_port, json_string_value(v), err,
+                            errlen, what);
     }
     case K_TLS: return parse_tls(c, v, err, errlen, where);
     case K_MODELS: return parse_models(c, v, err, errlen, where);
@@ -709,9 +741,9 @@ static const char *const tenancy_keys[4] = {"tiers", "tenants", "classify", "adm
  * fills names (SL_MODELS_MAX) and returns how many. */
 static int model_names(const struct sl_config *c, const char *names[SL_MODELS_MAX])
 {
-    int n = c->n_models < SL_MODELS_MAX ? c->n_models : SL_MODELS_MAX;
+    int n = c->engine.n_models < SL_MODELS_MAX ? c->engine.n_models : SL_MODELS_MAX;
     for (int i = 0; i < n; i++)
-        names[i] = c->models[i].name;
+        names[i] = c->engine.models[i].name;
     return n;
 }
 
@@ -801,67 +833,68 @@ const char *const sl_config_chat_templates[SL_CONFIG_CHAT_TEMPLATES] = {
 
 enum sl_status sl_config_validate(const struct sl_config *c, char *err, size_t errlen)
 {
-    if (c->max_batch_tokens < c->max_seqs) {
+    if (c->engine.max_batch_tokens < c->engine.max_seqs) {
         snprintf(err, errlen,
                  "\"max_batch_tokens\" (%d) must be at least \"max_seqs\" (%d) so every running "
                  "sequence can decode in one step",
-                 c->max_batch_tokens, c->max_seqs);
+                 c->engine.max_batch_tokens, c->engine.max_seqs);
         return SL_EINVAL;
     }
-    bool known = !c->chat_template;
+    bool known = !c->api.chat_template;
     for (int i = 0; !known && i < SL_CONFIG_CHAT_TEMPLATES; i++)
-        known = strcmp(sl_config_chat_templates[i], c->chat_template) == 0;
+        known = strcmp(sl_config_chat_templates[i], c->api.chat_template) == 0;
     if (!known) {
         snprintf(err, errlen,
                  "\"chat_template\" must be null (the model's own) or one of plain, chatml, "
                  "llama2, llama3, mistral, zephyr, gemma, phi3, not \"%.40s\"",
-                 c->chat_template);
+                 c->api.chat_template);
         return SL_EINVAL;
     }
-    if (sl_worker_device_parse(c->device, NULL) != SL_OK) {
+    if (sl_worker_device_parse(c->engine.device, NULL) != SL_OK) {
         snprintf(err, errlen,
                  "\"device\" must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", not \"%.40s\"",
-                 c->device);
+                 c->engine.device);
         return SL_EINVAL;
     }
     if (check_log_level(c->log_level) < 0) {
         snprintf(err, errlen, "\"log_level\" must be one of debug, info, warn, error");
         return SL_EINVAL;
     }
-    if (!sl_worker_cpu_isa_valid(c->cpu_isa)) {
+    if (!sl_worker_cpu_isa_valid(c->engine.cpu_isa)) {
         snprintf(err, errlen, "\"cpu_isa\" must be one of auto, avx512, avx2, scalar");
         return SL_EINVAL;
     }
-    if (c->write_hard_cap_bytes <= c->write_high_water_bytes) {
+    if (c->http.write_hard_cap_bytes <= c->http.write_high_water_bytes) {
         snprintf(err, errlen,
                  "\"write_hard_cap_bytes\" (%zu) must be above \"write_high_water_bytes\" (%zu)",
-                 c->write_hard_cap_bytes, c->write_high_water_bytes);
+                 c->http.write_hard_cap_bytes, c->http.write_high_water_bytes);
         return SL_EINVAL;
     }
-    if (c->tls.cert && (!c->tls.key || !c->tls.listen_host)) {
+    if (c->http.tls.cert && (!c->http.tls.key || !c->http.tls.listen_host)) {
         snprintf(err, errlen, "\"tls\" needs \"listen\", \"cert\" and \"key\"");
         return SL_EINVAL;
     }
-    if (c->tls.cert && c->tls.listen_port != 0 && c->tls.listen_port == c->listen_port &&
-        strcmp(c->tls.listen_host, c->listen_host) == 0) {
+    if (c->http.tls.cert && c->http.tls.listen_port != 0 &&
+        c->http.tls.listen_port == c->http.listen_port &&
+        strcmp(c->http.tls.listen_host, c->http.listen_host) == 0) {
         snprintf(err, errlen, "\"tls\".\"listen\" must differ from \"listen\" (%s:%d)",
-                 c->listen_host, c->listen_port);
+                 c->http.listen_host, c->http.listen_port);
         return SL_EINVAL;
     }
-    if (c->n_models < 1 || c->n_models > SL_MODELS_MAX || !c->models) {
+    if (c->engine.n_models < 1 || c->engine.n_models > SL_MODELS_MAX || !c->engine.models) {
         snprintf(err, errlen, "\"models\": between 1 and %d models are needed", SL_MODELS_MAX);
         return SL_EINVAL;
     }
-    for (int i = 0; i < c->n_models; i++) {
-        if (!c->models[i].spec || (i > 0 && !c->models[i].name)) {
+    for (int i = 0; i < c->engine.n_models; i++) {
+        if (!c->engine.models[i].spec || (i > 0 && !c->engine.models[i].name)) {
             snprintf(err, errlen, "models[%d]: needs \"model\"%s", i, i > 0 ? " and \"name\"" : "");
             return SL_EINVAL;
         }
         for (int o = 0; o < i; o++)
-            if (c->models[i].name && c->models[o].name &&
-                strcmp(c->models[i].name, c->models[o].name) == 0) {
+            if (c->engine.models[i].name && c->engine.models[o].name &&
+                strcmp(c->engine.models[i].name, c->engine.models[o].name) == 0) {
                 snprintf(err, errlen, "models[%d].name: \"%s\" is also models[%d].name", i,
-                         c->models[i].name, o);
+                         c->engine.models[i].name, o);
                 return SL_EINVAL;
             }
     }
@@ -891,9 +924,9 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
             break;
         }
         case K_LISTEN: {
-            bool v6 = strchr(c->listen_host, ':') != NULL;
-            v = json_sprintf("%s%s%s:%d", v6 ? "[" : "", c->listen_host, v6 ? "]" : "",
-                             c->listen_port);
+            bool v6 = strchr(c->http.listen_host, ':') != NULL;
+            v = json_sprintf("%s%s%s:%d", v6 ? "[" : "", c->http.listen_host, v6 ? "]" : "",
+                             c->http.listen_port);
             break;
         }
         case K_BOOL: v = json_boolean(*(const bool *)(base + k->off)); break;
@@ -906,8 +939,8 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
             break;
         case K_MODELS:
             v = json_array();
-            for (int i = 0; i < c->n_models; i++) {
-                const struct sl_config_model *m = &c->models[i];
+            for (int i = 0; i < c->engine.n_models; i++) {
+                const struct sl_config_model *m = &c->engine.models[i];
                 json_t *o =
                     json_pack("{s:s, s:s}", "model", m->spec, "name", m->name ? m->name : "");
                 /* null: on "devices", or else "device" */
@@ -922,20 +955,20 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
             }
             break;
         case K_DEVICES:
-            v = c->n_devices ? json_array() : json_null();
-            for (int i = 0; i < c->n_devices; i++)
-                json_array_append_new(v, json_string(c->devices[i]));
+            v = c->engine.n_devices ? json_array() : json_null();
+            for (int i = 0; i < c->engine.n_devices; i++)
+                json_array_append_new(v, json_string(c->engine.devices[i]));
             break;
         case K_TLS:
-            if (!c->tls.cert) {
+            if (!c->http.tls.cert) {
                 v = json_null();
             } else {
                 /* File paths only: the key's contents never leave the file. */
-                bool v6 = strchr(c->tls.listen_host, ':') != NULL;
+                bool v6 = strchr(c->http.tls.listen_host, ':') != NULL;
                 v = json_pack("{s:o,s:s,s:s}", "listen",
-                              json_sprintf("%s%s%s:%d", v6 ? "[" : "", c->tls.listen_host,
-                                           v6 ? "]" : "", c->tls.listen_port),
-                              "cert", c->tls.cert, "key", c->tls.key);
+                              json_sprintf("%s%s%s:%d", v6 ? "[" : "", c->http.tls.listen_host,
+                                           v6 ? "]" : "", c->http.tls.listen_port),
+                              "cert", c->http.tls.cert, "key", c->http.tls.key);
             }
             break;
         }
@@ -1038,7 +1071,8 @@ enum sl_status sl_config_from_args(struct sl_config *c, int argc, char **argv,
         } else if (is_flag(a, "--listen")) {
             if (!(v = flag_value(argc, argv, &i, "--listen", err, errlen)))
                 return SL_EINVAL;
-            if (parse_listen(&c->listen_host, &c->listen_port, v, err, errlen, "--listen") != SL_OK)
+            if (parse_listen(&c->http.listen_host, &c->http.listen_port, v, err, errlen,
+                             "--listen") != SL_OK)
                 return SL_EINVAL;
         } else if (is_flag(a, "--model")) {
             if (!(v = flag_value(argc, argv, &i, "--model", err, errlen)))

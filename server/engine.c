@@ -28,18 +28,18 @@ static size_t mem_available(void)
 /* The KV pool of one model: enough blocks for max_seqs full contexts, capped by kv_cache_mib or,
  * when set, kv_cache_fraction of the memory available now (on a CUDA device: its free memory less
  * what the weights and activations will take). Each model has a pool of its own. */
-static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m,
+static int kv_blocks(const struct sl_config_engine *ec, const struct sl_model *m,
                      const struct sl_worker_device *dev, char *err, size_t errlen)
 {
     const struct sl_model_config *mc = sl_model_config(m);
-    long per_seq = (mc->seq_len + cfg->block_size - 1) / cfg->block_size;
-    long want = per_seq * cfg->max_seqs;
-    size_t block_bytes = dev->ops->kv_block_bytes(m, cfg->block_size, cfg->kv_dtype);
-    size_t cap_bytes = (size_t)cfg->kv_cache_mib << 20;
+    long per_seq = (mc->seq_len + ec->block_size - 1) / ec->block_size;
+    long want = per_seq * ec->max_seqs;
+    size_t block_bytes = dev->ops->kv_block_bytes(m, ec->block_size, ec->kv_dtype);
+    size_t cap_bytes = (size_t)ec->kv_cache_mib << 20;
     const char *what = "\"kv_cache_mib\"";
-    if (cfg->kv_cache_fraction > 0) {
+    if (ec->kv_cache_fraction > 0) {
         size_t avail = dev->index >= 0
-                           ? sl_worker_device_kv_room(dev, m, cfg->max_batch_tokens, cfg->max_seqs)
+                           ? sl_worker_device_kv_room(dev, m, ec->max_batch_tokens, ec->max_seqs)
                            : mem_available();
         if (avail == 0 && dev->index < 0) {
             snprintf(err, errlen,
@@ -47,7 +47,7 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m,
                      "(no MemAvailable in /proc/meminfo); set \"kv_cache_mib\"");
             return -1;
         }
-        cap_bytes = (size_t)((double)avail * cfg->kv_cache_fraction);
+        cap_bytes = (size_t)((double)avail * ec->kv_cache_fraction);
         what = "\"kv_cache_fraction\"";
     }
     long cap = (long)(cap_bytes / block_bytes);
@@ -55,7 +55,7 @@ static int kv_blocks(const struct sl_config *cfg, const struct sl_model *m,
         snprintf(err, errlen,
                  "%s allows %.1f MiB: %ld blocks of %d tokens, fewer than one full context of %d "
                  "tokens needs (%ld)",
-                 what, (double)cap_bytes / (1 << 20), cap, cfg->block_size, mc->seq_len, per_seq);
+                 what, (double)cap_bytes / (1 << 20), cap, ec->block_size, mc->seq_len, per_seq);
         return -1;
     }
     return (int)(want < cap ? want : cap);
@@ -76,6 +76,7 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
                          const char *spec, const struct sl_backend_ops *cpu_ops,
                          struct sl_engine *e, int r, char *err, size_t errlen)
 {
+    const struct sl_config_engine *ec = sl_config_engine(cfg);
     struct sl_worker_device dev;
     int st = sl_worker_device_select(spec, &dev, err, errlen);
     if (st != SL_OK)
@@ -86,18 +87,18 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
         snprintf(e->device[r], sizeof e->device[r], "cuda:%d", dev.index);
     else
         snprintf(e->device[r], sizeof e->device[r], "cpu");
-    int n_blocks = kv_blocks(cfg, e->model, &dev, err, errlen);
+    int n_blocks = kv_blocks(ec, e->model, &dev, err, errlen);
     if (n_blocks < 0)
         return SL_EINVAL;
     struct sl_backend_opts bo = {
         .n_kv_blocks = n_blocks,
-        .block_size = cfg->block_size,
-        .max_batch_tokens = cfg->max_batch_tokens,
-        .max_seqs = cfg->max_seqs,
-        .threads = cm->threads >= 0 ? cm->threads : cfg->threads,
-        .no_pin = !cfg->pin_threads,
+        .block_size = ec->block_size,
+        .max_batch_tokens = ec->max_batch_tokens,
+        .max_seqs = ec->max_seqs,
+        .threads = cm->threads >= 0 ? cm->threads : ec->threads,
+        .no_pin = !ec->pin_threads,
         .device = dev.index,
-        .kv_dtype = cfg->kv_dtype,
+        .kv_dtype = ec->kv_dtype,
     };
     if ((st = sl_worker_new(e->model, dev.ops, &bo, &e->worker[r])) != SL_OK) {
         snprintf(err, errlen, "worker on %s: %s", e->device[r], sl_status_str(st));
@@ -108,10 +109,10 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
     struct sl_sched_limits lim = {
         .vocab = mc->vocab_size,
         .max_ctx = mc->seq_len,
-        .max_seqs = cfg->max_seqs,
-        .max_batch_tokens = cfg->max_batch_tokens,
+        .max_seqs = ec->max_seqs,
+        .max_batch_tokens = ec->max_batch_tokens,
         .n_blocks = n_blocks,
-        .block_size = cfg->block_size,
+        .block_size = ec->block_size,
         .tiers = tiers,
         .n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS),
     };
@@ -120,9 +121,9 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
         return st;
     }
     sl_log(SL_LOG_INFO, "model %s on %s (threads %d): KV %d blocks of %d (%.1f MiB%s)", e->name,
-           dev.name, bo.threads, n_blocks, cfg->block_size,
+           dev.name, bo.threads, n_blocks, ec->block_size,
            (double)sl_worker_kv_bytes(e->worker[r]) / (1 << 20),
-           dev.index < 0 && cfg->kv_dtype == SL_KV_F16 ? ", f16" : "");
+           dev.index < 0 && ec->kv_dtype == SL_KV_F16 ? ", f16" : "");
     return SL_OK;
 }
 
@@ -132,20 +133,21 @@ enum sl_status sl_engine_start(const struct sl_config *cfg, int idx,
 {
     *out = NULL;
     uint64_t t0 = sl_clock_ns();
-    if (idx < 0 || idx >= cfg->n_models) {
+    const struct sl_config_engine *ec = sl_config_engine(cfg);
+    if (idx < 0 || idx >= ec->n_models) {
         snprintf(err, errlen, "models[%d]: no such model", idx);
         return SL_EINVAL;
     }
     struct sl_engine *e = sl_xcalloc(1, sizeof *e);
-    const struct sl_config_model *cm = &cfg->models[idx];
+    const struct sl_config_model *cm = &ec->models[idx];
     /* Its own device, else one replica per entry of "devices", else "device". */
     const char *const *specs = (const char *const *)&cm->device;
     int n = 1;
-    if (!cm->device && cfg->n_devices > 0) {
-        specs = (const char *const *)cfg->devices;
-        n = cfg->n_devices;
+    if (!cm->device && ec->n_devices > 0) {
+        specs = (const char *const *)ec->devices;
+        n = ec->n_devices;
     } else if (!cm->device) {
-        specs = (const char *const *)&cfg->device;
+        specs = (const char *const *)&ec->device;
     }
     char why[512] = "";
     int st = sl_model_load(cm->spec, cm->tokenizer, &e->model, why, sizeof why);

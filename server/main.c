@@ -35,7 +35,7 @@ static void reload(struct sl_http_server *http, int argc, char **argv)
     if (st == SL_OK) /* it hands every model's scheduler the new tiers */
         st = sl_http_server_reload(http, next, err, sizeof err);
     if (st == SL_OK) {
-        sl_log_set_level(level_of(next->log_level));
+        sl_log_set_level(level_of(sl_config_log_level(next)));
         sl_log(SL_LOG_INFO, "SIGHUP: configuration reloaded");
     } else {
         sl_log(SL_LOG_ERROR, "SIGHUP: configuration refused, the old one keeps serving: %s", err);
@@ -45,7 +45,7 @@ static void reload(struct sl_http_server *http, int argc, char **argv)
 
 /* Every connection is a descriptor: raise the soft limit to the hard one so that
  * max_connections, not EMFILE, is what refuses clients. */
-static void raise_fd_limit(const struct sl_config *cfg)
+static void raise_fd_limit(const struct sl_config_http *hc)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
@@ -55,12 +55,12 @@ static void raise_fd_limit(const struct sl_config *cfg)
         setrlimit(RLIMIT_NOFILE, &rl);
         getrlimit(RLIMIT_NOFILE, &rl);
     }
-    rlim_t want = (rlim_t)cfg->max_connections + 64;
+    rlim_t want = (rlim_t)hc->max_connections + 64;
     if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want)
         sl_log(SL_LOG_WARN,
                "open-file limit %llu is below max_connections (%d) plus what the server needs; "
                "accept will fail before max_connections is reached",
-               (unsigned long long)rl.rlim_cur, cfg->max_connections);
+               (unsigned long long)rl.rlim_cur, hc->max_connections);
 }
 
 /* --check-config: whatever start-up would find wrong before serving, without serving: every
@@ -68,8 +68,9 @@ static void raise_fd_limit(const struct sl_config *cfg)
  * read or made), the TLS certificate and key, the listen addresses (free now). */
 static int check_start(const struct sl_config *cfg, char *err, size_t errlen)
 {
-    for (int i = 0; i < cfg->n_models; i++) {
-        const struct sl_config_model *m = &cfg->models[i];
+    const struct sl_config_engine *ec = sl_config_engine(cfg);
+    for (int i = 0; i < ec->n_models; i++) {
+        const struct sl_config_model *m = &ec->models[i];
         char why[768];
         if (sl_model_check(m->spec, m->tokenizer, why, sizeof why) != SL_OK) {
             if (m->name)
@@ -117,9 +118,11 @@ int main(int argc, char **argv)
         printf("sluice: configuration is valid: the server can start with it\n");
         return 0;
     }
-    sl_log_set_level(level_of(cfg->log_level));
+    sl_log_set_level(level_of(sl_config_log_level(cfg)));
     evthread_use_pthreads();
-    raise_fd_limit(cfg);
+    const struct sl_config_http *hc = sl_config_http(cfg);
+    const struct sl_config_engine *ec = sl_config_engine(cfg);
+    raise_fd_limit(hc);
 
     /* Signals are taken by sigwait() here; every thread created later inherits the mask. */
     sigset_t sigs;
@@ -133,7 +136,7 @@ int main(int argc, char **argv)
     int rc = 1;
     struct sl_http_server *http = NULL;
     struct sl_api *api = sl_api_new(cfg);
-    struct sl_engine *engines[SL_MODELS_MAX]; /* cfg->models: each its workers and schedulers */
+    struct sl_engine *engines[SL_MODELS_MAX]; /* ec->models: each its workers and schedulers */
     int n_engines = 0;
 #ifdef SL_FAULT_INJECTION
     /* tests/integration's sluice-fault: forward fails where SLUICE_FAULT_FORWARD says. */
@@ -143,13 +146,13 @@ int main(int argc, char **argv)
 #endif
 
     const char *isa;
-    if (sl_worker_set_cpu_isa(cfg->cpu_isa, &isa, err, sizeof err) != SL_OK) {
+    if (sl_worker_set_cpu_isa(ec->cpu_isa, &isa, err, sizeof err) != SL_OK) {
         fprintf(stderr, "sluice: %s\n", err);
         goto out;
     }
     sl_log(SL_LOG_INFO, "CPU kernels: %s%s", isa,
-           strcmp(cfg->cpu_isa, "auto") == 0 ? " (the best this CPU has)" : " (cpu_isa)");
-    for (int i = 0; i < cfg->n_models; i++, n_engines++)
+           strcmp(ec->cpu_isa, "auto") == 0 ? " (the best this CPU has)" : " (cpu_isa)");
+    for (int i = 0; i < ec->n_models; i++, n_engines++)
         if (sl_engine_start(cfg, i, cpu_ops, &engines[i], err, sizeof err) != SL_OK) {
             fprintf(stderr, "sluice: %s\n", err);
             goto out;
@@ -179,10 +182,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice: cannot start I/O threads: %s\n", sl_status_str(st));
         goto out;
     }
-    sl_log(SL_LOG_INFO, "listening on http://%s%s%s:%d", strchr(cfg->listen_host, ':') ? "[" : "",
-           cfg->listen_host, strchr(cfg->listen_host, ':') ? "]" : "", sl_http_server_port(http));
-    if (cfg->tls.cert) {
-        const char *h = cfg->tls.listen_host;
+    sl_log(SL_LOG_INFO, "listening on http://%s%s%s:%d", strchr(hc->listen_host, ':') ? "[" : "",
+           hc->listen_host, strchr(hc->listen_host, ':') ? "]" : "", sl_http_server_port(http));
+    if (hc->tls.cert) {
+        const char *h = hc->tls.listen_host;
         sl_log(SL_LOG_INFO, "listening on https://%s%s%s:%d", strchr(h, ':') ? "[" : "", h,
                strchr(h, ':') ? "]" : "", sl_http_server_tls_port(http));
     }

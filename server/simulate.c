@@ -51,16 +51,16 @@ struct trace {
     int n, cap;
 };
 
-static int tenant_find(const struct sl_config *c, const char *name)
+static int tenant_find(const struct sl_tenancy *ten, const char *name)
 {
-    for (int i = 0; i < c->tenancy.n_tenants; i++)
-        if (strcmp(c->tenancy.tenants[i].name, name) == 0)
+    for (int i = 0; i < ten->n_tenants; i++)
+        if (strcmp(ten->tenants[i].name, name) == 0)
             return i;
     return -1;
 }
 
 /* Parses one trace line into *out. Returns 0, or -1 with err set. */
-static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
+static int parse_line(const struct sl_tenancy *ten, const char *line, size_t len,
                       struct sl_sim_request *out, char *err, size_t errlen)
 {
     json_error_t je;
@@ -103,8 +103,8 @@ static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
             snprintf(err, errlen, "\"tenant\": must be a string");
             goto out;
         }
-        if (cfg->tenancy.n_tenants > 0) {
-            tenant = tenant_find(cfg, json_string_value(v));
+        if (ten->n_tenants > 0) {
+            tenant = tenant_find(ten, json_string_value(v));
             if (tenant < 0) {
                 snprintf(err, errlen, "\"tenant\": no tenant \"%.64s\" in the configuration",
                          json_string_value(v));
@@ -113,7 +113,7 @@ static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
         }
     }
     out->tenant = tenant;
-    const struct sl_tenant *t = tenant >= 0 ? &cfg->tenancy.tenants[tenant] : &sl_tenant_anonymous;
+    const struct sl_tenant *t = tenant >= 0 ? &ten->tenants[tenant] : &sl_tenant_anonymous;
     v = json_object_get(j, "tier");
     if (!v || json_is_null(v)) {
         out->tier = t->default_tier;
@@ -122,7 +122,7 @@ static int parse_line(const struct sl_config *cfg, const char *line, size_t len,
         goto out;
     } else {
         const char *name = json_string_value(v);
-        out->tier = sl_tier_find(&cfg->tenancy, name, strlen(name));
+        out->tier = sl_tier_find(ten, name, strlen(name));
         if (out->tier < 0) {
             snprintf(err, errlen, "\"tier\": no tier \"%.64s\" in the configuration", name);
             goto out;
@@ -138,7 +138,7 @@ out:
     return rc;
 }
 
-static int read_trace(const struct sl_config *cfg, const char *path, struct trace *tr, FILE *errf)
+static int read_trace(const struct sl_tenancy *ten, const char *path, struct trace *tr, FILE *errf)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -170,7 +170,7 @@ static int read_trace(const struct sl_config *cfg, const char *path, struct trac
                 tr->cap = tr->cap ? 2 * tr->cap : 1024;
                 tr->r = sl_xrealloc(tr->r, sizeof *tr->r * (size_t)tr->cap);
             }
-            rc = parse_line(cfg, line, (size_t)len, &tr->r[tr->n], err, sizeof err);
+            rc = parse_line(ten, line, (size_t)len, &tr->r[tr->n], err, sizeof err);
         }
         if (rc != 0) {
             fprintf(errf, "sluice simulate: %s:%ld: %s\n", path, lineno, err);
@@ -189,14 +189,15 @@ static int read_trace(const struct sl_config *cfg, const char *path, struct trac
 
 /* The KV pool main.c would give this configuration on the cost model's model: max_seqs full
  * contexts, capped by kv_cache_mib. */
-static int pool_blocks(const struct sl_config *cfg, const struct sl_sim_cost *cost, int max_ctx)
+static int pool_blocks(const struct sl_config_engine *ec, const struct sl_sim_cost *cost,
+                       int max_ctx)
 {
-    long per_seq = (max_ctx + cfg->block_size - 1) / cfg->block_size;
-    long want = per_seq * cfg->max_seqs;
+    long per_seq = (max_ctx + ec->block_size - 1) / ec->block_size;
+    long want = per_seq * ec->max_seqs;
     /* The cost model's bytes are fp32 K and V. */
     size_t block_bytes =
-        cost->kv_bytes_per_token * (size_t)cfg->block_size / (cfg->kv_dtype == SL_KV_F16 ? 2 : 1);
-    long cap = (long)(((size_t)cfg->kv_cache_mib << 20) / block_bytes);
+        cost->kv_bytes_per_token * (size_t)ec->block_size / (ec->kv_dtype == SL_KV_F16 ? 2 : 1);
+    long cap = (long)(((size_t)ec->kv_cache_mib << 20) / block_bytes);
     long n = want < cap ? want : cap;
     return n < 1 ? 1 : n > 1 << 30 ? 1 << 30 : (int)n;
 }
@@ -215,6 +216,8 @@ static json_t *num(double v)
 static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_sim_report *rep,
                        int n_reqs, const struct sim_machine *lv)
 {
+    const struct sl_config_engine *ec = sl_config_engine(cfg);
+    const struct sl_tier *ct = sl_config_tenancy(cfg)->tiers;
     json_t *root = json_object(), *tiers = json_object();
     for (int t = 0; t < rep->n_tiers; t++) {
         const struct sl_sim_tier_report *r = &rep->tiers[t];
@@ -239,11 +242,9 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
         json_object_set_new(o, "throughput_rps", num(r->throughput_rps));
         json_object_set_new(o, "output_tokens_per_s", num(r->output_tokens_per_s));
         json_object_set_new(o, "preemptions", json_integer(r->preemptions));
-        json_object_set_new(o, "ttft_slo_ms",
-                            json_integer(cfg->tenancy.tiers[t].sched.ttft_slo_ms));
-        json_object_set_new(o, "tpot_slo_ms",
-                            json_integer(cfg->tenancy.tiers[t].sched.tpot_slo_ms));
-        json_object_set_new(tiers, cfg->tenancy.tiers[t].sched.name, o);
+        json_object_set_new(o, "ttft_slo_ms", json_integer(ct[t].sched.ttft_slo_ms));
+        json_object_set_new(o, "tpot_slo_ms", json_integer(ct[t].sched.tpot_slo_ms));
+        json_object_set_new(tiers, ct[t].sched.name, o);
     }
     json_object_set_new(root, "tiers", tiers);
     json_object_set_new(root, "requests", json_integer(n_reqs));
@@ -254,8 +255,8 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
     json_object_set_new(root, "cost_model", json_string("stories15M-cpu"));
     json_object_set_new(root, "context", json_integer(lv->max_ctx));
     json_object_set_new(root, "kv_blocks", json_integer(lv->n_blocks));
-    json_object_set_new(root, "max_seqs", json_integer(cfg->max_seqs));
-    json_object_set_new(root, "max_batch_tokens", json_integer(cfg->max_batch_tokens));
+    json_object_set_new(root, "max_seqs", json_integer(ec->max_seqs));
+    json_object_set_new(root, "max_batch_tokens", json_integer(ec->max_batch_tokens));
     json_object_set_new(root, "static_batching", json_boolean(lv->static_batching));
     char *s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(12));
     json_decref(root);
@@ -268,11 +269,13 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
 static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_sim_report *rep,
                         int n_reqs, const struct sim_machine *lv)
 {
+    const struct sl_config_engine *ec = sl_config_engine(cfg);
+    const struct sl_tier *ct = sl_config_tenancy(cfg)->tiers;
     fprintf(out,
             "%d requests, makespan %.1f s (%ld steps, %.1f s busy); stories15M CPU cost model, "
             "context %d, max_seqs %d, max_batch_tokens %d, KV %d blocks of %d%s\n\n",
-            n_reqs, rep->makespan_s, rep->steps, rep->busy_s, lv->max_ctx, cfg->max_seqs,
-            cfg->max_batch_tokens, lv->n_blocks, cfg->block_size,
+            n_reqs, rep->makespan_s, rep->steps, rep->busy_s, lv->max_ctx, ec->max_seqs,
+            ec->max_batch_tokens, lv->n_blocks, ec->block_size,
             lv->static_batching ? ", static batching" : "");
     fprintf(out, "%-16s %7s %7s %7s  %-20s %-20s %-22s %6s %8s %8s %7s\n", "tier", "reqs", "done",
             "refused", "TTFT p50/p90/p99 ms", "TPOT p50/p90/p99 ms", "e2e p50/p90/p99 ms", "SLO",
@@ -284,13 +287,13 @@ static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_
         snprintf(b, sizeof b, "%.1f/%.1f/%.1f", r->tpot_ms[0], r->tpot_ms[1], r->tpot_ms[2]);
         snprintf(c, sizeof c, "%.0f/%.0f/%.0f", r->e2e_ms[0], r->e2e_ms[1], r->e2e_ms[2]);
         fprintf(out, "%-16s %7d %7d %7d  %-20s %-20s %-22s %5.1f%% %8.2f %8.1f %7ld\n",
-                cfg->tenancy.tiers[t].sched.name, r->requests, r->completed, r->refused, a, b, c,
+                ct[t].sched.name, r->requests, r->completed, r->refused, a, b, c,
                 100 * r->slo_attainment, r->throughput_rps, r->output_tokens_per_s, r->preemptions);
     }
     fprintf(out, "\nSLO: TTFT within ttft_slo_ms and TPOT within tpot_slo_ms (");
     for (int t = 0; t < rep->n_tiers; t++)
-        fprintf(out, "%s%s %d/%d ms", t ? ", " : "", cfg->tenancy.tiers[t].sched.name,
-                cfg->tenancy.tiers[t].sched.ttft_slo_ms, cfg->tenancy.tiers[t].sched.tpot_slo_ms);
+        fprintf(out, "%s%s %d/%d ms", t ? ", " : "", ct[t].sched.name, ct[t].sched.ttft_slo_ms,
+                ct[t].sched.tpot_slo_ms);
     fprintf(out, "); refused requests count as missed.\n");
 }
 
@@ -344,23 +347,24 @@ int sl_simulate_main(int argc, char **argv, FILE *out, FILE *errf)
         return 2;
     }
     struct trace tr = {0};
-    if (read_trace(cfg, trace, &tr, errf) != 0) {
+    if (read_trace(sl_config_tenancy(cfg), trace, &tr, errf) != 0) {
         free(tr.r);
         sl_config_unref(cfg);
         return 2;
     }
+    const struct sl_config_engine *ec = sl_config_engine(cfg);
     struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
     struct sl_sim_config sc = {
         .lim = {.max_ctx = max_ctx,
-                .max_seqs = cfg->max_seqs,
-                .max_batch_tokens = cfg->max_batch_tokens,
-                .block_size = cfg->block_size,
+                .max_seqs = ec->max_seqs,
+                .max_batch_tokens = ec->max_batch_tokens,
+                .block_size = ec->block_size,
                 .tiers = tiers,
                 .n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS)},
         .cost = sl_sim_cost_stories15m_cpu,
         .static_batching = static_batching,
     };
-    sc.lim.n_blocks = pool_blocks(cfg, &sc.cost, max_ctx);
+    sc.lim.n_blocks = pool_blocks(ec, &sc.cost, max_ctx);
     struct sim_machine lv = {max_ctx, sc.lim.n_blocks, static_batching};
     struct sl_sim_report rep;
     int st = sl_sim_run(&sc, tr.r, tr.n, NULL, &rep);

@@ -23,13 +23,14 @@ const char *api_headers(struct api_exchange *a, const char *extra)
     sl_str_clear(w);
     if (a->tier >= 0) {
         str_add(w, "X-Sluice-Tier: ");
-        str_add(w, a->cfg->tenancy.tiers[a->tier].sched.name);
+        str_add(w, sl_config_tenancy(a->cfg)->tiers[a->tier].sched.name);
         str_add(w, "\r\n");
     }
     /* What admission did, and the tenant's budgets on every response of a tenant with limits. */
     sl_openai_admission_headers(&a->adm, w);
     if (a->tenant && (a->tenant->rpm > 0 || a->tenant->tpm > 0))
-        sl_openai_ratelimit_headers(a->cfg, a->tenant, (int64_t)sl_clock_ns(), w);
+        sl_openai_ratelimit_headers(sl_config_tenancy(a->cfg), a->tenant, (int64_t)sl_clock_ns(),
+                                    w);
     if (extra)
         str_add(w, extra);
     return w->p ? w->p : "";
@@ -39,7 +40,7 @@ const char *api_headers(struct api_exchange *a, const char *extra)
  * authentication or classification decided them. */
 static void request_labels(const struct api_exchange *a, const char **tier, const char **tenant)
 {
-    *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].sched.name : "none";
+    *tier = a->tier >= 0 ? sl_config_tenancy(a->cfg)->tiers[a->tier].sched.name : "none";
     *tenant = a->tenant ? a->tenant->name : "none";
 }
 
@@ -86,7 +87,7 @@ void api_log_end(struct api_exchange *a, const char *finish, int n_completion)
     metrics_request_end(a, finish, n_completion, x->t_end_ns);
     struct sl_http_log *g = &x->log;
     g->tenant = a->tenant ? a->tenant->name : NULL;
-    g->tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].sched.name : NULL;
+    g->tier = a->tier >= 0 ? sl_config_tenancy(a->cfg)->tiers[a->tier].sched.name : NULL;
     if (a->adm.ran) {
         g->admission = a->adm.note;
         g->predicted_ttft_ms = a->adm.predicted_ttft_s >= 0 ? a->adm.predicted_ttft_s * 1e3 : -1;
@@ -191,7 +192,7 @@ bool api_authenticate(struct api_exchange *a)
     size_t len = 0;
     bool has_key = api_request_key(a, &key, &len);
     if (!a->head_keyed)
-        a->tenant = sl_tenant_lookup(&a->cfg->tenancy, has_key ? key : NULL, len);
+        a->tenant = sl_tenant_lookup(sl_config_tenancy(a->cfg), has_key ? key : NULL, len);
     a->head_keyed = true;
     if (a->tenant)
         return true;
@@ -231,17 +232,15 @@ static enum sl_http_head on_head(struct sl_exchange *x)
     const char *key = NULL;
     size_t len = 0;
     bool has_key = api_request_key(a, &key, &len);
+    const struct sl_tenancy *ten = sl_config_tenancy(a->cfg);
     bool ok;
     switch (guard) {
-    case GUARD_METRICS:
-        ok = sl_tenant_metrics_check(&a->cfg->tenancy, has_key ? key : NULL, len);
-        break;
+    case GUARD_METRICS: ok = sl_tenant_metrics_check(ten, has_key ? key : NULL, len); break;
     case GUARD_ADMIN:
-        ok = !a->cfg->tenancy.has_admin_key ||
-             sl_tenant_admin_check(&a->cfg->tenancy, has_key ? key : NULL, len);
+        ok = !ten->has_admin_key || sl_tenant_admin_check(ten, has_key ? key : NULL, len);
         break;
     default:
-        a->tenant = sl_tenant_lookup(&a->cfg->tenancy, has_key ? key : NULL, len);
+        a->tenant = sl_tenant_lookup(ten, has_key ? key : NULL, len);
         a->head_keyed = true;
         ok = a->tenant != NULL;
         break;
@@ -297,7 +296,7 @@ static void on_reload(void *ctx, struct sl_config *next, const struct sl_config 
 {
     struct sl_api *api = ctx;
     /* Buckets and queue counts of the tenants and tiers both configurations have carry over. */
-    sl_admit_adopt(&next->tenancy, &prev->tenancy, (int64_t)sl_clock_ns());
+    sl_admit_adopt(sl_config_tenancy_mut(next), sl_config_tenancy(prev), (int64_t)sl_clock_ns());
     /* Every model's scheduler takes the new tier table through its inbox. */
     struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
     int n_tiers = sl_config_sched_tiers(next, tiers, SL_SCHED_MAX_TIERS);
@@ -373,12 +372,13 @@ struct sl_api *sl_api_new(struct sl_config *cfg)
         .on_cancel = on_cancel,
         .on_reload = on_reload,
     };
-    a->n_shards = cfg->io_threads > 0 ? cfg->io_threads : 1;
+    int io_threads = sl_config_http(cfg)->io_threads;
+    a->n_shards = io_threads > 0 ? io_threads : 1;
     a->metrics = sl_metrics_new(a->n_shards);
     a->created = sl_clock_unix();
     if (getrandom(&a->nonce, sizeof a->nonce, GRND_NONBLOCK) != (ssize_t)sizeof a->nonce)
         a->nonce = (uint32_t)sl_clock_ns();
-    sl_admit_adopt(&cfg->tenancy, NULL, (int64_t)sl_clock_ns());
+    sl_admit_adopt(sl_config_tenancy_mut(cfg), NULL, (int64_t)sl_clock_ns());
     a->cfg0 = cfg;
     return a;
 }
@@ -406,10 +406,10 @@ void sl_api_set_server(struct sl_api *a, struct sl_http_server *s)
 enum sl_status sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *model,
                                 struct sl_sched *sched, char *err, size_t errlen)
 {
-    const struct sl_config *cfg = a->cfg0;
+    const struct sl_config_model *m0 = &sl_config_engine(a->cfg0)->models[0];
     bool first = a->n_engines == 0;
     if (first && !name)
-        name = cfg->models[0].name ? cfg->models[0].name : model ? sl_model_id(model) : NULL;
+        name = m0->name ? m0->name : model ? sl_model_id(model) : NULL;
     if (a->serving || a->n_engines >= SL_MODELS_MAX || !name || !model) {
         snprintf(err, errlen, "cannot serve model \"%s\": at most %d models, added before start",
                  name ? name : "?", SL_MODELS_MAX);
@@ -428,8 +428,8 @@ enum sl_status sl_api_add_model(struct sl_api *a, const char *name, const struct
     for (int r = 0; r < SL_REPLICAS_MAX; r++)
         atomic_init(&e->in_flight[r], 0);
     e->chat_template = sl_chat_template_of_model(model);
-    if (first && !cfg->models[0].name && strcmp(cfg->models[0].spec, e->name) != 0)
-        e->alias = sl_xstrdup(cfg->models[0].spec);
+    if (first && !m0->name && strcmp(m0->spec, e->name) != 0)
+        e->alias = sl_xstrdup(m0->spec);
     a->engine_names[a->n_engines++] = e->name;
     return SL_OK;
 }

@@ -97,8 +97,8 @@ struct api_exchange {
     bool key_read, has_key;
     const char *key;
     size_t key_len;
-    /* Who sent it and its tier (an index into cfg->tiers, -1 until classified); both point into
-     * cfg. NULL: not authenticated (yet). */
+    /* Who sent it and its tier (an index into cfg's tenancy tiers, -1 until classified); both point
+     * into cfg. NULL: not authenticated (yet). */
     const struct sl_tenant *tenant;
     int tier;
     bool head_keyed; /* on_head looked the key up: tenant is its answer (maybe NULL) */

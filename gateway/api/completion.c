@@ -96,16 +96,17 @@ static int classify(struct api_exchange *a, struct sl_openai_completion *oc,
         .stream = oc->stream,
         .max_tokens = oc->params.max_tokens,
     };
+    const struct sl_tenancy *ten = sl_config_tenancy(a->cfg);
     int tier;
     struct sl_admit_error why;
-    int st = sl_tier_classify(&a->cfg->tenancy, a->tenant, &rq, &tier, &why);
+    int st = sl_tier_classify(ten, a->tenant, &rq, &tier, &why);
     if (st != SL_OK) {
         sl_openai_error_from_admit(err, &why);
         return st;
     }
     a->tier = tier;
     oc->params.tier = tier;
-    oc->params.sched_tier = a->cfg->tenancy.tiers[tier].sched;
+    oc->params.sched_tier = ten->tiers[tier].sched;
     return SL_OK;
 }
 
@@ -190,7 +191,7 @@ static void submit(struct api_exchange *a)
         /* Demoted: it runs, and says it runs, in the tier admission chose. */
         a->tier = adm->tier;
         oc->params.tier = adm->tier;
-        oc->params.sched_tier = a->cfg->tenancy.tiers[adm->tier].sched;
+        oc->params.sched_tier = sl_config_tenancy(a->cfg)->tiers[adm->tier].sched;
     }
     oc->params.max_tokens = adm->max_tokens;
     t->n_req++;
@@ -259,7 +260,8 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
 {
     struct api_thread *t = a->t;
     const struct sl_admit *adm = &a->adm;
-    const char *policy_tier = a->cfg->tenancy.tiers[adm->policy_tier].sched.name;
+    const struct sl_tier *policy = &sl_config_tenancy(a->cfg)->tiers[adm->policy_tier];
+    const char *policy_tier = policy->sched.name;
     struct sl_openai_error err;
     switch (v) {
     case SL_ADMIT_OK:
@@ -283,8 +285,8 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
         sl_openai_error_set(&err, 429, NULL, "rate_limit_exceeded", "%s", adm->why);
         break;
     case SL_ADMIT_OVERLOADED:
-        sl_openai_error_set(&err, a->cfg->tenancy.tiers[adm->policy_tier].overload_status, NULL,
-                            "server_is_overloaded", "%s", adm->why);
+        sl_openai_error_set(&err, policy->overload_status, NULL, "server_is_overloaded", "%s",
+                            adm->why);
         break;
     }
     sl_metrics_admission(t->api->metrics, t->idx, policy_tier, SL_ADMIT_REJECTED, adm->reason);
@@ -308,15 +310,17 @@ static void on_admit_timer(evutil_socket_t fd, short what, void *arg)
  * parsing its heads costs, as nginx's limit_req does. True when it answered. */
 static bool refuse_early(struct api_exchange *a)
 {
-    if (!a->cfg->tenancy.admission || sl_tier_classify_needs_body(&a->cfg->tenancy))
+    const struct sl_tenancy *ten = sl_config_tenancy(a->cfg);
+    if (!ten->admission || sl_tier_classify_needs_body(ten))
         return false;
-    struct sl_openai_completion head = {.params.max_tokens = a->cfg->default_max_tokens};
+    struct sl_openai_completion head = {.params.max_tokens =
+                                            sl_config_api(a->cfg)->default_max_tokens};
     struct sl_openai_error err;
     if (classify(a, &head, &err) != SL_OK)
         return false; /* answered in full, after the body, like any bad request */
     struct sl_admit_env env = admit_env(a);
-    if (sl_admit_precheck(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, 0, 0,
-                          (int64_t)sl_clock_ns()) == SL_ADMIT_OK) {
+    if (sl_admit_precheck(&a->adm, &env, ten, a->tenant, a->tier, 0, 0, (int64_t)sl_clock_ns()) ==
+        SL_ADMIT_OK) {
         a->tier = -1;
         return false;
     }
@@ -350,8 +354,9 @@ static void run_decoded(struct api_exchange *a)
     a->adm.n = a->oc.n; /* admission counts each choice's tokens */
     a->adm.prompts = a->oc.n_prompts;
     struct sl_admit_env env = admit_env(a);
-    if (sl_admit_precheck(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e,
-                          a->oc.params.max_tokens, (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
+    const struct sl_tenancy *ten = sl_config_tenancy(a->cfg);
+    if (sl_admit_precheck(&a->adm, &env, ten, a->tenant, a->tier, e, a->oc.params.max_tokens,
+                          (int64_t)sl_clock_ns()) != SL_ADMIT_OK) {
         admission_decided(a, a->adm.verdict);
         return;
     }
@@ -366,8 +371,8 @@ static void run_decoded(struct api_exchange *a)
         api_send_error(a, &err, NULL);
         return;
     }
-    admission_decided(a, sl_admit_begin(&a->adm, &env, &a->cfg->tenancy, a->tenant, a->tier, e,
-                                        n_prompt, a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
+    admission_decided(a, sl_admit_begin(&a->adm, &env, ten, a->tenant, a->tier, e, n_prompt,
+                                        a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }
 
 void api_serve_completion(struct api_exchange *a)
@@ -379,10 +384,11 @@ void api_serve_completion(struct api_exchange *a)
     /* The default model: a request naming another is not known until the body is read. */
     if (a->t->api->n_engines == 1 && refuse_early(a))
         return;
+    const struct sl_config_api *ac = sl_config_api(a->cfg);
     int st = chat ? sl_openai_chat_decode(&a->oc, a->x->body.p, a->x->body.len, NULL,
-                                          a->cfg->default_max_tokens_chat, &err)
+                                          ac->default_max_tokens_chat, &err)
                   : sl_openai_completion_decode(&a->oc, a->x->body.p, a->x->body.len, NULL,
-                                                a->cfg->default_max_tokens, &err);
+                                                ac->default_max_tokens, &err);
     if (st != SL_OK) {
         api_send_error(a, &err, NULL);
         return;
@@ -406,7 +412,7 @@ static void metrics_on_text(struct api_exchange *a, const struct choice *ch,
 {
     struct sl_metrics *m = a->t->api->metrics;
     uint64_t now = a->t->wake_ns;
-    const char *tier = a->tier >= 0 ? a->cfg->tenancy.tiers[a->tier].sched.name : "none";
+    const char *tier = a->tier >= 0 ? sl_config_tenancy(a->cfg)->tiers[a->tier].sched.name : "none";
     if (!a->t_first_ns) {
         a->t_first_ns = now;
         sl_metrics_observe_ttft(m, a->t->idx, tier, (double)(now - a->x->t_start_ns) / 1e9);

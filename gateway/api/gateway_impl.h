@@ -221,9 +221,9 @@ void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
  * Retry-After (seconds, rounded up) and retry-after-ms. Appended as "Name: value\r\n" lines;
  * nothing when admission did not run. */
 void sl_openai_admission_headers(const struct sl_admit *a, struct sl_str *out);
-/* OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} of tenant t under cfg (nothing
+/* OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens} of tenant t of ten (nothing
  * for a tenant without rpm or tpm), as the buckets are at now_ns. */
-void sl_openai_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
+void sl_openai_ratelimit_headers(const struct sl_tenancy *ten, const struct sl_tenant *t,
                                  int64_t now_ns, struct sl_str *out);
 /* OpenAI's duration format, as in x-ratelimit-reset-*: "0s", "120ms", "1s", "6m0s", "1.5s",
  * "1h2m3s" (milliseconds rounded up). */

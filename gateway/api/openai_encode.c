@@ -483,11 +483,11 @@ static void limit_headers(struct sl_str *out, const char *what, const struct sl_
                    what, b->limit, what, (long long)b->remaining, what, reset);
 }
 
-void sl_openai_ratelimit_headers(const struct sl_config *cfg, const struct sl_tenant *t,
+void sl_openai_ratelimit_headers(const struct sl_tenancy *ten, const struct sl_tenant *t,
                                  int64_t now_ns, struct sl_str *out)
 {
     struct sl_admit_budget requests, tokens;
-    if (!sl_admit_budgets(&cfg->tenancy, t, now_ns, &requests, &tokens))
+    if (!sl_admit_budgets(ten, t, now_ns, &requests, &tokens))
         return;
     if (requests.limit > 0)
         limit_headers(out, "requests", &requests);

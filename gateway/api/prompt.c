@@ -36,7 +36,8 @@ int api_route_model(struct api_exchange *a, const char *model, struct sl_openai_
 
 enum sl_chat_template api_chat_template(const struct api_exchange *a, const struct engine *en)
 {
-    int t = a->cfg->chat_template ? sl_chat_template_from_name(a->cfg->chat_template) : -1;
+    const char *name = sl_config_api(a->cfg)->chat_template;
+    int t = name ? sl_chat_template_from_name(name) : -1;
     return t >= 0 ? (enum sl_chat_template)t : en->chat_template;
 }
 

@@ -82,14 +82,15 @@ static bool admin_guard(struct api_exchange *a)
     const char *key = NULL;
     size_t len = 0;
     bool has_key = api_request_key(a, &key, &len);
-    if (!a->cfg->tenancy.has_admin_key) {
+    const struct sl_tenancy *ten = sl_config_tenancy(a->cfg);
+    if (!ten->has_admin_key) {
         sl_openai_error_set(&err, 403, NULL, "admin_disabled",
                             "The admin API is disabled: the configuration has no "
                             "admin_key_sha256.");
         api_send_error(a, &err, NULL);
         return false;
     }
-    if (!sl_tenant_admin_check(&a->cfg->tenancy, has_key ? key : NULL, len)) {
+    if (!sl_tenant_admin_check(ten, has_key ? key : NULL, len)) {
         api_unauthorized(a, has_key, key, len);
         return false;
     }
@@ -106,7 +107,7 @@ static bool guard(struct api_exchange *a, enum api_guard g)
         const char *key = NULL;
         size_t len = 0;
         bool has_key = api_request_key(a, &key, &len);
-        if (sl_tenant_metrics_check(&a->cfg->tenancy, has_key ? key : NULL, len))
+        if (sl_tenant_metrics_check(sl_config_tenancy(a->cfg), has_key ? key : NULL, len))
             return true;
         api_unauthorized(a, has_key, key, len);
         return false;
@@ -220,7 +221,7 @@ static void serve_metrics(struct api_exchange *a)
     struct sl_str *b = &a->t->out;
     sl_str_clear(b);
     sl_metrics_render_models(api->metrics, names, several ? replicas : NULL, st, n, b);
-    sl_admit_render(&a->cfg->tenancy, b);
+    sl_admit_render(sl_config_tenancy(a->cfg), b);
     api_send(a, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }
 

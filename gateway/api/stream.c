@@ -211,8 +211,9 @@ static size_t held_bytes(const struct api_exchange *a)
  * kernel's part). */
 bool api_stream_hold(struct api_exchange *a, struct choice *ch, const char *text, size_t len)
 {
+    const struct sl_config_http *hc = sl_config_http(a->cfg);
     size_t queued = sl_http_queued(a->x);
-    size_t high = a->cfg->write_high_water_bytes;
+    size_t high = hc->write_high_water_bytes;
     if (held_bytes(a) == 0 && queued <= high)
         return false;
     sl_str_append(&ch->held, text, len);
@@ -221,11 +222,11 @@ bool api_stream_hold(struct api_exchange *a, struct choice *ch, const char *text
         return true;
     }
     size_t held = held_bytes(a);
-    if (queued + held > a->cfg->write_hard_cap_bytes) {
+    if (queued + held > hc->write_hard_cap_bytes) {
         sl_log(SL_LOG_WARN,
                "io %d: %s: client is %zu bytes behind the stream (write_hard_cap_bytes %zu); "
                "cancelling",
-               a->t->idx, a->ident.id, queued + held, a->cfg->write_hard_cap_bytes);
+               a->t->idx, a->ident.id, queued + held, hc->write_hard_cap_bytes);
         sl_http_abort(a->x);
     }
     return true;

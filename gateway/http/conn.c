@@ -339,11 +339,11 @@ static struct timeval ms_tv(int ms)
  * nothing for idle_timeout_ms is dropped). */
 static void conn_apply_cfg(conn_t *c)
 {
-    const struct sl_config *cfg = c->cfg;
-    c->req.max_header_bytes = cfg->max_header_bytes;
-    c->req.max_body_bytes = cfg->max_body_bytes;
-    bufferevent_setwatermark(c->bev, EV_WRITE, cfg->write_high_water_bytes, 0);
-    struct timeval tv = ms_tv(cfg->idle_timeout_ms);
+    const struct sl_config_http *hc = sl_config_http(c->cfg);
+    c->req.max_header_bytes = hc->max_header_bytes;
+    c->req.max_body_bytes = hc->max_body_bytes;
+    bufferevent_setwatermark(c->bev, EV_WRITE, hc->write_high_water_bytes, 0);
+    struct timeval tv = ms_tv(hc->idle_timeout_ms);
     bufferevent_set_timeouts(c->bev, NULL, &tv);
 }
 
@@ -537,12 +537,13 @@ static void conn_timer_start(conn_t *c, enum conn_timer kind, int ms)
  * pieces of the body. A slow-loris head cannot stretch its deadline; a body can keep arriving. */
 static void conn_read_timer(conn_t *c)
 {
+    const struct sl_config_http *hc = sl_config_http(c->cfg);
     if (c->req.headers_complete)
-        conn_timer_start(c, TIMER_BODY, c->cfg->header_timeout_ms);
+        conn_timer_start(c, TIMER_BODY, hc->header_timeout_ms);
     else if (c->req.buf.len > 0 && c->timer_kind != TIMER_HEAD)
-        conn_timer_start(c, TIMER_HEAD, c->cfg->header_timeout_ms);
+        conn_timer_start(c, TIMER_HEAD, hc->header_timeout_ms);
     else if (c->req.buf.len == 0 && c->timer_kind == TIMER_NONE)
-        conn_timer_start(c, TIMER_IDLE, c->cfg->idle_timeout_ms);
+        conn_timer_start(c, TIMER_IDLE, hc->idle_timeout_ms);
 }
 
 static void conn_on_timer(evutil_socket_t fd, short what, void *arg)
@@ -560,7 +561,7 @@ static void conn_on_timer(evutil_socket_t fd, short what, void *arg)
     /* A client still reading the previous response is not idle (the write timeout watches
      * that it makes progress). */
     if (kind == TIMER_IDLE && c->busy) {
-        conn_timer_start(c, TIMER_IDLE, c->cfg->idle_timeout_ms);
+        conn_timer_start(c, TIMER_IDLE, sl_config_http(c->cfg)->idle_timeout_ms);
         return;
     }
     /* Nothing of a request came: there is no one to answer. */
@@ -588,7 +589,7 @@ static void conn_advance(conn_t *c)
         if (c->busy && queued == 0 && c->state == CONN_READING && !c->active)
             conn_set_busy(c, false);
         if (c->state == CONN_WAITING) {
-            if (queued <= c->cfg->write_high_water_bytes && c->active)
+            if (queued <= sl_config_http(c->cfg)->write_high_water_bytes && c->active)
                 c->io->srv->h.on_writable(&c->x);
             return;
         }
@@ -615,7 +616,7 @@ static void conn_advance(conn_t *c)
                 conn_read_resume(c);
                 return;
             }
-            if (queued > c->cfg->write_high_water_bytes)
+            if (queued > sl_config_http(c->cfg)->write_high_water_bytes)
                 return;
             exchange_end(c, false);
             /* The response is in progress until all of it is out (a drain waits for that). */
@@ -878,13 +879,13 @@ void sl_http_io_cancel(struct io *io)
 void sl_http_conn_open(struct io *io, evutil_socket_t fd, bool tls)
 {
     struct sl_http_server *s = io->srv;
-    const struct sl_config *cfg = io->cfg;
+    const struct sl_config_http *hc = sl_config_http(io->cfg);
     io->accept_error_logged = false;
     /* SSE chunks are small and latency is the point: no Nagle delay. */
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (cfg->tcp_send_buffer_bytes) {
-        int v = (int)cfg->tcp_send_buffer_bytes;
+    if (hc->tcp_send_buffer_bytes) {
+        int v = (int)hc->tcp_send_buffer_bytes;
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v);
     }
     struct bufferevent *bev;
@@ -913,7 +914,7 @@ void sl_http_conn_open(struct io *io, evutil_socket_t fd, bool tls)
     c->x.conn = c;
     c->x.thread = io->handler_thread;
     sl_arena_init(&c->x.arena);
-    sl_http_parser_init(&c->req, cfg->max_header_bytes, cfg->max_body_bytes);
+    sl_http_parser_init(&c->req, hc->max_header_bytes, hc->max_body_bytes);
     c->req.pause_at_head = true; /* conn_head() looks at the key before any of the body */
     c->timer = evtimer_new(io->base, conn_on_timer, c);
     list_push(&io->conns, c);
@@ -928,12 +929,12 @@ void sl_http_conn_open(struct io *io, evutil_socket_t fd, bool tls)
         c->read_ev = event_new(io->base, fd, EV_READ | EV_PERSIST, conn_on_readable, c);
         event_add(c->read_ev, NULL);
     }
-    if (atomic_fetch_add(&s->n_conns, 1) >= cfg->max_connections) {
+    if (atomic_fetch_add(&s->n_conns, 1) >= hc->max_connections) {
         atomic_fetch_sub(&s->n_conns, 1);
         conn_refuse(c, 503, "too_many_connections",
                     "The server has too many open connections; retry later.", "Retry-After: 1\r\n");
         return;
     }
     c->counted = true;
-    conn_timer_start(c, TIMER_HEAD, cfg->header_timeout_ms);
+    conn_timer_start(c, TIMER_HEAD, hc->header_timeout_ms);
 }

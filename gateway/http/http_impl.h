@@ -130,10 +130,10 @@ struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p);
 
 struct ssl_ctx_st; /* OpenSSL's SSL_CTX */
 
-/* A server context for cfg->tls (cert and key loaded and checked against each other; TLS 1.2+).
+/* A server context for t (cert and key loaded and checked against each other; TLS 1.2+).
  * Returns a context with one reference (SSL_CTX_free drops it), or NULL with err set. Any
  * thread. */
-struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t errlen);
+struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config_tls *t, char *err, size_t errlen);
 
 /* ---------------------------------------------------------------------------------------------
  * I/O threads and connections (server.c, conn.c)

@@ -211,10 +211,11 @@ static int listen_all(const char *host, int port, int backlog, int n, int *fds, 
 
 enum sl_status sl_http_listen_check(const struct sl_config *cfg, char *err, size_t errlen)
 {
+    const struct sl_config_http *hc = sl_config_http(cfg);
     int port;
-    int st = listen_all(cfg->listen_host, cfg->listen_port, 0, 0, NULL, &port, err, errlen);
-    if (st == SL_OK && cfg->tls.cert)
-        st = listen_all(cfg->tls.listen_host, cfg->tls.listen_port, 0, 0, NULL, &port, err, errlen);
+    int st = listen_all(hc->listen_host, hc->listen_port, 0, 0, NULL, &port, err, errlen);
+    if (st == SL_OK && hc->tls.cert)
+        st = listen_all(hc->tls.listen_host, hc->tls.listen_port, 0, 0, NULL, &port, err, errlen);
     return st;
 }
 
@@ -300,11 +301,12 @@ static void io_dispose(struct io *io)
 enum sl_status sl_http_server_new(struct sl_config *cfg, const struct sl_http_handler *h,
                                   struct sl_http_server **out, char *err, size_t errlen)
 {
-    if (cfg->io_threads < 1) {
+    const struct sl_config_http *hc = sl_config_http(cfg);
+    if (hc->io_threads < 1) {
         snprintf(err, errlen, "io_threads must be at least 1");
         return SL_EINVAL;
     }
-    int n = cfg->io_threads;
+    int n = hc->io_threads;
     int *fds = sl_xmalloc(2 * (size_t)n * sizeof *fds), *tls_fds = fds + n;
     for (int i = 0; i < 2 * n; i++)
         fds[i] = -1;
@@ -324,13 +326,13 @@ enum sl_status sl_http_server_new(struct sl_config *cfg, const struct sl_http_ha
     s->h = *h;
     s->io = sl_xcalloc((size_t)n, sizeof *s->io);
 
-    int st = listen_all(cfg->listen_host, cfg->listen_port, cfg->listen_backlog, n, fds, &s->port,
-                        err, errlen);
-    if (st == SL_OK && cfg->tls.cert) {
-        if (!(s->tls_ctx = sl_tls_ctx_new(cfg, err, errlen)))
+    int st = listen_all(hc->listen_host, hc->listen_port, hc->listen_backlog, n, fds, &s->port, err,
+                        errlen);
+    if (st == SL_OK && hc->tls.cert) {
+        if (!(s->tls_ctx = sl_tls_ctx_new(&hc->tls, err, errlen)))
             st = SL_EINVAL;
         else
-            st = listen_all(cfg->tls.listen_host, cfg->tls.listen_port, cfg->listen_backlog, n,
+            st = listen_all(hc->tls.listen_host, hc->tls.listen_port, hc->listen_backlog, n,
                             tls_fds, &s->tls_port, err, errlen);
     }
     for (int i = 0; i < n && st == SL_OK; i++) {
@@ -419,7 +421,8 @@ enum sl_status sl_http_server_reload(struct sl_http_server *s, struct sl_config 
     sl_config_keep_start_keys(next, cur);
     /* The new certificate must load before anything changes. */
     SSL_CTX *ctx = NULL;
-    if (next->tls.cert && !(ctx = sl_tls_ctx_new(next, err, errlen))) {
+    const struct sl_config_tls *tls = &sl_config_http(next)->tls;
+    if (tls->cert && !(ctx = sl_tls_ctx_new(tls, err, errlen))) {
         sl_config_unref(cur);
         return SL_EINVAL;
     }
@@ -470,7 +473,7 @@ enum sl_status sl_http_server_drain(struct sl_http_server *s, int timeout_ms)
 {
     if (timeout_ms < 0) {
         pthread_mutex_lock(&s->cfg_lock);
-        timeout_ms = s->cfg->drain_timeout_ms;
+        timeout_ms = sl_config_http(s->cfg)->drain_timeout_ms;
         pthread_mutex_unlock(&s->cfg_lock);
     }
     int running = 0;

@@ -34,9 +34,8 @@ static int no_passphrase(char *buf, int size, int rwflag, void *arg)
     return 0;
 }
 
-struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t errlen)
+struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config_tls *t, char *err, size_t errlen)
 {
-    const struct sl_config_tls *t = &cfg->tls;
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     if (!ctx) {
         snprintf(err, errlen, "tls: cannot create a context: %s", ssl_reason());
@@ -76,9 +75,10 @@ struct ssl_ctx_st *sl_tls_ctx_new(const struct sl_config *cfg, char *err, size_t
 
 enum sl_status sl_http_tls_check(const struct sl_config *cfg, char *err, size_t errlen)
 {
-    if (!cfg->tls.cert)
+    const struct sl_config_tls *t = &sl_config_http(cfg)->tls;
+    if (!t->cert)
         return SL_OK;
-    SSL_CTX *ctx = sl_tls_ctx_new(cfg, err, errlen);
+    SSL_CTX *ctx = sl_tls_ctx_new(t, err, errlen);
     if (!ctx)
         return SL_EINVAL;
     SSL_CTX_free(ctx);

@@ -23,9 +23,9 @@ struct sl_api *sl_api_new(struct sl_config *cfg);
 void sl_api_free(struct sl_api *a);
 /* Serves a model: requests whose "model" is `name` run on `sched` (NULL: no engine, for tests
  * of the front end alone), and /v1/models lists it. The first model added is the default; when
- * cfg->models[0] has no name, the first is named by the model's own id and answers to its
- * configured spec too. The model and scheduler must outlive the API. SL_EINVAL (err says why)
- * when the name is taken, SL_MODELS_MAX are served, or the server has started. */
+ * models[0] of cfg (sl_config_engine) has no name, the first is named by the model's own id and
+ * answers to its configured spec too. The model and scheduler must outlive the API. SL_EINVAL (err
+ * says why) when the name is taken, SL_MODELS_MAX are served, or the server has started. */
 enum sl_status sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *model,
                                 struct sl_sched *sched, char *err, size_t errlen);
 /* Serves model `name` on one more scheduler: a replica of the same weights on another device.

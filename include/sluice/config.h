@@ -39,32 +39,15 @@ struct sl_config_tls {
     char *key;         /* PEM private key file */
 };
 
-struct sl_config {
-    char *listen_host;         /* "127.0.0.1" */
-    int listen_port;           /* 8080; 0 picks a free port */
-    int listen_backlog;        /* listen(2) queue of each listener (4096; the kernel may cap it) */
-    struct sl_config_tls tls;  /* the TLS listener, if any */
-    char *model;               /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
-    char *tokenizer;           /* llama2.c tokenizer.bin path, or NULL */
-    char *served_model_name;   /* the id of "model" (vLLM's --served-model-name), or NULL */
-    char *device;              /* "auto" (default), "cpu", "cuda" or "cuda:N" */
-    char **devices;            /* (n_devices) as "device", one replica of each model per entry */
-    int n_devices;             /* 0: "device" */
-    char *chat_template;       /* a builtin chat template's name, or NULL: the model's own */
-    int io_threads;            /* event loops (default 1) */
-    int threads;               /* CPU kernel threads (0 = one per CPU the process may use) */
-    bool pin_threads;          /* each CPU kernel thread on a CPU of its own (default true) */
-    char *cpu_isa;             /* "auto" (default), "avx512", "avx2" or "scalar": process-wide */
-    int max_seqs;              /* most running sequences in a step */
-    int max_batch_tokens;      /* most rows in a step */
-    int block_size;            /* KV block size in positions */
-    int kv_cache_mib;          /* KV pool size cap in MiB */
-    double kv_cache_fraction;  /* when > 0: the cap is this fraction of available memory instead */
-    enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f16) */
-    int default_max_tokens;    /* a completion's max_tokens when it gives none (OpenAI: 16) */
-    int default_max_tokens_chat; /* a chat's, when it gives none; 0: up to the model's context */
-    size_t max_body_bytes;       /* larger request bodies get 413 */
-    size_t max_header_bytes;     /* larger request heads get 431 */
+/* The transport's section (gateway/http). */
+struct sl_config_http {
+    char *listen_host;        /* "127.0.0.1" */
+    int listen_port;          /* 8080; 0 picks a free port */
+    int listen_backlog;       /* listen(2) queue of each listener (4096; the kernel may cap it) */
+    struct sl_config_tls tls; /* the TLS listener, if any */
+    int io_threads;           /* event loops (default 1) */
+    size_t max_body_bytes;    /* larger request bodies get 413 */
+    size_t max_header_bytes;  /* larger request heads get 431 */
     /* Transport limits (reloadable; a connection takes them up at its next request). */
     int header_timeout_ms;         /* the head must arrive within this (408), as must every
                                       piece of a body after the previous one */
@@ -76,16 +59,62 @@ struct sl_config {
     size_t write_hard_cap_bytes;   /* a stream this far behind (queued + held) is cancelled */
     size_t tcp_send_buffer_bytes;  /* SO_SNDBUF of each connection; 0 = the kernel's autotuning */
     int drain_timeout_ms;          /* SIGTERM: how long requests in flight may take to finish */
-    char *log_level;               /* "debug", "info", "warn", "error" */
+};
 
-    /* Models (at least one; start-only). */
-    struct sl_config_model *models;
+/* The engines' section (server/engine.c, server/simulate.c): the models, where they run and how
+ * their workers and schedulers are sized. Start-only: a reload keeps the running engines. */
+struct sl_config_engine {
+    struct sl_config_model *models; /* (n_models), at least one */
     int n_models;
+    char *device;              /* "auto" (default), "cpu", "cuda" or "cuda:N" */
+    char **devices;            /* (n_devices) as "device", one replica of each model per entry */
+    int n_devices;             /* 0: "device" */
+    int threads;               /* CPU kernel threads (0 = one per CPU the process may use) */
+    bool pin_threads;          /* each CPU kernel thread on a CPU of its own (default true) */
+    char *cpu_isa;             /* "auto" (default), "avx512", "avx2" or "scalar": process-wide */
+    int max_seqs;              /* most running sequences in a step */
+    int max_batch_tokens;      /* most rows in a step */
+    int block_size;            /* KV block size in positions */
+    int kv_cache_mib;          /* KV pool size cap in MiB */
+    double kv_cache_fraction;  /* when > 0: the cap is this fraction of available memory instead */
+    enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f16) */
+};
+
+/* The API's section (gateway/api): what a request gets when it does not say. */
+struct sl_config_api {
+    int default_max_tokens;      /* a completion's max_tokens when it gives none (OpenAI: 16) */
+    int default_max_tokens_chat; /* a chat's, when it gives none; 0: up to the model's context */
+    char *chat_template;         /* a builtin chat template's name, or NULL: the model's own */
+};
+
+/* The configuration: each consumer reads its own section through the accessors below (nginx's
+ * per-module configuration), so a key added for one of them changes no other. */
+struct sl_config {
+    struct sl_config_http http;
+    struct sl_config_engine engine;
+    struct sl_config_api api;
     /* Tenants, tiers, classification, keys and admission control (reloadable). The server that
-     * adopts this configuration (sl_http_server_new or _reload) gives it its admission state
+     * adopts this configuration (sl_api_new, or a reload) gives it its admission state
      * (sl_admit_adopt) before any request sees it. */
     struct sl_tenancy tenancy;
+    /* The single-model keys: models[0] stays in step with them (models_sync). */
+    char *model;             /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
+    char *tokenizer;         /* llama2.c tokenizer.bin path, or NULL */
+    char *served_model_name; /* the id of "model" (vLLM's --served-model-name), or NULL */
+    char *log_level;         /* "debug", "info", "warn", "error" */
 };
+
+/* c's sections, valid as long as the caller holds c. Any thread. */
+const struct sl_config_http *sl_config_http(const struct sl_config *c);
+const struct sl_config_engine *sl_config_engine(const struct sl_config *c);
+const struct sl_config_api *sl_config_api(const struct sl_config *c);
+/* Tenants, tiers, classification, keys and admission control (reloadable). */
+const struct sl_tenancy *sl_config_tenancy(const struct sl_config *c);
+/* The same tenancy, writable: only to give it its admission state (sl_admit_adopt, when the API
+ * takes c up at start or on a reload) before any request sees c. */
+struct sl_tenancy *sl_config_tenancy_mut(struct sl_config *c);
+/* "debug", "info", "warn" or "error". */
+const char *sl_config_log_level(const struct sl_config *c);
 
 /* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */
 void sl_config_init(struct sl_config *c);

@@ -169,10 +169,10 @@ void sl_http_log_access(struct sl_exchange *x);
 
 /* ---- the server ---- */
 
-/* Binds the listener (host:port from cfg, SO_REUSEPORT, one socket per I/O thread) and, when
- * cfg->tls.cert is set, the TLS listener next to it (its certificate and key loaded now), and
- * prepares cfg->io_threads event loops, each with its handler state. The server takes its own
- * reference to cfg (from sl_config_new). On failure err says why. */
+/* Binds the listener (host:port from sl_config_http(cfg), SO_REUSEPORT, one socket per I/O
+ * thread) and, when its tls.cert is set, the TLS listener next to it (its certificate and key
+ * loaded now), and prepares its io_threads event loops, each with its handler state. The server
+ * takes its own reference to cfg (from sl_config_new). On failure err says why. */
 enum sl_status sl_http_server_new(struct sl_config *cfg, const struct sl_http_handler *h,
                                   struct sl_http_server **out, char *err, size_t errlen);
 /* Makes next (validated, from sl_config_new; the server takes a reference) the configuration of
@@ -185,7 +185,7 @@ enum sl_status sl_http_server_new(struct sl_config *cfg, const struct sl_http_ha
  * and open ones keep theirs. The handler's on_reload sees the change first. Any thread. */
 enum sl_status sl_http_server_reload(struct sl_http_server *s, struct sl_config *next, char *err,
                                      size_t errlen);
-/* The port actually bound (useful when cfg->listen_port is 0). */
+/* The port actually bound (useful when the configured listen_port is 0). */
 int sl_http_server_port(const struct sl_http_server *s);
 /* The TLS listener's bound port, or 0 without one. */
 int sl_http_server_tls_port(const struct sl_http_server *s);

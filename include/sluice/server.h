@@ -27,12 +27,12 @@ int sl_simulate_main(int argc, char **argv, FILE *out, FILE *err);
 /* One served model: its weights, and a worker and a scheduler per device, owned together. */
 struct sl_engine;
 
-/* Loads cfg->models[idx] once and starts a worker on each of its devices (models[idx].device,
- * else each of "devices", else "device": sl_worker_device_select), each with its own KV pool
- * (max_seqs contexts within kv_cache_mib or kv_cache_fraction) and its own scheduler with cfg's
- * tiers and limits. cpu_ops, when not NULL,
- * replaces the CPU backend (the fault-injection test build); NULL in sluice. On failure e is
- * empty and err names the model. Main thread, at start. */
+/* Loads sl_config_engine(cfg)->models[idx] once and starts a worker on each of its devices
+ * (models[idx].device, else each of "devices", else "device": sl_worker_device_select), each with
+ * its own KV pool (max_seqs contexts within kv_cache_mib or kv_cache_fraction) and its own
+ * scheduler with cfg's tiers and limits. cpu_ops, when not NULL, replaces the CPU backend (the
+ * fault-injection test build); NULL in sluice. On failure e is empty and err names the model. Main
+ * thread, at start. */
 enum sl_status sl_engine_start(const struct sl_config *cfg, int idx,
                                const struct sl_backend_ops *cpu_ops, struct sl_engine **out,
                                char *err, size_t errlen);

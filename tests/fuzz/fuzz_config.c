@@ -38,8 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     fuzz_note("accepted", "");
-    fuzz_check(c->tenancy.n_tiers >= 1 && c->tenancy.n_tiers <= SL_TIERS_MAX, "%d tiers",
-               c->tenancy.n_tiers);
+    const struct sl_tenancy *ten = sl_config_tenancy(c);
+    fuzz_check(ten->n_tiers >= 1 && ten->n_tiers <= SL_TIERS_MAX, "%d tiers", ten->n_tiers);
     if (sl_config_validate(c, err, sizeof err) == SL_OK) {
         struct sl_sched_tier tiers[SL_SCHED_MAX_TIERS];
         int n = sl_config_sched_tiers(c, tiers, SL_SCHED_MAX_TIERS);
@@ -50,19 +50,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_check(text != NULL, "/admin/config does not serialise");
     free(text);
     json_t *tenants = json_object_get(j, "tenants");
-    fuzz_check(json_array_size(tenants) == (size_t)c->tenancy.n_tenants,
-               "%zu tenants shown, %d loaded", json_array_size(tenants), c->tenancy.n_tenants);
-    for (int i = 0; i < c->tenancy.n_tenants; i++) {
+    fuzz_check(json_array_size(tenants) == (size_t)ten->n_tenants, "%zu tenants shown, %d loaded",
+               json_array_size(tenants), ten->n_tenants);
+    for (int i = 0; i < ten->n_tenants; i++) {
         json_t *shown = json_object_get(json_array_get(tenants, (size_t)i), "key_sha256");
         fuzz_check(redacted(shown, true), "tenant %d's hash is shown", i);
-        const struct sl_tenant *t = &c->tenancy.tenants[i];
-        fuzz_check(t->default_tier >= 0 && t->default_tier < c->tenancy.n_tiers, "default tier %d",
+        const struct sl_tenant *t = &ten->tenants[i];
+        fuzz_check(t->default_tier >= 0 && t->default_tier < ten->n_tiers, "default tier %d",
                    t->default_tier);
         for (int k = 0; k < i; k++)
-            fuzz_check(memcmp(c->tenancy.tenants[k].key_sha256, t->key_sha256, 32) != 0,
+            fuzz_check(memcmp(ten->tenants[k].key_sha256, t->key_sha256, 32) != 0,
                        "tenants %d and %d share a key", k, i);
     }
-    fuzz_check(redacted(json_object_get(j, "admin_key_sha256"), c->tenancy.has_admin_key),
+    fuzz_check(redacted(json_object_get(j, "admin_key_sha256"), ten->has_admin_key),
                "the admin hash is shown");
     json_decref(j);
     sl_config_unref(c);

@@ -64,9 +64,9 @@ Test(gateway, admission_keys_load_with_their_defaults_when_absent)
     cr_assert_eq(c.tenancy.tiers[0].n_overload, 1);
     cr_assert_eq(c.tenancy.tiers[0].overload[0].kind, SL_OVERLOAD_REJECT);
     cr_assert_eq(c.tenancy.tiers[0].overload_status, 503);
-    cr_assert_eq(c.n_models, 1);
-    cr_assert_str_eq(c.models[0].spec, "synthetic");
-    cr_assert_null(c.models[0].name);
+    cr_assert_eq(c.engine.n_models, 1);
+    cr_assert_str_eq(c.engine.models[0].spec, "synthetic");
+    cr_assert_null(c.engine.models[0].name);
     sl_config_dispose(&c);
 }
 
@@ -90,10 +90,10 @@ Test(gateway, admission_keys_load_when_given)
                                                               "60,\"tpm\":100000}],"
                                                               "\"admission\":false}");
     cr_assert_not(c.tenancy.admission);
-    cr_assert_eq(c.n_models, 2);
+    cr_assert_eq(c.engine.n_models, 2);
     cr_assert_str_eq(c.model, "synthetic", "models[0] is \"model\"");
-    cr_assert_str_eq(c.models[1].name, "small");
-    cr_assert_eq(c.models[1].threads, 1);
+    cr_assert_str_eq(c.engine.models[1].name, "small");
+    cr_assert_eq(c.engine.models[1].threads, 1);
     const struct sl_tier *f = &c.tenancy.tiers[0];
     cr_assert_eq(f->token_rate, 5000);
     cr_assert_eq(f->burst, 5000, "a second's worth by default");
@@ -189,8 +189,8 @@ Test(gateway, model_flag_sets_the_first_model_when_given)
     enum sl_cli_action act;
     char err[256];
     cr_assert_eq(sl_config_from_args(&c, 3, argv, &act, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.n_models, 1);
-    cr_assert_str_eq(c.models[0].spec, "synthetic:stories15M");
+    cr_assert_eq(c.engine.n_models, 1);
+    cr_assert_str_eq(c.engine.models[0].spec, "synthetic:stories15M");
     sl_config_dispose(&c);
 }
 
@@ -292,7 +292,7 @@ static const char *header(const struct sl_admit *a, const struct sl_config *c,
     struct sl_str s;
     sl_str_init(&s);
     sl_openai_admission_headers(a, &s);
-    sl_openai_ratelimit_headers(c, t, now, &s);
+    sl_openai_ratelimit_headers(&c->tenancy, t, now, &s);
     const char *p = s.p ? strstr(s.p, name) : NULL;
     buf[0] = '\0';
     if (p) {

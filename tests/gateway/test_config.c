@@ -35,8 +35,8 @@ Test(gateway, defaults_serve_synthetic_on_8080_when_nothing_given)
     sl_config_init(&c);
     char err[256] = "";
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_str_eq(c.listen_host, "127.0.0.1");
-    cr_assert_eq(c.listen_port, 8080);
+    cr_assert_str_eq(c.http.listen_host, "127.0.0.1");
+    cr_assert_eq(c.http.listen_port, 8080);
     cr_assert_str_eq(c.model, "synthetic");
     sl_config_dispose(&c);
 }
@@ -65,9 +65,9 @@ Test(gateway, file_values_apply_when_valid)
                       "\"//\":\"comment\"}",
                       err, sizeof err),
                  SL_OK, "%s", err);
-    cr_assert_str_eq(c.listen_host, "::1");
-    cr_assert_eq(c.listen_port, 9000);
-    cr_assert_eq(c.max_seqs, 4);
+    cr_assert_str_eq(c.http.listen_host, "::1");
+    cr_assert_eq(c.http.listen_port, 9000);
+    cr_assert_eq(c.engine.max_seqs, 4);
     cr_assert_str_eq(c.tokenizer, "t.bin");
     sl_config_dispose(&c);
 }
@@ -125,8 +125,8 @@ Test(gateway, flags_override_config_file_when_both_given)
     char err[256] = "";
     cr_assert_eq(sl_config_from_args(&c, 6, argv, &act, err, sizeof err), SL_OK, "%s", err);
     cr_assert_eq(act, SL_CLI_SERVE);
-    cr_assert_str_eq(c.listen_host, "0.0.0.0");
-    cr_assert_eq(c.listen_port, 7000);
+    cr_assert_str_eq(c.http.listen_host, "0.0.0.0");
+    cr_assert_eq(c.http.listen_port, 7000);
     cr_assert_str_eq(c.model, "synthetic");
     sl_config_dispose(&c);
     unlink(path);
@@ -158,8 +158,8 @@ Test(gateway, cross_field_check_fails_when_batch_smaller_than_seqs)
 {
     struct sl_config c;
     sl_config_init(&c);
-    c.max_seqs = 64;
-    c.max_batch_tokens = 8;
+    c.engine.max_seqs = 64;
+    c.engine.max_batch_tokens = 8;
     char err[256] = "";
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "max_batch_tokens"), "%s", err);
@@ -172,7 +172,7 @@ Test(gateway, kv_cache_fraction_is_checked_when_given)
     sl_config_init(&c);
     char err[256] = "";
     cr_assert_eq(load(&c, "{\"kv_cache_fraction\":0.25}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_float_eq(c.kv_cache_fraction, 0.25, 1e-12);
+    cr_assert_float_eq(c.engine.kv_cache_fraction, 0.25, 1e-12);
     cr_assert_eq(load(&c, "{\"kv_cache_fraction\":1.5}", err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "\"kv_cache_fraction\""), "%s", err);
     cr_assert_eq(load(&c, "{\"kv_cache_fraction\":\"half\"}", err, sizeof err), SL_EINVAL);
@@ -183,20 +183,20 @@ Test(gateway, kv_dtype_defaults_to_f16_and_is_checked_when_given)
 {
     struct sl_config c;
     sl_config_init(&c);
-    cr_assert_eq(c.kv_dtype, SL_KV_F16);
+    cr_assert_eq(c.engine.kv_dtype, SL_KV_F16);
     char err[256] = "";
     cr_assert_eq(load(&c, "{\"kv_dtype\":\"f32\"}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.kv_dtype, SL_KV_F32);
+    cr_assert_eq(c.engine.kv_dtype, SL_KV_F32);
     json_t *j = sl_config_to_json(&c);
     cr_assert_str_eq(json_string_value(json_object_get(j, "kv_dtype")), "f32");
     json_decref(j);
     cr_assert_eq(load(&c, "{\"kv_dtype\":\"f16\"}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.kv_dtype, SL_KV_F16);
+    cr_assert_eq(c.engine.kv_dtype, SL_KV_F16);
     cr_assert_eq(load(&c, "{\"kv_dtype\":\"bf16\"}", err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "\"kv_dtype\" must be \"f32\" or \"f16\""), "%s", err);
     cr_assert_eq(load(&c, "{\"kv_dtype\":16}", err, sizeof err), SL_EINVAL);
     cr_assert_eq(load(&c, "{\"kv_dtype\":\"f32\"}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.kv_dtype, SL_KV_F32);
+    cr_assert_eq(c.engine.kv_dtype, SL_KV_F32);
     sl_config_dispose(&c);
 }
 
@@ -204,18 +204,18 @@ Test(gateway, pin_threads_defaults_to_true_and_is_checked_when_given)
 {
     struct sl_config c;
     sl_config_init(&c);
-    cr_assert(c.pin_threads);
+    cr_assert(c.engine.pin_threads);
     char err[256] = "";
     cr_assert_eq(load(&c, "{\"pin_threads\":false}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert(!c.pin_threads);
+    cr_assert(!c.engine.pin_threads);
     json_t *j = sl_config_to_json(&c);
     cr_assert(json_is_false(json_object_get(j, "pin_threads")));
     json_decref(j);
     cr_assert_eq(load(&c, "{\"pin_threads\":\"yes\"}", err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "\"pin_threads\" must be true or false"), "%s", err);
-    cr_assert(!c.pin_threads, "a refused value leaves the last one");
+    cr_assert(!c.engine.pin_threads, "a refused value leaves the last one");
     cr_assert_eq(load(&c, "{\"pin_threads\":true}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert(c.pin_threads);
+    cr_assert(c.engine.pin_threads);
     sl_config_dispose(&c);
 }
 
@@ -223,14 +223,14 @@ Test(gateway, cpu_isa_defaults_to_auto_and_is_checked_when_given)
 {
     struct sl_config c;
     sl_config_init(&c);
-    cr_assert_str_eq(c.cpu_isa, "auto");
+    cr_assert_str_eq(c.engine.cpu_isa, "auto");
     char err[256] = "";
     const char *ok[] = {"avx512", "avx2", "scalar", "auto"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         char doc[64];
         snprintf(doc, sizeof doc, "{\"cpu_isa\":\"%s\"}", ok[i]);
         cr_assert_eq(load(&c, doc, err, sizeof err), SL_OK, "%s: %s", ok[i], err);
-        cr_assert_str_eq(c.cpu_isa, ok[i]);
+        cr_assert_str_eq(c.engine.cpu_isa, ok[i]);
         json_t *j = sl_config_to_json(&c);
         cr_assert_str_eq(json_string_value(json_object_get(j, "cpu_isa")), ok[i]);
         json_decref(j);
@@ -239,7 +239,7 @@ Test(gateway, cpu_isa_defaults_to_auto_and_is_checked_when_given)
     cr_assert(strstr(err, "\"cpu_isa\" must be one of auto, avx512, avx2, scalar"), "%s", err);
     cr_assert_eq(load(&c, "{\"cpu_isa\":2}", err, sizeof err), SL_EINVAL);
     cr_assert_eq(load(&c, "{\"cpu_isa\":null}", err, sizeof err), SL_EINVAL);
-    cr_assert_str_eq(c.cpu_isa, "auto", "a refused value leaves the last one");
+    cr_assert_str_eq(c.engine.cpu_isa, "auto", "a refused value leaves the last one");
     sl_config_dispose(&c);
 }
 
@@ -247,12 +247,12 @@ Test(gateway, default_max_tokens_chat_defaults_to_the_context_and_is_checked_whe
 {
     struct sl_config c;
     sl_config_init(&c);
-    cr_assert_eq(c.default_max_tokens_chat, 0, "0: up to the model's context");
-    cr_assert_eq(c.default_max_tokens, 16);
+    cr_assert_eq(c.api.default_max_tokens_chat, 0, "0: up to the model's context");
+    cr_assert_eq(c.api.default_max_tokens, 16);
     char err[256] = "";
     cr_assert_eq(load(&c, "{\"default_max_tokens_chat\":64}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.default_max_tokens_chat, 64);
-    cr_assert_eq(c.default_max_tokens, 16, "the completions default is its own key");
+    cr_assert_eq(c.api.default_max_tokens_chat, 64);
+    cr_assert_eq(c.api.default_max_tokens, 16, "the completions default is its own key");
     cr_assert_eq(load(&c, "{\"default_max_tokens_chat\":-1}", err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "\"default_max_tokens_chat\""), "%s", err);
     cr_assert_eq(load(&c, "{\"default_max_tokens\":0}", err, sizeof err), SL_EINVAL,
@@ -264,15 +264,15 @@ Test(gateway, transport_limits_default_and_load_when_given)
 {
     struct sl_config c;
     sl_config_init(&c);
-    cr_assert_eq(c.listen_backlog, 4096);
-    cr_assert_eq(c.header_timeout_ms, 10000);
-    cr_assert_eq(c.idle_timeout_ms, 60000);
-    cr_assert_eq(c.max_connections, 4096);
-    cr_assert_eq(c.write_high_water_bytes, 65536);
-    cr_assert_eq(c.write_hard_cap_bytes, 1 << 20);
-    cr_assert_eq(c.tcp_send_buffer_bytes, 0);
-    cr_assert_eq(c.drain_timeout_ms, 30000);
-    cr_assert_null(c.tls.cert);
+    cr_assert_eq(c.http.listen_backlog, 4096);
+    cr_assert_eq(c.http.header_timeout_ms, 10000);
+    cr_assert_eq(c.http.idle_timeout_ms, 60000);
+    cr_assert_eq(c.http.max_connections, 4096);
+    cr_assert_eq(c.http.write_high_water_bytes, 65536);
+    cr_assert_eq(c.http.write_hard_cap_bytes, 1 << 20);
+    cr_assert_eq(c.http.tcp_send_buffer_bytes, 0);
+    cr_assert_eq(c.http.drain_timeout_ms, 30000);
+    cr_assert_null(c.http.tls.cert);
     char err[256] = "";
     cr_assert_eq(load(&c,
                       "{\"listen_backlog\":16,\"header_timeout_ms\":250,\"idle_timeout_ms\":500,"
@@ -282,14 +282,14 @@ Test(gateway, transport_limits_default_and_load_when_given)
                       err, sizeof err),
                  SL_OK, "%s", err);
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_eq(c.listen_backlog, 16);
-    cr_assert_eq(c.header_timeout_ms, 250);
-    cr_assert_eq(c.idle_timeout_ms, 500);
-    cr_assert_eq(c.max_connections, 3);
-    cr_assert_eq(c.write_high_water_bytes, 0);
-    cr_assert_eq(c.write_hard_cap_bytes, 2048);
-    cr_assert_eq(c.tcp_send_buffer_bytes, 4096);
-    cr_assert_eq(c.drain_timeout_ms, 0);
+    cr_assert_eq(c.http.listen_backlog, 16);
+    cr_assert_eq(c.http.header_timeout_ms, 250);
+    cr_assert_eq(c.http.idle_timeout_ms, 500);
+    cr_assert_eq(c.http.max_connections, 3);
+    cr_assert_eq(c.http.write_high_water_bytes, 0);
+    cr_assert_eq(c.http.write_hard_cap_bytes, 2048);
+    cr_assert_eq(c.http.tcp_send_buffer_bytes, 4096);
+    cr_assert_eq(c.http.drain_timeout_ms, 0);
     sl_config_dispose(&c);
 }
 
@@ -334,14 +334,14 @@ Test(gateway, tls_listener_loads_when_listen_cert_and_key_are_given)
                       err, sizeof err),
                  SL_OK, "%s", err);
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_str_eq(c.tls.listen_host, "::1");
-    cr_assert_eq(c.tls.listen_port, 8443);
-    cr_assert_str_eq(c.tls.cert, "/etc/c.pem");
-    cr_assert_str_eq(c.tls.key, "/etc/k.pem");
+    cr_assert_str_eq(c.http.tls.listen_host, "::1");
+    cr_assert_eq(c.http.tls.listen_port, 8443);
+    cr_assert_str_eq(c.http.tls.cert, "/etc/c.pem");
+    cr_assert_str_eq(c.http.tls.key, "/etc/k.pem");
     /* null turns it off again. */
     cr_assert_eq(load(&c, "{\"tls\":null}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_null(c.tls.cert);
-    cr_assert_null(c.tls.listen_host);
+    cr_assert_null(c.http.tls.cert);
+    cr_assert_null(c.http.tls.listen_host);
     sl_config_dispose(&c);
 }
 
@@ -362,7 +362,7 @@ Test(gateway, tls_error_names_the_field_when_incomplete_or_wrong)
         cr_assert_eq(load(&c, bad[i][0], err, sizeof err), SL_EINVAL, "%s", bad[i][0]);
         cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
         /* A refused "tls" leaves the configuration without one. */
-        cr_assert_null(c.tls.cert);
+        cr_assert_null(c.http.tls.cert);
         sl_config_dispose(&c);
     }
     /* The same address as the plain listener cannot work. */
@@ -385,15 +385,15 @@ Test(gateway, tls_check_names_the_file_when_it_does_not_load)
     sl_config_init(&c);
     char err[512] = "";
     cr_assert_eq(sl_http_tls_check(&c, err, sizeof err), SL_OK, "no TLS: nothing to check");
-    c.tls.listen_host = strdup("127.0.0.1");
-    c.tls.cert = strdup("/nonexistent/cert.pem");
-    c.tls.key = strdup("/nonexistent/key.pem");
+    c.http.tls.listen_host = strdup("127.0.0.1");
+    c.http.tls.cert = strdup("/nonexistent/cert.pem");
+    c.http.tls.key = strdup("/nonexistent/key.pem");
     cr_assert_eq(sl_http_tls_check(&c, err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, "/nonexistent/cert.pem") && strstr(err, "No such file or directory"),
               "%s", err);
     char *junk = write_tmp("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
-    free(c.tls.cert);
-    c.tls.cert = junk;
+    free(c.http.tls.cert);
+    c.http.tls.cert = junk;
     cr_assert_eq(sl_http_tls_check(&c, err, sizeof err), SL_EINVAL);
     cr_assert(strstr(err, junk), "%s", err);
     unlink(junk);
@@ -405,12 +405,12 @@ Test(gateway, chat_template_is_a_builtin_name_or_null_when_configured)
     struct sl_config c;
     sl_config_init(&c);
     char err[256] = "";
-    cr_assert_null(c.chat_template, "the model's own by default");
+    cr_assert_null(c.api.chat_template, "the model's own by default");
     cr_assert_eq(load(&c, "{\"chat_template\":\"chatml\"}", err, sizeof err), SL_OK, "%s", err);
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s", err);
-    cr_assert_str_eq(c.chat_template, "chatml");
+    cr_assert_str_eq(c.api.chat_template, "chatml");
     cr_assert_eq(load(&c, "{\"chat_template\":null}", err, sizeof err), SL_OK, "%s", err);
-    cr_assert_null(c.chat_template);
+    cr_assert_null(c.api.chat_template);
     /* An unknown name is refused at validation, naming the key and the builtins. */
     cr_assert_eq(load(&c, "{\"chat_template\":\"{{ messages }}\"}", err, sizeof err), SL_OK);
     cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_EINVAL);
@@ -426,14 +426,14 @@ Test(gateway, device_is_auto_cpu_or_cuda_when_configured)
     struct sl_config c;
     sl_config_init(&c);
     char err[256] = "";
-    cr_assert_str_eq(c.device, "auto");
+    cr_assert_str_eq(c.engine.device, "auto");
     const char *ok[] = {"{\"device\":\"cpu\"}", "{\"device\":\"cuda\"}", "{\"device\":\"cuda:0\"}",
                         "{\"device\":\"cuda:7\"}", "{\"device\":\"auto\"}"};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         cr_assert_eq(load(&c, ok[i], err, sizeof err), SL_OK, "%s: %s", ok[i], err);
         cr_assert_eq(sl_config_validate(&c, err, sizeof err), SL_OK, "%s: %s", ok[i], err);
     }
-    cr_assert_str_eq(c.device, "auto");
+    cr_assert_str_eq(c.engine.device, "auto");
     /* A device the server could never use is refused before anything starts. */
     const char *bad[] = {"{\"device\":\"gpu\"}", "{\"device\":\"cuda:\"}",
                          "{\"device\":\"cuda:-1\"}", "{\"device\":\"cuda:1024\"}",
@@ -453,14 +453,14 @@ Test(gateway, devices_list_one_replica_per_entry_when_configured)
     struct sl_config c;
     sl_config_init(&c);
     char err[256] = "";
-    cr_assert_eq(c.n_devices, 0);
+    cr_assert_eq(c.engine.n_devices, 0);
     cr_assert_eq(load(&c, "{\"devices\":[0,1,\"cuda:3\",\"cpu\"]}", err, sizeof err), SL_OK, "%s",
                  err);
-    cr_assert_eq(c.n_devices, 4);
-    cr_assert_str_eq(c.devices[0], "cuda:0");
-    cr_assert_str_eq(c.devices[1], "cuda:1");
-    cr_assert_str_eq(c.devices[2], "cuda:3");
-    cr_assert_str_eq(c.devices[3], "cpu");
+    cr_assert_eq(c.engine.n_devices, 4);
+    cr_assert_str_eq(c.engine.devices[0], "cuda:0");
+    cr_assert_str_eq(c.engine.devices[1], "cuda:1");
+    cr_assert_str_eq(c.engine.devices[2], "cuda:3");
+    cr_assert_str_eq(c.engine.devices[3], "cpu");
     /* /admin/config shows them as loaded. */
     json_t *j = sl_config_to_json(&c);
     char *dump = json_dumps(json_object_get(j, "devices"), JSON_COMPACT);

@@ -666,10 +666,10 @@ static void live_start_with(struct live *l, int io_threads, void (*tweak)(struct
     /* As main does: a write to a peer that has gone must be an error, not a signal. */
     signal(SIGPIPE, SIG_IGN);
     l->cfg = sl_config_new();
-    l->cfg->listen_port = 0;
-    l->cfg->io_threads = io_threads;
-    l->cfg->max_header_bytes = MAX_HEAD;
-    l->cfg->max_body_bytes = MAX_BODY;
+    l->cfg->http.listen_port = 0;
+    l->cfg->http.io_threads = io_threads;
+    l->cfg->http.max_header_bytes = MAX_HEAD;
+    l->cfg->http.max_body_bytes = MAX_BODY;
     if (tweak)
         tweak(l->cfg);
     char err[256];
@@ -1035,8 +1035,8 @@ Test(gateway, answers_head_without_a_body_when_the_route_is_get)
 
 static void short_timeouts(struct sl_config *c)
 {
-    c->header_timeout_ms = 100;
-    c->idle_timeout_ms = 60000;
+    c->http.header_timeout_ms = 100;
+    c->http.idle_timeout_ms = 60000;
 }
 
 Test(gateway, answers_408_and_closes_when_the_head_does_not_arrive_in_time)
@@ -1085,8 +1085,8 @@ Test(gateway, closes_without_an_answer_when_a_new_connection_sends_nothing)
 
 static void short_idle(struct sl_config *c)
 {
-    c->header_timeout_ms = 60000;
-    c->idle_timeout_ms = 100;
+    c->http.header_timeout_ms = 60000;
+    c->http.idle_timeout_ms = 100;
 }
 
 Test(gateway, closes_a_kept_alive_connection_when_it_stays_idle)
@@ -1108,7 +1108,7 @@ Test(gateway, closes_a_kept_alive_connection_when_it_stays_idle)
 
 static void two_connections(struct sl_config *c)
 {
-    c->max_connections = 2;
+    c->http.max_connections = 2;
 }
 
 Test(gateway, answers_503_and_closes_when_max_connections_are_open)
@@ -1259,8 +1259,8 @@ static void *send_pipeline(void *arg)
 
 static void small_buffers(struct sl_config *c)
 {
-    c->write_high_water_bytes = 1024;
-    c->tcp_send_buffer_bytes = 4096;
+    c->http.write_high_water_bytes = 1024;
+    c->http.tcp_send_buffer_bytes = 4096;
 }
 
 Test(gateway, answers_every_pipelined_request_in_order_when_the_client_reads_late)
