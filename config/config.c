@@ -1,5 +1,5 @@
 /* Configuration: built-in defaults, a JSON file, then command-line flags. */
-#include <sluice/config.h>
+#include "config_impl.h"
 
 #include <jansson.h>
 #include <limits.h>

@@ -39,6 +39,11 @@ struct sl_config_tls {
     char *key;         /* PEM private key file */
 };
 
+/* The configuration is opaque: its layout is config/config_impl.h's. Each consumer reads its
+ * own section of it through the accessors below (nginx's per-module configuration), so a key
+ * added for one of them changes no other. */
+struct sl_config;
+
 /* The transport's section (gateway/http). */
 struct sl_config_http {
     char *listen_host;        /* "127.0.0.1" */
@@ -87,23 +92,6 @@ struct sl_config_api {
     char *chat_template;         /* a builtin chat template's name, or NULL: the model's own */
 };
 
-/* The configuration: each consumer reads its own section through the accessors below (nginx's
- * per-module configuration), so a key added for one of them changes no other. */
-struct sl_config {
-    struct sl_config_http http;
-    struct sl_config_engine engine;
-    struct sl_config_api api;
-    /* Tenants, tiers, classification, keys and admission control (reloadable). The server that
-     * adopts this configuration (sl_api_new, or a reload) gives it its admission state
-     * (sl_admit_adopt) before any request sees it. */
-    struct sl_tenancy tenancy;
-    /* The single-model keys: models[0] stays in step with them (models_sync). */
-    char *model;             /* "synthetic", "synthetic:NAME" or a llama2.c .bin path */
-    char *tokenizer;         /* llama2.c tokenizer.bin path, or NULL */
-    char *served_model_name; /* the id of "model" (vLLM's --served-model-name), or NULL */
-    char *log_level;         /* "debug", "info", "warn", "error" */
-};
-
 /* c's sections, valid as long as the caller holds c. Any thread. */
 const struct sl_config_http *sl_config_http(const struct sl_config *c);
 const struct sl_config_engine *sl_config_engine(const struct sl_config *c);
@@ -116,7 +104,9 @@ struct sl_tenancy *sl_config_tenancy_mut(struct sl_config *c);
 /* "debug", "info", "warn" or "error". */
 const char *sl_config_log_level(const struct sl_config *c);
 
-/* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). */
+/* Fills c with the built-in defaults (the embedded synthetic model on 127.0.0.1:8080). For an
+ * embedded configuration, which only code that sees the layout (config/config_impl.h: the config
+ * module and its tests) can declare; everyone else uses sl_config_new. */
 void sl_config_init(struct sl_config *c);
 void sl_config_dispose(struct sl_config *c);
 

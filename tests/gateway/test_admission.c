@@ -4,6 +4,7 @@
  * every decision here is deterministic. */
 #include <criterion/criterion.h>
 
+#include "config_impl.h"
 #include "gateway_impl.h"
 
 #include <stdio.h>

@@ -3,6 +3,7 @@
 #include <sluice/config.h>
 #include <sluice/server.h>
 
+#include "config_impl.h"
 #include "gateway_impl.h"
 
 #include <stdio.h>

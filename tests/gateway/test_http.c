@@ -1,6 +1,7 @@
 /* The HTTP layer: the llhttp-based request parser (every prefix, 1-byte pieces, pipelining,
  * limits), the status mapping, and over a real socket the routes that need no scheduler and the
  * transport: pipelining, timeouts, connection limits, chunked bodies, 100-continue, HEAD, drain. */
+#include "config_impl.h"
 #include "gateway_impl.h"
 #include "http_impl.h"
 

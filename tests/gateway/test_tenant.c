@@ -3,6 +3,7 @@
  * Tenants and classification on their own are tests/admission's. */
 #include <criterion/criterion.h>
 
+#include "config_impl.h"
 #include "gateway_impl.h"
 #include "http_impl.h"
 
