@@ -3,15 +3,18 @@
 # completions (ignore_eos, so every one is OUTPUT tokens long) from the embedded synthetic model,
 # and the CPU time of sluice's I/O thread over the run divided by the tokens streamed. With
 # io_threads 1 the I/O thread is the last thread sluice creates (engines start first), so its
-# CPU is read from /proc/PID/task/TID/stat of the highest TID: no help from the binary is needed,
-# and two builds (a baseline and this tree) are measured the same way, alternated REPS times.
+# CPU is read from /proc/PID/task/TID/{schedstat,stat} of the highest TID: no help from the binary
+# is needed, and builds (a baseline and this tree) are measured the same way, alternated REPS times.
 #
 # Usage: bench/http/stream.sh [SLUICE ...]   (default build/sluice; several binaries alternate)
 # env: USERS=64 OUTPUT=256 PROMPT=32 REQUESTS=256 REPS=3 MODEL=synthetic
-# Prints, per run: binary, seconds, tokens, the I/O thread's CPU per token (user + system, then
-# user and system apart: most of the system part is the write(2) of each token's event and, on
-# loopback, the client's receive path, which the kernel runs in the writer's context), and the
-# whole process's CPU per token (the engine's included).
+# Prints, per run: binary, seconds, tokens, the I/O thread's CPU per token (schedstat's exact time
+# on a CPU, then user and system apart from stat's 10 ms ticks, coarse: most of the system part is
+# the write of each token's event and, on loopback, the client's receive path, which the kernel
+# runs in the writer's context), and the whole process's CPU per token (the engine's included).
+# The embedded model steps so fast that the I/O thread sometimes takes several steps' tokens in
+# one write, and runs split into fast and slow ones; MODEL=synthetic:stories15M USERS=32
+# OUTPUT=128 steps slower and writes once per token per step, run after run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -38,8 +41,12 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-ticks() { # /proc stat file -> "utime stime"
+ticks() { # /proc stat file -> "utime stime" (clock ticks: 10 ms apart)
   awk '{print $14, $15}' "$1"
+}
+
+oncpu() { # /proc schedstat file -> nanoseconds on a CPU (exact, user and system together)
+  awk '{print $1}' "$1"
 }
 
 hz=$(getconf CLK_TCK)
@@ -56,6 +63,7 @@ for ((rep = 0; rep < REPS; rep++)); do
     done
     io_tid=$(ls "/proc/$pid/task" | sort -n | tail -1)
     read -r u0 s0 < <(ticks "/proc/$pid/task/$io_tid/stat")
+    ns0=$(oncpu "/proc/$pid/task/$io_tid/schedstat")
     read -r pu0 ps0 < <(ticks "/proc/$pid/stat")
     t0=$(date +%s.%N)
     "$BENCH" --url "http://127.0.0.1:$port" --concurrency "$USERS" --num-requests "$REQUESTS" \
@@ -63,14 +71,15 @@ for ((rep = 0; rep < REPS; rep++)); do
       >"$tmp/bench.out" 2>&1 || { cat "$tmp/bench.out" >&2; exit 1; }
     t1=$(date +%s.%N)
     read -r u1 s1 < <(ticks "/proc/$pid/task/$io_tid/stat")
+    ns1=$(oncpu "/proc/$pid/task/$io_tid/schedstat")
     read -r pu1 ps1 < <(ticks "/proc/$pid/stat")
     kill "$pid"
     wait "$pid" 2>/dev/null || true
     pid=
     tokens=$((REQUESTS * OUTPUT))
     awk -v b="$bin" -v s="$(echo "$t1 - $t0" | bc)" -v n="$tokens" -v u=$((u1 - u0)) \
-      -v y=$((s1 - s0)) -v p=$((pu1 + ps1 - pu0 - ps0)) -v hz="$hz" \
+      -v y=$((s1 - s0)) -v p=$((pu1 + ps1 - pu0 - ps0)) -v hz="$hz" -v ns=$((ns1 - ns0)) \
       'BEGIN {k = 1e6 / hz / n; printf "%-36s %7.1f %7d %12.2f %9.2f %9.2f %14.2f\n", b, s, n,
-              (u + y) * k, u * k, y * k, p * k}'
+              ns / 1e3 / n, u * k, y * k, p * k}'
   done
 done
