@@ -5,8 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(gcc libc6-dev pkg-config meson ninja-build libevent-dev libjansson-dev libssl-dev
+pkgs=(gcc libc6-dev pkg-config meson ninja-build libevent-dev libjansson-dev libssl-dev libhiredis-dev
       libcriterion-dev node-llhttp clang-format git)
+# The fleet's tests run a real Redis (tests/admission/test_fleet.c starts its own).
+pkgs+=(redis-server)
 # The fuzz build (tests/fuzz): clang with libFuzzer and the sanitizer runtimes.
 pkgs+=(clang libclang-rt-14-dev)
 # The SDK test (tests/sdk) runs the official OpenAI client under Node: Debian's nodejs and npm,

@@ -433,6 +433,48 @@ void sl_gcra_bucket_peek(const struct sl_gcra_bucket *b, const struct sl_gcra_ra
 void sl_gcra_bucket_rescale(struct sl_gcra_bucket *b, const struct sl_gcra_rate *from,
                             const struct sl_gcra_rate *to, int64_t now_ns);
 
+/* ---------------------------------------------------------------------------------------------
+ * The fleet's buckets (admission/fleet.c): the same GCRA, held in Redis so that every replica
+ * charges one budget. Two Lua scripts do the work, on Redis's clock: take checks every bucket a
+ * request touches and charges all of them or none; refund gives tokens back. What is here builds
+ * their arguments and reads their replies; the connection that sends them is the caller's.
+ */
+
+#define SL_FLEET_BUCKETS_MAX 4 /* tenant requests, tenant tokens, tier tokens, and one spare */
+#define SL_FLEET_SHA_LEN 40
+
+/* One bucket of a call: its key, its rate (period_ns a whole number of µs) and the tokens to
+ * take or give back. */
+struct sl_fleet_bucket {
+    const char *key;
+    struct sl_gcra_rate rate;
+    int64_t cost;
+};
+
+/* What take answered. admitted: every bucket charged, view[i] each bucket after the take.
+ * Otherwise nothing was charged; failed is the first bucket without room, and view[failed] says
+ * what it holds and when to retry (retry_ns -1: never, the cost is over its burst). now_us:
+ * Redis's clock at the call. */
+struct sl_fleet_take {
+    bool admitted;
+    int failed;
+    int64_t now_us;
+    struct sl_gcra_view view[SL_FLEET_BUCKETS_MAX];
+};
+
+/* The scripts' sources (for EVAL and SCRIPT LOAD) and their SHA-1s (for EVALSHA). */
+extern const char sl_fleet_take_lua[], sl_fleet_refund_lua[];
+void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1]);
+/* The ARGV of take (4 per bucket) or refund (3 per bucket) for n buckets, as decimal strings in
+ * num; returns how many. The KEYS are the buckets' keys in the same order. */
+int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24]);
+int sl_fleet_refund_args(const struct sl_fleet_bucket *b, int n, char (*num)[24]);
+/* Reads take's reply for n buckets: SL_OK and *out, or SL_EIO with err saying what was wrong
+ * (an error reply, such as NOSCRIPT, is passed on in err as Redis worded it). */
+struct redisReply;
+enum sl_status sl_fleet_take_parse(const struct redisReply *r, int n, struct sl_fleet_take *out,
+                                   char *err, size_t errlen);
+
 /* The SLO guard's prediction of a new request's time to first token from what the scheduler
  * publishes (struct sl_sched_stats), before the request is queued. The scheduler serves a tier's
  * prompts first come first served, so the request's first token comes when its tier has

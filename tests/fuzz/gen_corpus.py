@@ -420,12 +420,27 @@ def gen_models(tj):
             {"name": "default", "template": "<start_of_turn>user"}]}))
 
 
+def gen_redis():
+    """Replies of the fleet's take script (RESP2), whole and broken; byte 0: buckets - 1."""
+    def ints(*v):
+        return "*%d\r\n" % len(v) + "".join(":%d\r\n" % x for x in v)
+    put("redis_reply", "admitted-3", b"\x02\x05" + ints(1, 1795750000000000, 9, 6000000, 40,
+                                                       2400000000, 940, 216000000).encode())
+    put("redis_reply", "refused-2", b"\x02\x03" + ints(0, 1795750000000000, 2, 1000, 0,
+                                                        60000000).encode())
+    put("redis_reply", "never-1", b"\x00\x01" + ints(0, 1795750000000000, 1, -1, 5, 0).encode())
+    put("redis_reply", "noscript", b"\x00\x04-NOSCRIPT No matching script.\r\n")
+    put("redis_reply", "nested", b"\x01\x02*2\r\n:1\r\n*1\r\n$3\r\nabc\r\n")
+    put("redis_reply", "two", b"\x00\x07" + (ints(1, 5, 0, 0) + "+OK\r\n").encode())
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
     gen_http()
     gen_openai()
     gen_config()
+    gen_redis()
     tj = gen_tokenizers()
     gen_models(tj)
 

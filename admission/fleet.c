@@ -1,0 +1,193 @@
+/* The fleet's buckets: GCRA in Redis, so that every replica charges the same tenant and tier
+ * budgets. One script call checks every bucket a request touches and charges them all or none,
+ * on Redis's clock (TIME), so the decision is atomic across replicas and their clocks never
+ * matter. The arithmetic is gcra.c's, in microseconds, on integers that stay below 2^53 (Lua's
+ * numbers are doubles): a per-minute bucket of a million tokens puts 6e13 in a product.
+ *
+ * A bucket is a hash: t, the time it is full again (its TAT, µs of Redis time); l and p, the
+ * rate that wrote t (a reload that changes the rate rescales what is owed, as
+ * sl_gcra_bucket_rescale does). It expires when it would be full, so idle tenants cost no memory.
+ */
+#include "admission_impl.h"
+
+#include <hiredis/hiredis.h>
+#include <openssl/sha.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* KEYS: the buckets. ARGV: per bucket limit, period (µs), burst, cost.
+ * Returns {1, now, remaining and reset of each bucket after the take} when all had room, else
+ * {0, now, the 1-based index of the first without, its retry (µs, -1: never), remaining, reset}
+ * and charges nothing. */
+const char sl_fleet_take_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    "local function ceildiv(a, b) local r = a % b; return (a - r) / b + (r > 0 and 1 or 0) end\n"
+    "local function floordiv(a, b) return (a - a % b) / b end\n"
+    "local function load(k, limit, period)\n"
+    "  local h = redis.call('HMGET', k, 't', 'l', 'p')\n"
+    "  local tat, l, p = tonumber(h[1]), tonumber(h[2]), tonumber(h[3])\n"
+    "  if not tat or tat <= now then return now end\n"
+    "  if l and p and (l ~= limit or p ~= period) then\n"
+    "    return now + ceildiv(ceildiv((tat - now) * l, p) * period, limit)\n"
+    "  end\n"
+    "  return tat\n"
+    "end\n"
+    "local out, nxt = {1, now}, {}\n"
+    "for i = 1, #KEYS do\n"
+    "  local a = (i - 1) * 4\n"
+    "  local limit, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])\n"
+    "  local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])\n"
+    "  local tat = load(KEYS[i], limit, period)\n"
+    "  local inc, cap = ceildiv(cost * period, limit), ceildiv(burst * period, limit)\n"
+    "  local debt = tat + inc - now\n"
+    "  if debt > cap then\n"
+    "    local owed = tat - now\n"
+    "    local rem = cap > owed and floordiv((cap - owed) * limit, period) or 0\n"
+    "    return {0, now, i, inc > cap and -1 or debt - cap, rem, owed}\n"
+    "  end\n"
+    "  nxt[i] = tat + inc\n"
+    "  out[#out + 1] = cap > debt and floordiv((cap - debt) * limit, period) or 0\n"
+    "  out[#out + 1] = debt\n"
+    "end\n"
+    "for i = 1, #KEYS do\n"
+    "  local a = (i - 1) * 4\n"
+    "  if nxt[i] > now then\n"
+    "    redis.call('HSET', KEYS[i], 't', nxt[i], 'l', ARGV[a + 1], 'p', ARGV[a + 2])\n"
+    "    redis.call('PEXPIRE', KEYS[i], ceildiv(nxt[i] - now, 1000))\n"
+    "  end\n"
+    "end\n"
+    "return out\n";
+
+/* KEYS: the buckets. ARGV: per bucket limit, period (µs), tokens to give back. A bucket that is
+ * full, or has expired, takes nothing back. Returns the number of buckets given to. */
+const char sl_fleet_refund_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
+    "local function ceildiv(a, b) local r = a % b; return (a - r) / b + (r > 0 and 1 or 0) end\n"
+    "local n = 0\n"
+    "for i = 1, #KEYS do\n"
+    "  local a = (i - 1) * 3\n"
+    "  local h = redis.call('HMGET', KEYS[i], 't', 'l', 'p')\n"
+    "  local tat = tonumber(h[1])\n"
+    "  if tat and tat > now then\n"
+    "    local limit = tonumber(h[2]) or tonumber(ARGV[a + 1])\n"
+    "    local period = tonumber(h[3]) or tonumber(ARGV[a + 2])\n"
+    "    local back = tat - ceildiv(tonumber(ARGV[a + 3]) * period, limit)\n"
+    "    if back <= now then\n"
+    "      redis.call('DEL', KEYS[i])\n"
+    "    else\n"
+    "      redis.call('HSET', KEYS[i], 't', back)\n"
+    "      redis.call('PEXPIRE', KEYS[i], ceildiv(back - now, 1000))\n"
+    "    end\n"
+    "    n = n + 1\n"
+    "  end\n"
+    "end\n"
+    "return n\n";
+
+void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1])
+{
+    unsigned char d[SHA_DIGEST_LENGTH];
+    SHA1((const unsigned char *)script, strlen(script), d);
+    for (int i = 0; i < SHA_DIGEST_LENGTH; i++)
+        snprintf(sha + 2 * i, 3, "%02x", d[i]);
+}
+
+int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24])
+{
+    for (int i = 0; i < n; i++) {
+        const struct sl_gcra_rate *r = &b[i].rate;
+        snprintf(num[4 * i], 24, "%lld", (long long)r->limit);
+        snprintf(num[4 * i + 1], 24, "%lld", (long long)(r->period_ns / 1000));
+        snprintf(num[4 * i + 2], 24, "%lld", (long long)r->burst);
+        snprintf(num[4 * i + 3], 24, "%lld", (long long)b[i].cost);
+    }
+    return 4 * n;
+}
+
+int sl_fleet_refund_args(const struct sl_fleet_bucket *b, int n, char (*num)[24])
+{
+    for (int i = 0; i < n; i++) {
+        const struct sl_gcra_rate *r = &b[i].rate;
+        snprintf(num[3 * i], 24, "%lld", (long long)r->limit);
+        snprintf(num[3 * i + 1], 24, "%lld", (long long)(r->period_ns / 1000));
+        snprintf(num[3 * i + 2], 24, "%lld", (long long)b[i].cost);
+    }
+    return 3 * n;
+}
+
+/* A duration the script answered, µs to ns: false when it is not one (negative but for -1
+ * where allowed, or too long to be nanoseconds). */
+static bool duration(long long us, bool never_ok, int64_t *ns)
+{
+    if (us == -1 && never_ok) {
+        *ns = -1;
+        return true;
+    }
+    if (us < 0 || us > INT64_MAX / 1000)
+        return false;
+    *ns = us * 1000;
+    return true;
+}
+
+static bool all_integers(const redisReply *r, size_t from)
+{
+    for (size_t i = from; i < r->elements; i++)
+        if (!r->element[i] || r->element[i]->type != REDIS_REPLY_INTEGER)
+            return false;
+    return true;
+}
+
+enum sl_status sl_fleet_take_parse(const struct redisReply *r, int n, struct sl_fleet_take *out,
+                                   char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    out->failed = -1;
+    if (!r) {
+        snprintf(err, errlen, "no reply");
+        return SL_EIO;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (r->str && r->len > 0 && r->str[0])
+            snprintf(err, errlen, "%.*s", (int)r->len, r->str);
+        else
+            snprintf(err, errlen, "an error reply without a message");
+        return SL_EIO;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 2 || !all_integers(r, 0)) {
+        snprintf(err, errlen, "the script answered something else than an array of integers");
+        return SL_EIO;
+    }
+    out->now_us = r->element[1]->integer;
+    if (r->element[0]->integer == 1) {
+        if (r->elements != 2 + 2 * (size_t)n) {
+            snprintf(err, errlen, "the script answered %zu values for %d buckets", r->elements, n);
+            return SL_EIO;
+        }
+        out->admitted = true;
+        for (int i = 0; i < n; i++) {
+            out->view[i].remaining = r->element[2 + 2 * i]->integer;
+            if (out->view[i].remaining < 0 ||
+                !duration(r->element[3 + 2 * i]->integer, false, &out->view[i].reset_ns))
+                goto range;
+        }
+        return SL_OK;
+    }
+    long long i = r->elements == 6 ? r->element[2]->integer : 0;
+    if (r->element[0]->integer != 0 || i < 1 || i > n) {
+        snprintf(err, errlen, "the script answered a refusal that names no bucket of %d", n);
+        return SL_EIO;
+    }
+    out->failed = (int)i - 1;
+    struct sl_gcra_view *v = &out->view[out->failed];
+    v->remaining = r->element[4]->integer;
+    if (v->remaining >= 0 && duration(r->element[3]->integer, true, &v->retry_ns) &&
+        duration(r->element[5]->integer, false, &v->reset_ns))
+        return SL_OK;
+range:
+    memset(out, 0, sizeof *out);
+    out->failed = -1;
+    snprintf(err, errlen, "the script answered a count or a time out of range");
+    return SL_EIO;
+}

@@ -1,0 +1,309 @@
+/* The fleet's bucket scripts (admission/fleet.c) against a real redis-server, started by the test
+ * on a free loopback port: exact takes and refusals, all-or-none across buckets, refunds, a
+ * reload's new rate, expiry, and many connections at once never admitting more than the rate
+ * allows over the time they took (on Redis's own clock). Skips, saying so, without redis-server. */
+#include "admission_impl.h"
+
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HOUR_NS (3600LL * 1000000000LL)
+
+static pid_t server_pid;
+static int server_port;
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t len = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static redisContext *connect_server(void)
+{
+    redisContext *c = redisConnect("127.0.0.1", server_port);
+    cr_assert(c && !c->err, "connect: %s", c ? c->errstr : "no memory");
+    return c;
+}
+
+/* Starts redis-server (no persistence) and waits until it answers PING. */
+static void start_server(void)
+{
+    if (system("command -v redis-server >/dev/null 2>&1") != 0)
+        cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
+    server_port = free_port();
+    char port[16];
+    snprintf(port, sizeof port, "%d", server_port);
+    server_pid = fork();
+    if (server_pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--loglevel", "warning", (char *)NULL);
+        _exit(127);
+    }
+    cr_assert_gt(server_pid, 0);
+    for (int i = 0; i < 500; i++) { /* up to 5 s for it to listen */
+        redisContext *c = redisConnect("127.0.0.1", server_port);
+        if (c && !c->err) {
+            redisReply *r = redisCommand(c, "PING");
+            bool up = r && r->type == REDIS_REPLY_STATUS;
+            freeReplyObject(r);
+            redisFree(c);
+            if (up)
+                return;
+        } else {
+            redisFree(c);
+        }
+        int st;
+        cr_assert_eq(waitpid(server_pid, &st, WNOHANG), 0, "redis-server exited");
+        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    }
+    cr_assert_fail("redis-server did not answer PING on port %d", server_port);
+}
+
+static void stop_server(void)
+{
+    if (server_pid > 0) {
+        kill(server_pid, SIGTERM);
+        waitpid(server_pid, NULL, 0);
+        server_pid = 0;
+    }
+}
+
+TestSuite(fleet, .init = start_server, .fini = stop_server);
+
+/* One script call with buckets b; refund when `back`. */
+static redisReply *call(redisContext *c, bool back, const struct sl_fleet_bucket *b, int n)
+{
+    const char *script = back ? sl_fleet_refund_lua : sl_fleet_take_lua;
+    char num[4 * SL_FLEET_BUCKETS_MAX][24], nkeys[8];
+    int nargs = back ? sl_fleet_refund_args(b, n, num) : sl_fleet_take_args(b, n, num);
+    const char *argv[3 + 5 * SL_FLEET_BUCKETS_MAX];
+    int argc = 0;
+    argv[argc++] = "EVAL";
+    argv[argc++] = script;
+    snprintf(nkeys, sizeof nkeys, "%d", n);
+    argv[argc++] = nkeys;
+    for (int i = 0; i < n; i++)
+        argv[argc++] = b[i].key;
+    for (int i = 0; i < nargs; i++)
+        argv[argc++] = num[i];
+    redisReply *r = redisCommandArgv(c, argc, argv, NULL);
+    cr_assert_not_null(r, "%s", c->errstr);
+    return r;
+}
+
+static struct sl_fleet_take take(redisContext *c, const struct sl_fleet_bucket *b, int n)
+{
+    redisReply *r = call(c, false, b, n);
+    struct sl_fleet_take t;
+    char err[256];
+    cr_assert_eq(sl_fleet_take_parse(r, n, &t, err, sizeof err), SL_OK, "%s", err);
+    freeReplyObject(r);
+    return t;
+}
+
+static void refund(redisContext *c, const struct sl_fleet_bucket *b, int n)
+{
+    redisReply *r = call(c, true, b, n);
+    cr_assert_eq(r->type, REDIS_REPLY_INTEGER, "%s", r->type == REDIS_REPLY_ERROR ? r->str : "");
+    freeReplyObject(r);
+}
+
+/* A bucket that refills one token an hour: nothing comes back while a test runs. */
+static struct sl_fleet_bucket slow(const char *key, int64_t burst, int64_t cost)
+{
+    return (struct sl_fleet_bucket){key, {.limit = 1, .period_ns = HOUR_NS, .burst = burst}, cost};
+}
+
+Test(fleet, takes_exactly_the_burst_then_refuses_with_the_time_to_retry)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_bucket b = slow("t:exact", 5, 1);
+    for (int i = 0; i < 5; i++) {
+        struct sl_fleet_take t = take(c, &b, 1);
+        cr_assert(t.admitted, "take %d", i);
+        cr_assert_eq(t.view[0].remaining, 4 - i);
+        cr_assert_gt(t.view[0].reset_ns, (int64_t)i * HOUR_NS);
+        cr_assert_leq(t.view[0].reset_ns, (int64_t)(i + 1) * HOUR_NS);
+    }
+    struct sl_fleet_take t = take(c, &b, 1);
+    cr_assert_not(t.admitted);
+    cr_assert_eq(t.failed, 0);
+    cr_assert_eq(t.view[0].remaining, 0);
+    cr_assert_gt(t.view[0].retry_ns, 0);
+    cr_assert_leq(t.view[0].retry_ns, HOUR_NS, "one token's interval at most");
+    /* More than the burst never fits: retry -1. */
+    b = slow("t:exact-big", 5, 6);
+    t = take(c, &b, 1);
+    cr_assert_not(t.admitted);
+    cr_assert_eq(t.view[0].retry_ns, -1);
+    cr_assert_eq(t.view[0].remaining, 5, "a fresh bucket is full");
+    redisFree(c);
+}
+
+Test(fleet, charges_every_bucket_or_none_when_one_has_no_room)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_bucket b[3] = {slow("t:a:rpm", 10, 1), slow("t:a:tpm", 100, 60),
+                                   slow("tier:x", 1000, 60)};
+    struct sl_fleet_take t = take(c, b, 3);
+    cr_assert(t.admitted);
+    cr_assert_eq(t.view[0].remaining, 9);
+    cr_assert_eq(t.view[1].remaining, 40);
+    cr_assert_eq(t.view[2].remaining, 940);
+    /* The tenant's tokens have 40 left: a 60-token request is refused there, and neither the
+     * request bucket before it nor the tier's after it is charged. */
+    t = take(c, b, 3);
+    cr_assert_not(t.admitted);
+    cr_assert_eq(t.failed, 1);
+    cr_assert_eq(t.view[1].remaining, 40);
+    b[1].cost = b[2].cost = 40;
+    t = take(c, b, 3);
+    cr_assert(t.admitted);
+    cr_assert_eq(t.view[0].remaining, 8, "the refused call took no request");
+    cr_assert_eq(t.view[1].remaining, 0);
+    cr_assert_eq(t.view[2].remaining, 900, "nor tier tokens");
+    redisFree(c);
+}
+
+Test(fleet, refund_gives_back_exactly_what_was_not_used)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_bucket b = slow("t:refund", 1000, 300);
+    cr_assert(take(c, &b, 1).admitted);
+    b.cost = 120; /* 300 reserved, 180 used */
+    refund(c, &b, 1);
+    b.cost = 0;
+    struct sl_fleet_take t = take(c, &b, 1);
+    cr_assert_eq(t.view[0].remaining, 820);
+    /* Giving back more than is owed fills the bucket and no more; the key goes. */
+    b.cost = 5000;
+    refund(c, &b, 1);
+    redisReply *r = redisCommand(c, "EXISTS t:refund");
+    cr_assert_eq(r->integer, 0);
+    freeReplyObject(r);
+    b.cost = 0;
+    cr_assert_eq(take(c, &b, 1).view[0].remaining, 1000);
+    redisFree(c);
+}
+
+Test(fleet, a_new_rate_keeps_what_is_owed_in_tokens)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_bucket b = {
+        "t:reload", {.limit = 60, .period_ns = 60 * HOUR_NS, .burst = 60}, 30};
+    cr_assert(take(c, &b, 1).admitted);
+    /* A reload doubles the rate: the 30 tokens owed stay owed, the burst is the new one. */
+    b.rate = (struct sl_gcra_rate){.limit = 120, .period_ns = 60 * HOUR_NS, .burst = 120};
+    b.cost = 10;
+    struct sl_fleet_take t = take(c, &b, 1);
+    cr_assert(t.admitted);
+    cr_assert_eq(t.view[0].remaining, 80);
+    redisFree(c);
+}
+
+Test(fleet, a_bucket_expires_when_it_would_be_full_again)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_bucket b = slow("t:expire", 3, 2);
+    cr_assert(take(c, &b, 1).admitted);
+    redisReply *r = redisCommand(c, "PTTL t:expire");
+    cr_assert_eq(r->type, REDIS_REPLY_INTEGER);
+    cr_assert_gt(r->integer, HOUR_NS / 1000000, "two hours owed: well over an hour left");
+    cr_assert_leq(r->integer, 2 * HOUR_NS / 1000000);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+struct hammer {
+    const struct sl_fleet_bucket *b;
+    int calls, admitted;
+};
+
+static void *hammer_run(void *arg)
+{
+    struct hammer *h = arg;
+    redisContext *c = connect_server();
+    for (int i = 0; i < h->calls; i++)
+        h->admitted += take(c, h->b, 1).admitted;
+    redisFree(c);
+    return NULL;
+}
+
+Test(fleet, many_connections_never_take_more_than_the_rate_over_their_time_plus_the_burst)
+{
+    /* 200 a second with a burst of 50, eight connections asking 400 times each as fast as they
+     * can: what they get is at most burst + rate × (Redis time from first to last call). */
+    struct sl_fleet_bucket b = {
+        "t:hammer", {.limit = 200, .period_ns = 1000000000, .burst = 50}, 1};
+    redisContext *c = connect_server();
+    redisReply *r = redisCommand(c, "TIME");
+    int64_t t0 = atoll(r->element[0]->str) * 1000000 + atoll(r->element[1]->str);
+    freeReplyObject(r);
+    enum { N = 8 };
+    struct hammer h[N];
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        h[i] = (struct hammer){&b, 400, 0};
+        pthread_create(&th[i], NULL, hammer_run, &h[i]);
+    }
+    int admitted = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(th[i], NULL);
+        admitted += h[i].admitted;
+    }
+    r = redisCommand(c, "TIME");
+    int64_t t1 = atoll(r->element[0]->str) * 1000000 + atoll(r->element[1]->str);
+    freeReplyObject(r);
+    int64_t bound = 50 + (t1 - t0) * 200 / 1000000 + 1;
+    cr_assert_leq(admitted, bound, "%d admitted in %lld us, bound %lld", admitted,
+                  (long long)(t1 - t0), (long long)bound);
+    cr_assert_geq(admitted, 50, "the burst at least");
+    redisFree(c);
+}
+
+Test(fleet, replies_that_are_not_the_scripts_are_errors_not_verdicts)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_take t;
+    char err[256];
+    redisReply *r = redisCommand(c, "EVALSHA 0000000000000000000000000000000000000000 0");
+    cr_assert_eq(sl_fleet_take_parse(r, 1, &t, err, sizeof err), SL_EIO);
+    cr_assert(strstr(err, "NOSCRIPT"), "%s", err);
+    freeReplyObject(r);
+    r = redisCommand(c, "PING");
+    cr_assert_eq(sl_fleet_take_parse(r, 1, &t, err, sizeof err), SL_EIO);
+    freeReplyObject(r);
+    r = redisCommand(c, "EVAL %s 0", "return {1, 5, 3}");
+    cr_assert_eq(sl_fleet_take_parse(r, 1, &t, err, sizeof err), SL_EIO, "a value missing");
+    freeReplyObject(r);
+    r = redisCommand(c, "EVAL %s 0", "return {0, 5, 2, 1, 1, 1}");
+    cr_assert_eq(sl_fleet_take_parse(r, 1, &t, err, sizeof err), SL_EIO, "no bucket 2 of 1");
+    freeReplyObject(r);
+    cr_assert_eq(sl_fleet_take_parse(NULL, 1, &t, err, sizeof err), SL_EIO);
+    /* EVALSHA of the script's own SHA-1 runs it once it is loaded. */
+    char sha[SL_FLEET_SHA_LEN + 1];
+    sl_fleet_script_sha(sl_fleet_take_lua, sha);
+    r = redisCommand(c, "SCRIPT LOAD %s", sl_fleet_take_lua);
+    cr_assert_str_eq(r->str, sha);
+    freeReplyObject(r);
+    redisFree(c);
+}

@@ -1,0 +1,68 @@
+/* Fuzz target: the fleet's reading of Redis replies (sl_fleet_take_parse, admission/fleet.c)
+ * behind hiredis's own protocol reader, as an I/O thread gets them: any bytes a server (or
+ * something pretending to be one) sends must give either an error or a verdict that stays inside
+ * what the script can answer (a refusal names one of the call's buckets; counts are what was
+ * sent), and never a crash or a read out of bounds.
+ *
+ * Input: byte 0 picks how many buckets the call had (1 .. SL_FLEET_BUCKETS_MAX), the rest is
+ * what the server sent, fed to the reader in two pieces split at byte 1's position.
+ *
+ * hiredis 0.14's reader allocates an array's elements as its header announces them, so a server
+ * that announces a billion takes gigabytes: Redis is trusted like the configuration (SECURITY.md).
+ * Inputs with an array or string length of more than four digits are skipped, to keep the
+ * fuzzer on our code. */
+#include <sluice/admission.h>
+
+#include "fuzz.h"
+
+#include <hiredis/hiredis.h>
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 2)
+        return 0;
+    int n = 1 + data[0] % SL_FLEET_BUCKETS_MAX;
+    size_t split = data[1] % (size - 1);
+    data += 2;
+    size -= 2;
+    for (size_t i = 0; i < size; i++) { /* "*N" and "$N": at most four digits */
+        if (data[i] != '*' && data[i] != '$')
+            continue;
+        size_t j = i + 1;
+        while (j < size && data[j] >= '0' && data[j] <= '9')
+            j++;
+        if (j - i - 1 > 4)
+            return 0;
+    }
+    redisReader *rd = redisReaderCreate();
+    fuzz_check(rd, "no reader");
+    redisReaderFeed(rd, (const char *)data, split < size ? split : size);
+    redisReaderFeed(rd, (const char *)data + (split < size ? split : size),
+                    size - (split < size ? split : size));
+    for (;;) {
+        void *reply = NULL;
+        if (redisReaderGetReply(rd, &reply) != REDIS_OK || !reply)
+            break;
+        struct sl_fleet_take t;
+        char err[256];
+        enum sl_status st = sl_fleet_take_parse(reply, n, &t, err, sizeof err);
+        if (st == SL_OK) {
+            fuzz_check(t.admitted || (t.failed >= 0 && t.failed < n), "failed %d of %d", t.failed,
+                       n);
+            fuzz_check(!t.admitted || t.failed == -1, "admitted names bucket %d", t.failed);
+            fuzz_check(t.admitted || t.view[t.failed].retry_ns >= -1, "retry %lld",
+                       (long long)t.view[t.failed].retry_ns);
+        } else {
+            fuzz_check(st == SL_EIO && err[0], "status %d without a reason", st);
+        }
+        freeReplyObject(reply);
+    }
+    redisReaderFree(rd);
+    return 0;
+}
