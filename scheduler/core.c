@@ -1154,6 +1154,7 @@ void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *o
     out->decode_step_seconds = c->ema_decode_us / 1e6;
     out->max_seqs = c->lim.max_seqs;
     out->max_batch_tokens = c->lim.max_batch_tokens;
+    out->block_size = c->lim.block_size;
     /* A step of the sequences decoding now plus prompt rows up to the budget, the chunk taken
      * from the start of a prompt (its rows attend to positions 1..P). */
     double x[SL_SCHED_FIT_K] = {1, 0, 0, 0, 0};

@@ -301,6 +301,7 @@ struct sl_sched_stats {
     double prefill_capacity_tokens_per_s;
     int max_seqs; /* the limits, for readers that model the queue */
     int max_batch_tokens;
+    int block_size; /* positions per KV block (as kv_blocks_total counts them) */
     /* Time, measured by the scheduler thread (the core leaves these 0). */
     double last_step_seconds; /* the whole step: building the batch, forward, sampling */
     double busy_seconds;      /* total time inside the worker's forward() since start */

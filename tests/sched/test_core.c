@@ -507,6 +507,7 @@ Test(sched, stats_count_waiting_running_and_blocks_when_the_pool_is_small)
     cr_assert_eq(st.queued_prompt_tokens, 30);
     cr_assert_eq(st.kv_blocks_used, 0);
     cr_assert_eq(st.kv_blocks_total, 8);
+    cr_assert_eq(st.block_size, 4, "the positions each of those blocks holds");
     cr_assert_eq(st.steps, 0);
 
     cr_assert_eq(sl_sched_core_step(e.core, 0), 10);
