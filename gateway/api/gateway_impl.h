@@ -379,6 +379,15 @@ void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, st
  * not NULL, adds replica="R", the scheduler's index among its model's). */
 void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, const int *replicas,
                               const struct sl_sched_stats *st, int n, struct sl_str *out);
+/* The gauges the Gateway API Inference Extension's endpoint picker reads, under vLLM's names
+ * (the config key vllm_metrics): of n schedulers, st[i] serving the model names[i] (a model's
+ * replicas share its name), one series per model labelled model_name="NAME", its replicas summed:
+ * vllm:num_requests_waiting and vllm:num_requests_running (requests), vllm:kv_cache_usage_perc
+ * and vllm:gpu_cache_usage_perc (blocks used over blocks, a fraction in 0..1; 0 without blocks),
+ * and vllm:cache_config_info{block_size, num_gpu_blocks, enable_prefix_caching} 1, each family
+ * with # HELP and # TYPE gauge. Any thread. */
+void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stats *st, int n,
+                            struct sl_str *out);
 /* One admission decision on a request classified into `tier`:
  * sluice:admission_decisions_total{tier, decision, reason}. */
 void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier,

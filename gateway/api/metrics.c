@@ -577,6 +577,94 @@ static void render_sched(struct sl_str *o, const struct sched_src *src)
     }
 }
 
+/* ---- vLLM's names, for the Gateway API Inference Extension's endpoint picker ----
+ *
+ * What the picker (EPP) scrapes from each model server of an InferencePool to route, under the
+ * names vLLM gives it, so that a sluice replica can stand where a vLLM pod would (README,
+ * Metrics, has the addresses). The model server protocol of kubernetes-sigs/
+ * gateway-api-inference-extension (docs/proposals/003-model-server-protocol/README.md) asks for
+ * three gauges, TotalQueuedRequests, TotalRunningRequests and KVCacheUtilization, named for vLLM
+ * vllm:num_requests_waiting, vllm:num_requests_running and vllm:kv_cache_usage_perc, and
+ * optionally BlockSize and NumGPUBlocks as the labels block_size and num_gpu_blocks of
+ * vllm:cache_config_info. The picker's default "vllm" mapping (llm-d/llm-d-router, where the
+ * EPP now lives: pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go) reads
+ * exactly those, plus vllm:lora_requests_info, whose absence it takes as "no adapters" (sluice
+ * serves none); any other family it misses counts as an extraction error on every poll, so
+ * vllm:cache_config_info is given too. EPP releases up to v1.2 read the fraction as
+ * vllm:gpu_cache_usage_perc, vLLM's older name for it, which is therefore given as well.
+ *
+ * vLLM (vllm/v1/metrics/loggers.py) labels them model_name (the served model name) and engine
+ * (a data-parallel engine's index), and its usage is a fraction, "1 means 100 percent usage",
+ * despite the name. The picker filters on no label: of a family's series it takes the one with
+ * the latest timestamp, and with none in the exposition the first (spec.go getLatestMetric).
+ * So here each model has one series, model_name="<its id>", summing its replicas (requests, and
+ * blocks for the fraction: used over capacity), because the picker routes to the pod and must
+ * see the whole pod's load, not one replica's; the series being the whole process's, no engine
+ * label. With several models the picker's default reads the first model's. */
+
+static bool same_name(const char *a, const char *b)
+{
+    return a == b || (a && b && strcmp(a, b) == 0);
+}
+
+void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stats *st, int n,
+                            struct sl_str *out)
+{
+    enum { WAITING, RUNNING, KV_USAGE, GPU_USAGE, CACHE_INFO, N_FAMILIES };
+    static const char *const fam[N_FAMILIES][2] = {
+        [WAITING] = {"vllm:num_requests_waiting",
+                     "Number of requests waiting to be processed: queued in the scheduler, not "
+                     "yet running (sluice:num_requests_waiting over tiers and replicas)."},
+        [RUNNING] = {"vllm:num_requests_running",
+                     "Number of requests in model execution batches: sequences holding KV blocks "
+                     "(sluice:num_requests_running over tiers and replicas)."},
+        [KV_USAGE] = {"vllm:kv_cache_usage_perc",
+                      "KV-cache usage. 1 means 100 percent usage: blocks owned by sequences over "
+                      "the blocks in the pools, over replicas."},
+        [GPU_USAGE] = {"vllm:gpu_cache_usage_perc",
+                       "KV-cache usage. 1 means 100 percent usage. vLLM's former name of "
+                       "vllm:kv_cache_usage_perc, which endpoint pickers up to v1.2 read."},
+        [CACHE_INFO] = {"vllm:cache_config_info",
+                        "Information of the KV cache: block_size in positions, num_gpu_blocks "
+                        "in the pools over replicas (on whatever device), no prefix caching."},
+    };
+    for (int f = 0; f < N_FAMILIES; f++) {
+        family(out, fam[f][0], "gauge", fam[f][1]);
+        for (int k = 0; k < n; k++) {
+            bool seen = false;
+            for (int j = 0; j < k && !seen; j++)
+                seen = same_name(names[j], names[k]);
+            if (seen)
+                continue; /* counted with the model's first replica */
+            long waiting = 0, running = 0, used = 0, total = 0;
+            for (int j = k; j < n; j++)
+                if (same_name(names[j], names[k])) {
+                    waiting += st[j].queued_requests;
+                    running += st[j].running;
+                    used += st[j].kv_blocks_used;
+                    total += st[j].kv_blocks_total;
+                }
+            sl_str_appendf(out, "%s{model_name=\"", fam[f][0]);
+            append_value(out, names[k] ? names[k] : SL_METRICS_OTHER);
+            LIT(out, "\"");
+            switch (f) {
+            case WAITING: sl_str_appendf(out, "} %ld\n", waiting); break;
+            case RUNNING: sl_str_appendf(out, "} %ld\n", running); break;
+            case KV_USAGE:
+            case GPU_USAGE:
+                sl_str_appendf(out, "} %.6f\n", total > 0 ? (double)used / (double)total : 0.0);
+                break;
+            case CACHE_INFO:
+                sl_str_appendf(out,
+                               ",block_size=\"%d\",num_gpu_blocks=\"%ld\","
+                               "enable_prefix_caching=\"False\"} 1\n",
+                               st[k].block_size, total);
+                break;
+            }
+        }
+    }
+}
+
 void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out)
 {
     sl_metrics_render_models(m, NULL, NULL, st, st ? 1 : 0, out);

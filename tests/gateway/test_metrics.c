@@ -584,6 +584,123 @@ Test(gateway, rendering_omits_scheduler_gauges_when_there_is_no_scheduler)
     sl_metrics_free(m);
 }
 
+/* ---- vLLM's names (vllm_metrics) ---- */
+
+/* The sum of sluice's per-tier gauge `name` for one model, as the same exposition shows it. */
+static double tier_sum(const struct expo *x, const char *name, const char *model)
+{
+    double sum = 0;
+    for (int i = 0; i < x->n; i++) {
+        const struct sample *s = &x->s[i];
+        if (strcmp(s->name, name) != 0)
+            continue;
+        for (int l = 0; l < s->n_labels; l++)
+            if (strcmp(s->label[l], "model") == 0 && strcmp(s->value[l], model) == 0)
+                sum += s->v;
+    }
+    return sum;
+}
+
+Test(gateway, vllm_gauges_sum_a_models_replicas_into_one_series_when_rendered)
+{
+    /* Model "big" on two replicas, "small" on one and idle; each scheduler with two tiers. */
+    const char *names[3] = {"big", "big", "small"};
+    const int replicas[3] = {0, 1, 0};
+    struct sl_sched_stats st[3] = {
+        {.n_tiers = 2,
+         .tiers = {{"interactive", 2, 3, 30}, {"batch", 1, 4, 40}},
+         .running = 3,
+         .queued_requests = 7,
+         .kv_blocks_used = 30,
+         .kv_blocks_total = 100,
+         .block_size = 16},
+        {.n_tiers = 2,
+         .tiers = {{"interactive", 4, 0, 0}, {"batch", 0, 1, 10}},
+         .running = 4,
+         .queued_requests = 1,
+         .kv_blocks_used = 20,
+         .kv_blocks_total = 100,
+         .block_size = 16},
+        {.n_tiers = 2,
+         .tiers = {{"interactive", 0, 0, 0}, {"batch", 0, 0, 0}},
+         .kv_blocks_total = 50,
+         .block_size = 16},
+    };
+    struct sl_metrics *m = sl_metrics_new(1);
+    struct sl_str text;
+    sl_str_init(&text);
+    sl_metrics_render_models(m, names, replicas, st, 3, &text);
+    sl_metrics_render_vllm(names, st, 3, &text);
+    struct expo x;
+    expo_parse(&x, text.p); /* every family with HELP and TYPE, no series twice */
+
+    static const char *const gauges[] = {"vllm:num_requests_waiting", "vllm:num_requests_running",
+                                         "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+                                         "vllm:cache_config_info"};
+    for (size_t i = 0; i < sizeof gauges / sizeof gauges[0]; i++) {
+        int f = family_of(&x, gauges[i]);
+        cr_assert_geq(f, 0, "%s is exposed", gauges[i]);
+        cr_assert_str_eq(x.fam[f].type, "gauge", "%s", gauges[i]);
+        int series = 0;
+        for (int k = 0; k < x.n; k++)
+            series += x.s[k].family == f;
+        cr_assert_eq(series, 2, "one series per model: %s", gauges[i]);
+    }
+    cr_assert_eq(value(&x, "vllm:num_requests_waiting{model_name=big}"), 3 + 4 + 0 + 1);
+    cr_assert_eq(value(&x, "vllm:num_requests_running{model_name=big}"), 2 + 1 + 4 + 0);
+    cr_assert_float_eq(value(&x, "vllm:kv_cache_usage_perc{model_name=big}"), 50.0 / 200.0, 1e-9,
+                       "a fraction of the blocks of both replicas");
+    cr_assert_float_eq(value(&x, "vllm:gpu_cache_usage_perc{model_name=big}"), 0.25, 1e-9);
+    cr_assert_eq(value(&x, "vllm:cache_config_info{model_name=big,block_size=16,"
+                           "num_gpu_blocks=200,enable_prefix_caching=False}"),
+                 1, "%s", text.p);
+    /* The same snapshot as sluice's own gauges. */
+    cr_assert_eq(value(&x, "vllm:num_requests_waiting{model_name=big}"),
+                 tier_sum(&x, "sluice:num_requests_waiting", "big"));
+    cr_assert_eq(value(&x, "vllm:num_requests_running{model_name=big}"),
+                 tier_sum(&x, "sluice:num_requests_running", "big"));
+    /* The idle model: nothing waits, runs or holds a block. */
+    cr_assert_eq(value(&x, "vllm:num_requests_waiting{model_name=small}"), 0);
+    cr_assert_eq(value(&x, "vllm:num_requests_running{model_name=small}"), 0);
+    cr_assert_eq(value(&x, "vllm:kv_cache_usage_perc{model_name=small}"), 0);
+    cr_assert_eq(value(&x, "vllm:cache_config_info{model_name=small,block_size=16,"
+                           "num_gpu_blocks=50,enable_prefix_caching=False}"),
+                 1);
+    expo_dispose(&x);
+    sl_str_dispose(&text);
+    sl_metrics_free(m);
+}
+
+Test(gateway, vllm_gauges_label_even_a_lone_model_when_one_scheduler_serves)
+{
+    /* sluice's own gauges carry no model label for one scheduler; vLLM's always carry
+     * model_name, and a pool without blocks reads as unused rather than dividing by zero. */
+    const char *names[1] = {"we\"ird\\id"};
+    struct sl_sched_stats st = {.n_tiers = 1,
+                                .tiers = {{"interactive", 1, 2, 20}},
+                                .running = 1,
+                                .queued_requests = 2,
+                                .block_size = 32};
+    struct sl_metrics *m = sl_metrics_new(1);
+    struct sl_str text;
+    sl_str_init(&text);
+    sl_metrics_render_models(m, names, NULL, &st, 1, &text);
+    sl_metrics_render_vllm(names, &st, 1, &text);
+    struct expo x;
+    expo_parse(&x, text.p);
+    cr_assert_eq(value(&x, "sluice:num_requests_waiting{tier=interactive}"), 2);
+    cr_assert_eq(value(&x, "vllm:num_requests_waiting{model_name=we\"ird\\id}"), 2);
+    cr_assert_eq(value(&x, "vllm:num_requests_running{model_name=we\"ird\\id}"), 1);
+    cr_assert_eq(value(&x, "vllm:kv_cache_usage_perc{model_name=we\"ird\\id}"), 0);
+    cr_assert_eq(value(&x, "vllm:cache_config_info{model_name=we\"ird\\id,block_size=32,"
+                           "num_gpu_blocks=0,enable_prefix_caching=False}"),
+                 1);
+    cr_assert(strstr(text.p, "model_name=\"we\\\"ird\\\\id\""), "escaped on the wire");
+    expo_dispose(&x);
+    sl_str_dispose(&text);
+    sl_metrics_free(m);
+}
+
 /* ---- labels ---- */
 
 Test(gateway, label_names_past_the_cap_count_as_other_when_too_many)
