@@ -268,6 +268,7 @@ static const struct key keys[] = {
     {"devices", K_DEVICES, 0, 0, 0},
     {"admission", K_BOOL, OFF(tenancy.admission), 0, 0},
     {"metrics_key_sha256", K_KEY_SHA256, OFF(tenancy.metrics_key), 0, 0},
+    {"vllm_metrics", K_BOOL, OFF(api.vllm_metrics), 0, 0},
 };
 
 /* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys

@@ -221,6 +221,8 @@ static void serve_metrics(struct api_exchange *a)
     struct sl_str *b = &a->t->out;
     sl_str_clear(b);
     sl_metrics_render_models(api->metrics, names, several ? replicas : NULL, st, n, b);
+    if (sl_config_api(a->cfg)->vllm_metrics)
+        sl_metrics_render_vllm(names, st, n, b); /* from the same snapshot as sluice's gauges */
     sl_admit_render(sl_config_tenancy(a->cfg), b);
     api_send(a, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }

@@ -85,11 +85,15 @@ struct sl_config_engine {
     enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f16) */
 };
 
-/* The API's section (gateway/api): what a request gets when it does not say. */
+/* The API's section (gateway/api): what a request gets when it does not say, and what /metrics
+ * shows. */
 struct sl_config_api {
     int default_max_tokens;      /* a completion's max_tokens when it gives none (OpenAI: 16) */
     int default_max_tokens_chat; /* a chat's, when it gives none; 0: up to the model's context */
     char *chat_template;         /* a builtin chat template's name, or NULL: the model's own */
+    bool vllm_metrics;           /* /metrics also has the gauges the Gateway API Inference
+                                    Extension's endpoint picker reads, under vLLM's names
+                                    (default false; reloadable: read at each scrape) */
 };
 
 /* c's sections, valid as long as the caller holds c. Any thread. */

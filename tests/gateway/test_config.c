@@ -220,6 +220,32 @@ Test(gateway, pin_threads_defaults_to_true_and_is_checked_when_given)
     sl_config_dispose(&c);
 }
 
+Test(gateway, vllm_metrics_defaults_to_false_and_is_checked_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    cr_assert(!sl_config_api(&c)->vllm_metrics, "off unless asked for");
+    json_t *j = sl_config_to_json(&c);
+    cr_assert(json_is_false(json_object_get(j, "vllm_metrics")), "/admin/config shows it");
+    json_decref(j);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"vllm_metrics\":true}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert(sl_config_api(&c)->vllm_metrics);
+    j = sl_config_to_json(&c);
+    cr_assert(json_is_true(json_object_get(j, "vllm_metrics")));
+    json_decref(j);
+    static const char *const bad[] = {"{\"vllm_metrics\":1}", "{\"vllm_metrics\":\"true\"}",
+                                      "{\"vllm_metrics\":null}", "{\"vllm_metrics\":[\"vllm\"]}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(load(&c, bad[i], err, sizeof err), SL_EINVAL, "%s", bad[i]);
+        cr_assert(strstr(err, "\"vllm_metrics\" must be true or false"), "%s", err);
+    }
+    cr_assert(sl_config_api(&c)->vllm_metrics, "a refused value leaves the last one");
+    cr_assert_eq(load(&c, "{\"vllm_metrics\":false}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert(!sl_config_api(&c)->vllm_metrics);
+    sl_config_dispose(&c);
+}
+
 Test(gateway, cpu_isa_defaults_to_auto_and_is_checked_when_given)
 {
     struct sl_config c;

@@ -1,11 +1,13 @@
 /* /metrics on the real server: after known traffic, the scrape's counters, histogram counts and
- * scheduler gauges agree with what the responses themselves reported. */
+ * scheduler gauges agree with what the responses themselves reported; the gauges under vLLM's
+ * names (vllm_metrics) come and go with the switch and agree with sluice's own. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 
 #include "harness.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +135,7 @@ Test(metrics, scrape_agrees_with_the_responses_when_requests_have_finished, .tim
     double kv_total = metric(before, "sluice:kv_blocks_capacity");
     cr_assert_gt(kv_total, 0, "the pool is published before the first step");
     cr_assert_eq(metric(before, "sluice:kv_blocks_used"), 0);
+    cr_assert_null(strstr(before, "vllm:"), "vllm_metrics is off by default");
     free(before);
 
     /* A client that leaves mid-stream: counted once, as cancelled, with the tokens it got. */
@@ -258,4 +261,97 @@ Test(metrics, scrape_agrees_with_the_responses_when_requests_have_finished, .tim
     cr_assert_gt(metric(m, "sluice:worker_busy_seconds_total"), 0);
     free(m);
     server_stop(&srv);
+}
+
+/* ---- vLLM's names (vllm_metrics) ---- */
+
+static void write_config(const char *path, const char *content)
+{
+    char tmp[96];
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    FILE *f = fopen(tmp, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(content, 1, strlen(content), f), strlen(content));
+    cr_assert_eq(fclose(f), 0);
+    cr_assert_eq(rename(tmp, path), 0); /* a reload never reads half a file */
+}
+
+/* Within one scrape, the vLLM gauges of the lone model "m1" agree with sluice's own (one
+ * snapshot of the scheduler feeds both). */
+static void check_vllm_agrees(const char *m)
+{
+    cr_assert_eq(metric(m, "vllm:num_requests_waiting{model_name=\"m1\"}"),
+                 metrics_sum(m, "sluice:num_requests_waiting"), "%s", m);
+    cr_assert_eq(metric(m, "vllm:num_requests_running{model_name=\"m1\"}"),
+                 metrics_sum(m, "sluice:num_requests_running"));
+    double used = metric(m, "sluice:kv_blocks_used"),
+           total = metric(m, "sluice:kv_blocks_capacity");
+    cr_assert_gt(total, 0);
+    cr_assert_float_eq(metric(m, "vllm:kv_cache_usage_perc{model_name=\"m1\"}"), used / total, 1e-6,
+                       "a fraction of the blocks, not a percentage");
+    cr_assert_float_eq(metric(m, "vllm:gpu_cache_usage_perc{model_name=\"m1\"}"), used / total,
+                       1e-6);
+    char info[256];
+    snprintf(info, sizeof info,
+             "vllm:cache_config_info{model_name=\"m1\",block_size=\"16\",num_gpu_blocks=\"%.0f\","
+             "enable_prefix_caching=\"False\"}",
+             total);
+    cr_assert_eq(metric(m, info), 1, "%s", m);
+}
+
+Test(metrics, vllm_gauges_follow_the_switch_and_sluices_gauges_when_on_and_reloaded, .timeout = 300)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/sluice-metrics-%d.json", (int)getpid());
+    write_config(path, "{\"served_model_name\":\"m1\",\"vllm_metrics\":true}");
+    const char *args[] = {"--config", path, NULL};
+    struct server srv;
+    server_start(&srv, args);
+
+    /* Before any request: nothing waits, runs or holds a block. */
+    char *m = scrape(srv.port);
+    cr_assert_eq(metric(m, "vllm:num_requests_waiting{model_name=\"m1\"}"), 0, "%s", m);
+    cr_assert_eq(metric(m, "vllm:num_requests_running{model_name=\"m1\"}"), 0);
+    cr_assert_eq(metric(m, "vllm:kv_cache_usage_perc{model_name=\"m1\"}"), 0);
+    check_vllm_agrees(m);
+    cr_assert_gt(metric(m, "sluice:kv_blocks_capacity"), 0, "sluice's own names stay");
+    free(m);
+
+    /* While a stream is open (running, or already done: either way), the two agree. */
+    int fd = client_connect(srv.port);
+    client_request(fd, "POST", "/v1/completions",
+                   "{\"prompt\":\"Tell me a long story\",\"max_tokens\":200,\"stream\":true}",
+                   false);
+    char buf[8192];
+    cr_assert(client_read_until(fd, "data: {", buf, sizeof buf), "a first chunk arrives");
+    m = scrape(srv.port);
+    check_vllm_agrees(m);
+    free(m);
+    close(fd);
+    static const char *const ends[] = {"\"finish\":\"cancelled\"", "\"finish\":\"length\"",
+                                       "\"finish\":\"stop\"", NULL};
+    server_wait_log_any(&srv, ends);
+
+    /* After a request that ran to its end, idle again. */
+    complete(srv.port, "{\"prompt\":\"Hello there\",\"max_tokens\":8,\"temperature\":0}", false);
+    m = scrape(srv.port);
+    cr_assert_eq(metric(m, "vllm:num_requests_waiting{model_name=\"m1\"}"), 0, "%s", m);
+    cr_assert_eq(metric(m, "vllm:num_requests_running{model_name=\"m1\"}"), 0);
+    cr_assert_eq(metric(m, "vllm:kv_cache_usage_perc{model_name=\"m1\"}"), 0, "every block back");
+    check_vllm_agrees(m);
+    free(m);
+
+    /* Switched off by a reload: gone from the next scrape, sluice's own names unchanged. */
+    write_config(path, "{\"served_model_name\":\"m1\"}");
+    server_log_clear(&srv);
+    cr_assert_eq(kill(srv.pid, SIGHUP), 0);
+    static const char *const reload[] = {"SIGHUP: configuration reloaded",
+                                         "SIGHUP: configuration refused", NULL};
+    cr_assert_eq(server_wait_log_any(&srv, reload), 0, "%s", srv.log);
+    m = scrape(srv.port);
+    cr_assert_null(strstr(m, "vllm:"), "%s", m);
+    cr_assert_eq(metric(m, "sluice:kv_blocks_used"), 0);
+    free(m);
+    server_stop(&srv);
+    unlink(path);
 }
