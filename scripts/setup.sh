@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs whatever sluice needs that is missing (Debian 12 packages only), then configures and
-# builds into build/, and installs the SDK test's pinned npm packages (tests/sdk). Does nothing
-# but a no-op build when everything is already there.
+# builds into build/, and installs the pinned npm packages of the SDK tests (tests/sdk) and the
+# deploy check (tests/deploy). Does nothing but a no-op build when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,10 @@ if ! command -v node >/dev/null 2>&1; then pkgs+=(nodejs); fi
 if ! command -v npm >/dev/null 2>&1; then pkgs+=(npm); fi
 # sluice-bench --plot draws its charts with gnuplot; its test needs it too.
 if ! command -v gnuplot >/dev/null 2>&1; then pkgs+=(gnuplot-nox); fi
+# The deploy check (tests/deploy/check.sh) runs nginx -t and nginx in front of sluice on
+# loopback, and systemd-analyze on deploy/systemd (never as a service: see below).
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then pkgs+=(nginx); fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then pkgs+=(systemd); fi
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
@@ -27,9 +31,20 @@ if ((${#missing[@]})); then
   sudo=()
   if [ "$(id -u)" -ne 0 ]; then sudo=(sudo); fi
   echo "setup: installing ${missing[*]}"
+  # The nginx package would start the system-wide service on port 80; a policy-rc.d keeps every
+  # package's service stopped while they install (as bench/http/run.sh does).
+  policy_added=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+    "${sudo[@]}" chmod 755 /usr/sbin/policy-rc.d
+    policy_added=1
+  fi
   "${sudo[@]}" apt-get update -q
+  rc=0
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q --no-install-recommends \
-    "${missing[@]}"
+    "${missing[@]}" || rc=$?
+  if ((policy_added)); then "${sudo[@]}" rm -f /usr/sbin/policy-rc.d; fi
+  if ((rc)); then exit "$rc"; fi
 fi
 
 if [ ! -f build/build.ninja ]; then
@@ -37,11 +52,14 @@ if [ ! -f build/build.ninja ]; then
 fi
 ninja -C build
 
-# The pinned openai and @anthropic-ai/sdk packages for the SDK tests (tests/sdk/package-lock.json);
-# npm ci runs again only when the lock file has changed since the last install.
-stamp=tests/sdk/node_modules/.sluice-lock
-if ! cmp -s tests/sdk/package-lock.json "$stamp"; then
-  echo "setup: npm ci in tests/sdk"
-  (cd tests/sdk && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-  cp tests/sdk/package-lock.json "$stamp"
-fi
+# The pinned npm packages of the SDK tests (tests/sdk: openai, @anthropic-ai/sdk) and of the
+# deploy check (tests/deploy: kubernetes-models, yaml); npm ci runs again in a folder only when
+# its lock file has changed since the last install.
+for dir in tests/sdk tests/deploy; do
+  stamp=$dir/node_modules/.sluice-lock
+  if ! cmp -s "$dir/package-lock.json" "$stamp"; then
+    echo "setup: npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    cp "$dir/package-lock.json" "$stamp"
+  fi
+done
