@@ -20,6 +20,7 @@ FOLDERS = [
     ("gateway/api/", "api"),
     ("gateway/", "api"),  # what is left of the old gateway folder
     ("admission/", "admission"),
+    ("fleet/", "fleet"),
     ("config/", "config"),
     ("server/", "server"),
     ("scheduler/", "scheduler"),
@@ -35,6 +36,7 @@ PUBLIC = {
     "worker.h": "worker",
     "sched.h": "scheduler",
     "admission.h": "admission",
+    "fleet.h": "fleet",
     "config.h": "config",
     "http.h": "http",
     "api.h": "api",

@@ -3,88 +3,36 @@
  * reload's new rate, expiry, and many connections at once never admitting more than the rate
  * allows over the time they took (on Redis's own clock). Skips, saying so, without redis-server. */
 #include "admission_impl.h"
+#include "redis_server.h"
 
 #include <criterion/criterion.h>
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #define HOUR_NS (3600LL * 1000000000LL)
 
-static pid_t server_pid;
-static int server_port;
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t len = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
+static struct redis_server server;
 
 static redisContext *connect_server(void)
 {
-    redisContext *c = redisConnect("127.0.0.1", server_port);
+    redisContext *c = redisConnect("127.0.0.1", server.port);
     cr_assert(c && !c->err, "connect: %s", c ? c->errstr : "no memory");
     return c;
 }
 
-/* Starts redis-server (no persistence) and waits until it answers PING. */
 static void start_server(void)
 {
-    if (system("command -v redis-server >/dev/null 2>&1") != 0)
+    server = (struct redis_server){0};
+    if (!redis_server_start(&server))
         cr_skip_test("redis-server is not installed (scripts/setup.sh installs it)");
-    server_port = free_port();
-    char port[16];
-    snprintf(port, sizeof port, "%d", server_port);
-    server_pid = fork();
-    if (server_pid == 0) {
-        int null = open("/dev/null", O_WRONLY);
-        dup2(null, STDOUT_FILENO);
-        dup2(null, STDERR_FILENO);
-        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--loglevel", "warning", (char *)NULL);
-        _exit(127);
-    }
-    cr_assert_gt(server_pid, 0);
-    for (int i = 0; i < 500; i++) { /* up to 5 s for it to listen */
-        redisContext *c = redisConnect("127.0.0.1", server_port);
-        if (c && !c->err) {
-            redisReply *r = redisCommand(c, "PING");
-            bool up = r && r->type == REDIS_REPLY_STATUS;
-            freeReplyObject(r);
-            redisFree(c);
-            if (up)
-                return;
-        } else {
-            redisFree(c);
-        }
-        int st;
-        cr_assert_eq(waitpid(server_pid, &st, WNOHANG), 0, "redis-server exited");
-        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
-    }
-    cr_assert_fail("redis-server did not answer PING on port %d", server_port);
 }
 
 static void stop_server(void)
 {
-    if (server_pid > 0) {
-        kill(server_pid, SIGTERM);
-        waitpid(server_pid, NULL, 0);
-        server_pid = 0;
-    }
+    redis_server_stop(&server);
 }
 
 TestSuite(fleet, .init = start_server, .fini = stop_server);

@@ -1,0 +1,384 @@
+/* The fleet's Redis client (include/sluice/fleet.h): one hiredis asynchronous context per I/O
+ * thread, attached to its event loop. Scripts go by EVALSHA; a server that has not seen one yet
+ * (a restart, SCRIPT FLUSH) answers NOSCRIPT and gets the same call once more as EVAL, which also
+ * caches it. Each take has its own timer; a call outlives its caller's interest until Redis
+ * answers (hiredis runs every callback exactly once, with NULL when the connection goes), so that
+ * a late answer that charged the buckets can be given back.
+ */
+#include <sluice/fleet.h>
+
+#include <event2/event.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KEY_MAX 256
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 2000
+
+struct sl_fleet_call {
+    struct sl_fleet_client *c;
+    struct event *timer;
+    sl_fleet_take_fn fn; /* NULL once answered, timed out or cancelled */
+    void *arg;
+    bool refund;  /* a refund, not a take: nothing waits for it */
+    bool retried; /* NOSCRIPT was answered once: sent again as EVAL */
+    int n;
+    struct sl_fleet_bucket b[SL_FLEET_BUCKETS_MAX];
+    char keys[SL_FLEET_BUCKETS_MAX][KEY_MAX];
+};
+
+struct sl_fleet_client {
+    struct event_base *base;
+    struct sl_fleet_addr addr;
+    int timeout_ms;
+    redisAsyncContext *ac; /* NULL while not connected */
+    bool up;
+    bool freeing;
+    int pending;
+    int backoff_ms;
+    struct event *reconnect;
+    char sha_take[SL_FLEET_SHA_LEN + 1], sha_refund[SL_FLEET_SHA_LEN + 1];
+};
+
+/* ---- addresses ---- */
+
+enum sl_status sl_fleet_addr_parse(const char *url, struct sl_fleet_addr *out, char *err,
+                                   size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    out->port = 6379;
+    const char *p;
+    if (strncmp(url, "rediss://", 9) == 0) {
+        snprintf(err, errlen,
+                 "rediss:// (TLS) is not supported: this build's hiredis (0.14) has no TLS; use "
+                 "redis:// on a trusted network");
+        return SL_EINVAL;
+    }
+    if (strncmp(url, "redis://", 8) != 0) {
+        snprintf(err, errlen, "expected redis://[:password@]host[:port][/db], got \"%.64s\"", url);
+        return SL_EINVAL;
+    }
+    p = url + 8;
+    const char *at = strrchr(p, '@');
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        const char *pw = colon ? colon + 1 : p; /* user:password, or a bare password */
+        size_t len = (size_t)(at - pw);
+        if (len >= sizeof out->password) {
+            snprintf(err, errlen, "the password in the URL is longer than %zu bytes",
+                     sizeof out->password - 1);
+            return SL_EINVAL;
+        }
+        memcpy(out->password, pw, len);
+        p = at + 1;
+    }
+    size_t hlen = strcspn(p, ":/");
+    if (hlen == 0 || hlen > SL_FLEET_HOST_MAX) {
+        snprintf(err, errlen, "the URL has no host, or one longer than %d bytes",
+                 SL_FLEET_HOST_MAX);
+        return SL_EINVAL;
+    }
+    for (size_t i = 0; i < hlen; i++) {
+        char ch = p[i];
+        if (!(ch >= 'a' && ch <= 'z') && !(ch >= 'A' && ch <= 'Z') && !(ch >= '0' && ch <= '9') &&
+            ch != '.' && ch != '-' && ch != '_') {
+            snprintf(err, errlen, "the URL's host has a '%c' (a name or an IPv4 address)",
+                     ch >= 0x20 && ch < 0x7f ? ch : '?');
+            return SL_EINVAL;
+        }
+    }
+    memcpy(out->host, p, hlen);
+    p += hlen;
+    if (*p == ':') {
+        char *end;
+        long port = strtol(p + 1, &end, 10);
+        if (end == p + 1 || port < 1 || port > 65535 || (*end && *end != '/')) {
+            snprintf(err, errlen, "the URL's port is not a number from 1 to 65535");
+            return SL_EINVAL;
+        }
+        out->port = (int)port;
+        p = end;
+    }
+    if (*p == '/' && p[1]) {
+        char *end;
+        long db = strtol(p + 1, &end, 10);
+        if (end == p + 1 || *end || db < 0 || db > 1000000) {
+            snprintf(err, errlen, "the URL's database is not a number");
+            return SL_EINVAL;
+        }
+        out->db = (int)db;
+    } else if (*p && strcmp(p, "/") != 0) {
+        snprintf(err, errlen, "unexpected \"%.32s\" after the host", p);
+        return SL_EINVAL;
+    }
+    return SL_OK;
+}
+
+/* ---- connection ---- */
+
+static void connect_now(struct sl_fleet_client *c);
+
+static void reconnect_later(struct sl_fleet_client *c)
+{
+    if (c->freeing)
+        return;
+    struct timeval tv = {c->backoff_ms / 1000, (c->backoff_ms % 1000) * 1000};
+    evtimer_add(c->reconnect, &tv);
+    c->backoff_ms = c->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : c->backoff_ms * 2;
+}
+
+static void on_reconnect(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    connect_now(arg);
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    struct sl_fleet_client *c = ac->data;
+    if (status != REDIS_OK) {
+        if (c->backoff_ms == BACKOFF_MIN_MS)
+            sl_log(SL_LOG_WARN, "fleet: cannot connect to redis %s:%d: %s", c->addr.host,
+                   c->addr.port, ac->errstr);
+        c->ac = NULL; /* hiredis frees it */
+        reconnect_later(c);
+        return;
+    }
+    c->up = true;
+    c->backoff_ms = BACKOFF_MIN_MS;
+    sl_log(SL_LOG_INFO, "fleet: connected to redis %s:%d", c->addr.host, c->addr.port);
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    struct sl_fleet_client *c = ac->data;
+    bool was_up = c->up;
+    c->ac = NULL;
+    c->up = false;
+    if (c->freeing)
+        return;
+    if (was_up)
+        sl_log(SL_LOG_WARN, "fleet: lost redis %s:%d%s%s", c->addr.host, c->addr.port,
+               status != REDIS_OK ? ": " : "", status != REDIS_OK ? ac->errstr : "");
+    reconnect_later(c);
+}
+
+static void connect_now(struct sl_fleet_client *c)
+{
+    redisAsyncContext *ac = redisAsyncConnect(c->addr.host, c->addr.port);
+    if (!ac)
+        abort(); /* no memory: the style's answer is to stop */
+    if (ac->err) {
+        if (c->backoff_ms == BACKOFF_MIN_MS)
+            sl_log(SL_LOG_WARN, "fleet: cannot connect to redis %s:%d: %s", c->addr.host,
+                   c->addr.port, ac->errstr);
+        redisAsyncFree(ac);
+        reconnect_later(c);
+        return;
+    }
+    ac->data = c;
+    redisLibeventAttach(ac, c->base);
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    c->ac = ac;
+    /* Queued before any script: Redis answers in order, so every call after them is
+     * authenticated and in the right database (a wrong password shows in their errors). */
+    if (c->addr.password[0])
+        redisAsyncCommand(ac, NULL, NULL, "AUTH %s", c->addr.password);
+    if (c->addr.db)
+        redisAsyncCommand(ac, NULL, NULL, "SELECT %d", c->addr.db);
+}
+
+struct sl_fleet_client *sl_fleet_client_new(struct event_base *base,
+                                            const struct sl_fleet_addr *addr, int timeout_ms)
+{
+    struct sl_fleet_client *c = sl_xcalloc(1, sizeof *c);
+    c->base = base;
+    c->addr = *addr;
+    c->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
+    c->backoff_ms = BACKOFF_MIN_MS;
+    c->reconnect = evtimer_new(base, on_reconnect, c);
+    sl_fleet_script_sha(sl_fleet_take_lua, c->sha_take);
+    sl_fleet_script_sha(sl_fleet_refund_lua, c->sha_refund);
+    connect_now(c);
+    return c;
+}
+
+bool sl_fleet_client_up(const struct sl_fleet_client *c)
+{
+    return c->up;
+}
+
+int sl_fleet_client_pending(const struct sl_fleet_client *c)
+{
+    return c->pending;
+}
+
+void sl_fleet_client_free(struct sl_fleet_client *c)
+{
+    if (!c)
+        return;
+    c->freeing = true;
+    if (c->ac)
+        redisAsyncFree(c->ac); /* runs every pending callback with no reply */
+    event_free(c->reconnect);
+    free(c);
+}
+
+/* ---- calls ---- */
+
+static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
+
+static void call_finish(struct sl_fleet_call *call, enum sl_status st,
+                        const struct sl_fleet_take *t, const char *err)
+{
+    if (call->timer)
+        evtimer_del(call->timer);
+    sl_fleet_take_fn fn = call->fn;
+    call->fn = NULL;
+    if (fn)
+        fn(call->arg, st, t, err);
+}
+
+static void call_free(struct sl_fleet_call *call)
+{
+    if (call->timer)
+        event_free(call->timer);
+    call->c->pending--;
+    free(call);
+}
+
+/* Sends call as EVALSHA (or EVAL once NOSCRIPT was answered). */
+static int call_send(struct sl_fleet_call *call)
+{
+    struct sl_fleet_client *c = call->c;
+    char num[4 * SL_FLEET_BUCKETS_MAX][24], nkeys[8];
+    int nargs = call->refund ? sl_fleet_refund_args(call->b, call->n, num)
+                             : sl_fleet_take_args(call->b, call->n, num);
+    const char *argv[3 + 5 * SL_FLEET_BUCKETS_MAX];
+    int argc = 0;
+    const char *script = call->refund ? sl_fleet_refund_lua : sl_fleet_take_lua;
+    argv[argc++] = call->retried ? "EVAL" : "EVALSHA";
+    argv[argc++] = call->retried ? script : call->refund ? c->sha_refund : c->sha_take;
+    snprintf(nkeys, sizeof nkeys, "%d", call->n);
+    argv[argc++] = nkeys;
+    for (int i = 0; i < call->n; i++)
+        argv[argc++] = call->keys[i];
+    for (int i = 0; i < nargs; i++)
+        argv[argc++] = num[i];
+    return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
+}
+
+static void give_back(struct sl_fleet_client *c, const struct sl_fleet_call *call)
+{
+    sl_fleet_refund(c, call->b, call->n);
+}
+
+static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
+{
+    (void)ac;
+    struct sl_fleet_call *call = priv;
+    struct sl_fleet_client *c = call->c;
+    const redisReply *r = reply;
+    if (r && r->type == REDIS_REPLY_ERROR && !call->retried && r->str &&
+        strncmp(r->str, "NOSCRIPT", 8) == 0 && c->ac && !c->freeing) {
+        call->retried = true;
+        if (call_send(call) == REDIS_OK)
+            return; /* the same call, once more, as EVAL */
+    }
+    if (call->refund) {
+        call_free(call);
+        return;
+    }
+    struct sl_fleet_take t;
+    char err[256];
+    enum sl_status st;
+    if (!r) {
+        st = c->freeing ? SL_ECANCELED : SL_EIO;
+        snprintf(err, sizeof err, c->freeing ? "the client is closing" : "connection lost");
+    } else {
+        st = sl_fleet_take_parse(r, call->n, &t, err, sizeof err);
+    }
+    if (call->fn)
+        call_finish(call, st, st == SL_OK ? &t : NULL, st == SL_OK ? NULL : err);
+    else if (st == SL_OK && t.admitted && !c->freeing)
+        give_back(c, call); /* its caller went on without it */
+    call_free(call);
+}
+
+static void on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct sl_fleet_call *call = arg;
+    call_finish(call, SL_ETIMEDOUT, NULL, "no answer within timeout_ms");
+}
+
+static struct sl_fleet_call *call_new(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
+                                      int n, bool refund)
+{
+    if (n < 1 || n > SL_FLEET_BUCKETS_MAX)
+        return NULL;
+    struct sl_fleet_call *call = sl_xcalloc(1, sizeof *call);
+    call->c = c;
+    call->refund = refund;
+    call->n = n;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(b[i].key);
+        if (len >= KEY_MAX) {
+            free(call);
+            return NULL;
+        }
+        memcpy(call->keys[i], b[i].key, len + 1);
+        call->b[i] = b[i];
+        call->b[i].key = call->keys[i];
+    }
+    c->pending++;
+    return call;
+}
+
+struct sl_fleet_call *sl_fleet_take(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
+                                    int n, sl_fleet_take_fn fn, void *arg)
+{
+    if (!c->up || !c->ac) {
+        fn(arg, SL_EIO, NULL, "not connected to redis");
+        return NULL;
+    }
+    struct sl_fleet_call *call = call_new(c, b, n, false);
+    if (!call) {
+        fn(arg, SL_EINVAL, NULL, "too many buckets, or a key too long");
+        return NULL;
+    }
+    call->fn = fn;
+    call->arg = arg;
+    if (call_send(call) != REDIS_OK) {
+        call_finish(call, SL_EIO, NULL, "redis did not take the command");
+        call_free(call);
+        return NULL;
+    }
+    call->timer = evtimer_new(c->base, on_timeout, call);
+    struct timeval tv = {c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000};
+    evtimer_add(call->timer, &tv);
+    return call;
+}
+
+void sl_fleet_call_cancel(struct sl_fleet_call *call)
+{
+    if (!call)
+        return;
+    if (call->timer)
+        evtimer_del(call->timer);
+    call->fn = NULL;
+}
+
+void sl_fleet_refund(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n)
+{
+    if (!c->up || !c->ac)
+        return;
+    struct sl_fleet_call *call = call_new(c, b, n, true);
+    if (call && call_send(call) != REDIS_OK)
+        call_free(call);
+}

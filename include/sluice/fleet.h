@@ -1,0 +1,63 @@
+/* sluice — fleet: the connection of one I/O thread to the Redis that holds the fleet's budgets
+ * (issue 28). Asynchronous on the thread's event loop (hiredis's libevent adapter): a call never
+ * blocks the thread, and every call ends in its callback exactly once, with the script's answer,
+ * or a timeout, or an error, so that admission can fall back to local buckets at once.
+ *
+ * What the scripts do, and the arithmetic, is admission's (sl_fleet_take_lua in admission.h).
+ */
+#ifndef SLUICE_FLEET_H
+#define SLUICE_FLEET_H
+
+#include <sluice/admission.h>
+#include <sluice/common.h>
+
+#define SL_FLEET_HOST_MAX 255
+
+/* Where Redis is: redis://[[user]:password@]host[:port][/db] (rediss:// is refused: Debian 12's
+ * hiredis 0.14 has no TLS). */
+struct sl_fleet_addr {
+    char host[SL_FLEET_HOST_MAX + 1];
+    int port;           /* 6379 */
+    int db;             /* 0 */
+    char password[128]; /* "" for none; the URL's, or the one of the password environment */
+};
+
+/* Parses url into *out: SL_OK, or SL_EINVAL with err saying what is wrong with it. */
+enum sl_status sl_fleet_addr_parse(const char *url, struct sl_fleet_addr *out, char *err,
+                                   size_t errlen);
+
+struct event_base;
+struct sl_fleet_client;
+struct sl_fleet_call;
+
+/* A take's end: SL_OK and the script's answer; SL_ETIMEDOUT when none came within the client's
+ * timeout (a late answer that charged the buckets is refunded by the client: the caller went on
+ * without it); SL_EIO when Redis is not connected, or answered an error (err says which). */
+typedef void (*sl_fleet_take_fn)(void *arg, enum sl_status st, const struct sl_fleet_take *t,
+                                 const char *err);
+
+/* A client on base (one per I/O thread), connecting at once and again after any loss (backoff
+ * from 100 ms to 2 s). timeout_ms bounds every take. */
+struct sl_fleet_client *sl_fleet_client_new(struct event_base *base,
+                                            const struct sl_fleet_addr *addr, int timeout_ms);
+/* Cancels what is pending (their callbacks run with SL_ECANCELED) and frees the client. */
+void sl_fleet_client_free(struct sl_fleet_client *c);
+/* Whether the client is connected and ready (its AUTH and SELECT answered). */
+bool sl_fleet_client_up(const struct sl_fleet_client *c);
+/* Calls in flight: sent, and neither answered nor timed out (late answers count until they
+ * arrive). */
+int sl_fleet_client_pending(const struct sl_fleet_client *c);
+
+/* Sends a take of the n buckets (keys and rates copied: b may go once this returns). fn runs
+ * exactly once, later, on the client's loop, unless the call is cancelled first. Returns the
+ * call, to cancel it; NULL when fn has already run (not connected: SL_EIO). */
+struct sl_fleet_call *sl_fleet_take(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
+                                    int n, sl_fleet_take_fn fn, void *arg);
+/* The caller is gone: fn will not run, and if the take charged the buckets, the client gives the
+ * charge back when the answer comes. Only while fn has not run: the call is the client's after. */
+void sl_fleet_call_cancel(struct sl_fleet_call *call);
+/* Gives tokens back (fire and forget: a refund that cannot be sent is dropped, and the bucket
+ * refills on its own in time). */
+void sl_fleet_refund(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n);
+
+#endif
