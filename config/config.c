@@ -1,6 +1,8 @@
 /* Configuration: built-in defaults, a JSON file, then command-line flags. */
 #include "config_impl.h"
 
+#include <sluice/fleet.h>
+
 #include <jansson.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -46,6 +48,9 @@ void sl_config_init(struct sl_config *c)
     c->engine.kv_dtype = SL_KV_F16; /* as llama.cpp's default cache type; f32 on request */
     c->api.default_max_tokens = 16;
     c->api.default_max_tokens_chat = 0;
+    c->fleet.key_prefix = sl_xstrdup("sluice:");
+    c->fleet.timeout_ms = 20;
+    c->fleet.password_env = sl_xstrdup("SLUICE_REDIS_PASSWORD");
     c->log_level = sl_xstrdup("info");
     sl_tenancy_init(&c->tenancy);
 }
@@ -87,6 +92,9 @@ void sl_config_dispose(struct sl_config *c)
     free(c->served_model_name);
     free(c->engine.device);
     free(c->api.chat_template);
+    free(c->fleet.url);
+    free(c->fleet.key_prefix);
+    free(c->fleet.password_env);
     free(c->log_level);
     free(c->engine.cpu_isa);
     sl_tenancy_dispose(&c->tenancy);
@@ -143,6 +151,11 @@ const struct sl_config_engine *sl_config_engine(const struct sl_config *c)
 const struct sl_config_api *sl_config_api(const struct sl_config *c)
 {
     return &c->api;
+}
+
+const struct sl_config_fleet *sl_config_fleet(const struct sl_config *c)
+{
+    return &c->fleet;
 }
 
 const struct sl_tenancy *sl_config_tenancy(const struct sl_config *c)
@@ -217,6 +230,7 @@ enum key_type {
     K_LOG_LEVEL,
     K_CPU_ISA,
     K_TLS,
+    K_REDIS, /* null or {"url", "key_prefix", "timeout_ms", "password_env"} */
     K_BOOL,
     K_MODELS,
     K_DEVICES,
@@ -269,6 +283,7 @@ static const struct key keys[] = {
     {"admission", K_BOOL, OFF(tenancy.admission), 0, 0},
     {"metrics_key_sha256", K_KEY_SHA256, OFF(tenancy.metrics_key), 0, 0},
     {"vllm_metrics", K_BOOL, OFF(api.vllm_metrics), 0, 0},
+    {"redis", K_REDIS, 0, 0, 0},
 };
 
 /* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys
@@ -329,6 +344,89 @@ static int parse_tls(struct sl_config *c, json_t *v, char *err, size_t errlen, c
     }
     tls_clear(&c->http.tls);
     c->http.tls = t;
+    return SL_OK;
+}
+
+/* "redis": null (budgets are local) or {"url": "redis://...", "key_prefix", "timeout_ms",
+ * "password_env"}, keys starting with "//" being comments; only "url" is required. */
+static int parse_redis(struct sl_config *c, json_t *v, char *err, size_t errlen, const char *where)
+{
+    if (json_is_null(v)) {
+        free(c->fleet.url);
+        c->fleet.url = NULL;
+        return SL_OK;
+    }
+    if (!json_is_object(v)) {
+        snprintf(err, errlen, "%s: \"redis\" must be null or an object {\"url\", ...}", where);
+        return SL_EINVAL;
+    }
+    struct sl_config_fleet f = {.timeout_ms = c->fleet.timeout_ms};
+    const char *name;
+    json_t *x;
+    int st = SL_OK;
+    json_object_foreach(v, name, x)
+    {
+        if (strncmp(name, "//", 2) == 0)
+            continue;
+        if (strcmp(name, "timeout_ms") == 0) {
+            if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > 60000) {
+                snprintf(err, errlen,
+                         "%s: \"redis\".\"timeout_ms\" must be an integer from 1 "
+                         "to 60000",
+                         where);
+                st = SL_EINVAL;
+            } else {
+                f.timeout_ms = (int)json_integer_value(x);
+            }
+            continue;
+        }
+        char **dst = strcmp(name, "url") == 0            ? &f.url
+                     : strcmp(name, "key_prefix") == 0   ? &f.key_prefix
+                     : strcmp(name, "password_env") == 0 ? &f.password_env
+                                                         : NULL;
+        if (!dst) {
+            snprintf(err, errlen,
+                     "%s: unknown key \"redis\".\"%s\" (url, key_prefix, timeout_ms, "
+                     "password_env)",
+                     where, name);
+            st = SL_EINVAL;
+        } else if (!json_is_string(x) || json_string_length(x) > 256 ||
+                   (dst != &f.key_prefix && json_string_length(x) == 0)) {
+            snprintf(err, errlen, "%s: \"redis\".\"%s\" must be a%s string of at most 256 bytes",
+                     where, name, dst == &f.key_prefix ? "" : " non-empty");
+            st = SL_EINVAL;
+        } else {
+            replace(dst, json_string_value(x));
+        }
+        if (st != SL_OK)
+            break;
+    }
+    struct sl_fleet_addr addr;
+    char why[256];
+    if (st == SL_OK && !f.url) {
+        snprintf(err, errlen, "%s: \"redis\" needs \"url\"", where);
+        st = SL_EINVAL;
+    } else if (st == SL_OK && sl_fleet_addr_parse(f.url, &addr, why, sizeof why) != SL_OK) {
+        snprintf(err, errlen, "%s: \"redis\".\"url\": %s", where, why);
+        st = SL_EINVAL;
+    }
+    if (st != SL_OK) {
+        free(f.url);
+        free(f.key_prefix);
+        free(f.password_env);
+        return st;
+    }
+    free(c->fleet.url);
+    c->fleet.url = f.url;
+    c->fleet.timeout_ms = f.timeout_ms;
+    if (f.key_prefix) {
+        free(c->fleet.key_prefix);
+        c->fleet.key_prefix = f.key_prefix;
+    }
+    if (f.password_env) {
+        free(c->fleet.password_env);
+        c->fleet.password_env = f.password_env;
+    }
     return SL_OK;
 }
 
@@ -593,6 +691,10 @@ void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *c
         nt->cert = ct->cert ? sl_xstrdup(ct->cert) : NULL;
         nt->key = ct->key ? sl_xstrdup(ct->key) : NULL;
     }
+    KEEP_STR(fleet.url, "redis.url")
+    KEEP_STR(fleet.key_prefix, "redis.key_prefix")
+    KEEP_NUM(fleet.timeout_ms, "redis.timeout_ms")
+    KEEP_STR(fleet.password_env, "redis.password_env")
     KEEP_STR(http.tls.listen_host, "tls.listen_host")
     KEEP_NUM(http.tls.listen_port, "tls.listen_port")
 #undef KEEP_STR
@@ -671,6 +773,7 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
                             errlen, what);
     }
     case K_TLS: return parse_tls(c, v, err, errlen, where);
+    case K_REDIS: return parse_redis(c, v, err, errlen, where);
     case K_MODELS: return parse_models(c, v, err, errlen, where);
     case K_DEVICES: return parse_devices(c, v, err, errlen, where);
     case K_BOOL:
@@ -959,6 +1062,19 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
             v = c->engine.n_devices ? json_array() : json_null();
             for (int i = 0; i < c->engine.n_devices; i++)
                 json_array_append_new(v, json_string(c->engine.devices[i]));
+            break;
+        case K_REDIS:
+            if (!c->fleet.url) {
+                v = json_null();
+            } else {
+                /* The URL without its password, if it has one. */
+                const char *at = strrchr(c->fleet.url, '@');
+                v = json_pack("{s:o,s:s,s:i,s:s}", "url",
+                              at ? json_sprintf("redis://<redacted>%s", at)
+                                 : json_string(c->fleet.url),
+                              "key_prefix", c->fleet.key_prefix, "timeout_ms", c->fleet.timeout_ms,
+                              "password_env", c->fleet.password_env);
+            }
             break;
         case K_TLS:
             if (!c->http.tls.cert) {

@@ -190,6 +190,10 @@ int main(int argc, char **argv)
                strchr(h, ':') ? "]" : "", sl_http_server_tls_port(http));
     }
 
+    if (sl_config_fleet(cfg)->url)
+        sl_log(SL_LOG_WARN, "redis: configured, but admission does not use the fleet's shared "
+                            "budgets yet (issue 28): every budget is this process's");
+
     int sig = 0;
     while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP)
         reload(http, argc, argv);

@@ -96,10 +96,20 @@ struct sl_config_api {
                                     (default false; reloadable: read at each scrape) */
 };
 
+/* The fleet's section: where the budgets every replica shares are kept (issue 28). Start-only. */
+struct sl_config_fleet {
+    char *url;          /* redis://[:password@]host[:port][/db], or NULL: budgets are local */
+    char *key_prefix;   /* before every key sluice writes ("sluice:") */
+    int timeout_ms;     /* a budget check without an answer by then goes to the local fallback */
+    char *password_env; /* the environment variable with Redis's password, if the URL has none
+                           ("SLUICE_REDIS_PASSWORD") */
+};
+
 /* c's sections, valid as long as the caller holds c. Any thread. */
 const struct sl_config_http *sl_config_http(const struct sl_config *c);
 const struct sl_config_engine *sl_config_engine(const struct sl_config *c);
 const struct sl_config_api *sl_config_api(const struct sl_config *c);
+const struct sl_config_fleet *sl_config_fleet(const struct sl_config *c);
 /* Tenants, tiers, classification, keys and admission control (reloadable). */
 const struct sl_tenancy *sl_config_tenancy(const struct sl_config *c);
 /* The same tenancy, writable: only to give it its admission state (sl_admit_adopt, when the API

@@ -372,6 +372,84 @@ Test(gateway, tls_listener_loads_when_listen_cert_and_key_are_given)
     sl_config_dispose(&c);
 }
 
+Test(gateway, redis_section_loads_with_its_defaults_and_shows_no_password)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    cr_assert_null(sl_config_fleet(&c)->url, "budgets are local by default");
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"redis\":{\"// note\":\"x\",\"url\":\"redis://:pw@10.0.0.5:6380/1\"}}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    const struct sl_config_fleet *f = sl_config_fleet(&c);
+    cr_assert_str_eq(f->url, "redis://:pw@10.0.0.5:6380/1");
+    cr_assert_str_eq(f->key_prefix, "sluice:");
+    cr_assert_eq(f->timeout_ms, 20);
+    cr_assert_str_eq(f->password_env, "SLUICE_REDIS_PASSWORD");
+    json_t *j = sl_config_to_json(&c);
+    char *text = json_dumps(j, JSON_SORT_KEYS);
+    cr_assert(strstr(text, "redis://<redacted>@10.0.0.5:6380/1"), "%s", text);
+    cr_assert_null(strstr(text, "pw@"), "%s", text);
+    free(text);
+    json_decref(j);
+    cr_assert_eq(load(&c,
+                      "{\"redis\":{\"url\":\"redis://r\",\"key_prefix\":\"\",\"timeout_ms\":"
+                      "250,\"password_env\":\"REDIS_PW\"}}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_str_eq(f->key_prefix, "", "an empty prefix is allowed");
+    cr_assert_eq(f->timeout_ms, 250);
+    cr_assert_str_eq(f->password_env, "REDIS_PW");
+    cr_assert_eq(load(&c, "{\"redis\":null}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert_null(f->url);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, reload_keeps_the_redis_section_the_server_started_with)
+{
+    struct sl_config cur, next;
+    sl_config_init(&cur);
+    sl_config_init(&next);
+    char err[256] = "";
+    cr_assert_eq(load(&cur, "{\"redis\":{\"url\":\"redis://a\"}}", err, sizeof err), SL_OK);
+    cr_assert_eq(
+        load(&next, "{\"redis\":{\"url\":\"redis://b\",\"timeout_ms\":99}}", err, sizeof err),
+        SL_OK);
+    sl_config_keep_start_keys(&next, &cur);
+    cr_assert_str_eq(sl_config_fleet(&next)->url, "redis://a");
+    cr_assert_eq(sl_config_fleet(&next)->timeout_ms, 20);
+    /* Nor can a reload turn it off. */
+    cr_assert_eq(load(&next, "{\"redis\":null}", err, sizeof err), SL_OK);
+    sl_config_keep_start_keys(&next, &cur);
+    cr_assert_str_eq(sl_config_fleet(&next)->url, "redis://a");
+    sl_config_dispose(&cur);
+    sl_config_dispose(&next);
+}
+
+Test(gateway, redis_error_names_the_field_when_wrong)
+{
+    const char *bad[][2] = {
+        {"{\"redis\":\"redis://h\"}", "\"redis\" must be null or an object"},
+        {"{\"redis\":{}}", "needs \"url\""},
+        {"{\"redis\":{\"url\":\"rediss://h\"}}", "\"redis\".\"url\": rediss:// (TLS)"},
+        {"{\"redis\":{\"url\":\"redis://h:70000\"}}", "port"},
+        {"{\"redis\":{\"url\":\"\"}}", "\"redis\".\"url\" must be a non-empty string"},
+        {"{\"redis\":{\"url\":\"redis://h\",\"timeout_ms\":0}}", "\"redis\".\"timeout_ms\""},
+        {"{\"redis\":{\"url\":\"redis://h\",\"timeout_ms\":\"20\"}}", "\"timeout_ms\""},
+        {"{\"redis\":{\"url\":\"redis://h\",\"db\":1}}", "unknown key \"redis\".\"db\""},
+        {"{\"redis\":{\"url\":\"redis://h\",\"password_env\":5}}", "\"redis\".\"password_env\""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        struct sl_config c;
+        sl_config_init(&c);
+        char err[256] = "";
+        cr_assert_eq(load(&c, bad[i][0], err, sizeof err), SL_EINVAL, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+        cr_assert_null(sl_config_fleet(&c)->url, "a refused \"redis\" leaves budgets local");
+        sl_config_dispose(&c);
+    }
+}
+
 Test(gateway, tls_error_names_the_field_when_incomplete_or_wrong)
 {
     const char *bad[][2] = {
