@@ -86,6 +86,19 @@ const char sl_fleet_refund_lua[] =
     "end\n"
     "return n\n";
 
+/* KEYS[1]: the fleet's replicas (a sorted set: member a replica's id, score the last time it said
+ * it was alive, ms of Redis time). ARGV: this replica's id, the time after which a replica that
+ * has not said so again counts as gone (ms). Records this one, forgets the gone, and returns how
+ * many are alive, this one included. The set expires with its last replica. */
+const char sl_fleet_beat_lua[] =
+    "local t = redis.call('TIME')\n"
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+    "local ttl = tonumber(ARGV[2])\n"
+    "redis.call('ZADD', KEYS[1], now, ARGV[1])\n"
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl)\n"
+    "redis.call('PEXPIRE', KEYS[1], ttl)\n"
+    "return redis.call('ZCARD', KEYS[1])\n";
+
 void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1])
 {
     unsigned char d[SHA_DIGEST_LENGTH];
@@ -190,4 +203,11 @@ range:
     out->failed = -1;
     snprintf(err, errlen, "the script answered a count or a time out of range");
     return SL_EIO;
+}
+
+int sl_fleet_beat_parse(const struct redisReply *r)
+{
+    if (!r || r->type != REDIS_REPLY_INTEGER || r->integer < 1 || r->integer > 1000000)
+        return -1;
+    return (int)r->integer;
 }

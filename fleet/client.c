@@ -24,11 +24,12 @@ struct sl_fleet_call {
     struct event *timer;
     sl_fleet_take_fn fn; /* NULL once answered, timed out or cancelled */
     void *arg;
-    bool refund;  /* a refund, not a take: nothing waits for it */
+    enum { CALL_TAKE, CALL_REFUND, CALL_BEAT } kind; /* only a take has a caller waiting */
     bool retried; /* NOSCRIPT was answered once: sent again as EVAL */
     int n;
     struct sl_fleet_bucket b[SL_FLEET_BUCKETS_MAX];
     char keys[SL_FLEET_BUCKETS_MAX][KEY_MAX];
+    char beat_ttl[16]; /* a beat: keys[0] the fleet's set, keys[1] this replica's id */
 };
 
 struct sl_fleet_client {
@@ -39,9 +40,11 @@ struct sl_fleet_client {
     bool up;
     bool freeing;
     int pending;
+    int replicas; /* alive at the last beat's answer; 0 before any */
     int backoff_ms;
     struct event *reconnect;
-    char sha_take[SL_FLEET_SHA_LEN + 1], sha_refund[SL_FLEET_SHA_LEN + 1];
+    char sha_take[SL_FLEET_SHA_LEN + 1], sha_refund[SL_FLEET_SHA_LEN + 1],
+        sha_beat[SL_FLEET_SHA_LEN + 1];
 };
 
 /* ---- addresses ---- */
@@ -204,6 +207,7 @@ struct sl_fleet_client *sl_fleet_client_new(struct event_base *base,
     c->reconnect = evtimer_new(base, on_reconnect, c);
     sl_fleet_script_sha(sl_fleet_take_lua, c->sha_take);
     sl_fleet_script_sha(sl_fleet_refund_lua, c->sha_refund);
+    sl_fleet_script_sha(sl_fleet_beat_lua, c->sha_beat);
     connect_now(c);
     return c;
 }
@@ -256,14 +260,23 @@ static void call_free(struct sl_fleet_call *call)
 static int call_send(struct sl_fleet_call *call)
 {
     struct sl_fleet_client *c = call->c;
+    static const char *const scripts[] = {sl_fleet_take_lua, sl_fleet_refund_lua,
+                                          sl_fleet_beat_lua};
+    const char *shas[] = {c->sha_take, c->sha_refund, c->sha_beat};
     char num[4 * SL_FLEET_BUCKETS_MAX][24], nkeys[8];
-    int nargs = call->refund ? sl_fleet_refund_args(call->b, call->n, num)
-                             : sl_fleet_take_args(call->b, call->n, num);
     const char *argv[3 + 5 * SL_FLEET_BUCKETS_MAX];
     int argc = 0;
-    const char *script = call->refund ? sl_fleet_refund_lua : sl_fleet_take_lua;
     argv[argc++] = call->retried ? "EVAL" : "EVALSHA";
-    argv[argc++] = call->retried ? script : call->refund ? c->sha_refund : c->sha_take;
+    argv[argc++] = call->retried ? scripts[call->kind] : shas[call->kind];
+    if (call->kind == CALL_BEAT) {
+        argv[argc++] = "1";
+        argv[argc++] = call->keys[0];
+        argv[argc++] = call->keys[1];
+        argv[argc++] = call->beat_ttl;
+        return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
+    }
+    int nargs = call->kind == CALL_REFUND ? sl_fleet_refund_args(call->b, call->n, num)
+                                          : sl_fleet_take_args(call->b, call->n, num);
     snprintf(nkeys, sizeof nkeys, "%d", call->n);
     argv[argc++] = nkeys;
     for (int i = 0; i < call->n; i++)
@@ -290,7 +303,14 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         if (call_send(call) == REDIS_OK)
             return; /* the same call, once more, as EVAL */
     }
-    if (call->refund) {
+    if (call->kind == CALL_BEAT) {
+        int n = sl_fleet_beat_parse(r);
+        if (n > 0)
+            c->replicas = n;
+        call_free(call);
+        return;
+    }
+    if (call->kind == CALL_REFUND) {
         call_free(call);
         return;
     }
@@ -324,7 +344,7 @@ static struct sl_fleet_call *call_new(struct sl_fleet_client *c, const struct sl
         return NULL;
     struct sl_fleet_call *call = sl_xcalloc(1, sizeof *call);
     call->c = c;
-    call->refund = refund;
+    call->kind = refund ? CALL_REFUND : CALL_TAKE;
     call->n = n;
     for (int i = 0; i < n; i++) {
         size_t len = strlen(b[i].key);
@@ -381,4 +401,24 @@ void sl_fleet_refund(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
     struct sl_fleet_call *call = call_new(c, b, n, true);
     if (call && call_send(call) != REDIS_OK)
         call_free(call);
+}
+
+void sl_fleet_beat(struct sl_fleet_client *c, const char *key, const char *id, int ttl_ms)
+{
+    if (!c->up || !c->ac || strlen(key) >= KEY_MAX || strlen(id) >= KEY_MAX)
+        return;
+    struct sl_fleet_call *call = sl_xcalloc(1, sizeof *call);
+    call->c = c;
+    call->kind = CALL_BEAT;
+    snprintf(call->keys[0], KEY_MAX, "%s", key);
+    snprintf(call->keys[1], KEY_MAX, "%s", id);
+    snprintf(call->beat_ttl, sizeof call->beat_ttl, "%d", ttl_ms > 0 ? ttl_ms : 1);
+    c->pending++;
+    if (call_send(call) != REDIS_OK)
+        call_free(call);
+}
+
+int sl_fleet_client_replicas(const struct sl_fleet_client *c)
+{
+    return c->replicas;
 }

@@ -462,8 +462,10 @@ struct sl_fleet_take {
     struct sl_gcra_view view[SL_FLEET_BUCKETS_MAX];
 };
 
-/* The scripts' sources (for EVAL and SCRIPT LOAD) and their SHA-1s (for EVALSHA). */
-extern const char sl_fleet_take_lua[], sl_fleet_refund_lua[];
+/* The scripts' sources (for EVAL and SCRIPT LOAD) and their SHA-1s (for EVALSHA). beat records
+ * that a replica is alive and answers how many are (KEYS[1] the fleet's set, ARGV its id and the
+ * milliseconds after which a silent replica counts as gone). */
+extern const char sl_fleet_take_lua[], sl_fleet_refund_lua[], sl_fleet_beat_lua[];
 void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1]);
 /* The ARGV of take (4 per bucket) or refund (3 per bucket) for n buckets, as decimal strings in
  * num; returns how many. The KEYS are the buckets' keys in the same order. */
@@ -474,6 +476,8 @@ int sl_fleet_refund_args(const struct sl_fleet_bucket *b, int n, char (*num)[24]
 struct redisReply;
 enum sl_status sl_fleet_take_parse(const struct redisReply *r, int n, struct sl_fleet_take *out,
                                    char *err, size_t errlen);
+/* beat's answer: the replicas alive (>= 1), or -1 when the reply is not one. */
+int sl_fleet_beat_parse(const struct redisReply *r);
 
 /* The SLO guard's prediction of a new request's time to first token from what the scheduler
  * publishes (struct sl_sched_stats), before the request is queued. The scheduler serves a tier's

@@ -60,4 +60,11 @@ void sl_fleet_call_cancel(struct sl_fleet_call *call);
  * refills on its own in time). */
 void sl_fleet_refund(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n);
 
+/* Says this replica (id) is alive in the fleet's set (key), where a replica silent for ttl_ms
+ * counts as gone; fire and forget. The answer, how many replicas are alive, is kept:
+ * sl_fleet_client_replicas. Call it more often than ttl_ms (a third of it, say). */
+void sl_fleet_beat(struct sl_fleet_client *c, const char *key, const char *id, int ttl_ms);
+/* The replicas alive at the last beat's answer (this one included), or 0 before any. */
+int sl_fleet_client_replicas(const struct sl_fleet_client *c);
+
 #endif

@@ -228,6 +228,52 @@ Test(fleet_client, freeing_the_client_cancels_what_is_pending)
     cr_assert_eq(a.st, SL_ECANCELED);
 }
 
+struct two {
+    struct sl_fleet_client *a, *b;
+};
+
+static bool both_idle(void *arg)
+{
+    struct two *t = arg;
+    return sl_fleet_client_pending(t->a) == 0 && sl_fleet_client_pending(t->b) == 0;
+}
+
+static bool a_alone(void *arg)
+{
+    return sl_fleet_client_replicas(((struct two *)arg)->a) == 1;
+}
+
+static void beat_a(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    sl_fleet_beat(((struct two *)arg)->a, "fleet:replicas", "replica-a", 300);
+}
+
+Test(fleet_client, beats_count_the_replicas_alive_and_forget_a_silent_one)
+{
+    struct two t = {client(2000), client(2000)};
+    cr_assert_eq(sl_fleet_client_replicas(t.a), 0, "unknown before any beat");
+    sl_fleet_beat(t.a, "fleet:replicas", "replica-a", 5000);
+    sl_fleet_beat(t.b, "fleet:replicas", "replica-b", 5000);
+    run_until(both_idle, &t, "two beats");
+    /* Each has seen the other once both have beaten again (a generous ttl: a stalled machine
+     * must not make one forget the other here). */
+    sl_fleet_beat(t.a, "fleet:replicas", "replica-a", 5000);
+    sl_fleet_beat(t.b, "fleet:replicas", "replica-b", 5000);
+    run_until(both_idle, &t, "two more beats");
+    cr_assert_eq(sl_fleet_client_replicas(t.a), 2);
+    cr_assert_eq(sl_fleet_client_replicas(t.b), 2);
+    /* b falls silent; a keeps beating, saying a replica silent for 300 ms is gone, until the set
+     * forgets b. */
+    struct event *tick = event_new(base, -1, EV_PERSIST, beat_a, &t);
+    struct timeval every = {0, 50 * 1000};
+    evtimer_add(tick, &every);
+    run_until(a_alone, &t, "the silent replica to be forgotten");
+    event_free(tick);
+    sl_fleet_client_free(t.a);
+    sl_fleet_client_free(t.b);
+}
+
 Test(fleet_client, urls_are_read_or_refused_with_a_reason)
 {
     struct sl_fleet_addr a;

@@ -1,8 +1,8 @@
-/* Fuzz target: the fleet's reading of Redis replies (sl_fleet_take_parse, admission/fleet.c)
- * behind hiredis's own protocol reader, as an I/O thread gets them: any bytes a server (or
- * something pretending to be one) sends must give either an error or a verdict that stays inside
- * what the script can answer (a refusal names one of the call's buckets; counts are what was
- * sent), and never a crash or a read out of bounds.
+/* Fuzz target: the fleet's reading of Redis replies (sl_fleet_take_parse and sl_fleet_beat_parse,
+ * admission/fleet.c) behind hiredis's own protocol reader, as an I/O thread gets them: any bytes a
+ * server (or something pretending to be one) sends must give either an error or a verdict that
+ * stays inside what the script can answer (a refusal names one of the call's buckets; counts are
+ * what was sent), and never a crash or a read out of bounds.
  *
  * Input: byte 0 picks how many buckets the call had (1 .. SL_FLEET_BUCKETS_MAX), the rest is
  * what the server sent, fed to the reader in two pieces split at byte 1's position.
@@ -61,6 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else {
             fuzz_check(st == SL_EIO && err[0], "status %d without a reason", st);
         }
+        int alive = sl_fleet_beat_parse(reply);
+        fuzz_check(alive == -1 || alive >= 1, "beat answered %d replicas", alive);
         freeReplyObject(reply);
     }
     redisReaderFree(rd);
