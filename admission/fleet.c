@@ -107,27 +107,29 @@ void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1])
         snprintf(sha + 2 * i, 3, "%02x", d[i]);
 }
 
-int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24])
+/* Each bucket's limit, period (µs), burst when `burst`, and cost, as decimal strings. */
+static int args(const struct sl_fleet_bucket *b, int n, char (*num)[24], bool burst)
 {
+    int k = 0;
     for (int i = 0; i < n; i++) {
         const struct sl_gcra_rate *r = &b[i].rate;
-        snprintf(num[4 * i], 24, "%lld", (long long)r->limit);
-        snprintf(num[4 * i + 1], 24, "%lld", (long long)(r->period_ns / 1000));
-        snprintf(num[4 * i + 2], 24, "%lld", (long long)r->burst);
-        snprintf(num[4 * i + 3], 24, "%lld", (long long)b[i].cost);
+        snprintf(num[k++], 24, "%lld", (long long)r->limit);
+        snprintf(num[k++], 24, "%lld", (long long)(r->period_ns / 1000));
+        if (burst)
+            snprintf(num[k++], 24, "%lld", (long long)r->burst);
+        snprintf(num[k++], 24, "%lld", (long long)b[i].cost);
     }
-    return 4 * n;
+    return k;
+}
+
+int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24])
+{
+    return args(b, n, num, true);
 }
 
 int sl_fleet_refund_args(const struct sl_fleet_bucket *b, int n, char (*num)[24])
 {
-    for (int i = 0; i < n; i++) {
-        const struct sl_gcra_rate *r = &b[i].rate;
-        snprintf(num[3 * i], 24, "%lld", (long long)r->limit);
-        snprintf(num[3 * i + 1], 24, "%lld", (long long)(r->period_ns / 1000));
-        snprintf(num[3 * i + 2], 24, "%lld", (long long)b[i].cost);
-    }
-    return 3 * n;
+    return args(b, n, num, false);
 }
 
 /* A duration the script answered, µs to ns: false when it is not one (negative but for -1

@@ -286,11 +286,6 @@ static int call_send(struct sl_fleet_call *call)
     return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
 }
 
-static void give_back(struct sl_fleet_client *c, const struct sl_fleet_call *call)
-{
-    sl_fleet_refund(c, call->b, call->n);
-}
-
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
 {
     (void)ac;
@@ -326,7 +321,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     if (call->fn)
         call_finish(call, st, st == SL_OK ? &t : NULL, st == SL_OK ? NULL : err);
     else if (st == SL_OK && t.admitted && !c->freeing)
-        give_back(c, call); /* its caller went on without it */
+        sl_fleet_refund(c, call->b, call->n); /* its caller went on without it */
     call_free(call);
 }
 
