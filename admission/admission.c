@@ -103,6 +103,23 @@ static bool has_limits(const struct sl_tenant *t)
     return t && (t->rpm > 0 || t->tpm > 0);
 }
 
+/* The rate a request's bucket is charged at: the configured one, or, when the request was decided
+ * locally because Redis did not answer, this replica's share of it: the same limit over
+ * `replicas` times the period, and the burst divided likewise (rounded up). A local bucket set
+ * to the fleet's state (sl_gcra_bucket_set) then holds the fleet's remaining tokens ÷ replicas.
+ * A request larger than the share's burst may pass only when the share is full (the burst is
+ * then its cost, never more than the whole burst), so it is not refused for ever. */
+static struct sl_gcra_rate share(const struct sl_admit *a, struct sl_gcra_rate r, int64_t cost)
+{
+    if (!a->local || a->replicas <= 1)
+        return r;
+    int64_t n = a->replicas;
+    int64_t part = (r.burst + n - 1) / n, whole = cost < r.burst ? cost : r.burst;
+    r.period_ns *= n;
+    r.burst = part > whole ? part : whole;
+    return r;
+}
+
 /* Name → index of the previous configuration's tenants with cells: open addressing, so a reload
  * of 100,000 tenants does not compare every pair. */
 struct name_map {
@@ -369,6 +386,23 @@ static int64_t secs_ns(double s)
     return s > 0 ? (int64_t)ceil(s * 1e9) : 0;
 }
 
+/* The tier's bucket had no room for cost tokens: when to retry (-1: never) and why. */
+static enum sl_admit_reason tier_refused_why(struct sl_admit *a, int64_t retry_ns, int64_t cost)
+{
+    const struct sl_tier *t = &a->tenancy->tiers[a->tier];
+    a->retry_ns = retry_ns;
+    if (retry_ns < 0)
+        snprintf(a->why, sizeof a->why,
+                 "The request's %lld tokens (prompt plus max_tokens) are more than tier '%s' "
+                 "admits at once (%lld); reduce the prompt or max_tokens.",
+                 (long long)cost, t->sched.name, t->burst);
+    else
+        snprintf(a->why, sizeof a->why,
+                 "Tier '%s' is at its token rate (%lld tokens/s) and is overloaded.", t->sched.name,
+                 t->token_rate);
+    return SL_ADMIT_REASON_TIER_TOKEN_RATE;
+}
+
 /* Whether the request, as it is now, fits its tier: the bucket, the queue caps, the guard. On
  * success it holds the tier's tokens and a queue slot; on failure nothing, and a->retry_ns and
  * a->why say when and why. */
@@ -379,23 +413,12 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
     const struct sl_tier *t = &cfg->tiers[a->tier];
     struct cell *c = cfg->state->tiers[a->tier];
     int64_t cost = charge(a);
-    struct sl_gcra_rate rate = tier_rate(t);
+    struct sl_gcra_rate rate = share(a, tier_rate(t), cost);
     bool took = false;
-    if (t->token_rate > 0) {
+    if (t->token_rate > 0 && (!a->fleet || a->local)) { /* else the fleet's take charges it */
         struct sl_gcra_view v;
-        if (!sl_gcra_bucket_take(&c->tokens, &rate, now, cost, &v)) {
-            a->retry_ns = v.retry_ns;
-            if (v.retry_ns < 0)
-                snprintf(a->why, sizeof a->why,
-                         "The request's %lld tokens (prompt plus max_tokens) are more than tier "
-                         "'%s' admits at once (%lld); reduce the prompt or max_tokens.",
-                         (long long)cost, t->sched.name, t->burst);
-            else
-                snprintf(a->why, sizeof a->why,
-                         "Tier '%s' is at its token rate (%lld tokens/s) and is overloaded.",
-                         t->sched.name, t->token_rate);
-            return SL_ADMIT_REASON_TIER_TOKEN_RATE;
-        }
+        if (!sl_gcra_bucket_take(&c->tokens, &rate, now, cost, &v))
+            return tier_refused_why(a, v.retry_ns, cost);
         took = true;
     }
     enum sl_admit_reason r = queue_reserve(c, t, a->model, prompt_work(a));
@@ -450,12 +473,12 @@ static void tenant_refund(struct sl_admit *a, int64_t tokens, bool request, int6
     if (tokens > 0 && t->tpm > 0 && a->tenant_tokens > 0) {
         if (tokens > a->tenant_tokens)
             tokens = a->tenant_tokens;
-        struct sl_gcra_rate r = per_minute(t->tpm);
+        struct sl_gcra_rate r = share(a, per_minute(t->tpm), 0);
         sl_gcra_bucket_refund(&c->tokens, &r, now, tokens);
         a->tenant_tokens -= tokens;
     }
     if (request && a->took_request) {
-        struct sl_gcra_rate r = per_minute(t->rpm);
+        struct sl_gcra_rate r = share(a, per_minute(t->rpm), 0);
         sl_gcra_bucket_refund(&c->requests, &r, now, 1);
         a->took_request = false;
     }
@@ -489,6 +512,16 @@ void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)
      * server having held it, does not count against the tenant's requests either. */
     bool never_ran = n_generated < 0;
     int64_t used = never_ran ? 0 : choices(a) * a->n_prompt + n_generated;
+    if (a->fleet_charged) {
+        /* Held in Redis: the caller sends it back (sl_admit_fleet_refund). */
+        a->refund_request = never_ran && a->took_request;
+        a->refund_tenant_tokens = a->tenant_tokens > used ? a->tenant_tokens - used : 0;
+        a->refund_tier_tokens = a->tier_tokens > used ? a->tier_tokens - used : 0;
+        a->took_request = false;
+        a->tenant_tokens = a->tier_tokens = 0;
+        a->tier_cell = NULL;
+        return;
+    }
     if (a->tenant_tokens > used)
         tenant_refund(a, a->tenant_tokens - used, never_ran, now_ns);
     else if (never_ran)
@@ -496,7 +529,7 @@ void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)
     struct cell *c = a->tier_cell;
     if (c && a->tier_tokens > used) {
         const struct sl_tier *t = &a->tenancy->tiers[a->tier];
-        struct sl_gcra_rate r = tier_rate(t);
+        struct sl_gcra_rate r = share(a, tier_rate(t), 0);
         sl_gcra_bucket_refund(&c->tokens, &r, now_ns, a->tier_tokens - used);
     }
     a->tier_tokens = 0;
@@ -519,6 +552,107 @@ static enum sl_admit_verdict admitted(struct sl_admit *a)
         a->reason = SL_ADMIT_REASON_NONE;
     }
     return a->verdict;
+}
+
+/* The fleet's buckets a request touches, in the order of its take. */
+enum bucket_kind { BUCKET_REQUESTS, BUCKET_TOKENS, BUCKET_TIER };
+
+static int fleet_kinds(const struct sl_admit *a, enum bucket_kind k[SL_FLEET_BUCKETS_MAX])
+{
+    int n = 0;
+    if (a->tenant_cell && a->tenant->rpm > 0)
+        k[n++] = BUCKET_REQUESTS;
+    if (a->tenant_cell && a->tenant->tpm > 0)
+        k[n++] = BUCKET_TOKENS;
+    if (a->tenancy->tiers[a->tier].token_rate > 0)
+        k[n++] = BUCKET_TIER;
+    return n;
+}
+
+/* The request passed this replica's checks: admitted, unless the fleet's buckets are still to be
+ * charged (SL_ADMIT_FLEET). A parked request leaves its place once admitted. */
+static enum sl_admit_verdict passed(struct sl_admit *a, int64_t now)
+{
+    enum bucket_kind k[SL_FLEET_BUCKETS_MAX];
+    if (a->fleet && !a->local && !a->fleet_charged && fleet_kinds(a, k) > 0) {
+        a->verdict = SL_ADMIT_FLEET;
+        return a->verdict;
+    }
+    if (a->park_cell) {
+        unpark(a);
+        note_add(a, "queued_ms=%lld", (long long)((now - a->park_start_ns) / NS_PER_MS));
+    }
+    return admitted(a);
+}
+
+/* The verdict, noted "; budget=local" when the request was decided on this replica's share. */
+static enum sl_admit_verdict decided(struct sl_admit *a, enum sl_admit_verdict v)
+{
+    static const char mark[] = "; budget=local";
+    size_t n = strlen(a->note);
+    if (a->local && !strstr(a->note, mark) && n + sizeof mark <= sizeof a->note)
+        memcpy(a->note + n, mark, sizeof mark);
+    return v;
+}
+
+/* Refused on the tenant's budget: the client's doing, no overload policy applies. */
+static enum sl_admit_verdict limited(struct sl_admit *a)
+{
+    a->tenant_cell = NULL;
+    a->active = false;
+    a->verdict = SL_ADMIT_RATE_LIMITED;
+    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_admit_reason_str(a->reason));
+    return a->verdict;
+}
+
+/* The tenant's bucket `reason` names had no room for cost: when to retry and why. */
+static enum sl_admit_reason tenant_refused(struct sl_admit *a, enum sl_admit_reason reason,
+                                           const struct sl_gcra_view *v, int64_t cost)
+{
+    const struct sl_tenant *t = a->tenant;
+    a->reason = reason;
+    a->retry_ns = v->retry_ns;
+    if (reason == SL_ADMIT_REASON_TENANT_REQUESTS)
+        snprintf(a->why, sizeof a->why,
+                 "Rate limit reached for tenant '%s' on requests per minute: limit %lld. Please "
+                 "try again in %.3f s.",
+                 t->name, t->rpm, (double)v->retry_ns / 1e9);
+    else if (v->retry_ns < 0)
+        snprintf(a->why, sizeof a->why,
+                 "Request too large for tenant '%s' on tokens per minute: limit %lld, requested "
+                 "%lld (prompt plus max_tokens). Reduce the prompt or max_tokens.",
+                 t->name, t->tpm, (long long)cost);
+    else
+        snprintf(a->why, sizeof a->why,
+                 "Rate limit reached for tenant '%s' on tokens per minute: limit %lld, remaining "
+                 "%lld, requested %lld. Please try again in %.3f s.",
+                 t->name, t->tpm, (long long)v->remaining, (long long)cost,
+                 (double)v->retry_ns / 1e9);
+    return reason;
+}
+
+/* Charges the tenant's local buckets (its share of them when decided locally): all or none. */
+static enum sl_admit_reason tenant_take(struct sl_admit *a, int64_t now)
+{
+    const struct sl_tenant *t = a->tenant;
+    struct cell *c = a->tenant_cell;
+    struct sl_gcra_view v;
+    if (t->rpm > 0) {
+        struct sl_gcra_rate r = share(a, per_minute(t->rpm), 1);
+        if (!sl_gcra_bucket_take(&c->requests, &r, now, 1, &v))
+            return tenant_refused(a, SL_ADMIT_REASON_TENANT_REQUESTS, &v, 1);
+        a->took_request = true;
+    }
+    if (t->tpm > 0) {
+        int64_t cost = charge(a);
+        struct sl_gcra_rate r = share(a, per_minute(t->tpm), cost);
+        if (!sl_gcra_bucket_take(&c->tokens, &r, now, cost, &v)) {
+            tenant_refund(a, 0, true, now);
+            return tenant_refused(a, SL_ADMIT_REASON_TENANT_TOKENS, &v, cost);
+        }
+        a->tenant_tokens = cost;
+    }
+    return SL_ADMIT_REASON_NONE;
 }
 
 static enum sl_admit_verdict overloaded(struct sl_admit *a, int64_t now)
@@ -604,7 +738,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
         }
         enum sl_admit_reason r = try_tier(a, env, now);
         if (r == SL_ADMIT_REASON_NONE)
-            return admitted(a);
+            return passed(a, now);
         a->reason = r;
     }
     return overloaded(a, now);
@@ -633,59 +767,18 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
     if (!cfg->admission || !cfg->state || model < 0 || model >= SL_ADMIT_MODELS_MAX)
         return admitted(a);
     if (has_limits(t) && t != &sl_tenant_anonymous) {
-        struct cell *c = cfg->state->tenants[t - cfg->tenants];
-        struct sl_gcra_view v;
-        if (t->rpm > 0) {
-            struct sl_gcra_rate r = per_minute(t->rpm);
-            if (!sl_gcra_bucket_take(&c->requests, &r, now_ns, 1, &v)) {
-                a->reason = SL_ADMIT_REASON_TENANT_REQUESTS;
-                a->retry_ns = v.retry_ns;
-                snprintf(a->why, sizeof a->why,
-                         "Rate limit reached for tenant '%s' on requests per minute: limit %lld. "
-                         "Please try again in %.3f s.",
-                         t->name, t->rpm, (double)v.retry_ns / 1e9);
-                goto limited;
-            }
-            a->took_request = true;
+        a->tenant_cell = cfg->state->tenants[t - cfg->tenants];
+        if (!a->fleet) { /* else the fleet's take charges them with the tier's */
+            if (tenant_take(a, now_ns) != SL_ADMIT_REASON_NONE)
+                return limited(a);
+            a->active = true;
         }
-        a->tenant_cell = c;
-        if (t->tpm > 0) {
-            int64_t cost = charge(a);
-            struct sl_gcra_rate r = per_minute(t->tpm);
-            if (!sl_gcra_bucket_take(&c->tokens, &r, now_ns, cost, &v)) {
-                tenant_refund(a, 0, true, now_ns);
-                a->reason = SL_ADMIT_REASON_TENANT_TOKENS;
-                a->retry_ns = v.retry_ns;
-                if (v.retry_ns < 0)
-                    snprintf(a->why, sizeof a->why,
-                             "Request too large for tenant '%s' on tokens per minute: limit "
-                             "%lld, requested %lld (prompt plus max_tokens). Reduce the prompt "
-                             "or max_tokens.",
-                             t->name, t->tpm, (long long)cost);
-                else
-                    snprintf(a->why, sizeof a->why,
-                             "Rate limit reached for tenant '%s' on tokens per minute: limit "
-                             "%lld, remaining %lld, requested %lld. Please try again in %.3f s.",
-                             t->name, t->tpm, (long long)v.remaining, (long long)cost,
-                             (double)v.retry_ns / 1e9);
-                goto limited;
-            }
-            a->tenant_tokens = cost;
-        }
-        a->active = true;
     }
     enum sl_admit_reason r = try_tier(a, env, now_ns);
     if (r == SL_ADMIT_REASON_NONE)
-        return admitted(a);
+        return passed(a, now_ns);
     a->reason = r;
     return walk(a, env, now_ns);
-
-limited:
-    a->tenant_cell = NULL;
-    a->active = false;
-    a->verdict = SL_ADMIT_RATE_LIMITED;
-    snprintf(a->note, sizeof a->note, "rejected; reason=%s", sl_admit_reason_str(a->reason));
-    return a->verdict;
 }
 
 enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admit_env *env,
@@ -719,27 +812,166 @@ enum sl_admit_verdict sl_admit_precheck(struct sl_admit *a, const struct sl_admi
     return overloaded(a, now_ns);
 }
 
+/* A parked request whose tier still has no room (a->reason says why): parked again until its
+ * deadline, then the rest of the policy. A request not parked goes straight on with the policy. */
+static enum sl_admit_verdict still_parked(struct sl_admit *a, const struct sl_admit_env *env,
+                                          int64_t now)
+{
+    if (a->park_cell && now < a->deadline_ns) {
+        int64_t wait = a->reason == SL_ADMIT_REASON_TIER_TOKEN_RATE && a->retry_ns > 0 ? a->retry_ns
+                                                                                       : RECHECK_NS;
+        a->recheck_ns = now + wait < a->deadline_ns ? now + wait : a->deadline_ns;
+        a->verdict = SL_ADMIT_PARK;
+        return a->verdict;
+    }
+    /* Waited as long as the step allows: on with the policy. */
+    unpark(a);
+    return walk(a, env, now);
+}
+
 enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_env *env,
                                       int64_t now_ns)
 {
     if (a->verdict != SL_ADMIT_PARK)
         return a->verdict;
     enum sl_admit_reason r = try_tier(a, env, now_ns);
-    if (r == SL_ADMIT_REASON_NONE) {
-        unpark(a);
-        note_add(a, "queued_ms=%lld", (long long)((now_ns - a->park_start_ns) / NS_PER_MS));
-        return admitted(a);
-    }
+    if (r == SL_ADMIT_REASON_NONE)
+        return decided(a, passed(a, now_ns));
     a->reason = r;
-    if (now_ns < a->deadline_ns) {
-        int64_t wait =
-            r == SL_ADMIT_REASON_TIER_TOKEN_RATE && a->retry_ns > 0 ? a->retry_ns : RECHECK_NS;
-        a->recheck_ns = now_ns + wait < a->deadline_ns ? now_ns + wait : a->deadline_ns;
+    return decided(a, still_parked(a, env, now_ns));
+}
+
+/* ---- the fleet's buckets ---- */
+
+static struct sl_gcra_bucket *bucket_of(const struct sl_admit *a, enum bucket_kind k)
+{
+    struct cell *c = k == BUCKET_TIER ? a->tenancy->state->tiers[a->tier] : a->tenant_cell;
+    return k == BUCKET_REQUESTS ? &c->requests : &c->tokens;
+}
+
+static void fleet_bucket(const struct sl_admit *a, enum bucket_kind k, const char *prefix,
+                         int64_t cost, struct sl_admit_fleet_call *out)
+{
+    int i = out->n++;
+    char *key = out->key[i];
+    if (k == BUCKET_TIER)
+        snprintf(key, SL_ADMIT_FLEET_KEY_MAX, "%.*stier:%s", SL_FLEET_PREFIX_MAX, prefix,
+                 a->tenancy->tiers[a->tier].sched.name);
+    else
+        snprintf(key, SL_ADMIT_FLEET_KEY_MAX, "%.*stenant:%s:%s", SL_FLEET_PREFIX_MAX, prefix,
+                 a->tenant->name, k == BUCKET_REQUESTS ? "rpm" : "tpm");
+    out->b[i].key = key;
+    out->b[i].rate = k == BUCKET_TIER       ? tier_rate(&a->tenancy->tiers[a->tier])
+                     : k == BUCKET_REQUESTS ? per_minute(a->tenant->rpm)
+                                            : per_minute(a->tenant->tpm);
+    out->b[i].cost = cost;
+}
+
+int sl_admit_fleet_take(const struct sl_admit *a, const char *prefix,
+                        struct sl_admit_fleet_call *out)
+{
+    enum bucket_kind k[SL_FLEET_BUCKETS_MAX];
+    int n = a->verdict == SL_ADMIT_FLEET ? fleet_kinds(a, k) : 0;
+    out->n = 0;
+    for (int i = 0; i < n; i++)
+        fleet_bucket(a, k[i], prefix, k[i] == BUCKET_REQUESTS ? 1 : charge(a), out);
+    return out->n;
+}
+
+int sl_admit_fleet_refund(struct sl_admit *a, const char *prefix, struct sl_admit_fleet_call *out)
+{
+    out->n = 0;
+    if (!a->fleet_charged || a->active)
+        return 0;
+    if (a->refund_request)
+        fleet_bucket(a, BUCKET_REQUESTS, prefix, 1, out);
+    if (a->refund_tenant_tokens > 0)
+        fleet_bucket(a, BUCKET_TOKENS, prefix, a->refund_tenant_tokens, out);
+    if (a->refund_tier_tokens > 0)
+        fleet_bucket(a, BUCKET_TIER, prefix, a->refund_tier_tokens, out);
+    a->refund_request = false;
+    a->refund_tenant_tokens = a->refund_tier_tokens = 0;
+    a->fleet_charged = false;
+    return out->n;
+}
+
+/* What the tier's checks reserved for a take the fleet then refused: its queue slot. */
+static void release_hold(struct sl_admit *a)
+{
+    sl_admit_started(a);
+    a->tier_cell = NULL;
+    a->tier_tokens = 0;
+    a->active = a->park_cell != NULL || a->took_request || a->tenant_tokens > 0;
+}
+
+/* The tier's bucket refused: another look while parked, else the rest of the policy. */
+static enum sl_admit_verdict tier_refused(struct sl_admit *a, const struct sl_admit_env *env,
+                                          int64_t now)
+{
+    a->reason = SL_ADMIT_REASON_TIER_TOKEN_RATE;
+    return still_parked(a, env, now);
+}
+
+enum sl_admit_verdict sl_admit_fleet_answer(struct sl_admit *a, const struct sl_admit_env *env,
+                                            const struct sl_fleet_take *t, int replicas,
+                                            int64_t now_ns)
+{
+    if (a->verdict != SL_ADMIT_FLEET)
         return a->verdict;
+    enum bucket_kind k[SL_FLEET_BUCKETS_MAX];
+    int n = fleet_kinds(a, k);
+    int64_t cost = charge(a);
+    if (!t) {
+        /* No answer: this replica's share, from where the fleet stood at its last answer. */
+        a->local = true;
+        a->replicas = replicas > 1 ? replicas : 1;
+        if (a->tenant_cell && tenant_take(a, now_ns) != SL_ADMIT_REASON_NONE) {
+            release_hold(a);
+            unpark(a);
+            return decided(a, limited(a));
+        }
+        const struct sl_tier *tr = &a->tenancy->tiers[a->tier];
+        if (tr->token_rate > 0) {
+            struct sl_gcra_rate rate = share(a, tier_rate(tr), cost);
+            struct sl_gcra_view v;
+            if (!sl_gcra_bucket_take(bucket_of(a, BUCKET_TIER), &rate, now_ns, cost, &v)) {
+                tier_refused_why(a, v.retry_ns, cost);
+                release_hold(a);
+                return decided(a, tier_refused(a, env, now_ns));
+            }
+            a->tier_tokens = cost;
+        }
+        a->active = true;
+        return decided(a, passed(a, now_ns));
     }
-    /* Waited as long as the step allows: on with the policy. */
+    if (t->admitted) {
+        for (int i = 0; i < n; i++) {
+            sl_gcra_bucket_set(bucket_of(a, k[i]), now_ns, t->view[i].reset_ns);
+            if (k[i] == BUCKET_REQUESTS)
+                a->took_request = true;
+            else if (k[i] == BUCKET_TOKENS)
+                a->tenant_tokens = cost;
+            else
+                a->tier_tokens = cost;
+        }
+        a->fleet_charged = true;
+        a->active = true;
+        return passed(a, now_ns);
+    }
+    int f = t->failed >= 0 && t->failed < n ? t->failed : n - 1;
+    const struct sl_gcra_view *v = &t->view[f];
+    sl_gcra_bucket_set(bucket_of(a, k[f]), now_ns, v->reset_ns);
+    release_hold(a);
+    if (k[f] == BUCKET_TIER) {
+        tier_refused_why(a, v->retry_ns, cost);
+        return tier_refused(a, env, now_ns);
+    }
     unpark(a);
-    return walk(a, env, now_ns);
+    tenant_refused(a,
+                   k[f] == BUCKET_REQUESTS ? SL_ADMIT_REASON_TENANT_REQUESTS
+                                           : SL_ADMIT_REASON_TENANT_TOKENS,
+                   v, k[f] == BUCKET_REQUESTS ? 1 : cost);
+    return limited(a);
 }
 
 /* ---- what the gateway shows ---- */

@@ -98,6 +98,11 @@ void sl_gcra_bucket_peek(const struct sl_gcra_bucket *b, const struct sl_gcra_ra
     view_of(r, atomic_load_explicit(&b->tat_ns, memory_order_relaxed), now_ns, v);
 }
 
+void sl_gcra_bucket_set(struct sl_gcra_bucket *b, int64_t now_ns, int64_t reset_ns)
+{
+    atomic_store_explicit(&b->tat_ns, now_ns + (reset_ns > 0 ? reset_ns : 0), memory_order_relaxed);
+}
+
 void sl_gcra_bucket_rescale(struct sl_gcra_bucket *b, const struct sl_gcra_rate *from,
                             const struct sl_gcra_rate *to, int64_t now_ns)
 {

@@ -390,10 +390,12 @@ static int parse_redis(struct sl_config *c, json_t *v, char *err, size_t errlen,
                      "password_env)",
                      where, name);
             st = SL_EINVAL;
-        } else if (!json_is_string(x) || json_string_length(x) > 256 ||
+        } else if (!json_is_string(x) ||
+                   json_string_length(x) > (dst == &f.key_prefix ? SL_FLEET_PREFIX_MAX : 256) ||
                    (dst != &f.key_prefix && json_string_length(x) == 0)) {
-            snprintf(err, errlen, "%s: \"redis\".\"%s\" must be a%s string of at most 256 bytes",
-                     where, name, dst == &f.key_prefix ? "" : " non-empty");
+            snprintf(err, errlen, "%s: \"redis\".\"%s\" must be a%s string of at most %d bytes",
+                     where, name, dst == &f.key_prefix ? "" : " non-empty",
+                     dst == &f.key_prefix ? SL_FLEET_PREFIX_MAX : 256);
             st = SL_EINVAL;
         } else {
             replace(dst, json_string_value(x));

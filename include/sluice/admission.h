@@ -269,6 +269,9 @@ enum sl_admit_verdict {
     SL_ADMIT_PARK,         /* a queue:MS step: call sl_admit_resume at recheck_ns (or before) */
     SL_ADMIT_RATE_LIMITED, /* over the tenant's budget (rpm or tpm): the client's doing */
     SL_ADMIT_OVERLOADED,   /* the tier's overload policy ended in a rejection: the server's */
+    SL_ADMIT_FLEET,        /* the fleet's buckets decide (struct sl_admit's fleet): send the take
+                              sl_admit_fleet_take builds, and give its answer to
+                              sl_admit_fleet_answer */
 };
 
 /* The decision's label in metrics: "admitted", "degraded", "rejected". */
@@ -329,6 +332,18 @@ struct sl_admit {
     int queue_model;
     long queue_tokens; /* prompt tokens counted in queue_cell's queue of queue_model */
     bool queued;       /* counted in a tier's queue until its first token */
+    /* The fleet (set by the caller before sl_admit_begin): the tenant's and the tier's buckets
+     * are the fleet's, in Redis, and each decision that passes this replica's checks (queue
+     * caps, the guard) ends in SL_ADMIT_FLEET, for one take of every bucket it touches. */
+    bool fleet;
+    bool local;          /* Redis did not answer: decided on this replica's share of the buckets
+                            (limit ÷ replicas), noted "; budget=local" */
+    int replicas;        /* the share's divisor, when local */
+    bool fleet_charged;  /* what it holds of the buckets (took_request, tenant_tokens,
+                            tier_tokens) is held in Redis: sl_admit_end leaves the refund to
+                            sl_admit_fleet_refund */
+    bool refund_request; /* owed back to Redis, once sl_admit_end has run */
+    int64_t refund_tenant_tokens, refund_tier_tokens;
 };
 
 void sl_admit_init(struct sl_admit *a);
@@ -428,6 +443,9 @@ void sl_gcra_bucket_refund(struct sl_gcra_bucket *b, const struct sl_gcra_rate *
 /* The bucket's state now, taking nothing (retry_ns 0). */
 void sl_gcra_bucket_peek(const struct sl_gcra_bucket *b, const struct sl_gcra_rate *r,
                          int64_t now_ns, struct sl_gcra_view *v);
+/* The bucket as another holder of it says it stands (the fleet's copy in Redis): full again
+ * reset_ns after now_ns. */
+void sl_gcra_bucket_set(struct sl_gcra_bucket *b, int64_t now_ns, int64_t reset_ns);
 /* The rate of the bucket changed from `from` to `to` (a reload): the tokens it is short of full
  * stay short (as many tokens, at the new rate), so a reload neither forgives nor adds debt. */
 void sl_gcra_bucket_rescale(struct sl_gcra_bucket *b, const struct sl_gcra_rate *from,
@@ -478,6 +496,35 @@ enum sl_status sl_fleet_take_parse(const struct redisReply *r, int n, struct sl_
                                    char *err, size_t errlen);
 /* beat's answer: the replicas alive (>= 1), or -1 when the reply is not one. */
 int sl_fleet_beat_parse(const struct redisReply *r);
+
+/* The fleet's part (admission/admission.c): keys and buckets of a request's take and refund, and
+ * what its answer means. A request whose take finds every bucket with room is admitted and its
+ * local buckets are set to the fleet's state as the answer gave it (sl_gcra_bucket_set), so the
+ * x-ratelimit-* headers show the fleet's budget and, should Redis go, the local share starts
+ * where the fleet stood. */
+#define SL_FLEET_PREFIX_MAX 64 /* the configuration's key_prefix, in bytes */
+#define SL_ADMIT_FLEET_KEY_MAX 160
+struct sl_admit_fleet_call {
+    struct sl_fleet_bucket b[SL_FLEET_BUCKETS_MAX]; /* keys point into key */
+    char key[SL_FLEET_BUCKETS_MAX][SL_ADMIT_FLEET_KEY_MAX];
+    int n;
+};
+/* The take an SL_ADMIT_FLEET verdict asks for: the tenant's requests (1) and tokens (prompt +
+ * max_tokens of every choice), the tier's tokens, of those with a limit, keyed under prefix
+ * ("<prefix>tenant:<name>:rpm", "…:tpm", "<prefix>tier:<name>"). Returns out->n. */
+int sl_admit_fleet_take(const struct sl_admit *a, const char *prefix,
+                        struct sl_admit_fleet_call *out);
+/* The take's answer: t (admitted or refused), or NULL when Redis did not give one (a timeout, no
+ * connection, an error): the request is then decided on this replica's share of each bucket,
+ * limit ÷ replicas (at least 1), the last count of live replicas the caller knows. Returns the
+ * next verdict, as sl_admit_begin would (a tier bucket's refusal walks the overload policy, which
+ * may end in SL_ADMIT_FLEET again for another tier). */
+enum sl_admit_verdict sl_admit_fleet_answer(struct sl_admit *a, const struct sl_admit_env *env,
+                                            const struct sl_fleet_take *t, int replicas,
+                                            int64_t now_ns);
+/* After sl_admit_end of a request charged in Redis: the refund to send (fire and forget), once.
+ * Returns out->n, 0 when nothing is owed. */
+int sl_admit_fleet_refund(struct sl_admit *a, const char *prefix, struct sl_admit_fleet_call *out);
 
 /* The SLO guard's prediction of a new request's time to first token from what the scheduler
  * publishes (struct sl_sched_stats), before the request is queued. The scheduler serves a tier's

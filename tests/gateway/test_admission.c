@@ -861,3 +861,221 @@ Test(gateway, admission_refuses_before_tokenizing_when_the_tier_takes_nothing_an
                  SL_ADMIT_OK);
     sl_config_dispose(&c);
 }
+
+/* ---- the fleet's buckets (Redis) ---- */
+
+static enum sl_admit_verdict begin_fleet(struct sl_admit *a, struct fake *f,
+                                         const struct sl_config *c, int tenant, int tier,
+                                         int n_prompt, int max_tokens, int64_t now)
+{
+    struct sl_admit_env env = env_of(f);
+    sl_admit_init(a);
+    a->fleet = true;
+    return sl_admit_begin(a, &env, &c->tenancy, &c->tenancy.tenants[tenant], tier, 0, n_prompt,
+                          max_tokens, now);
+}
+
+static enum sl_admit_verdict answer(struct sl_admit *a, struct fake *f,
+                                    const struct sl_fleet_take *t, int replicas, int64_t now)
+{
+    struct sl_admit_env env = env_of(f);
+    return sl_admit_fleet_answer(a, &env, t, replicas, now);
+}
+
+static int queued_requests(const struct sl_config *c, int tier)
+{
+    int n;
+    long tok;
+    sl_admit_queue(&c->tenancy, tier, 0, &n, &tok);
+    return n;
+}
+
+Test(gateway, fleet_admission_takes_every_bucket_in_one_call_when_the_replica_has_room)
+{
+    struct sl_config c;
+    world(&c, ",\"token_rate\":5000", "", ",\"rpm\":3,\"tpm\":1000");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a;
+    cr_assert_eq(begin_fleet(&a, &f, &c, 0, 0, 10, 100, 0), SL_ADMIT_FLEET);
+    cr_assert_eq(queued_requests(&c, 0), 1, "the replica's queue slot is held meanwhile");
+    struct sl_admit_fleet_call call;
+    cr_assert_eq(sl_admit_fleet_take(&a, "sl:", &call), 3);
+    cr_assert_str_eq(call.b[0].key, "sl:tenant:a:rpm");
+    cr_assert_eq(call.b[0].cost, 1);
+    cr_assert_eq(call.b[0].rate.limit, 3);
+    cr_assert_eq(call.b[0].rate.period_ns, 60 * SEC);
+    cr_assert_str_eq(call.b[1].key, "sl:tenant:a:tpm");
+    cr_assert_eq(call.b[1].cost, 110, "prompt plus max_tokens");
+    cr_assert_str_eq(call.b[2].key, "sl:tier:interactive");
+    cr_assert_eq(call.b[2].cost, 110);
+    cr_assert_eq(call.b[2].rate.limit, 5000);
+    cr_assert_eq(call.b[2].rate.burst, 5000);
+    /* The fleet has room: admitted, and the headers show the fleet's budget as Redis said. */
+    struct sl_fleet_take t = {.admitted = true, .failed = -1};
+    t.view[0] = (struct sl_gcra_view){.remaining = 1, .reset_ns = 40 * SEC};
+    t.view[1] = (struct sl_gcra_view){.remaining = 670, .reset_ns = 330 * 60 * MS};
+    t.view[2] = (struct sl_gcra_view){.remaining = 4890, .reset_ns = 22 * MS};
+    cr_assert_eq(answer(&a, &f, &t, 3, 0), SL_ADMIT_OK);
+    cr_assert_str_eq(a.note, "admitted");
+    char h[64];
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-requests", h, sizeof h),
+        "1");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "670");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-reset-tokens", h, sizeof h), "19.8s");
+    /* It generated 30 of its 100: 70 go back to the tenant's tokens and the tier's, once; the
+     * request stays counted. */
+    sl_admit_end(&a, 30, 0);
+    sl_admit_end(&a, 30, 0);
+    cr_assert_eq(queued_requests(&c, 0), 0);
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 2);
+    cr_assert_str_eq(call.b[0].key, "sl:tenant:a:tpm");
+    cr_assert_eq(call.b[0].cost, 70);
+    cr_assert_str_eq(call.b[1].key, "sl:tier:interactive");
+    cr_assert_eq(call.b[1].cost, 70);
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 0, "exactly once");
+    /* One that never reached an engine gets its request back too. */
+    cr_assert_eq(begin_fleet(&a, &f, &c, 0, 0, 10, 100, 0), SL_ADMIT_FLEET);
+    cr_assert_eq(answer(&a, &f, &t, 3, 0), SL_ADMIT_OK);
+    sl_admit_end(&a, -1, 0);
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 3);
+    cr_assert_eq(call.b[0].cost, 1);
+    cr_assert_eq(call.b[1].cost, 110);
+    /* A tenant without budgets in a tier without a rate has nothing to ask the fleet. */
+    cr_assert_eq(begin_fleet(&a, &f, &c, 1, 1, 10, 100, 0), SL_ADMIT_OK);
+    sl_admit_end(&a, 1, 0);
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, fleet_refusal_of_the_tenant_answers_429_with_the_fleet_retry)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"rpm\":3,\"tpm\":1000");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a;
+    cr_assert_eq(begin_fleet(&a, &f, &c, 0, 0, 10, 100, 0), SL_ADMIT_FLEET);
+    struct sl_fleet_take t = {.admitted = false, .failed = 1};
+    t.view[1] = (struct sl_gcra_view){.remaining = 50, .reset_ns = 57 * SEC, .retry_ns = 3600 * MS};
+    cr_assert_eq(answer(&a, &f, &t, 3, 0), SL_ADMIT_RATE_LIMITED);
+    cr_assert_eq(a.reason, SL_ADMIT_REASON_TENANT_TOKENS);
+    cr_assert_eq(a.retry_ns, 3600 * MS);
+    cr_assert_str_eq(a.note, "rejected; reason=tenant_tokens");
+    cr_assert(strstr(a.why, "remaining 50, requested 110"), "%s", a.why);
+    cr_assert_not(a.active);
+    cr_assert_eq(queued_requests(&c, 0), 0, "its queue slot went back");
+    char h[64];
+    cr_assert_str_eq(header(&a, &c, &c.tenancy.tenants[0], 0, "retry-after-ms", h, sizeof h),
+                     "3600");
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "50");
+    sl_admit_end(&a, -1, 0);
+    struct sl_admit_fleet_call call;
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 0, "nothing was charged");
+    sl_config_dispose(&c);
+}
+
+Test(gateway, fleet_refusal_of_the_tier_walks_its_overload_policy)
+{
+    struct sl_config c;
+    world(&c, ",\"token_rate\":100,\"overload\":[\"demote:batch\",\"reject\"]",
+          ",\"token_rate\":1000", ",\"rpm\":10");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a;
+    cr_assert_eq(begin_fleet(&a, &f, &c, 0, 0, 10, 100, 0), SL_ADMIT_FLEET);
+    struct sl_fleet_take t = {.admitted = false, .failed = 1};
+    t.view[1] = (struct sl_gcra_view){.remaining = 5, .reset_ns = 950 * MS, .retry_ns = 50 * MS};
+    /* Demoted: the fleet is asked again, for the batch tier's bucket. */
+    cr_assert_eq(answer(&a, &f, &t, 3, 0), SL_ADMIT_FLEET);
+    cr_assert_eq(queued_requests(&c, 0), 0);
+    cr_assert_eq(queued_requests(&c, 1), 1);
+    struct sl_admit_fleet_call call;
+    cr_assert_eq(sl_admit_fleet_take(&a, "", &call), 2);
+    cr_assert_str_eq(call.b[0].key, "tenant:a:rpm");
+    cr_assert_str_eq(call.b[1].key, "tier:batch");
+    struct sl_fleet_take ok = {.admitted = true, .failed = -1};
+    cr_assert_eq(answer(&a, &f, &ok, 3, 0), SL_ADMIT_OK);
+    cr_assert_eq(a.tier, 1);
+    cr_assert_str_eq(a.note, "degraded; demote=batch");
+    sl_admit_end(&a, 100, 0);
+    /* Refused again in batch: the policy ends in a rejection, and nothing is held. */
+    cr_assert_eq(begin_fleet(&a, &f, &c, 0, 0, 10, 100, 0), SL_ADMIT_FLEET);
+    cr_assert_eq(answer(&a, &f, &t, 3, 0), SL_ADMIT_FLEET);
+    cr_assert_eq(answer(&a, &f, &t, 3, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TOKEN_RATE);
+    cr_assert_eq(a.retry_ns, 50 * MS);
+    cr_assert_not(a.active);
+    cr_assert_eq(queued_requests(&c, 0) + queued_requests(&c, 1), 0);
+    sl_config_dispose(&c);
+}
+
+/* Without Redis's answer, a replica admits against its share of each bucket: limit ÷ replicas,
+ * starting from where the fleet stood at its last answer. */
+Test(gateway, fleet_without_an_answer_admits_the_replica_share_from_the_fleet_state)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"rpm\":30");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a[12];
+    /* A fresh bucket, three replicas: 10 each at once, then one every 6 s. */
+    int admitted = 0;
+    for (int i = 0; i < 12; i++) {
+        cr_assert_eq(begin_fleet(&a[i], &f, &c, 0, 0, 1, 1, 0), SL_ADMIT_FLEET);
+        enum sl_admit_verdict v = answer(&a[i], &f, NULL, 3, 0);
+        if (v == SL_ADMIT_OK) {
+            admitted++;
+            cr_assert_str_eq(a[i].note, "admitted; budget=local");
+        } else {
+            cr_assert_eq(v, SL_ADMIT_RATE_LIMITED);
+            cr_assert_str_eq(a[i].note, "rejected; reason=tenant_requests; budget=local");
+            cr_assert_eq(a[i].retry_ns, 6 * SEC, "one of 30 a minute, per 3 replicas");
+        }
+    }
+    cr_assert_eq(admitted, 10);
+    for (int i = 0; i < 12; i++)
+        sl_admit_end(&a[i], 1, 0);
+    struct sl_admit_fleet_call call;
+    cr_assert_eq(sl_admit_fleet_refund(&a[0], "", &call), 0, "charged here, refunded here");
+    /* Back to Redis at 2 min: the fleet says 9 remain (21 taken: full again in 42 s). Should Redis
+     * go again, this replica's share is 3 of them. */
+    int64_t now = 120 * SEC;
+    cr_assert_eq(begin_fleet(&a[0], &f, &c, 0, 0, 1, 1, now), SL_ADMIT_FLEET);
+    struct sl_fleet_take t = {.admitted = true, .failed = -1};
+    t.view[0] = (struct sl_gcra_view){.remaining = 9, .reset_ns = 42 * SEC};
+    cr_assert_eq(answer(&a[0], &f, &t, 3, now), SL_ADMIT_OK);
+    cr_assert_str_eq(a[0].note, "admitted");
+    admitted = 0;
+    for (int i = 1; i < 6; i++) {
+        cr_assert_eq(begin_fleet(&a[i], &f, &c, 0, 0, 1, 1, now), SL_ADMIT_FLEET);
+        admitted += answer(&a[i], &f, NULL, 3, now) == SL_ADMIT_OK;
+    }
+    cr_assert_eq(admitted, 3);
+    for (int i = 0; i < 6; i++)
+        sl_admit_end(&a[i], 1, now);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, fleet_share_admits_a_request_larger_than_itself_only_when_full)
+{
+    struct sl_config c;
+    world(&c, ",\"token_rate\":300", "", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit a, b;
+    /* Share of 3: 100 tokens at once, 100 a second; a request of 250 passes on a full share. */
+    cr_assert_eq(begin_fleet(&a, &f, &c, 1, 0, 50, 200, 0), SL_ADMIT_FLEET);
+    cr_assert_eq(answer(&a, &f, NULL, 3, 0), SL_ADMIT_OK);
+    cr_assert_eq(begin_fleet(&b, &f, &c, 1, 0, 1, 1, 0), SL_ADMIT_FLEET);
+    cr_assert_eq(answer(&b, &f, NULL, 3, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(b.retry_ns, 1520 * MS, "250 owed at 100/s: 2 tokens fit once 152 came back");
+    sl_admit_end(&a, 200, 0);
+    sl_config_dispose(&c);
+}
