@@ -38,6 +38,8 @@ struct sl_fleet_client {
     int timeout_ms;
     redisAsyncContext *ac; /* NULL while not connected */
     bool up;
+    bool stalled; /* a take timed out and nothing has been answered since */
+    bool connected_once;
     bool freeing;
     int pending;
     int replicas; /* alive at the last beat's answer; 0 before any */
@@ -145,15 +147,21 @@ static void on_connect(const redisAsyncContext *ac, int status)
     struct sl_fleet_client *c = ac->data;
     if (status != REDIS_OK) {
         if (c->backoff_ms == BACKOFF_MIN_MS)
-            sl_log(SL_LOG_WARN, "fleet: cannot connect to redis %s:%d: %s", c->addr.host,
-                   c->addr.port, ac->errstr);
+            sl_log(c->connected_once ? SL_LOG_DEBUG : SL_LOG_WARN,
+                   "fleet: cannot connect to redis %s:%d: %s", c->addr.host, c->addr.port,
+                   ac->errstr);
         c->ac = NULL; /* hiredis frees it */
         reconnect_later(c);
         return;
     }
     c->up = true;
+    c->stalled = false;
     c->backoff_ms = BACKOFF_MIN_MS;
-    sl_log(SL_LOG_INFO, "fleet: connected to redis %s:%d", c->addr.host, c->addr.port);
+    /* The first connection is news; a reconnection is the admission's transition, which the
+     * gateway logs once for the process (not once per I/O thread). */
+    sl_log(c->connected_once ? SL_LOG_DEBUG : SL_LOG_INFO, "fleet: connected to redis %s:%d",
+           c->addr.host, c->addr.port);
+    c->connected_once = true;
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
@@ -165,7 +173,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     if (c->freeing)
         return;
     if (was_up)
-        sl_log(SL_LOG_WARN, "fleet: lost redis %s:%d%s%s", c->addr.host, c->addr.port,
+        sl_log(SL_LOG_DEBUG, "fleet: lost redis %s:%d%s%s", c->addr.host, c->addr.port,
                status != REDIS_OK ? ": " : "", status != REDIS_OK ? ac->errstr : "");
     reconnect_later(c);
 }
@@ -177,8 +185,9 @@ static void connect_now(struct sl_fleet_client *c)
         abort(); /* no memory: the style's answer is to stop */
     if (ac->err) {
         if (c->backoff_ms == BACKOFF_MIN_MS)
-            sl_log(SL_LOG_WARN, "fleet: cannot connect to redis %s:%d: %s", c->addr.host,
-                   c->addr.port, ac->errstr);
+            sl_log(c->connected_once ? SL_LOG_DEBUG : SL_LOG_WARN,
+                   "fleet: cannot connect to redis %s:%d: %s", c->addr.host, c->addr.port,
+                   ac->errstr);
         redisAsyncFree(ac);
         reconnect_later(c);
         return;
@@ -292,6 +301,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
     struct sl_fleet_call *call = priv;
     struct sl_fleet_client *c = call->c;
     const redisReply *r = reply;
+    if (r)
+        c->stalled = false; /* Redis answers again */
     if (r && r->type == REDIS_REPLY_ERROR && !call->retried && r->str &&
         strncmp(r->str, "NOSCRIPT", 8) == 0 && c->ac && !c->freeing) {
         call->retried = true;
@@ -329,6 +340,7 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     struct sl_fleet_call *call = arg;
+    call->c->stalled = true;
     call_finish(call, SL_ETIMEDOUT, NULL, "no answer within timeout_ms");
 }
 
@@ -360,6 +372,12 @@ struct sl_fleet_call *sl_fleet_take(struct sl_fleet_client *c, const struct sl_f
 {
     if (!c->up || !c->ac) {
         fn(arg, SL_EIO, NULL, "not connected to redis");
+        return NULL;
+    }
+    if (c->stalled) {
+        /* Waiting timeout_ms for each request while Redis does not answer would add it to
+         * every request: until anything is answered, takes fail at once. */
+        fn(arg, SL_ETIMEDOUT, NULL, "redis has not answered since a call timed out");
         return NULL;
     }
     struct sl_fleet_call *call = call_new(c, b, n, false);

@@ -50,7 +50,9 @@ int sl_fleet_client_pending(const struct sl_fleet_client *c);
 
 /* Sends a take of the n buckets (keys and rates copied: b may go once this returns). fn runs
  * exactly once, later, on the client's loop, unless the call is cancelled first. Returns the
- * call, to cancel it; NULL when fn has already run (not connected: SL_EIO). */
+ * call, to cancel it; NULL when fn has already run: not connected (SL_EIO), or stalled
+ * (SL_ETIMEDOUT: a take timed out and Redis has answered nothing since, so that a Redis that
+ * stopped answering costs timeout_ms once, not on every request). */
 struct sl_fleet_call *sl_fleet_take(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
                                     int n, sl_fleet_take_fn fn, void *arg);
 /* The caller is gone: fn will not run, and if the take charged the buckets, the client gives the

@@ -177,9 +177,18 @@ Test(fleet_client, a_take_past_its_timeout_times_out_and_its_late_charge_is_give
     struct answer a = take(c, &b);
     cr_assert_eq(a.st, SL_ETIMEDOUT);
     cr_assert_eq(sl_fleet_client_pending(c), 1, "the call waits for its answer");
+    /* Until Redis answers anything, the next takes fail at once instead of waiting too. */
+    struct answer now = {0};
+    cr_assert_null(sl_fleet_take(c, &b, 1, on_answer, &now));
+    cr_assert(now.done);
+    cr_assert_eq(now.st, SL_ETIMEDOUT);
+    cr_assert_eq(sl_fleet_client_pending(c), 1, "nothing more was sent");
     kill(server.pid, SIGCONT);
     run_until(is_idle, c, "the late answer and its refund");
     cr_assert_eq(remaining("c:late", 5), 5, "the late take was refunded");
+    a = take(c, &b);
+    cr_assert_eq(a.st, SL_OK, "answered again: takes go to Redis again (%s)", a.err);
+    cr_assert(a.t.admitted);
     sl_fleet_client_free(c);
 }
 
