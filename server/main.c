@@ -191,8 +191,10 @@ int main(int argc, char **argv)
     }
 
     if (sl_config_fleet(cfg)->url)
-        sl_log(SL_LOG_WARN, "redis: configured, but admission does not use the fleet's shared "
-                            "budgets yet (issue 28): every budget is this process's");
+        sl_log(SL_LOG_INFO,
+               "fleet: tenant and tier budgets are shared through %s (key prefix "
+               "\"%s\"); queue caps and the SLO guard stay this replica's",
+               sl_config_fleet(cfg)->url, sl_config_fleet(cfg)->key_prefix);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP)

@@ -9,6 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <unistd.h>
+
+/* The fleet's heartbeat: every BEAT_MS thread 0 says this replica is alive; a replica silent for
+ * BEAT_TTL_MS counts as gone. */
+#define BEAT_MS 1000
+#define BEAT_TTL_MS 3000
 
 /* ---- answering ---- */
 
@@ -313,6 +319,34 @@ static void outbox_wake(void *arg)
     event_active(t->wake_ev, EV_READ, 0);
 }
 
+/* Thread 0 of a fleet: says this replica is alive, and publishes how many are (the divisor of the
+ * local shares should Redis go). */
+static void on_beat(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    struct api_thread *t = arg;
+    struct sl_api *api = t->api;
+    char key[SL_FLEET_PREFIX_MAX + 16];
+    snprintf(key, sizeof key, "%sreplicas", api->fleet_prefix);
+    int n = sl_fleet_client_replicas(t->fleet);
+    if (n > 0)
+        atomic_store_explicit(&api->fleet_replicas, n, memory_order_relaxed);
+    sl_fleet_beat(t->fleet, key, api->fleet_id, BEAT_TTL_MS);
+}
+
+static void fleet_thread_start(struct api_thread *t)
+{
+    struct sl_api *api = t->api;
+    t->fleet = sl_fleet_client_new(t->base, &api->fleet_addr, api->fleet_timeout_ms);
+    if (t->idx != 0)
+        return;
+    t->beat_ev = event_new(t->base, -1, EV_PERSIST, on_beat, t);
+    if (!t->beat_ev)
+        abort();
+    struct timeval tv = {BEAT_MS / 1000, BEAT_MS % 1000 * 1000};
+    event_add(t->beat_ev, &tv);
+}
+
 static void *thread_start(void *ctx, struct event_base *base, int idx)
 {
     struct sl_api *api = ctx;
@@ -333,6 +367,8 @@ static void *thread_start(void *ctx, struct event_base *base, int idx)
         if (api->engines[i].model && sl_model_config(api->engines[i].model)->seq_len > seq_len)
             seq_len = sl_model_config(api->engines[i].model)->seq_len;
     t->ids = sl_xmalloc(sizeof *t->ids * (size_t)seq_len);
+    if (api->fleet)
+        fleet_thread_start(t);
     return t;
 }
 
@@ -346,6 +382,9 @@ static void thread_free(void *arg)
 {
     struct api_thread *t = arg;
     api_on_wake(-1, 0, t);
+    if (t->beat_ev)
+        event_free(t->beat_ev);
+    sl_fleet_client_free(t->fleet);
     event_free(t->wake_ev);
     sl_outbox_free(t->outbox);
     sl_str_dispose(&t->out);
@@ -355,6 +394,29 @@ static void thread_free(void *arg)
 }
 
 /* ---- the API ---- */
+
+/* The fleet's settings, read once at start (the section is start-only). */
+static void fleet_init(struct sl_api *a, const struct sl_config_fleet *fc)
+{
+    char err[256];
+    if (!fc->url || sl_fleet_addr_parse(fc->url, &a->fleet_addr, err, sizeof err) != SL_OK)
+        return; /* the configuration checked the URL when it was loaded */
+    a->fleet = true;
+    const char *pw = fc->password_env ? getenv(fc->password_env) : NULL;
+    if (!a->fleet_addr.password[0] && pw && *pw) {
+        if (strlen(pw) < sizeof a->fleet_addr.password)
+            snprintf(a->fleet_addr.password, sizeof a->fleet_addr.password, "%s", pw);
+        else
+            sl_log(SL_LOG_ERROR, "fleet: $%s is longer than %zu bytes: not sent to redis",
+                   fc->password_env, sizeof a->fleet_addr.password - 1);
+    }
+    snprintf(a->fleet_prefix, sizeof a->fleet_prefix, "%s", fc->key_prefix ? fc->key_prefix : "");
+    a->fleet_timeout_ms = fc->timeout_ms;
+    char host[64] = "sluice";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    snprintf(a->fleet_id, sizeof a->fleet_id, "%s:%ld:%08x", host, (long)getpid(), a->nonce);
+}
 
 struct sl_api *sl_api_new(struct sl_config *cfg)
 {
@@ -380,6 +442,10 @@ struct sl_api *sl_api_new(struct sl_config *cfg)
         a->nonce = (uint32_t)sl_clock_ns();
     sl_admit_adopt(sl_config_tenancy_mut(cfg), NULL, (int64_t)sl_clock_ns());
     a->cfg0 = cfg;
+    atomic_init(&a->fleet_replicas, 0);
+    atomic_init(&a->fleet_up, 1);
+    atomic_init(&a->fleet_local, 0);
+    fleet_init(a, sl_config_fleet(cfg));
     return a;
 }
 

@@ -9,6 +9,7 @@
 
 #include <sluice/admission.h>
 #include <sluice/api.h>
+#include <sluice/fleet.h>
 #include <sluice/http.h>
 
 #include <stdatomic.h>
@@ -44,6 +45,16 @@ struct sl_api {
     bool serving;                  /* a thread started: no more models */
     struct sl_http_server *server; /* for readiness (draining); may be NULL */
     const struct sl_config *cfg0;  /* the configuration it was made for (until it serves) */
+    /* The fleet (the configuration's "redis", read at start): tenant and tier buckets are
+     * Redis's, asked by each I/O thread's client; thread 0 says this replica is alive. */
+    bool fleet;
+    struct sl_fleet_addr fleet_addr;
+    char fleet_prefix[SL_FLEET_PREFIX_MAX + 1];
+    int fleet_timeout_ms;
+    char fleet_id[128];        /* this replica in the fleet's set: host:pid:nonce */
+    atomic_int fleet_replicas; /* alive at thread 0's last beat; 0 until known */
+    atomic_int fleet_up;       /* 1: the latest take was answered; 0: deciding on local shares */
+    atomic_llong fleet_local;  /* takes decided on the local share (sluice:fleet_local_total) */
 };
 
 /* The API's part of one I/O thread. */
@@ -58,6 +69,8 @@ struct api_thread {
     struct sl_str hdr; /* scratch for response headers */
     uint64_t n_req;    /* completions started here, for ids */
     int32_t *ids;      /* (seq_len of the longest model) scratch for tokenizing a prompt */
+    struct sl_fleet_client *fleet; /* NULL without a fleet */
+    struct event *beat_ev;         /* thread 0 of a fleet: the heartbeat */
 };
 
 /* Which API a route speaks (its errors' shape, its objects). */
@@ -125,8 +138,10 @@ struct api_exchange {
     int replica; /* of engines[engine] running it (each choice counted in its in_flight) */
     struct sl_openai_completion oc;
     bool has_oc;
-    bool parked;             /* a queue:MS step holds it: no scheduler has it yet */
-    struct event *adm_timer; /* created at the first park */
+    bool parked; /* a queue:MS step or the fleet's take holds it: no scheduler has
+                    it yet */
+    struct sl_fleet_call *fleet_call; /* the take it waits for, or NULL */
+    struct event *adm_timer;          /* created at the first park */
     /* The prompts' token ids for `ids_engine`, computed once: prompts[i] is prompt i's (the
      * array in the arena, each prompt a reference the exchange holds until its requests take
      * theirs: api_release_prompts); admission, parking and submit reuse them. */

@@ -30,8 +30,15 @@ static void admit_release(struct api_exchange *a, int n_generated)
 {
     if (a->adm_timer)
         evtimer_del(a->adm_timer);
+    if (a->fleet_call) {
+        sl_fleet_call_cancel(a->fleet_call); /* a charge it made is given back by the client */
+        a->fleet_call = NULL;
+    }
     a->parked = false;
     sl_admit_end(&a->adm, n_generated, (int64_t)sl_clock_ns());
+    struct sl_admit_fleet_call refund;
+    if (a->t->fleet && sl_admit_fleet_refund(&a->adm, a->t->api->fleet_prefix, &refund) > 0)
+        sl_fleet_refund(a->t->fleet, refund.b, refund.n);
     api_release_prompts(a);
     if (a->has_oc) {
         sl_openai_completion_dispose(&a->oc);
@@ -167,6 +174,53 @@ static struct sl_admit_env admit_env(struct api_exchange *a)
 }
 
 static void on_admit_timer(evutil_socket_t fd, short what, void *arg);
+static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v);
+
+/* Whether the fleet's budgets are Redis's (up) or this replica's shares: one log line at each
+ * change, whichever I/O thread sees it. */
+static void fleet_state(struct sl_api *api, bool up, const char *why)
+{
+    if (!up)
+        atomic_fetch_add_explicit(&api->fleet_local, 1, memory_order_relaxed);
+    if (atomic_exchange_explicit(&api->fleet_up, up, memory_order_relaxed) == (int)up)
+        return;
+    int n = atomic_load_explicit(&api->fleet_replicas, memory_order_relaxed);
+    if (up)
+        sl_log(SL_LOG_INFO, "fleet: redis answers again: budgets are the fleet's again (what was "
+                            "admitted on local shares meanwhile is not charged to it)");
+    else
+        sl_log(SL_LOG_WARN,
+               "fleet: no answer from redis (%s): admitting on this replica's share, each limit "
+               "÷ %d replica%s",
+               why ? why : "?", n > 1 ? n : 1, n > 1 ? "s" : "");
+}
+
+static void on_fleet_answer(void *arg, enum sl_status st, const struct sl_fleet_take *t,
+                            const char *err)
+{
+    struct api_exchange *a = arg;
+    struct sl_api *api = a->t->api;
+    a->fleet_call = NULL;
+    fleet_state(api, st == SL_OK, err);
+    struct sl_admit_env env = admit_env(a);
+    int replicas = atomic_load_explicit(&api->fleet_replicas, memory_order_relaxed);
+    admission_decided(a, sl_admit_fleet_answer(&a->adm, &env, st == SL_OK ? t : NULL, replicas,
+                                               (int64_t)sl_clock_ns()));
+}
+
+/* SL_ADMIT_FLEET: one take of every bucket the request touches. The request waits like a parked
+ * one (its client may leave, a drain may turn it away) until the answer, or the client's timeout,
+ * which the fallback answers. */
+static void ask_fleet(struct api_exchange *a)
+{
+    struct sl_admit_fleet_call call;
+    a->parked = true;
+    sl_admit_fleet_take(&a->adm, a->t->api->fleet_prefix, &call);
+    /* The answer may come at once (no connection), a may be gone after it: not touched then. */
+    struct sl_fleet_call *c = sl_fleet_take(a->t->fleet, call.b, call.n, on_fleet_answer, a);
+    if (c)
+        a->fleet_call = c;
+}
 
 /* Hands the admitted request to its model's scheduler, as admission left it (tier, model,
  * max_tokens). */
@@ -270,6 +324,7 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
                              adm->degraded ? SL_ADMIT_DEGRADED : SL_ADMIT_ADMITTED, adm->reason);
         submit(a);
         return;
+    case SL_ADMIT_FLEET: ask_fleet(a); return;
     case SL_ADMIT_PARK: {
         if (!a->adm_timer)
             a->adm_timer = evtimer_new(t->base, on_admit_timer, a);
@@ -351,6 +406,7 @@ static void run_decoded(struct api_exchange *a)
         return;
     }
     a->engine = e;
+    a->adm.fleet = api->fleet;
     a->adm.n = a->oc.n; /* admission counts each choice's tokens */
     a->adm.prompts = a->oc.n_prompts;
     struct sl_admit_env env = admit_env(a);

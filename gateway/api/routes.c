@@ -224,6 +224,21 @@ static void serve_metrics(struct api_exchange *a)
     if (sl_config_api(a->cfg)->vllm_metrics)
         sl_metrics_render_vllm(names, st, n, b); /* from the same snapshot as sluice's gauges */
     sl_admit_render(sl_config_tenancy(a->cfg), b);
+    if (api->fleet)
+        sl_str_appendf(
+            b,
+            "# HELP sluice:redis_up 1 while the fleet's budgets are decided in Redis, 0 while this "
+            "replica admits on its local share (Redis lost or not answering).\n"
+            "# TYPE sluice:redis_up gauge\nsluice:redis_up %d\n"
+            "# HELP sluice:fleet_replicas Replicas alive in the fleet at this replica's latest "
+            "heartbeat (0 before any).\n# TYPE sluice:fleet_replicas gauge\n"
+            "sluice:fleet_replicas %d\n"
+            "# HELP sluice:fleet_local_total Admission decisions taken on this replica's local "
+            "share because Redis did not answer.\n# TYPE sluice:fleet_local_total counter\n"
+            "sluice:fleet_local_total %lld\n",
+            atomic_load_explicit(&api->fleet_up, memory_order_relaxed),
+            atomic_load_explicit(&api->fleet_replicas, memory_order_relaxed),
+            atomic_load_explicit(&api->fleet_local, memory_order_relaxed));
     api_send(a, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }
 
