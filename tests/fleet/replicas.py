@@ -402,18 +402,69 @@ def test_stall(fleet, port):
         check(False, str(e))
 
 
+def redis_info(port):
+    out = subprocess.run(["redis-cli", "-p", str(port), "info", "all"], capture_output=True,
+                         text=True).stdout
+    info = {}
+    for line in out.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            info[k] = v.strip()
+    return info
+
+
+def hammer(fleet, tmp, keys, seconds):
+    """wrk through nginx, cycling over `keys` (tenants over their budgets: almost every answer a
+    429, so the engine stays out of it): decisions a second, and what they cost Redis."""
+    script = os.path.join(tmp, "hammer.lua")
+    with open(script, "w") as f:
+        f.write("local keys = {" + ",".join(f'"{k}"' for k in keys) + "}\n"
+                "local i = 0\n"
+                "wrk.method = 'POST'\n"
+                f"wrk.body = '{BODY}'\n"
+                "wrk.headers['Content-Type'] = 'application/json'\n"
+                "request = function()\n"
+                "  i = i + 1\n"
+                "  wrk.headers['Authorization'] = 'Bearer ' .. keys[i % #keys + 1]\n"
+                "  return wrk.format()\n"
+                "end\n")
+    before = redis_info(fleet.redis.port)
+    out = subprocess.run(["wrk", "-t2", "-c32", f"-d{seconds:.0f}s", "-s", script,
+                          f"http://127.0.0.1:{fleet.nginx.port}/v1/completions"],
+                         capture_output=True, text=True).stdout
+    after = redis_info(fleet.redis.port)
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    rps = float(m.group(1)) if m else float("nan")
+
+    def evalsha(info):
+        m = re.search(r"calls=(\d+),usec=(\d+)", info.get("cmdstat_evalsha", ""))
+        return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    c0, u0 = evalsha(before)
+    c1, u1 = evalsha(after)
+    cpu = sum(float(after[k]) - float(before[k]) for k in ("used_cpu_sys", "used_cpu_user"))
+    calls = c1 - c0
+    return rps, calls, (u1 - u0) / max(calls, 1), cpu / seconds
+
+
 def bench(binary, tmp, seconds):
     R = RPM
     rows = []
+    hammered = []
+    many = [f"key-h{i}" for i in range(1000)]
     for with_redis in (True, False):
         redis = Redis(tmp) if with_redis else None
         if redis:
             redis.start()
-        fleet = Fleet(binary, tmp, [tenant("rpm", rpm=R), tenant("calm", rpm=100000)], redis)
+        tenants = [tenant("rpm", rpm=R), tenant("calm", rpm=100000), tenant("hot", rpm=60)]
+        tenants += [tenant(k[4:], rpm=60) for k in many]
+        fleet = Fleet(binary, tmp, tenants, redis)
         try:
             res = load(fleet.nginx.port, "key-rpm", 3 * R / seconds, seconds, BODY, threads=3)
             # Latency of admitted requests at a load under the budget: the round trip alone.
             calm = load(fleet.nginx.port, "key-calm", 20, seconds / 2, BODY, threads=2)
+            if redis and shutil.which("wrk"):
+                hammered.append(("1 (refused)",) + hammer(fleet, tmp, ["key-hot"], 5))
+                hammered.append(("1,000 (admitted)",) + hammer(fleet, tmp, many, 5))
         finally:
             fleet.stop()
             if redis:
@@ -436,6 +487,17 @@ def bench(binary, tmp, seconds):
     d50 = pct(rows[0][3].latency, 50) - pct(rows[1][3].latency, 50)
     d99 = pct(rows[0][3].latency, 99) - pct(rows[1][3].latency, 99)
     print(f"added by the fleet's admission: p50 {d50 * 1e3:+.2f} ms, p99 {d99 * 1e3:+.2f} ms")
+    if hammered:
+        print("\nwrk -t2 -c32 through nginx for 5 s: one tenant (rpm 60: nearly every answer a 429), "
+              "then 1,000 tenants\n(rpm 60 each: nearly every request admitted and run, "
+              "max_tokens 1); every answer is one decision in Redis:")
+        print(f"{'tenants':<18}{'decisions/s':>12}{'EVALSHA':>10}{'us/call':>9}{'redis CPU':>11}"
+              f"{'per redis core':>16}")
+        for name, rps, calls, us, cpu in hammered:
+            print(f"{name:<18}{rps:>12.0f}{calls:>10}{us:>9.1f}{cpu * 100:>10.1f}%"
+                  f"{rps / cpu if cpu > 0 else float('nan'):>16.0f}")
+    else:
+        print("\n(wrk not installed: the hammer phase was skipped)")
 
 
 def main():
