@@ -445,6 +445,7 @@ struct sl_api *sl_api_new(struct sl_config *cfg)
     atomic_init(&a->fleet_replicas, 0);
     atomic_init(&a->fleet_up, 1);
     atomic_init(&a->fleet_local, 0);
+    atomic_init(&a->fleet_pending, 0);
     fleet_init(a, sl_config_fleet(cfg));
     return a;
 }

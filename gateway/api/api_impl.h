@@ -55,6 +55,7 @@ struct sl_api {
     atomic_int fleet_replicas; /* alive at thread 0's last beat; 0 until known */
     atomic_int fleet_up;       /* 1: the latest take was answered; 0: deciding on local shares */
     atomic_llong fleet_local;  /* takes decided on the local share (sluice:fleet_local_total) */
+    atomic_int fleet_pending;  /* requests waiting for a take's answer (sluice:fleet_pending) */
 };
 
 /* The API's part of one I/O thread. */

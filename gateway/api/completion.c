@@ -33,6 +33,7 @@ static void admit_release(struct api_exchange *a, int n_generated)
     if (a->fleet_call) {
         sl_fleet_call_cancel(a->fleet_call); /* a charge it made is given back by the client */
         a->fleet_call = NULL;
+        atomic_fetch_sub_explicit(&a->t->api->fleet_pending, 1, memory_order_relaxed);
     }
     a->parked = false;
     sl_admit_end(&a->adm, n_generated, (int64_t)sl_clock_ns());
@@ -200,6 +201,8 @@ static void on_fleet_answer(void *arg, enum sl_status st, const struct sl_fleet_
 {
     struct api_exchange *a = arg;
     struct sl_api *api = a->t->api;
+    if (a->fleet_call) /* else answered at once, never counted */
+        atomic_fetch_sub_explicit(&api->fleet_pending, 1, memory_order_relaxed);
     a->fleet_call = NULL;
     fleet_state(api, st == SL_OK, err);
     struct sl_admit_env env = admit_env(a);
@@ -217,9 +220,12 @@ static void ask_fleet(struct api_exchange *a)
     a->parked = true;
     sl_admit_fleet_take(&a->adm, a->t->api->fleet_prefix, &call);
     /* The answer may come at once (no connection), a may be gone after it: not touched then. */
+    struct sl_api *api = a->t->api;
     struct sl_fleet_call *c = sl_fleet_take(a->t->fleet, call.b, call.n, on_fleet_answer, a);
-    if (c)
+    if (c) {
         a->fleet_call = c;
+        atomic_fetch_add_explicit(&api->fleet_pending, 1, memory_order_relaxed);
+    }
 }
 
 /* Hands the admitted request to its model's scheduler, as admission left it (tier, model,

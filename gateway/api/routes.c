@@ -235,10 +235,13 @@ static void serve_metrics(struct api_exchange *a)
             "sluice:fleet_replicas %d\n"
             "# HELP sluice:fleet_local_total Admission decisions taken on this replica's local "
             "share because Redis did not answer.\n# TYPE sluice:fleet_local_total counter\n"
-            "sluice:fleet_local_total %lld\n",
+            "sluice:fleet_local_total %lld\n"
+            "# HELP sluice:fleet_pending Requests waiting for Redis's answer to their budget "
+            "check.\n# TYPE sluice:fleet_pending gauge\nsluice:fleet_pending %d\n",
             atomic_load_explicit(&api->fleet_up, memory_order_relaxed),
             atomic_load_explicit(&api->fleet_replicas, memory_order_relaxed),
-            atomic_load_explicit(&api->fleet_local, memory_order_relaxed));
+            atomic_load_explicit(&api->fleet_local, memory_order_relaxed),
+            atomic_load_explicit(&api->fleet_pending, memory_order_relaxed));
     api_send(a, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }
 
