@@ -983,6 +983,31 @@ static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token,
         seq_finish(c, s, SL_FINISH_LENGTH, SL_OK);
 }
 
+/* The latest forward's time, divided over the batch's requests by their rows: each gets
+ * ns × rows / n_rows rounded down, and what the rounding left goes a nanosecond each to the first
+ * ones, so the charges add up to the forward's time exactly. */
+static uint64_t rows_part(uint64_t ns, int rows, int n_rows)
+{
+    return (uint64_t)((unsigned __int128)ns * (uint64_t)rows / (uint64_t)n_rows);
+}
+
+static void charge_device(struct sl_sched_core *c, int n_seqs, int n_rows)
+{
+    if (!c->worker.forward_ns || n_rows <= 0)
+        return;
+    uint64_t ns = c->worker.forward_ns(c->worker.ctx), given = 0;
+    for (int i = 0; i < n_seqs; i++)
+        given += rows_part(ns, c->b_rows[i], n_rows);
+    uint64_t left = ns - given; /* fewer than n_seqs */
+    for (int i = 0; i < n_seqs; i++) {
+        uint64_t part = rows_part(ns, c->b_rows[i], n_rows) + ((uint64_t)i < left ? 1 : 0);
+        struct sl_req *r = c->b_seqs[i]->req;
+        atomic_store_explicit(&r->device_ns,
+                              atomic_load_explicit(&r->device_ns, memory_order_relaxed) + part,
+                              memory_order_relaxed);
+    }
+}
+
 int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
 {
     observe(c, now_ns);
@@ -1054,6 +1079,7 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
     } else {
         st = c->worker.forward(c->worker.ctx, &b, c->logits);
     }
+    charge_device(c, n_seqs, n_rows);
     if (st != SL_OK) {
         for (int i = 0; i < n_seqs; i++)
             seq_finish(c, c->b_seqs[i], SL_FINISH_ERROR, st);

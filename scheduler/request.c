@@ -77,6 +77,7 @@ struct sl_req *sl_req_new(struct sl_req_prompt *prompt, const struct sl_req_para
     atomic_init(&r->cancelled, false);
     atomic_init(&r->submit_ns, SL_REQ_NOT_YET);
     atomic_init(&r->first_step_ns, SL_REQ_NOT_YET);
+    atomic_init(&r->device_ns, 0);
     r->prompt_ref = prompt;
     r->prompt = prompt->ids;
     r->n_prompt = prompt->n;
@@ -143,6 +144,11 @@ const struct sl_req_params *sl_req_params(const struct sl_req *r)
 bool sl_req_cancelled(const struct sl_req *r)
 {
     return atomic_load_explicit(&r->cancelled, memory_order_acquire);
+}
+
+uint64_t sl_req_device_ns(const struct sl_req *r)
+{
+    return atomic_load_explicit(&r->device_ns, memory_order_relaxed);
 }
 
 bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns)

@@ -49,6 +49,7 @@ struct sl_sched {
 
     /* Scheduler thread only: time, for the statistics. */
     uint64_t step_busy_ns;  /* in forward() during the current step */
+    uint64_t forward_ns;    /* the latest forward()'s time, which the core charges */
     uint64_t busy_total_ns; /* in forward() since start */
     uint64_t last_step_ns;  /* the latest step that ran the worker */
     double busy_ratio;      /* up to busy_at_ns */
@@ -162,7 +163,8 @@ static int worker_forward(void *ctx, const struct sl_batch *b, float *logits)
     struct sl_sched *s = ctx;
     uint64_t t0 = sl_clock_ns();
     int st = sl_worker_forward(s->worker, b, logits);
-    s->step_busy_ns += sl_clock_ns() - t0;
+    s->forward_ns = sl_clock_ns() - t0;
+    s->step_busy_ns += s->forward_ns;
     return st;
 }
 
@@ -172,8 +174,14 @@ static int worker_forward_sample(void *ctx, const struct sl_batch *b,
     struct sl_sched *s = ctx;
     uint64_t t0 = sl_clock_ns();
     int st = sl_worker_forward_sample(s->worker, b, rows, ids);
-    s->step_busy_ns += sl_clock_ns() - t0;
+    s->forward_ns = sl_clock_ns() - t0;
+    s->step_busy_ns += s->forward_ns;
     return st;
+}
+
+static uint64_t worker_forward_ns(void *ctx)
+{
+    return ((struct sl_sched *)ctx)->forward_ns;
 }
 
 static bool worker_is_stop(void *ctx, int32_t token)
@@ -297,7 +305,8 @@ int sl_sched_new(struct sl_worker *w, const struct sl_sched_limits *lim, struct 
                                  .forward = worker_forward,
                                  .forward_sample =
                                      sl_worker_can_sample(w) ? worker_forward_sample : NULL,
-                                 .is_stop_token = worker_is_stop};
+                                 .is_stop_token = worker_is_stop,
+                                 .forward_ns = worker_forward_ns};
     struct sl_sched_sink sink = {
         .ctx = s, .token = sink_token, .logprobs = sink_logprobs, .done = sink_done};
     s->core = sl_sched_core_new(lim, &wi, &sink);

@@ -31,6 +31,7 @@ struct sl_req {
      * start of the first step that runs the request; SL_REQ_NOT_YET until then. */
     _Atomic uint64_t submit_ns;
     _Atomic uint64_t first_step_ns;
+    _Atomic uint64_t device_ns; /* sl_req_device_ns: written by the scheduler thread only */
 
     /* Scheduler thread only. */
     struct sl_seq *seq;                   /* the core's state while it holds the request */

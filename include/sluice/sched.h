@@ -133,6 +133,11 @@ bool sl_req_cancelled(const struct sl_req *r);
  * that ran part of it. Returns false, leaving *ns alone, while no step has run it (and for good
  * when it was refused or cancelled before it ran). Any thread; once true it stays true. */
 bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns);
+/* The device time charged to r so far, in nanoseconds: each forward's time (struct
+ * sl_sched_worker's forward_ns) divided over the requests in its batch by the rows each had in it
+ * (prompt tokens or a decode), the rounding's few nanoseconds to the first, so that the charges
+ * of a forward add up to its time exactly. Any thread; final once r's DONE event is out. */
+uint64_t sl_req_device_ns(const struct sl_req *r);
 
 /* ---------------------------------------------------------------------------------------------
  * The core
@@ -186,6 +191,10 @@ struct sl_sched_worker {
      * request sets ignore_eos or has not reached min_tokens. Asked once for every id when the
      * core is created (to list what min_tokens masks), then per sampled token. */
     bool (*is_stop_token)(void *ctx, int32_t token);
+    /* Optional: how long the latest forward or forward_sample took (the caller's clock, ns),
+     * which the core divides over the batch's requests (sl_req_device_ns); without it nothing
+     * is charged. */
+    uint64_t (*forward_ns)(void *ctx);
 };
 
 /* Where the core reports what happened; called synchronously inside step() or cancel(). */

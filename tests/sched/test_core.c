@@ -25,6 +25,8 @@ struct fake {
     int calls;
     int max_seqs_seen, max_rows_seen;
     int decode_steps_with_prefill; /* steps that mixed 1-row decodes and multi-row prefill */
+    uint64_t ns_each;              /* what forward_ns reports for every forward */
+    uint64_t ns_total;             /* the sum of what it reported */
 };
 
 static uint32_t prefix_hash(const int32_t *toks, int n)
@@ -170,13 +172,21 @@ static const struct sl_sched_tier two_tiers[2] = {
 /* (Re)creates e's core over e->lim on the fake worker, with `sample` as its forward_sample (NULL:
  * the core samples), reporting to e->rec. The model's stop token is e->fake.stop_token as set
  * now: the core lists it once. */
+static uint64_t fake_forward_ns(void *ctx)
+{
+    struct fake *f = ctx;
+    f->ns_total += f->ns_each;
+    return f->ns_each;
+}
+
 static void env_core(struct env *e, int (*sample)(void *, const struct sl_batch *,
                                                   const struct sl_sample_row *, int32_t *))
 {
     struct sl_sched_worker w = {.ctx = &e->fake,
                                 .forward = fake_forward,
                                 .forward_sample = sample,
-                                .is_stop_token = fake_is_stop};
+                                .is_stop_token = fake_is_stop,
+                                .forward_ns = fake_forward_ns};
     struct sl_sched_sink s = {.ctx = &e->rec,
                               .token = sink_token,
                               .logprobs = sink_logprobs,
@@ -1312,4 +1322,30 @@ Test(sched, request_copies_its_stop_ids)
     cr_assert_eq(rp->stop_ids[1], 6);
     cr_assert_eq(rp->min_tokens, 0, "a negative min_tokens reads as none");
     sl_req_unref(r);
+}
+
+/* Device time: each forward's time divided over its batch by rows, adding up exactly. */
+Test(sched, device_time_is_divided_by_rows_and_adds_up_to_the_forwards_when_batched)
+{
+    struct env e;
+    env_init(&e, 4, 64, 32, 4);
+    e.fake.ns_each = 1001; /* odd: the rounding has something to give */
+    struct sl_req *a = add_req(&e, 0, 7, 4), *b = add_req(&e, 1, 3, 4);
+    cr_assert_eq(sl_sched_core_submit(e.core, a, 0), SL_OK);
+    cr_assert_eq(sl_sched_core_submit(e.core, b, 0), SL_OK);
+    cr_assert_eq(sl_sched_core_step(e.core, 0), 10, "both prompts in one forward");
+    cr_assert_eq(sl_req_device_ns(a), 701, "7 of 10 rows: 700.7, and the rounding's 1");
+    cr_assert_eq(sl_req_device_ns(b), 300, "3 of 10 rows: 300.3");
+    cr_assert_eq(sl_sched_core_step(e.core, 1), 2, "two decodes");
+    cr_assert_eq(sl_req_device_ns(a), 701 + 501);
+    cr_assert_eq(sl_req_device_ns(b), 300 + 500);
+    /* A third joins, one is cancelled: whatever each got, the forwards are charged in full. */
+    struct sl_req *c = add_req(&e, 2, 13, 3);
+    cr_assert_eq(sl_sched_core_submit(e.core, c, 2), SL_OK);
+    sl_sched_core_cancel(e.core, b);
+    run_until_idle(&e, 100);
+    cr_assert_gt(sl_req_device_ns(c), sl_req_device_ns(b));
+    cr_assert_eq(sl_req_device_ns(a) + sl_req_device_ns(b) + sl_req_device_ns(c), e.fake.ns_total);
+    cr_assert_eq(e.fake.ns_total, 1001ull * (uint64_t)e.fake.calls);
+    env_dispose(&e);
 }
