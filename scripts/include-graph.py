@@ -21,6 +21,7 @@ FOLDERS = [
     ("gateway/", "api"),  # what is left of the old gateway folder
     ("admission/", "admission"),
     ("fleet/", "fleet"),
+    ("usage/", "usage"),
     ("config/", "config"),
     ("server/", "server"),
     ("scheduler/", "scheduler"),
@@ -37,6 +38,7 @@ PUBLIC = {
     "sched.h": "scheduler",
     "admission.h": "admission",
     "fleet.h": "fleet",
+    "usage.h": "usage",
     "config.h": "config",
     "http.h": "http",
     "api.h": "api",

@@ -434,6 +434,17 @@ def gen_redis():
     put("redis_reply", "two", b"\x00\x07" + (ints(1, 5, 0, 0) + "+OK\r\n").encode())
 
 
+def gen_usage():
+    """Lines of the usage journal (usage/journal.c): records, hourly totals, a torn end."""
+    line = ('{"tenant":"acme","model":"m","tier":"batch","hour":1795759200,"requests":1,'
+            '"prompt_tokens":5,"cached_tokens":0,"completion_tokens":16,"device_ns":812000,'
+            '"cost":10350}')
+    put("usage_journal", "one", (line + "\n").encode())
+    put("usage_journal", "torn", (line + "\n" + line[:40]).encode())
+    put("usage_journal", "mixed", (line + "\nnot json\n\n" + line.replace("acme", "a\\u00e9")
+                                   + "\n").encode())
+
+
 def main():
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -441,6 +452,7 @@ def main():
     gen_openai()
     gen_config()
     gen_redis()
+    gen_usage()
     tj = gen_tokenizers()
     gen_models(tj)
 
