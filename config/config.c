@@ -52,6 +52,7 @@ void sl_config_init(struct sl_config *c)
     c->fleet.timeout_ms = 20;
     c->fleet.password_env = sl_xstrdup("SLUICE_REDIS_PASSWORD");
     c->log_level = sl_xstrdup("info");
+    c->metering.currency = sl_xstrdup("USD");
     sl_tenancy_init(&c->tenancy);
 }
 
@@ -95,6 +96,8 @@ void sl_config_dispose(struct sl_config *c)
     free(c->fleet.url);
     free(c->fleet.key_prefix);
     free(c->fleet.password_env);
+    free(c->metering.currency);
+    free(c->metering.state_dir);
     free(c->log_level);
     free(c->engine.cpu_isa);
     sl_tenancy_dispose(&c->tenancy);
@@ -156,6 +159,18 @@ const struct sl_config_api *sl_config_api(const struct sl_config *c)
 const struct sl_config_fleet *sl_config_fleet(const struct sl_config *c)
 {
     return &c->fleet;
+}
+
+const struct sl_config_metering *sl_config_metering(const struct sl_config *c)
+{
+    return &c->metering;
+}
+
+const struct sl_usage_price *sl_config_model_price(const struct sl_config *c, int i)
+{
+    if (i >= 0 && i < c->engine.n_models && c->engine.models[i].has_price)
+        return &c->engine.models[i].price;
+    return &c->metering.price;
 }
 
 const struct sl_tenancy *sl_config_tenancy(const struct sl_config *c)
@@ -237,6 +252,9 @@ enum key_type {
     K_KV_DTYPE,
     K_KEY_SHA256, /* 64 hex digits or null: a struct sl_key_sha256 */
     K_MODEL_NAME, /* a model id (valid_model_name) or null */
+    K_PRICE,      /* {"input_per_mtok", "cached_input_per_mtok", "output_per_mtok",
+                     "device_second"}: a struct sl_usage_price */
+    K_CURRENCY,   /* 1 to 16 printable ASCII characters */
 };
 
 struct key {
@@ -284,7 +302,66 @@ static const struct key keys[] = {
     {"metrics_key_sha256", K_KEY_SHA256, OFF(tenancy.metrics_key), 0, 0},
     {"vllm_metrics", K_BOOL, OFF(api.vllm_metrics), 0, 0},
     {"redis", K_REDIS, 0, 0, 0},
+    {"currency", K_CURRENCY, OFF(metering.currency), 0, 0},
+    {"price", K_PRICE, OFF(metering.price), 0, 0},
+    {"state_dir", K_STR_OR_NULL, OFF(metering.state_dir), 0, 0},
 };
+
+#define PRICE_MAX 1e6 /* per million tokens or per second: far above any real price */
+
+/* A price object, at `what` ("price", "models[1].price") for errors. A missing
+ * cached_input_per_mtok is the input price (no discount); the others are 0. */
+static int parse_price(struct sl_usage_price *out, json_t *v, char *err, size_t errlen,
+                       const char *where, const char *what)
+{
+    if (!json_is_object(v)) {
+        snprintf(err, errlen,
+                 "%s: %s must be an object {\"input_per_mtok\", \"cached_input_per_mtok\", "
+                 "\"output_per_mtok\", \"device_second\"}",
+                 where, what);
+        return SL_EINVAL;
+    }
+    struct sl_usage_price p = {0};
+    bool cached = false;
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x)
+    {
+        if (strncmp(k, "//", 2) == 0)
+            continue;
+        double *dst = strcmp(k, "input_per_mtok") == 0          ? &p.input_per_mtok
+                      : strcmp(k, "cached_input_per_mtok") == 0 ? &p.cached_input_per_mtok
+                      : strcmp(k, "output_per_mtok") == 0       ? &p.output_per_mtok
+                      : strcmp(k, "device_second") == 0         ? &p.device_second
+                                                                : NULL;
+        if (!dst) {
+            snprintf(err, errlen,
+                     "%s: %s: unknown key \"%.40s\" (input_per_mtok, cached_input_per_mtok, "
+                     "output_per_mtok, device_second)",
+                     where, what, k);
+            return SL_EINVAL;
+        }
+        double d = json_is_number(x) ? json_number_value(x) : -1;
+        if (!(d >= 0 && d <= PRICE_MAX)) {
+            snprintf(err, errlen, "%s: %s.%s must be a number from 0 to %g", where, what, k,
+                     PRICE_MAX);
+            return SL_EINVAL;
+        }
+        *dst = d;
+        cached |= dst == &p.cached_input_per_mtok;
+    }
+    if (!cached)
+        p.cached_input_per_mtok = p.input_per_mtok;
+    *out = p;
+    return SL_OK;
+}
+
+static json_t *price_json(const struct sl_usage_price *p)
+{
+    return json_pack("{s:f,s:f,s:f,s:f}", "input_per_mtok", p->input_per_mtok,
+                     "cached_input_per_mtok", p->cached_input_per_mtok, "output_per_mtok",
+                     p->output_per_mtok, "device_second", p->device_second);
+}
 
 /* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys
  * starting with "//" being comments. The files are read by the server, not here. */
@@ -512,6 +589,11 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
                 } else {
                     m[i].threads = (int)json_integer_value(x);
                 }
+            } else if (strcmp(k, "price") == 0) {
+                char what[32];
+                snprintf(what, sizeof what, "models[%d].price", i);
+                st = parse_price(&m[i].price, x, err, errlen, where, what);
+                m[i].has_price = st == SL_OK;
             } else if (strcmp(k, "device") == 0) {
                 if (!json_is_string(x) ||
                     sl_worker_device_parse(json_string_value(x), NULL) != SL_OK) {
@@ -526,7 +608,7 @@ static int parse_models(struct sl_config *c, json_t *v, char *err, size_t errlen
             } else {
                 snprintf(err, errlen,
                          "%s: models[%d]: unknown key \"%.40s\" (name, model, tokenizer, "
-                         "threads, device)",
+                         "threads, device, price)",
                          where, i, k);
                 st = SL_EINVAL;
             }
@@ -613,6 +695,10 @@ void sl_config_models_copy(struct sl_config *dst, const struct sl_config *src)
         m[i].tokenizer = o->tokenizer ? sl_xstrdup(o->tokenizer) : NULL;
         m[i].device = o->device ? sl_xstrdup(o->device) : NULL;
         m[i].threads = o->threads;
+        /* Prices are reloadable: dst's stay, by position. */
+        const struct sl_config_model *p = i < dst->engine.n_models ? &dst->engine.models[i] : NULL;
+        m[i].price = p ? p->price : (struct sl_usage_price){0};
+        m[i].has_price = p && p->has_price;
     }
     models_free(dst->engine.models, dst->engine.n_models);
     dst->engine.models = m;
@@ -697,6 +783,7 @@ void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *c
     KEEP_STR(fleet.key_prefix, "redis.key_prefix")
     KEEP_NUM(fleet.timeout_ms, "redis.timeout_ms")
     KEEP_STR(fleet.password_env, "redis.password_env")
+    KEEP_STR(metering.state_dir, "state_dir")
     KEEP_STR(http.tls.listen_host, "tls.listen_host")
     KEEP_NUM(http.tls.listen_port, "tls.listen_port")
 #undef KEEP_STR
@@ -776,6 +863,25 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
     }
     case K_TLS: return parse_tls(c, v, err, errlen, where);
     case K_REDIS: return parse_redis(c, v, err, errlen, where);
+    case K_PRICE:
+        return parse_price((struct sl_usage_price *)(base + k->off), v, err, errlen, where,
+                           "\"price\"");
+    case K_CURRENCY: {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        bool ok = json_is_string(v) && strlen(s) >= 1 && strlen(s) <= 16 &&
+                  strlen(s) == json_string_length(v);
+        for (const char *p = s; ok && *p; p++)
+            ok = *p > ' ' && *p < 0x7f && *p != '"' && *p != '\\';
+        if (!ok) {
+            snprintf(err, errlen,
+                     "%s: \"currency\" must be 1 to 16 printable ASCII characters without spaces "
+                     "or quotes (\"USD\", \"EUR\", \"credits\")",
+                     where);
+            return SL_EINVAL;
+        }
+        replace((char **)(base + k->off), s);
+        return SL_OK;
+    }
     case K_MODELS: return parse_models(c, v, err, errlen, where);
     case K_DEVICES: return parse_devices(c, v, err, errlen, where);
     case K_BOOL:
@@ -1024,6 +1130,7 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
         case K_STR_OR_NULL:
         case K_MODEL_NAME:
         case K_CPU_ISA:
+        case K_CURRENCY:
         case K_LOG_LEVEL: {
             const char *s = *(char *const *)(base + k->off);
             v = s ? json_string(s) : json_null();
@@ -1036,6 +1143,7 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
             break;
         }
         case K_BOOL: v = json_boolean(*(const bool *)(base + k->off)); break;
+        case K_PRICE: v = price_json((const struct sl_usage_price *)(base + k->off)); break;
         case K_KEY_SHA256:
             v = ((const struct sl_key_sha256 *)(base + k->off))->set ? json_string("<redacted>")
                                                                      : json_null();
@@ -1057,6 +1165,7 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
                                     m->tokenizer ? json_string(m->tokenizer) : json_null());
                 json_object_set_new(o, "threads",
                                     m->threads >= 0 ? json_integer(m->threads) : json_null());
+                json_object_set_new(o, "price", m->has_price ? price_json(&m->price) : json_null());
                 json_array_append_new(v, o);
             }
             break;

@@ -10,6 +10,7 @@ struct sl_config {
     struct sl_config_engine engine;
     struct sl_config_api api;
     struct sl_config_fleet fleet;
+    struct sl_config_metering metering;
     /* Tenants, tiers, classification, keys and admission control (reloadable). The server that
      * adopts this configuration (sl_api_new, or a reload) gives it its admission state
      * (sl_admit_adopt) before any request sees it. */

@@ -8,6 +8,7 @@
 #include <sluice/admission.h>
 #include <sluice/common.h>
 #include <sluice/sched.h>
+#include <sluice/usage.h>
 #include <sluice/worker.h>
 
 #include <stdio.h>
@@ -29,6 +30,9 @@ struct sl_config_model {
     char *tokenizer; /* llama2.c tokenizer.bin for a .bin, or NULL */
     int threads;     /* CPU kernel threads; -1: the top-level "threads" */
     char *device;    /* where it runs (as "device"); NULL: "device" */
+    /* Its prices ("price" of its entry; reloadable, by position when a reload changes models). */
+    struct sl_usage_price price;
+    bool has_price; /* false: the top-level "price" */
 };
 
 /* A TLS listener next to the plain one. Off when cert is NULL; then every field is unset. */
@@ -105,11 +109,22 @@ struct sl_config_fleet {
                            ("SLUICE_REDIS_PASSWORD") */
 };
 
+/* Metering (issue 29): what requests cost and where usage is kept. */
+struct sl_config_metering {
+    char *currency;              /* what prices are in ("USD"): named in /v1/usage */
+    struct sl_usage_price price; /* of every model without a price of its own (0: free) */
+    char *state_dir;             /* the usage journal's directory (start-only), or NULL: usage is
+                                    kept in memory only (or in Redis with "redis") */
+};
+
 /* c's sections, valid as long as the caller holds c. Any thread. */
 const struct sl_config_http *sl_config_http(const struct sl_config *c);
 const struct sl_config_engine *sl_config_engine(const struct sl_config *c);
 const struct sl_config_api *sl_config_api(const struct sl_config *c);
 const struct sl_config_fleet *sl_config_fleet(const struct sl_config *c);
+const struct sl_config_metering *sl_config_metering(const struct sl_config *c);
+/* The prices of models[i] (its own, else the top-level "price"). */
+const struct sl_usage_price *sl_config_model_price(const struct sl_config *c, int i);
 /* Tenants, tiers, classification, keys and admission control (reloadable). */
 const struct sl_tenancy *sl_config_tenancy(const struct sl_config *c);
 /* The same tenancy, writable: only to give it its admission state (sl_admit_adopt, when the API

@@ -589,3 +589,86 @@ Test(gateway, devices_list_one_replica_per_entry_when_configured)
     }
     sl_config_dispose(&c);
 }
+
+Test(gateway, metering_keys_load_with_their_defaults_and_a_model_may_price_itself)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    const struct sl_config_metering *m = sl_config_metering(&c);
+    cr_assert_str_eq(m->currency, "USD");
+    cr_assert_null(m->state_dir, "usage in memory unless a state_dir is given");
+    cr_assert_eq(sl_config_model_price(&c, 0)->output_per_mtok, 0, "free unless priced");
+    char err[512] = "";
+    cr_assert_eq(load(&c,
+                      "{\"currency\":\"EUR\",\"state_dir\":\"/var/lib/sluice\",\"price\":"
+                      "{\"input_per_mtok\":0.15,\"output_per_mtok\":0.6,\"// x\":1},\"models\":"
+                      "[{\"model\":\"synthetic\"},{\"name\":\"big\",\"model\":\"synthetic\","
+                      "\"price\":{\"input_per_mtok\":3,\"cached_input_per_mtok\":0.3,"
+                      "\"output_per_mtok\":15,\"device_second\":0.01}}]}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_str_eq(m->currency, "EUR");
+    cr_assert_str_eq(m->state_dir, "/var/lib/sluice");
+    const struct sl_usage_price *p0 = sl_config_model_price(&c, 0),
+                                *p1 = sl_config_model_price(&c, 1);
+    cr_assert_eq(p0->input_per_mtok, 0.15);
+    cr_assert_eq(p0->cached_input_per_mtok, 0.15, "no cached price: no discount");
+    cr_assert_eq(p0->output_per_mtok, 0.6);
+    cr_assert_eq(p1->cached_input_per_mtok, 0.3);
+    cr_assert_eq(p1->device_second, 0.01);
+    json_t *j = sl_config_to_json(&c);
+    cr_assert_eq(json_real_value(json_object_get(json_object_get(j, "price"), "output_per_mtok")),
+                 0.6);
+    cr_assert_eq(json_number_value(json_object_get(
+                     json_object_get(json_array_get(json_object_get(j, "models"), 1), "price"),
+                     "output_per_mtok")),
+                 15);
+    json_decref(j);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, metering_errors_name_the_key_at_fault)
+{
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
+        {"{\"price\":{\"input_per_mtok\":-1}}", "\"price\".input_per_mtok must be a number"},
+        {"{\"price\":{\"input\":1}}", "unknown key \"input\""},
+        {"{\"price\":3}", "\"price\" must be an object"},
+        {"{\"models\":[{\"model\":\"synthetic\",\"price\":{\"output_per_mtok\":\"1\"}}]}",
+         "models[0].price.output_per_mtok must be a number"},
+        {"{\"currency\":\"US D\"}", "\"currency\" must be 1 to 16 printable"},
+        {"{\"currency\":\"\"}", "\"currency\" must be 1 to 16 printable"},
+        {"{\"state_dir\":\"\"}", "\"state_dir\" must be a non-empty string"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct sl_config c;
+        sl_config_init(&c);
+        char err[512] = "";
+        cr_assert_neq(load(&c, cases[i].json, err, sizeof err), SL_OK, "%s", cases[i].json);
+        cr_assert(strstr(err, cases[i].want), "\"%s\" lacks \"%s\"", err, cases[i].want);
+        sl_config_dispose(&c);
+    }
+}
+
+Test(gateway, reload_changes_prices_but_keeps_the_state_dir)
+{
+    struct sl_config cur, next;
+    sl_config_init(&cur);
+    sl_config_init(&next);
+    char err[256] = "";
+    cr_assert_eq(load(&cur, "{\"state_dir\":\"/a\",\"models\":[{\"model\":\"synthetic\"}]}", err,
+                      sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert_eq(load(&next,
+                      "{\"state_dir\":\"/b\",\"models\":[{\"model\":\"synthetic:stories15M\","
+                      "\"price\":{\"output_per_mtok\":2}}]}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    sl_config_keep_start_keys(&next, &cur);
+    cr_assert_str_eq(sl_config_metering(&next)->state_dir, "/a");
+    cr_assert_str_eq(sl_config_engine(&next)->models[0].spec, "synthetic", "models stay");
+    cr_assert_eq(sl_config_model_price(&next, 0)->output_per_mtok, 2, "prices change");
+    sl_config_dispose(&cur);
+    sl_config_dispose(&next);
+}
