@@ -105,6 +105,12 @@ void sl_http_log_access(struct sl_exchange *x)
             str_add(l, ",\"ttft_ms\":");
             str_add_ms(l, g->ttft_ns);
         }
+        if (g->cost) {
+            str_add(l, ",\"cost\":");
+            str_add(l, g->cost);
+            str_add(l, ",\"device_ms\":");
+            str_add_ms(l, g->device_ns);
+        }
     }
     str_add(l, ",\"e2e_ms\":");
     str_add_ms(l, now - x->t_start_ns);

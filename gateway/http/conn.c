@@ -104,6 +104,50 @@ static struct sl_strv strv(const struct sl_http_parser *p, struct sl_http_span s
     return (struct sl_strv){s.len ? sl_http_span_ptr(p, s) : "", s.len};
 }
 
+static int hex_value(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+int sl_exchange_query_param(const struct sl_exchange *x, const char *name, char *out, size_t outlen)
+{
+    size_t n = strlen(name);
+    const char *q = x->query.p, *end = q + x->query.len;
+    while (q < end) {
+        const char *amp = memchr(q, '&', (size_t)(end - q));
+        const char *e = amp ? amp : end;
+        const char *eq = memchr(q, '=', (size_t)(e - q));
+        const char *k_end = eq ? eq : e;
+        if ((size_t)(k_end - q) == n && memcmp(q, name, n) == 0) {
+            size_t o = 0;
+            for (const char *v = eq ? eq + 1 : e; v < e; v++) {
+                int c = (unsigned char)*v;
+                if (c == '+') {
+                    c = ' ';
+                } else if (c == '%') {
+                    if (e - v < 3)
+                        return -1;
+                    int h = hex_value(v[1]), l = hex_value(v[2]);
+                    if (h < 0 || l < 0)
+                        return -1;
+                    c = h * 16 + l;
+                    v += 2;
+                }
+                if (c == 0 || o + 1 >= outlen)
+                    return -1;
+                out[o++] = (char)c;
+            }
+            out[o] = '\0';
+            return 1;
+        }
+        q = e + 1;
+    }
+    return 0;
+}
+
 bool sl_exchange_header(const struct sl_exchange *x, const char *name, struct sl_strv *value)
 {
     const struct sl_http_parser *p = &conn_of(x)->req;
@@ -154,6 +198,8 @@ static void conn_flush_later(conn_t *c)
 /* Queues bytes for the client. bufferevent_openssl encrypts and writes them at once. */
 static void conn_write(conn_t *c, const void *data, size_t len)
 {
+    if (c->tls && c->io->srv->h.before_write)
+        c->io->srv->h.before_write(c->io->handler_thread);
     evbuffer_add(bufferevent_get_output(c->bev), data, len);
     conn_flush_later(c);
 }
@@ -311,10 +357,27 @@ void sl_http_send_sse_event(struct sl_exchange *x, const char *event, const char
 
 void sl_http_end(struct sl_exchange *x)
 {
+    sl_http_end_trailers(x, NULL);
+}
+
+void sl_http_end_trailers(struct sl_exchange *x, const char *trailers)
+{
     conn_t *c = conn_of(x);
-    if (x->chunked)
-        conn_write(c, "0\r\n\r\n", 5);
+    if (x->chunked) {
+        struct sl_str *w = &c->io->wbuf;
+        sl_str_clear(w);
+        sl_str_append(w, "0\r\n", 3);
+        if (trailers)
+            sl_str_append(w, trailers, strlen(trailers));
+        sl_str_append(w, "\r\n", 2);
+        conn_write(c, w->p, w->len);
+    }
     conn_done(c);
+}
+
+bool sl_exchange_chunked(const struct sl_exchange *x)
+{
+    return x->http_major == 1 && x->http_minor >= 1;
 }
 
 size_t sl_http_queued(const struct sl_exchange *x)
@@ -398,6 +461,7 @@ static void exchange_view(conn_t *c)
     x->http_major = p->http_major;
     x->http_minor = p->http_minor;
     x->path = strv(p, sl_http_parser_path(p));
+    x->query = strv(p, sl_http_parser_query(p));
     x->body = strv(p, p->body);
 }
 
@@ -841,6 +905,8 @@ void sl_http_io_on_flush(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     struct io *io = arg;
     io->flush_pending = false;
+    if (io->srv->h.before_write)
+        io->srv->h.before_write(io->handler_thread);
     conn_t *c = io->flush;
     io->flush = NULL;
     while (c) {

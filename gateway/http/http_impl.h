@@ -123,6 +123,8 @@ bool sl_http_parser_header(const struct sl_http_parser *p, const char *name,
 /* The URL without its query string or fragment, and for an absolute-form target
  * ("http://host/path", RFC 9112 §3.2.2) without its scheme and authority. */
 struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p);
+/* The query of the request target: after the path's '?', up to a '#' (empty when none). */
+struct sl_http_span sl_http_parser_query(const struct sl_http_parser *p);
 
 /* ---------------------------------------------------------------------------------------------
  * TLS (tls.c)

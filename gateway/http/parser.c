@@ -473,6 +473,19 @@ struct sl_http_span sl_http_parser_path(const struct sl_http_parser *p)
     return s;
 }
 
+struct sl_http_span sl_http_parser_query(const struct sl_http_parser *p)
+{
+    struct sl_http_span path = sl_http_parser_path(p), q = {0};
+    size_t end = p->url.off + p->url.len, at = path.off + path.len;
+    const char *u = sl_http_span_ptr(p, p->url) - p->url.off; /* offsets are into the buffer */
+    if (at >= end || u[at] != '?')
+        return q;
+    q.off = at + 1;
+    while (at + 1 + q.len < end && u[at + 1 + q.len] != '#')
+        q.len++;
+    return q;
+}
+
 bool sl_http_parser_header(const struct sl_http_parser *p, const char *name,
                            struct sl_http_span *out)
 {

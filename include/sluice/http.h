@@ -44,6 +44,8 @@ struct sl_http_log {
     const char *finish; /* NULL: "none" */
     int n;              /* choices; written when > 1 */
     uint64_t ttft_ns;   /* 0: no first token */
+    const char *cost;   /* what it cost, a decimal (metering), or NULL */
+    uint64_t device_ns; /* its device time, written with cost */
 };
 
 /* One request and its response. The transport's fields are read-only to the handler, except
@@ -64,7 +66,8 @@ struct sl_exchange {
     int method;              /* llhttp's enum llhttp_method */
     const char *method_name; /* "POST" */
     int http_major, http_minor;
-    struct sl_strv path; /* without query and fragment, or scheme and authority */
+    struct sl_strv path;  /* without query and fragment, or scheme and authority */
+    struct sl_strv query; /* after '?' and before '#', undecoded; empty when none */
     struct sl_strv body;
     bool body_skipped; /* on_head refused it and its body was not read: answer without */
     bool parsed;       /* the request is whole (false: a transport error answers it) */
@@ -90,6 +93,11 @@ bool sl_exchange_header(const struct sl_exchange *x, const char *name, struct sl
 /* The key of an Authorization value "Bearer KEY" (scheme case-insensitive, spaces around the key
  * trimmed). False when the value is absent, another scheme, or an empty key. */
 bool sl_http_bearer(const char *value, size_t len, const char **key, size_t *key_len);
+/* Query parameter `name` of x (the first, if given more than once), percent-decoded ('+' is a
+ * space) into out as a NUL-terminated string: 1 when found, 0 when absent, -1 when its value does
+ * not fit outlen or decodes to a NUL or a bad escape. */
+int sl_exchange_query_param(const struct sl_exchange *x, const char *name, char *out,
+                            size_t outlen);
 /* True when the path is lit exactly. */
 bool sl_exchange_path_is(const struct sl_exchange *x, const char *lit);
 /* GET or HEAD (GET routes answer HEAD too; the body is then left out). */
@@ -134,6 +142,11 @@ struct sl_http_handler {
     void (*on_cancel)(struct sl_exchange *x);
     /* A reload made next the configuration (prev the one before), before any request sees it. */
     void (*on_reload)(void *ctx, struct sl_config *next, const struct sl_config *prev);
+    /* Optional: bytes are about to go to a socket of this thread: before the loop iteration's
+     * flush of plain connections, and before each write of a TLS connection (which writes at
+     * once). What the handler must have kept before a client can see it (the usage journal) is
+     * written here. */
+    void (*before_write)(void *thread);
 };
 
 /* ---- answering ---- */
@@ -159,6 +172,11 @@ char *sl_http_sse_begin(struct sl_exchange *x, const char *event, size_t max);
 void sl_http_sse_commit(struct sl_exchange *x, char *end);
 /* The streamed response is complete (the last chunk): the exchange ends once it is written. */
 void sl_http_end(struct sl_exchange *x);
+/* The same with trailer fields ("Name: value\r\n" lines) after the last chunk, when the response
+ * is chunked (HTTP/1.1; announce them in the head's Trailer header); dropped otherwise. */
+void sl_http_end_trailers(struct sl_exchange *x, const char *trailers);
+/* Whether x's response is chunked (HTTP/1.1): trailers reach the client. */
+bool sl_exchange_chunked(const struct sl_exchange *x);
 /* Bytes queued for the client and not yet taken by the kernel. */
 size_t sl_http_queued(const struct sl_exchange *x);
 /* The client is gone or too far behind: closes the connection; on_close(x, true) follows. */

@@ -271,3 +271,27 @@ Test(gateway, shipped_example_defines_interactive_and_batch_when_read)
     cr_assert_gt(c.tenancy.n_classify, 0);
     sl_config_dispose(&c);
 }
+
+Test(gateway, query_parameters_are_found_and_decoded_or_refused_when_bad)
+{
+    struct sl_exchange x;
+    memset(&x, 0, sizeof x);
+    const char *q =
+        "from=2026-11-01&tenant=a%20b+c&group_by=model%2Ctier&empty=&flag&bad=%4&nul=%00";
+    x.query = (struct sl_strv){q, strlen(q)};
+    char v[32];
+    cr_assert_eq(sl_exchange_query_param(&x, "from", v, sizeof v), 1);
+    cr_assert_str_eq(v, "2026-11-01");
+    cr_assert_eq(sl_exchange_query_param(&x, "tenant", v, sizeof v), 1);
+    cr_assert_str_eq(v, "a b c");
+    cr_assert_eq(sl_exchange_query_param(&x, "group_by", v, sizeof v), 1);
+    cr_assert_str_eq(v, "model,tier");
+    cr_assert_eq(sl_exchange_query_param(&x, "empty", v, sizeof v), 1);
+    cr_assert_str_eq(v, "");
+    cr_assert_eq(sl_exchange_query_param(&x, "flag", v, sizeof v), 1);
+    cr_assert_eq(sl_exchange_query_param(&x, "to", v, sizeof v), 0);
+    cr_assert_eq(sl_exchange_query_param(&x, "fro", v, sizeof v), 0, "whole names only");
+    cr_assert_eq(sl_exchange_query_param(&x, "bad", v, sizeof v), -1);
+    cr_assert_eq(sl_exchange_query_param(&x, "nul", v, sizeof v), -1);
+    cr_assert_eq(sl_exchange_query_param(&x, "from", v, 5), -1, "too long for the buffer");
+}
