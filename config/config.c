@@ -779,7 +779,14 @@ void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *c
         nt->cert = ct->cert ? sl_xstrdup(ct->cert) : NULL;
         nt->key = ct->key ? sl_xstrdup(ct->key) : NULL;
     }
-    KEEP_STR(fleet.url, "redis.url")
+    /* The URL may hold a password: a reload that changes it says so without writing either. */
+    if (!(next->fleet.url == cur->fleet.url ||
+          (next->fleet.url && cur->fleet.url && strcmp(next->fleet.url, cur->fleet.url) == 0))) {
+        sl_log(SL_LOG_WARN, "reload: \"redis.url\" changes only on restart; keeping the one the "
+                            "server started with");
+        free(next->fleet.url);
+        next->fleet.url = cur->fleet.url ? sl_xstrdup(cur->fleet.url) : NULL;
+    }
     KEEP_STR(fleet.key_prefix, "redis.key_prefix")
     KEEP_NUM(fleet.timeout_ms, "redis.timeout_ms")
     KEEP_STR(fleet.password_env, "redis.password_env")

@@ -2,8 +2,10 @@
  * SIGHUP reloads the configuration, SIGTERM or SIGINT drains and exits. */
 #include <sluice/api.h>
 #include <sluice/config.h>
+#include <sluice/fleet.h>
 #include <sluice/http.h>
 #include <sluice/server.h>
+#include <sluice/usage.h>
 
 #include <event2/thread.h>
 #include <pthread.h>
@@ -136,6 +138,7 @@ int main(int argc, char **argv)
     int rc = 1;
     struct sl_http_server *http = NULL;
     struct sl_api *api = sl_api_new(cfg);
+    struct sl_usage_journal *journal = NULL;
     struct sl_engine *engines[SL_MODELS_MAX]; /* ec->models: each its workers and schedulers */
     int n_engines = 0;
 #ifdef SL_FAULT_INJECTION
@@ -144,6 +147,21 @@ int main(int argc, char **argv)
 #else
     const struct sl_backend_ops *cpu_ops = NULL;
 #endif
+
+    /* Usage from before the restart, before anything new is added to it. */
+    const char *state_dir = sl_config_metering(cfg)->state_dir;
+    if (state_dir) {
+        if (sl_usage_journal_open(state_dir, sl_api_ledger(api), &journal, err, sizeof err) !=
+            SL_OK) {
+            fprintf(stderr, "sluice: %s\n", err);
+            goto out;
+        }
+        struct sl_usage u;
+        sl_usage_ledger_sum(sl_api_ledger(api), NULL, INT64_MIN, INT64_MAX, &u);
+        sl_log(SL_LOG_INFO, "usage: %s/usage.jsonl: %lld requests on record", state_dir,
+               (long long)u.requests);
+        sl_api_set_journal(api, journal);
+    }
 
     const char *isa;
     if (sl_worker_set_cpu_isa(ec->cpu_isa, &isa, err, sizeof err) != SL_OK) {
@@ -190,11 +208,13 @@ int main(int argc, char **argv)
                strchr(h, ':') ? "]" : "", sl_http_server_tls_port(http));
     }
 
-    if (sl_config_fleet(cfg)->url)
+    struct sl_fleet_addr fa;
+    if (sl_config_fleet(cfg)->url &&
+        sl_fleet_addr_parse(sl_config_fleet(cfg)->url, &fa, err, sizeof err) == SL_OK)
         sl_log(SL_LOG_INFO,
-               "fleet: tenant and tier budgets are shared through %s (key prefix "
+               "fleet: tenant and tier budgets are shared through redis %s:%d/%d (key prefix "
                "\"%s\"); queue caps and the SLO guard stay this replica's",
-               sl_config_fleet(cfg)->url, sl_config_fleet(cfg)->key_prefix);
+               fa.host, fa.port, fa.db, sl_config_fleet(cfg)->key_prefix);
 
     int sig = 0;
     while (sigwait(&sigs, &sig) == 0 && sig == SIGHUP)
@@ -212,6 +232,7 @@ out:
     for (int i = 0; i < n_engines; i++)
         sl_engine_free(engines[i]);
     sl_http_server_free(http);
+    sl_usage_journal_close(journal); /* after the I/O threads wrote their last records */
     sl_api_free(api);
     sl_config_unref(cfg);
     return rc;

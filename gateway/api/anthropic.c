@@ -372,6 +372,10 @@ void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_iden
     sl_str_append_int(out, input_tokens);
     put_lit(out, ",\"output_tokens\":");
     sl_str_append_int(out, output_tokens);
+    if (id->cost) {
+        put_lit(out, ",\"cost\":");
+        sl_str_append(out, id->cost, strlen(id->cost));
+    }
     put_lit(out, "}}");
 }
 
@@ -400,12 +404,16 @@ void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len)
 }
 
 void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,
-                                       int output_tokens)
+                                       int output_tokens, const char *cost)
 {
     put_lit(out, "{\"type\":\"message_delta\",\"delta\":{");
     put_stop(out, finish, stop);
     put_lit(out, "},\"usage\":{\"output_tokens\":");
     sl_str_append_int(out, output_tokens);
+    if (cost) {
+        put_lit(out, ",\"cost\":");
+        sl_str_append(out, cost, strlen(cost));
+    }
     put_lit(out, "}}");
 }
 

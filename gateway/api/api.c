@@ -37,6 +37,11 @@ const char *api_headers(struct api_exchange *a, const char *extra)
     if (a->tenant && (a->tenant->rpm > 0 || a->tenant->tpm > 0))
         sl_openai_ratelimit_headers(sl_config_tenancy(a->cfg), a->tenant, (int64_t)sl_clock_ns(),
                                     w);
+    if (a->metered) {
+        str_add(w, "x-sluice-cost: ");
+        str_add(w, a->cost);
+        str_add(w, "\r\n");
+    }
     if (extra)
         str_add(w, extra);
     return w->p ? w->p : "";
@@ -74,6 +79,11 @@ static void metrics_request_end(struct api_exchange *a, const char *finish, int 
     uint64_t q;
     if (a->n_ch > 0 && a->ch[0].req && sl_req_queue_ns(a->ch[0].req, &q))
         r.queue_seconds = (double)q / 1e9;
+    if (a->metered) {
+        r.model = a->t->api->engines[a->engine].name;
+        r.cost = a->usage.cost;
+        r.device_ns = a->usage.device_ns;
+    }
     if (a->t_first_ns) {
         r.ttft_seconds = (double)(a->t_first_ns - x->t_start_ns) / 1e9;
     } else if (r.engine && n_completion > 0) {
@@ -109,6 +119,10 @@ void api_log_end(struct api_exchange *a, const char *finish, int n_completion)
         g->finish = finish;
         g->n = a->n_ch;
         g->ttft_ns = a->t_first_ns ? a->t_first_ns - x->t_start_ns : 0;
+        if (a->metered) {
+            g->cost = a->cost;
+            g->device_ns = (uint64_t)a->usage.device_ns;
+        }
     }
     sl_http_log_access(x);
 }
@@ -361,6 +375,7 @@ static void *thread_start(void *ctx, struct event_base *base, int idx)
     if (!t->wake_ev)
         abort();
     t->outbox = sl_outbox_new(outbox_wake, t);
+    sl_str_init(&t->journal_buf);
     /* Prompt scratch for the longest context of the models served. */
     int seq_len = 1;
     for (int i = 0; i < api->n_engines; i++)
@@ -372,10 +387,21 @@ static void *thread_start(void *ctx, struct event_base *base, int idx)
     return t;
 }
 
-/* Events already delivered belong to exchanges that are gone: they are freed. */
+/* Usage records of the requests that ended since, before any of their responses' bytes go. */
+static void before_write(void *arg)
+{
+    struct api_thread *t = arg;
+    if (t->journal_buf.len && t->api->journal)
+        sl_usage_journal_write(t->api->journal, &t->journal_buf);
+    sl_str_clear(&t->journal_buf);
+}
+
+/* Events already delivered belong to exchanges that are gone: they are freed. The last usage
+ * records go to the journal. */
 static void thread_stop(void *arg)
 {
     api_on_wake(-1, 0, arg);
+    before_write(arg);
 }
 
 static void thread_free(void *arg)
@@ -389,6 +415,7 @@ static void thread_free(void *arg)
     sl_outbox_free(t->outbox);
     sl_str_dispose(&t->out);
     sl_str_dispose(&t->hdr);
+    sl_str_dispose(&t->journal_buf);
     free(t->ids);
     free(t);
 }
@@ -433,6 +460,7 @@ struct sl_api *sl_api_new(struct sl_config *cfg)
         .on_close = on_close,
         .on_cancel = on_cancel,
         .on_reload = on_reload,
+        .before_write = before_write,
     };
     int io_threads = sl_config_http(cfg)->io_threads;
     a->n_shards = io_threads > 0 ? io_threads : 1;
@@ -446,6 +474,7 @@ struct sl_api *sl_api_new(struct sl_config *cfg)
     atomic_init(&a->fleet_up, 1);
     atomic_init(&a->fleet_local, 0);
     atomic_init(&a->fleet_pending, 0);
+    a->ledger = sl_usage_ledger_new();
     fleet_init(a, sl_config_fleet(cfg));
     return a;
 }
@@ -455,6 +484,7 @@ void sl_api_free(struct sl_api *a)
     if (!a)
         return;
     sl_metrics_free(a->metrics);
+    sl_usage_ledger_free(a->ledger);
     for (int i = 0; i < a->n_engines; i++)
         free(a->engines[i].alias);
     free(a);
@@ -468,6 +498,16 @@ const struct sl_http_handler *sl_api_handler(struct sl_api *a)
 void sl_api_set_server(struct sl_api *a, struct sl_http_server *s)
 {
     a->server = s;
+}
+
+struct sl_usage_ledger *sl_api_ledger(struct sl_api *a)
+{
+    return a->ledger;
+}
+
+void sl_api_set_journal(struct sl_api *a, struct sl_usage_journal *j)
+{
+    a->journal = j;
 }
 
 enum sl_status sl_api_add_model(struct sl_api *a, const char *name, const struct sl_model *model,

@@ -56,6 +56,9 @@ struct sl_api {
     atomic_int fleet_up;       /* 1: the latest take was answered; 0: deciding on local shares */
     atomic_llong fleet_local;  /* takes decided on the local share (sluice:fleet_local_total) */
     atomic_int fleet_pending;  /* requests waiting for a take's answer (sluice:fleet_pending) */
+    /* Metering: every finished request's usage, and the journal that keeps it (or NULL). */
+    struct sl_usage_ledger *ledger;
+    struct sl_usage_journal *journal;
 };
 
 /* The API's part of one I/O thread. */
@@ -72,6 +75,7 @@ struct api_thread {
     int32_t *ids;      /* (seq_len of the longest model) scratch for tokenizing a prompt */
     struct sl_fleet_client *fleet; /* NULL without a fleet */
     struct event *beat_ev;         /* thread 0 of a fleet: the heartbeat */
+    struct sl_str journal_buf;     /* usage records for the journal, written before_write */
 };
 
 /* Which API a route speaks (its errors' shape, its objects). */
@@ -149,6 +153,10 @@ struct api_exchange {
     struct sl_req_prompt **prompts;
     int n_prompts;
     int ids_engine; /* -1: none computed */
+    /* Metering: the request's usage once it has ended (metered), and its cost as a decimal. */
+    bool metered;
+    struct sl_usage usage;
+    char cost[32];
     /* Anthropic: the stop sequences (in the arena), to name the one that matched. */
     const char *stops[SL_REQ_MAX_STOPS];
     int n_stops;
@@ -231,6 +239,11 @@ void api_echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,
 
 /* POST /v1/completions, /v1/chat/completions. */
 void api_serve_completion(struct api_exchange *a);
+/* usage.c: GET /admin/usage (every tenant's) and GET /v1/usage (the caller's). Query: from, to
+ * (unix seconds, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ: hours starting in [from, to)), group_by
+ * (tenant, model, tier, hour), and for the admin's, tenant. */
+void api_serve_admin_usage(struct api_exchange *a);
+void api_serve_own_usage(struct api_exchange *a);
 /* Runs a request decoded into a->oc (Anthropic's messages): model, tier, admission, submit. */
 void api_serve_decoded(struct api_exchange *a);
 /* The outbox's events of one wake-up. */
@@ -271,7 +284,8 @@ int sl_anthropic_messages_decode(struct sl_openai_completion *c, const char *bod
                                  struct sl_openai_error *err);
 /* {"type":"error","error":{"type","message"}}, the type from e->http. */
 void sl_anthropic_error_encode(struct sl_str *out, const struct sl_openai_error *e);
-/* The `message` object of a whole answer; stop: the stop sequence that ended it, or NULL. */
+/* The `message` object of a whole answer; stop: the stop sequence that ended it, or NULL; its
+ * usage has "cost" when id->cost is set (and message_delta's when cost is not NULL). */
 void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
                                  const char *stop, int input_tokens, int output_tokens);
@@ -283,6 +297,6 @@ void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len)
  * sl_json_escape): the same bytes as sl_anthropic_delta_encode. */
 extern const struct sl_strv sl_anthropic_delta_pre, sl_anthropic_delta_post;
 void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,
-                                       int output_tokens);
+                                       int output_tokens, const char *cost);
 
 #endif

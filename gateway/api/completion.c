@@ -70,6 +70,36 @@ static void release_choices(struct api_exchange *a, bool cancel)
     a->n_live = 0;
 }
 
+/* The request ended after reaching an engine (finished, failed, or its client left): its usage,
+ * priced as the configuration it started with says, goes to the ledger, to this thread's batch
+ * for the journal (written before any response of the batch reaches a socket) and, through
+ * api_log_end, to the access log and the metrics. Once. */
+static void meter(struct api_exchange *a, int n_completion)
+{
+    if (a->metered || a->n_ch == 0)
+        return;
+    struct sl_api *api = a->t->api;
+    a->metered = true;
+    struct sl_usage *u = &a->usage;
+    memset(u, 0, sizeof *u);
+    u->requests = 1;
+    u->prompt_tokens = a->n_prompt;
+    u->completion_tokens = n_completion;
+    for (int i = 0; i < a->n_ch; i++)
+        if (a->ch[i].req)
+            u->device_ns += (int64_t)sl_req_device_ns(a->ch[i].req);
+    u->cost = sl_usage_cost(sl_config_model_price(a->cfg, a->engine), u);
+    sl_usage_money_format(u->cost, a->cost, sizeof a->cost);
+    a->ident.cost = a->cost;
+    struct sl_usage_key k;
+    const char *tier = a->tier >= 0 ? sl_config_tenancy(a->cfg)->tiers[a->tier].sched.name : "";
+    sl_usage_key_set(&k, a->tenant ? a->tenant->name : sl_tenant_anonymous.name,
+                     api->engines[a->engine].name, tier, sl_usage_hour(sl_clock_unix()));
+    sl_usage_ledger_add(api->ledger, &k, u);
+    if (api->journal)
+        sl_usage_journal_record(&a->t->journal_buf, &k, u);
+}
+
 void api_drop_request(struct api_exchange *a, bool cancel)
 {
     if (cancel && a->parked && !a->x->logged) {
@@ -82,6 +112,7 @@ void api_drop_request(struct api_exchange *a, bool cancel)
         return;
     if (cancel) {
         a->x->status = 499; /* nginx's "client closed request" */
+        meter(a, a->n_gen);
         api_log_end(a, "cancelled", a->n_gen);
     }
     release_choices(a, cancel);
@@ -562,6 +593,7 @@ static void on_done(struct api_exchange *a, struct choice *ch, const struct sl_o
     if (a->n_live > 0)
         return;
     a->x->status = ok || a->x->head_sent ? 200 : err.http;
+    meter(a, a->n_gen);
     api_log_end(a, sl_finish_str(e->finish), a->n_gen);
     admit_release(a, a->n_gen);
     if (!a->stream && ok)

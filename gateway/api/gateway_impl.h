@@ -166,6 +166,8 @@ struct sl_openai_ident {
     enum sl_openai_api api;
     bool include_usage; /* stream_options.include_usage: every chunk has "usage": null */
     int index;          /* the choice a chunk or role chunk belongs to (0 .. n - 1) */
+    const char *cost;   /* what the request cost (a decimal), or NULL: the usage objects of the
+                           whole answer and of the final usage chunk add it as "cost" */
 };
 
 /* The log probabilities of the tokens a completion or chunk covers, written as the API's
@@ -312,6 +314,7 @@ int sl_chat_prompt_encode(const struct sl_tok *tok, int seq_len, const struct sl
 
 #define SL_METRICS_MAX_TIERS 16
 #define SL_METRICS_MAX_TENANTS 128
+#define SL_METRICS_MAX_MODELS 8 /* as SL_MODELS_MAX */
 #define SL_METRICS_MAX_ROUTES 16
 #define SL_METRICS_MAX_NAME 128
 #define SL_METRICS_OTHER "other"
@@ -361,6 +364,10 @@ struct sl_metrics_request {
     double ttft_seconds;   /* < 0 when no token came back (only used for TPOT here) */
     double e2e_seconds;    /* observed when the outcome is STOP or LENGTH */
     double queue_seconds;  /* < 0 when it never ran */
+    /* Metering, when it reached an engine: its model, cost (nano-units) and device time. */
+    const char *model;
+    int64_t cost;
+    int64_t device_ns;
 };
 
 /* Counts r in sluice:requests_total and, when r->engine, its tokens; observes its queue time;

@@ -157,6 +157,7 @@ static const char *label_name(const struct labels *t, int id)
 #define N_TIER (SL_METRICS_MAX_TIERS + 1) /* + "other" */
 #define N_TENANT (SL_METRICS_MAX_TENANTS + 1)
 #define N_ROUTE (SL_METRICS_MAX_ROUTES + 1)
+#define N_MODEL (SL_METRICS_MAX_MODELS + 1)
 #define N_CODE 501 /* 100..599, then one for anything else */
 
 /* Offsets of each family's cells within a shard. */
@@ -166,12 +167,15 @@ static const char *label_name(const struct labels *t, int id)
 #define OFF_HTTP (OFF_TOK + N_TENANT * 2)                             /* (N_ROUTE, N_CODE) */
 #define OFF_ADM                                                                                    \
     (OFF_HTTP + N_ROUTE * N_CODE) /* (N_TIER, SL_ADMIT_N_DECISIONS, SL_ADMIT_N_REASONS) */
-#define N_CELLS (OFF_ADM + N_TIER * SL_ADMIT_N_DECISIONS * SL_ADMIT_N_REASONS)
+#define OFF_COST (OFF_ADM + N_TIER * SL_ADMIT_N_DECISIONS * SL_ADMIT_N_REASONS)
+/* (N_TENANT, N_MODEL) nano-units */
+#define OFF_DEV (OFF_COST + N_TENANT * N_MODEL) /* (N_TENANT) ns */
+#define N_CELLS (OFF_DEV + N_TENANT)
 
 struct sl_metrics {
     int n_shards;
     _Atomic uint64_t **shards; /* (n_shards) → (N_CELLS), each on its own cache lines */
-    struct labels tiers, tenants, routes;
+    struct labels tiers, tenants, routes, models;
 };
 
 struct sl_metrics *sl_metrics_new(int n_shards)
@@ -190,6 +194,7 @@ struct sl_metrics *sl_metrics_new(int n_shards)
     labels_init(&m->tiers, SL_METRICS_MAX_TIERS);
     labels_init(&m->tenants, SL_METRICS_MAX_TENANTS);
     labels_init(&m->routes, SL_METRICS_MAX_ROUTES);
+    labels_init(&m->models, SL_METRICS_MAX_MODELS);
     return m;
 }
 
@@ -203,6 +208,7 @@ void sl_metrics_free(struct sl_metrics *m)
     labels_dispose(&m->tiers);
     labels_dispose(&m->tenants);
     labels_dispose(&m->routes);
+    labels_dispose(&m->models);
     free(m);
 }
 
@@ -284,6 +290,12 @@ void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_me
     add(&sh[OFF_TOK + (size_t)tenant * 2], r->prompt_tokens > 0 ? (uint64_t)r->prompt_tokens : 0);
     add(&sh[OFF_TOK + (size_t)tenant * 2 + 1],
         r->completion_tokens > 0 ? (uint64_t)r->completion_tokens : 0);
+    if (r->model) {
+        int model = label_id(&m->models, r->model);
+        add(&sh[OFF_COST + (size_t)tenant * N_MODEL + (size_t)model],
+            r->cost > 0 ? (uint64_t)r->cost : 0);
+        add(&sh[OFF_DEV + (size_t)tenant], r->device_ns > 0 ? (uint64_t)r->device_ns : 0);
+    }
     if (r->queue_seconds >= 0) {
         uint64_t q = to_ns(r->queue_seconds);
         hist_observe(sh, tier, H_QUEUE, q, 1, q);
@@ -673,11 +685,12 @@ void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, st
 void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, const int *replicas,
                               const struct sl_sched_stats *st, int n, struct sl_str *out)
 {
-    int tiers[N_TIER], tenants[N_TENANT], routes[N_ROUTE];
+    int tiers[N_TIER], tenants[N_TENANT], routes[N_ROUTE], models[N_MODEL];
     /* Names first: a cell counted under a name is never seen before the name is. */
     int n_tiers = labels_present(&m->tiers, tiers);
     int n_tenants = labels_present(&m->tenants, tenants);
     int n_routes = labels_present(&m->routes, routes);
+    int n_models = labels_present(&m->models, models);
 
     family(out, "sluice:requests_total", "counter",
            "Inference requests by tier, tenant and outcome, each counted once at its end.");
@@ -709,6 +722,31 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
             sl_str_appendf(out, "\"} %" PRIu64 "\n",
                            total(m, OFF_TOK + (size_t)tenants[n] * 2 + (size_t)k));
         }
+    }
+    family(out, "sluice:tenant_cost_total", "counter",
+           "What requests handed to the engine cost, in the configuration's currency (prompt, "
+           "cached and completion tokens and device time at the model's prices), by tenant and "
+           "model.");
+    for (int n = 0; n < n_tenants; n++)
+        for (int k = 0; k < n_models; k++) {
+            uint64_t v = total(m, OFF_COST + (size_t)tenants[n] * N_MODEL + (size_t)models[k]);
+            if (v == 0)
+                continue;
+            char money[32];
+            sl_usage_money_format((int64_t)v, money, sizeof money);
+            LIT(out, "sluice:tenant_cost_total{tenant=\"");
+            append_value(out, label_name(&m->tenants, tenants[n]));
+            LIT(out, "\",model=\"");
+            append_value(out, label_name(&m->models, models[k]));
+            sl_str_appendf(out, "\"} %s\n", money);
+        }
+    family(out, "sluice:tenant_device_seconds_total", "counter",
+           "Device time of requests handed to the engine (each forward's time divided over its "
+           "requests by rows), by tenant.");
+    for (int n = 0; n < n_tenants; n++) {
+        LIT(out, "sluice:tenant_device_seconds_total{tenant=\"");
+        append_value(out, label_name(&m->tenants, tenants[n]));
+        sl_str_appendf(out, "\"} %.9f\n", (double)total(m, OFF_DEV + (size_t)tenants[n]) / 1e9);
     }
     for (int k = 0; k < N_HIST; k++)
         render_hist(m, out, (enum hist_kind)k, tiers, n_tiers);

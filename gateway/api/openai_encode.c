@@ -209,11 +209,17 @@ static void put_choice(struct sl_str *out, const struct sl_openai_ident *id, int
     put_lit(out, "}");
 }
 
-static void put_usage(struct sl_str *out, int prompt_tokens, int completion_tokens)
+static void put_usage(struct sl_str *out, const struct sl_openai_ident *id, int prompt_tokens,
+                      int completion_tokens)
 {
     sl_str_appendf(out,
-                   "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}",
+                   "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d",
                    prompt_tokens, completion_tokens, prompt_tokens + completion_tokens);
+    if (id->cost) {
+        put_lit(out, ",\"cost\":");
+        sl_str_append(out, id->cost, strlen(id->cost));
+    }
+    put_lit(out, "}");
 }
 
 /* OpenAI: with include_usage "all other chunks will also include a usage field, but with a null
@@ -255,7 +261,7 @@ void sl_openai_completion_encode_choices(struct sl_str *out, const struct sl_ope
         put_lit(out, "}");
     }
     put_lit(out, "],");
-    put_usage(out, prompt_tokens, completion_tokens);
+    put_usage(out, id, prompt_tokens, completion_tokens);
     put_lit(out, "}");
 }
 
@@ -327,7 +333,7 @@ void sl_openai_usage_chunk_encode(struct sl_str *out, const struct sl_openai_ide
 {
     put_head(out, id, true);
     put_lit(out, ",\"choices\":[],");
-    put_usage(out, prompt_tokens, completion_tokens);
+    put_usage(out, id, prompt_tokens, completion_tokens);
     put_lit(out, "}");
 }
 

@@ -39,6 +39,9 @@ static const struct api_route routes[] = {
     ROUTE("/readyz", METHOD_GET, GUARD_NONE, API_OPENAI, "/readyz", api_serve_ready),
     ROUTE("/admin/config", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/config",
           serve_admin_config),
+    ROUTE("/admin/usage", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/usage",
+          api_serve_admin_usage),
+    ROUTE("/v1/usage", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/usage", api_serve_own_usage),
     ROUTE("/v1/models/", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models/{id}", serve_model),
     /* Any other /admin/ URL: the admin key first, then a 404. */
     ROUTE("/admin/", 0, GUARD_ADMIN, API_OPENAI, SL_METRICS_OTHER, NULL),

@@ -113,8 +113,11 @@ void api_stream_head(struct api_exchange *a)
 {
     if (a->x->head_sent)
         return;
+    /* Chunked (HTTP/1.1): what the request cost follows the last chunk as a trailer. */
     sl_http_send_head(a->x, 200, "text/event-stream",
-                      api_headers(a, "Cache-Control: no-cache\r\n"));
+                      api_headers(a, sl_exchange_chunked(a->x)
+                                         ? "Cache-Control: no-cache\r\nTrailer: x-sluice-cost\r\n"
+                                         : "Cache-Control: no-cache\r\n"));
     struct sl_str *b = &a->t->out;
     if (a->kind == API_ANTHROPIC) {
         sl_str_clear(b);
@@ -154,6 +157,15 @@ void api_stream_head(struct api_exchange *a)
     }
 }
 
+/* The last chunk, with what the request cost as a trailer (announced in the head). */
+static void stream_close(struct api_exchange *a)
+{
+    char t[64];
+    if (a->metered)
+        snprintf(t, sizeof t, "x-sluice-cost: %s\r\n", a->cost);
+    sl_http_end_trailers(a->x, a->metered ? t : NULL);
+}
+
 void api_stream_end(struct api_exchange *a, const struct sl_openai_error *err)
 {
     struct sl_str *b = &a->t->out;
@@ -164,11 +176,12 @@ void api_stream_end(struct api_exchange *a, const struct sl_openai_error *err)
             send_payload(a, "error", b);
         } else {
             send_fixed(a, "content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}");
-            sl_anthropic_message_delta_encode(b, a->ch[0].finish, api_stop_sequence(a), a->n_gen);
+            sl_anthropic_message_delta_encode(b, a->ch[0].finish, api_stop_sequence(a), a->n_gen,
+                                              a->metered ? a->cost : NULL);
             send_payload(a, "message_delta", b);
             send_fixed(a, "message_stop", "{\"type\":\"message_stop\"}");
         }
-        sl_http_end(a->x);
+        stream_close(a);
         return;
     }
     if (err) {
@@ -179,7 +192,7 @@ void api_stream_end(struct api_exchange *a, const struct sl_openai_error *err)
         send_payload(a, NULL, b);
     }
     sl_http_send_sse(a->x, "[DONE]", 6);
-    sl_http_end(a->x);
+    stream_close(a);
 }
 
 /* ---- back-pressure ---- */

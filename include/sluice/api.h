@@ -37,5 +37,11 @@ enum sl_status sl_api_add_replica(struct sl_api *a, const char *name, struct sl_
 const struct sl_http_handler *sl_api_handler(struct sl_api *a);
 /* The server it answers for (readiness says when it drains). */
 void sl_api_set_server(struct sl_api *a, struct sl_http_server *s);
+/* The ledger every finished request's usage is added to (the API's; /admin/usage and /v1/usage
+ * read it). A journal opened on it before the server starts (sl_usage_journal_open) is handed
+ * over with sl_api_set_journal: the I/O threads append to it, before their responses reach
+ * the sockets. The caller closes it after the server has stopped. */
+struct sl_usage_ledger *sl_api_ledger(struct sl_api *a);
+void sl_api_set_journal(struct sl_api *a, struct sl_usage_journal *j);
 
 #endif

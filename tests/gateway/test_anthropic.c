@@ -152,7 +152,7 @@ Test(gateway, anthropic_message_names_its_stop_when_encoded)
     } cases[] = {{SL_FINISH_STOP, NULL, "end_turn"}, {SL_FINISH_LENGTH, NULL, "max_tokens"}};
     for (size_t i = 0; i < 2; i++) {
         sl_str_clear(&out);
-        sl_anthropic_message_delta_encode(&out, cases[i].f, cases[i].stop, 7);
+        sl_anthropic_message_delta_encode(&out, cases[i].f, cases[i].stop, 7, NULL);
         j = parsed(&out);
         cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "message_delta");
         json_t *d = json_object_get(j, "delta");

@@ -509,6 +509,8 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
         {"sluice:requests_total", "counter"},
         {"sluice:prompt_tokens_total", "counter"},
         {"sluice:generation_tokens_total", "counter"},
+        {"sluice:tenant_cost_total", "counter"},
+        {"sluice:tenant_device_seconds_total", "counter"},
         {"sluice:time_to_first_token_seconds", "histogram"},
         {"sluice:time_per_output_token_seconds", "histogram"},
         {"sluice:inter_token_latency_seconds", "histogram"},

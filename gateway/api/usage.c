@@ -1,0 +1,214 @@
+/* GET /admin/usage (every tenant's, with the admin key) and GET /v1/usage (the caller's own, with
+ * its key): the ledger's totals as JSON, over a time range, grouped as asked. Costs are written
+ * as exact decimals of the configuration's currency, not as binary floating point. */
+#include "api_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A time a query gives: unix seconds, "YYYY-MM-DD" or "YYYY-MM-DDTHH:MM:SSZ" (UTC). */
+static bool parse_time(const char *s, int64_t *out)
+{
+    char *end;
+    if (*s >= '0' && *s <= '9' && strspn(s, "0123456789") == strlen(s) && strlen(s) <= 12) {
+        *out = strtoll(s, &end, 10);
+        return true;
+    }
+    struct tm tm = {0};
+    int n = 0;
+    if (sscanf(s, "%4d-%2d-%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &n) != 3 || n != 10)
+        return false;
+    if (s[10] == 'T') {
+        int m = 0;
+        if (sscanf(s + 11, "%2d:%2d:%2dZ%n", &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &m) != 3 ||
+            m != 9 || s[20] != '\0')
+            return false;
+    } else if (s[10] != '\0') {
+        return false;
+    }
+    if (tm.tm_year < 1970 || tm.tm_year > 9999 || tm.tm_mon < 1 || tm.tm_mon > 12 ||
+        tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
+        return false;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    *out = (int64_t)timegm(&tm);
+    return true;
+}
+
+static void put_time(struct sl_str *b, int64_t t)
+{
+    struct tm tm;
+    time_t tt = (time_t)t;
+    gmtime_r(&tt, &tm);
+    char s[32];
+    strftime(s, sizeof s, "\"%Y-%m-%dT%H:%M:%SZ\"", &tm);
+    sl_str_append(b, s, strlen(s));
+}
+
+static void put_money(struct sl_str *b, int64_t nano)
+{
+    char m[32];
+    sl_usage_money_format(nano, m, sizeof m);
+    sl_str_append(b, m, strlen(m));
+}
+
+static void put_name(struct sl_str *b, const char *key, const char *v)
+{
+    sl_str_appendf(b, "\"%s\":\"", key);
+    sl_str_append_json(b, v, strlen(v));
+    sl_str_append(b, "\",", 2);
+}
+
+/* The figures of u, after the row's names. */
+static void put_usage(struct sl_str *b, const struct sl_usage *u)
+{
+    sl_str_appendf(b,
+                   "\"requests\":%lld,\"prompt_tokens\":%lld,\"cached_tokens\":%lld,"
+                   "\"completion_tokens\":%lld,\"total_tokens\":%lld,\"device_seconds\":%.9f,"
+                   "\"cost\":",
+                   (long long)u->requests, (long long)u->prompt_tokens, (long long)u->cached_tokens,
+                   (long long)u->completion_tokens,
+                   (long long)(u->prompt_tokens + u->completion_tokens),
+                   (double)u->device_ns / 1e9);
+    put_money(b, u->cost);
+}
+
+struct rows {
+    struct sl_str *b;
+    unsigned group;
+    int n;
+    struct sl_usage total;
+};
+
+static void put_row(void *arg, const struct sl_usage_key *k, const struct sl_usage *u)
+{
+    struct rows *r = arg;
+    struct sl_str *b = r->b;
+    if (r->n++)
+        sl_str_append(b, ",", 1);
+    sl_str_append(b, "{", 1);
+    if (r->group & SL_USAGE_BY_TENANT)
+        put_name(b, "tenant", k->tenant);
+    if (r->group & SL_USAGE_BY_MODEL)
+        put_name(b, "model", k->model);
+    if (r->group & SL_USAGE_BY_TIER)
+        put_name(b, "tier", k->tier);
+    if (r->group & SL_USAGE_BY_HOUR) {
+        sl_str_append(b, "\"hour\":", 7);
+        put_time(b, k->hour);
+        sl_str_append(b, ",", 1);
+    }
+    put_usage(b, u);
+    sl_str_append(b, "}", 1);
+    sl_usage_add(&r->total, u);
+}
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} group_names[] = {{"tenant", SL_USAGE_BY_TENANT},
+                   {"model", SL_USAGE_BY_MODEL},
+                   {"tier", SL_USAGE_BY_TIER},
+                   {"hour", SL_USAGE_BY_HOUR}};
+
+/* "model,tier,hour" → bits; false on a name it does not know. */
+static bool parse_group(char *s, unsigned *out)
+{
+    *out = 0;
+    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
+        size_t i = 0;
+        while (i < 4 && strcmp(tok, group_names[i].name) != 0)
+            i++;
+        if (i == 4)
+            return false;
+        *out |= group_names[i].bit;
+    }
+    return true;
+}
+
+/* The query's parameter p as a time (or the default), or a 400 naming it. */
+static bool time_param(struct api_exchange *a, const char *p, int64_t *out)
+{
+    char v[64];
+    int r = sl_exchange_query_param(a->x, p, v, sizeof v);
+    if (r == 0)
+        return true;
+    if (r > 0 && parse_time(v, out))
+        return true;
+    struct sl_openai_error err;
+    sl_openai_error_set(&err, 400, p, "invalid_value",
+                        "'%s' must be unix seconds, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ (UTC).", p);
+    api_send_error(a, &err, NULL);
+    return false;
+}
+
+/* Serves the totals of tenant (NULL: all, grouped by tenant unless asked otherwise). */
+static void serve_usage(struct api_exchange *a, const char *tenant)
+{
+    struct sl_openai_error err;
+    int64_t from = INT64_MIN, to = INT64_MAX;
+    if (!time_param(a, "from", &from) || !time_param(a, "to", &to))
+        return;
+    unsigned group = tenant ? SL_USAGE_BY_MODEL | SL_USAGE_BY_TIER
+                            : SL_USAGE_BY_TENANT | SL_USAGE_BY_MODEL | SL_USAGE_BY_TIER;
+    char g[64];
+    int r = sl_exchange_query_param(a->x, "group_by", g, sizeof g);
+    if (r < 0 || (r > 0 && !parse_group(g, &group))) {
+        sl_openai_error_set(&err, 400, "group_by", "invalid_value",
+                            "'group_by' is a comma-separated list of tenant, model, tier and "
+                            "hour.");
+        api_send_error(a, &err, NULL);
+        return;
+    }
+    if (!tenant) {
+        char t[SL_TENANT_NAME_MAX + 1];
+        r = sl_exchange_query_param(a->x, "tenant", t, sizeof t);
+        if (r < 0) {
+            sl_openai_error_set(&err, 400, "tenant", "invalid_value",
+                                "'tenant' is longer than a tenant's name can be.");
+            api_send_error(a, &err, NULL);
+            return;
+        }
+        tenant = r > 0 ? sl_arena_strndup(&a->x->arena, t, strlen(t)) : NULL;
+    }
+    struct sl_str *b = &a->t->out;
+    sl_str_clear(b);
+    sl_str_append(b, "{\"object\":\"usage\",", 18);
+    if (tenant)
+        put_name(b, "tenant", tenant);
+    put_name(b, "currency", sl_config_metering(a->cfg)->currency);
+    sl_str_append(b, "\"from\":", 7);
+    if (from == INT64_MIN)
+        sl_str_append(b, "null", 4);
+    else
+        put_time(b, from);
+    sl_str_append(b, ",\"to\":", 6);
+    if (to == INT64_MAX)
+        sl_str_append(b, "null", 4);
+    else
+        put_time(b, to);
+    sl_str_append(b, ",\"group_by\":[", 13);
+    int n = 0;
+    for (int i = 0; i < 4; i++)
+        if (group & group_names[i].bit)
+            sl_str_appendf(b, "%s\"%s\"", n++ ? "," : "", group_names[i].name);
+    sl_str_append(b, "],\"data\":[", 10);
+    struct rows rows = {.b = b, .group = group};
+    sl_usage_ledger_query(a->t->api->ledger, tenant, from, to, group, put_row, &rows);
+    sl_str_append(b, "],\"total\":{", 11);
+    put_usage(b, &rows.total);
+    sl_str_append(b, "}}", 2);
+    api_send_json(a, 200, b, NULL);
+}
+
+void api_serve_admin_usage(struct api_exchange *a)
+{
+    serve_usage(a, NULL);
+}
+
+void api_serve_own_usage(struct api_exchange *a)
+{
+    serve_usage(a, a->tenant ? a->tenant->name : sl_tenant_anonymous.name);
+}

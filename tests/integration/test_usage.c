@@ -1,0 +1,303 @@
+/* Metering on the real server (issue 29): what each response says it cost, the device time of
+ * all requests against the worker's, /admin/usage and /v1/usage (only the caller's own), and the
+ * journal across a kill -9 under load.
+ *
+ * The kill test waits for a count of answers the clients received, not for a time. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+
+#include "harness.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ALICE "sk-alice-0123456789abcdefXYZ"
+#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
+#define BOB "sk-bob-0123456789abcdefXYZ"
+#define BOB_SHA "ca94e0a18defaf16a73804c392e6898bd1b71c8a2fdf1ec61e574517dadbedca"
+#define ADMIN "admin-secret-key-0123456789"
+#define ADMIN_SHA "4863aec637069806d797219f620402072ed601f239fbc9cb3533c91cc53c1611"
+#define AUTH(key) "Authorization: Bearer " key "\r\n"
+
+/* $1 and $2 a million tokens in and out: a token is 1,000 and 2,000 nano-units. */
+#define CONFIG(state)                                                                              \
+    "{" HARNESS_TIERS_WITHOUT_GUARD ",\"threads\":1,\"currency\":\"credits\",\"price\":"           \
+    "{\"input_per_mtok\":1,\"output_per_mtok\":2},\"admin_key_sha256\":\"" ADMIN_SHA "\","         \
+    "\"tenants\":[{\"name\":\"alice\",\"key_sha256\":\"" ALICE_SHA "\",\"tiers\":"                 \
+    "[\"interactive\",\"batch\"],\"default_tier\":\"interactive\"},{\"name\":\"bob\","             \
+    "\"key_sha256\":\"" BOB_SHA "\",\"tiers\":[\"interactive\",\"batch\"],\"default_tier\":"       \
+    "\"batch\"}]" state "}"
+
+static struct server srv;
+static char cfg_path[64], state_dir[64];
+static bool running;
+
+static void start_with(const char *config)
+{
+    snprintf(cfg_path, sizeof cfg_path, "/tmp/sluice-usage-%d.json", (int)getpid());
+    FILE *f = fopen(cfg_path, "w");
+    cr_assert_not_null(f);
+    fputs(config, f);
+    cr_assert_eq(fclose(f), 0);
+    const char *args[] = {"--config", cfg_path, NULL};
+    server_start(&srv, args);
+    running = true;
+}
+
+static void stop(void)
+{
+    if (running)
+        server_stop(&srv);
+    running = false;
+    unlink(cfg_path);
+    if (state_dir[0]) {
+        char p[128];
+        snprintf(p, sizeof p, "%s/usage.jsonl", state_dir);
+        unlink(p);
+        rmdir(state_dir);
+        state_dir[0] = '\0';
+    }
+}
+
+TestSuite(usage, .fini = stop, .timeout = 300);
+
+/* cost in nano-units from a decimal ("0.000021"). */
+static long long nano_of(const char *s)
+{
+    long long whole = 0, frac = 0;
+    int digits = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++)
+        whole = whole * 10 + (*p - '0');
+    if (*p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++, digits++)
+            frac = frac * 10 + (*p - '0');
+    while (digits++ < 9)
+        frac *= 10;
+    return whole * 1000000000LL + frac;
+}
+
+static long long expect_cost(json_t *usage)
+{
+    return json_integer_value(json_object_get(usage, "prompt_tokens")) * 1000 +
+           json_integer_value(json_object_get(usage, "completion_tokens")) * 2000;
+}
+
+Test(usage, every_response_says_what_it_cost_and_device_time_adds_up_to_the_worker_s)
+{
+    start_with(CONFIG(""));
+    long long sum = 0;
+    const char *bodies[] = {
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":5}",
+        "{\"prompt\":\"Lily and Ben went to the park\",\"max_tokens\":9}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}"};
+    for (int i = 0; i < 3; i++) {
+        int fd = client_connect(srv.port);
+        client_request_h(fd, "POST", i == 2 ? "/v1/chat/completions" : "/v1/completions",
+                         AUTH(ALICE), bodies[i], false);
+        struct response r;
+        cr_assert(client_read_response(fd, &r));
+        cr_assert_eq(r.status, 200, "%s", r.body);
+        json_t *j = json_loads(r.body, 0, NULL);
+        json_t *u = json_object_get(j, "usage");
+        const char *h = response_header(&r, "x-sluice-cost");
+        cr_assert_not_null(h);
+        cr_assert_eq(nano_of(h), expect_cost(u), "%s for %s", h, json_dumps(u, 0));
+        cr_assert_eq(nano_of(h),
+                     (long long)llround(json_number_value(json_object_get(u, "cost")) * 1e9),
+                     "the body's usage says the same");
+        sum += nano_of(h);
+        json_decref(j);
+        response_dispose(&r);
+        close(fd);
+    }
+    /* A stream: the final usage chunk has the cost, and the trailer after the last chunk too. */
+    char raw[65536];
+    int st = client_try_request(srv.port, "POST", "/v1/completions", AUTH(BOB),
+                                "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"stream\":true,"
+                                "\"stream_options\":{\"include_usage\":true}}",
+                                raw, sizeof raw);
+    cr_assert_eq(st, 200);
+    cr_assert(strstr(raw, "Trailer: x-sluice-cost\r\n"), "announced in the head");
+    const char *t = strstr(raw, "\r\n0\r\nx-sluice-cost: ");
+    cr_assert_not_null(t, "%s", raw);
+    long long trailer = nano_of(t + 20);
+    const char *chunk = strstr(raw, "\"choices\":[],\"usage\":");
+    cr_assert_not_null(chunk);
+    json_t *u = json_loadb(chunk + 21, strcspn(chunk + 21, "}") + 1, 0, NULL);
+    cr_assert_not_null(u);
+    cr_assert_eq(trailer, expect_cost(u));
+    json_decref(u);
+    sum += trailer;
+    /* Every forward's time went to some request: the tenants' device time is the worker's. */
+    double busy = metrics_fetch_sum(srv.port, "sluice:worker_busy_seconds_total");
+    double dev = metrics_fetch_sum(srv.port, "sluice:tenant_device_seconds_total");
+    cr_assert_gt(busy, 0);
+    cr_assert(fabs(busy - dev) <= 2e-6, "busy %.9f s, charged %.9f s", busy, dev);
+    double cost = metrics_fetch_sum(srv.port, "sluice:tenant_cost_total");
+    cr_assert(fabs(cost * 1e9 - (double)sum) < 1, "metrics %.9f, responses %lld", cost, sum);
+}
+
+Test(usage, usage_routes_show_the_admin_everyone_and_a_tenant_only_itself)
+{
+    start_with(CONFIG(""));
+    char raw[16384];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", AUTH(ALICE),
+                                        "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", raw,
+                                        sizeof raw),
+                     200);
+    cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", AUTH(BOB),
+                                    "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", raw,
+                                    sizeof raw),
+                 200);
+    /* Bob sees Bob. */
+    cr_assert_eq(client_try_request(srv.port, "GET", "/v1/usage", AUTH(BOB), NULL, raw, sizeof raw),
+                 200);
+    json_t *j = json_loads(strstr(raw, "\r\n\r\n") + 4, 0, NULL);
+    cr_assert_not_null(j, "%s", raw);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "tenant")), "bob");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "currency")), "credits");
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "total"), "requests")), 1);
+    cr_assert_null(strstr(raw, "alice"), "nothing of another tenant: %s", raw);
+    json_decref(j);
+    /* A tenant's key does not open the admin's route; nor does a tenant= parameter widen its own.
+     */
+    cr_assert_eq(
+        client_try_request(srv.port, "GET", "/admin/usage", AUTH(BOB), NULL, raw, sizeof raw), 401);
+    cr_assert_eq(client_try_request(srv.port, "GET", "/v1/usage?tenant=alice", AUTH(BOB), NULL, raw,
+                                    sizeof raw),
+                 200);
+    cr_assert_null(strstr(raw, "alice"), "%s", raw);
+    /* The admin sees both, grouped as asked, and filters by tenant. */
+    cr_assert_eq(client_try_request(srv.port, "GET", "/admin/usage?group_by=tenant", AUTH(ADMIN),
+                                    NULL, raw, sizeof raw),
+                 200);
+    j = json_loads(strstr(raw, "\r\n\r\n") + 4, 0, NULL);
+    json_t *data = json_object_get(j, "data");
+    cr_assert_eq(json_array_size(data), 2);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(data, 0), "tenant")),
+                     "alice");
+    cr_assert_eq(json_integer_value(json_object_get(json_array_get(data, 0), "requests")), 2);
+    cr_assert_null(json_object_get(json_array_get(data, 0), "model"), "not grouped by model");
+    json_decref(j);
+    cr_assert_eq(client_try_request(srv.port, "GET",
+                                    "/admin/usage?tenant=bob&group_by=model,hour&from=2020-01-01",
+                                    AUTH(ADMIN), NULL, raw, sizeof raw),
+                 200);
+    j = json_loads(strstr(raw, "\r\n\r\n") + 4, 0, NULL);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(j, "total"), "requests")), 1);
+    cr_assert_not_null(json_object_get(json_array_get(json_object_get(j, "data"), 0), "hour"));
+    json_decref(j);
+    /* Bad parameters are 400s that name them. */
+    cr_assert_eq(client_try_request(srv.port, "GET", "/admin/usage?to=tomorrow", AUTH(ADMIN), NULL,
+                                    raw, sizeof raw),
+                 400);
+    cr_assert(strstr(raw, "\"param\":\"to\""), "%s", raw);
+    cr_assert_eq(client_try_request(srv.port, "GET", "/admin/usage?group_by=day", AUTH(ADMIN), NULL,
+                                    raw, sizeof raw),
+                 400);
+    cr_assert(strstr(raw, "\"param\":\"group_by\""), "%s", raw);
+}
+
+/* ---- the journal across kill -9 ---- */
+
+#define SENDERS 4
+#define PER_SENDER 60
+#define KILL_AFTER 80
+
+struct load {
+    int port;
+    atomic_int done; /* answers received whole */
+    atomic_llong prompt, completion;
+};
+
+/* A whole answer's usage, or false when the answer was cut off (the kill). */
+static bool whole_usage(const char *raw, bool stream, long long *prompt, long long *completion)
+{
+    const char *u = stream ? strstr(raw, "\"choices\":[],\"usage\":") : strstr(raw, "\"usage\":");
+    if (!u || (stream && !strstr(raw, "data: [DONE]")))
+        return false;
+    u = strstr(u, "\"usage\":") + 8;
+    json_t *j = json_loadb(u, strcspn(u, "}") + 1, 0, NULL);
+    if (!j)
+        return false;
+    *prompt = json_integer_value(json_object_get(j, "prompt_tokens"));
+    *completion = json_integer_value(json_object_get(j, "completion_tokens"));
+    json_decref(j);
+    return stream || strstr(raw, "}}") != NULL; /* the body's end */
+}
+
+static void *sender(void *arg)
+{
+    struct load *l = arg;
+    static char raw[SENDERS][65536];
+    static atomic_int next;
+    int me = atomic_fetch_add(&next, 1) % SENDERS;
+    for (int i = 0; i < PER_SENDER; i++) {
+        bool stream = (i + me) % 2;
+        int st = client_try_request(
+            l->port, "POST", "/v1/completions", AUTH(ALICE),
+            stream ? "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"stream\":true,"
+                     "\"stream_options\":{\"include_usage\":true}}"
+                   : "{\"prompt\":\"Once upon a time there was\",\"max_tokens\":8}",
+            raw[me], sizeof raw[me]);
+        long long p, c;
+        if (st != 200 || !whole_usage(raw[me], stream, &p, &c))
+            return NULL; /* the server is gone */
+        atomic_fetch_add(&l->prompt, p);
+        atomic_fetch_add(&l->completion, c);
+        atomic_fetch_add(&l->done, 1);
+    }
+    return NULL;
+}
+
+Test(usage, the_journal_keeps_every_answer_clients_received_across_a_kill_9)
+{
+    snprintf(state_dir, sizeof state_dir, "/tmp/sluice-usage-state-XXXXXX");
+    cr_assert_not_null(mkdtemp(state_dir));
+    char config[4096];
+    snprintf(config, sizeof config, CONFIG(",\"state_dir\":\"%s\""), state_dir);
+    start_with(config);
+    server_log_pump(&srv, true);
+    struct load l = {.port = srv.port};
+    pthread_t th[SENDERS];
+    for (int i = 0; i < SENDERS; i++)
+        pthread_create(&th[i], NULL, sender, &l);
+    while (atomic_load(&l.done) < KILL_AFTER)
+        sched_yield();
+    kill(srv.pid, SIGKILL);
+    for (int i = 0; i < SENDERS; i++)
+        pthread_join(th[i], NULL);
+    server_log_pump(&srv, false);
+    server_wait_exit(&srv);
+    running = false;
+    int done = atomic_load(&l.done);
+    cr_assert_lt(done, SENDERS * PER_SENDER, "the kill came before the end of the load");
+
+    /* The restarted server has on record every answer the clients received whole, and at most
+     * the requests in flight at the kill besides (ran, their answers cut off). */
+    start_with(config);
+    char raw[16384];
+    cr_assert_eq(
+        client_try_request(srv.port, "GET", "/admin/usage", AUTH(ADMIN), NULL, raw, sizeof raw),
+        200);
+    json_t *j = json_loads(strstr(raw, "\r\n\r\n") + 4, 0, NULL);
+    json_t *total = json_object_get(j, "total");
+    long long req = json_integer_value(json_object_get(total, "requests"));
+    long long prompt = json_integer_value(json_object_get(total, "prompt_tokens"));
+    long long completion = json_integer_value(json_object_get(total, "completion_tokens"));
+    json_decref(j);
+    cr_assert_geq(req, done, "on record %lld, received %d", req, done);
+    cr_assert_leq(req, done + SENDERS, "on record %lld, received %d", req, done);
+    cr_assert_geq(prompt, (long long)atomic_load(&l.prompt));
+    cr_assert_geq(completion, (long long)atomic_load(&l.completion));
+    cr_assert_leq(completion, (long long)atomic_load(&l.completion) + SENDERS * 8);
+}
