@@ -40,6 +40,10 @@ struct cell {
     atomic_int queued[SL_ADMIT_MODELS_MAX];
     atomic_long queued_tokens[SL_ADMIT_MODELS_MAX];
     atomic_int parked;
+    /* A tenant's money budget: spent in the period that starts at period_start (unix seconds;
+     * INT64_MAX until the first request reads it from the ledger), reservations of requests in
+     * flight included; warned: the period whose soft threshold was logged. */
+    _Atomic int64_t spent, period_start, warned;
 };
 
 struct sl_admit_state {
@@ -60,6 +64,9 @@ static struct cell *cell_new(const char *name, int64_t now)
         atomic_init(&c->queued_tokens[m], 0);
     }
     atomic_init(&c->parked, 0);
+    atomic_init(&c->spent, 0);
+    atomic_init(&c->period_start, INT64_MAX);
+    atomic_init(&c->warned, INT64_MIN);
     return c;
 }
 
@@ -100,7 +107,7 @@ static struct sl_gcra_rate tier_rate(const struct sl_tier *t)
 
 static bool has_limits(const struct sl_tenant *t)
 {
-    return t && (t->rpm > 0 || t->tpm > 0);
+    return t && (t->rpm > 0 || t->tpm > 0 || t->budget > 0);
 }
 
 /* The rate a request's bucket is charged at: the configured one, or, when the request was decided
@@ -246,6 +253,7 @@ static const char *const reason_names[SL_ADMIT_N_REASONS] = {
     [SL_ADMIT_REASON_TIER_QUEUE_REQUESTS] = "tier_queue_requests",
     [SL_ADMIT_REASON_TIER_QUEUE_TOKENS] = "tier_queue_tokens",
     [SL_ADMIT_REASON_TIER_TTFT_SLO] = "tier_ttft_slo",
+    [SL_ADMIT_REASON_TENANT_BUDGET] = "tenant_budget",
 };
 
 const char *sl_admit_reason_str(enum sl_admit_reason r)
@@ -462,6 +470,87 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
     return SL_ADMIT_REASON_NONE;
 }
 
+/* ---- money ---- */
+
+/* The tenant's budget: the request's worst case (every prompt token uncached, max_tokens of
+ * every choice generated, no device time) reserved against what its period has left. The first
+ * request of a period reads what the ledger has recorded in it. False, with why and when the
+ * period resets, when the worst case does not fit. */
+static bool budget_take(struct sl_admit *a, const struct sl_admit_env *env)
+{
+    const struct sl_tenant *t = a->tenant;
+    a->budget_used = -1;
+    if (t->budget <= 0 || !env->price || !env->spent)
+        return true;
+    struct cell *c = a->tenant_cell;
+    int64_t start, end;
+    sl_usage_period_bounds((enum sl_usage_period)t->budget_period, t->budget_month_day, env->unix_s,
+                           &start, &end);
+    int64_t seen = atomic_load_explicit(&c->period_start, memory_order_acquire);
+    if (seen != start && atomic_compare_exchange_strong(&c->period_start, &seen, start))
+        atomic_store(&c->spent, env->spent(env->ctx, t->name, start, end));
+    int64_t worst = sl_usage_worst_case(env->price(env->ctx, a->model), choices(a) * a->n_prompt,
+                                        choices(a) * prompts(a) * a->max_tokens);
+    int64_t s = atomic_load_explicit(&c->spent, memory_order_relaxed);
+    do {
+        if (s > t->budget - worst) {
+            char spent[32], budget[32], most[32];
+            sl_usage_money_format(s, spent, sizeof spent);
+            sl_usage_money_format(t->budget, budget, sizeof budget);
+            sl_usage_money_format(worst, most, sizeof most);
+            a->reason = SL_ADMIT_REASON_TENANT_BUDGET;
+            a->budget_used = (double)s / (double)t->budget;
+            bool total = t->budget_period == SL_USAGE_TOTAL;
+            a->retry_ns = total ? -1 : (end - env->unix_s) * NS_PER_S;
+            snprintf(a->why, sizeof a->why,
+                     "Tenant '%s' has used %s of its budget of %s%s%s, and this request may cost "
+                     "up to %s%s",
+                     t->name, spent, budget, total ? "" : " for this ",
+                     total ? "" : sl_usage_period_name((enum sl_usage_period)t->budget_period),
+                     most,
+                     total ? "; the budget does not reset."
+                           : ". It resets with the next period (see Retry-After).");
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&c->spent, &s, s + worst, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    a->budget_held = true;
+    a->budget_cell = c;
+    a->budget_reserved = worst;
+    a->budget_period_start = start;
+    a->budget_used = (double)(s + worst) / (double)t->budget;
+    a->budget_warn = a->budget_used * 100.0 >= (double)t->budget_soft_pct;
+    int64_t w = atomic_load_explicit(&c->warned, memory_order_relaxed);
+    if (a->budget_warn && w != start && atomic_compare_exchange_strong(&c->warned, &w, start))
+        sl_log(SL_LOG_WARN,
+               "budget: tenant '%s' has used %.0f%% of its budget (soft_pct %d) for this %s",
+               t->name, a->budget_used * 100.0, t->budget_soft_pct,
+               sl_usage_period_name((enum sl_usage_period)t->budget_period));
+    return true;
+}
+
+/* The request's end: its reservation becomes what it cost (in the period it was reserved in;
+ * a request that ends in the next period adds its cost to that one, as the ledger does). */
+static void budget_settle(struct sl_admit *a, int64_t cost)
+{
+    if (!a->budget_held)
+        return;
+    a->budget_held = false;
+    struct cell *c = a->budget_cell;
+    int64_t now_start = atomic_load_explicit(&c->period_start, memory_order_acquire);
+    int64_t delta = now_start == a->budget_period_start ? cost - a->budget_reserved : cost;
+    atomic_fetch_add_explicit(&c->spent, delta, memory_order_relaxed);
+}
+
+static enum sl_admit_verdict over_budget(struct sl_admit *a)
+{
+    a->tenant_cell = NULL;
+    a->active = false;
+    a->verdict = SL_ADMIT_OVER_BUDGET;
+    snprintf(a->note, sizeof a->note, "rejected; reason=tenant_budget");
+    return a->verdict;
+}
+
 /* ---- giving back ---- */
 
 static void tenant_refund(struct sl_admit *a, int64_t tokens, bool request, int64_t now)
@@ -503,6 +592,8 @@ void sl_admit_started(struct sl_admit *a)
 
 void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)
 {
+    /* A reservation is released whatever else the request held (a refusal holds nothing). */
+    budget_settle(a, n_generated < 0 ? 0 : a->cost);
     if (!a->active)
         return;
     a->active = false;
@@ -768,6 +859,8 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
         return admitted(a);
     if (has_limits(t) && t != &sl_tenant_anonymous) {
         a->tenant_cell = cfg->state->tenants[t - cfg->tenants];
+        if (!budget_take(a, env))
+            return over_budget(a);
         if (!a->fleet) { /* else the fleet's take charges them with the tier's */
             if (tenant_take(a, now_ns) != SL_ADMIT_REASON_NONE)
                 return limited(a);
@@ -1029,6 +1122,37 @@ void sl_admit_render(const struct sl_tenancy *cfg, struct sl_str *out)
             }
             /* Tier names are [A-Za-z0-9_.-]: nothing to escape. */
             sl_str_appendf(out, "%s{tier=\"%s\"} %ld\n", names[k], cfg->tiers[i].sched.name, v);
+        }
+    }
+    /* Budgets, as the tenants' cells stand: known from a tenant's first request of the period. */
+    static const char *const bnames[2] = {"sluice:tenant_budget_used_ratio",
+                                          "sluice:tenant_budget_remaining"};
+    static const char *const bhelp[2] = {
+        "What a tenant has spent of its money budget this period (requests in flight counted at "
+        "their worst case), as a fraction.",
+        "What is left of a tenant's money budget this period, in the configuration's currency."};
+    for (int k = 0; k < 2; k++) {
+        bool head = false;
+        for (int i = 0; cfg->state && i < cfg->n_tenants; i++) {
+            const struct sl_tenant *t = &cfg->tenants[i];
+            const struct cell *c = cfg->state->tenants[i];
+            if (t->budget <= 0 || !c ||
+                atomic_load_explicit(&c->period_start, memory_order_relaxed) == INT64_MAX)
+                continue;
+            if (!head)
+                sl_str_appendf(out, "# HELP %s %s\n# TYPE %s gauge\n", bnames[k], bhelp[k],
+                               bnames[k]);
+            head = true;
+            int64_t spent = atomic_load_explicit(&c->spent, memory_order_relaxed);
+            /* Tenant names have no '"' or '\\' (checked at load); the rest is printable. */
+            sl_str_appendf(out, "%s{tenant=\"%s\"} ", bnames[k], t->name);
+            if (k == 0) {
+                sl_str_appendf(out, "%.6f\n", (double)spent / (double)t->budget);
+            } else {
+                char m[32];
+                sl_usage_money_format(t->budget - spent, m, sizeof m);
+                sl_str_appendf(out, "%s\n", m);
+            }
         }
     }
 }

@@ -8,6 +8,7 @@
 #include "admission_impl.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -434,6 +435,61 @@ static int tier_ref(const struct tenancy *t, json_t *v, const char *path, int *o
     return SL_OK;
 }
 
+#define BUDGET_MAX 1e9 /* units of the currency: 2^63 nano-units are 9.2e9 */
+
+/* "budget": null, or {"amount", "period" ("month" by default), "soft_pct" (80), "month_day"
+ * (1)}. */
+static int load_budget(struct sl_tenant *tn, json_t *v, int i, char *err, size_t errlen)
+{
+    tn->budget = 0;
+    tn->budget_period = SL_USAGE_MONTH;
+    tn->budget_soft_pct = 80;
+    tn->budget_month_day = 1;
+    if (!v || json_is_null(v))
+        return SL_OK;
+    if (!json_is_object(v))
+        FAIL("tenants[%d].budget: must be null or an object {\"amount\", \"period\", "
+             "\"soft_pct\", \"month_day\"}",
+             i);
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x)
+    {
+        if (is_comment(k) || strcmp(k, "amount") == 0 || strcmp(k, "period") == 0 ||
+            strcmp(k, "soft_pct") == 0 || strcmp(k, "month_day") == 0)
+            continue;
+        char b[48];
+        FAIL("tenants[%d].budget.%s: unknown key (amount, period, soft_pct, month_day)", i,
+             shown(k, b));
+    }
+    json_t *amount = json_object_get(v, "amount");
+    double a = json_is_number(amount) ? json_number_value(amount) : -1;
+    if (!(a > 0 && a <= BUDGET_MAX))
+        FAIL("tenants[%d].budget.amount: must be a number above 0 and at most %g (in the "
+             "configuration's currency)",
+             i, BUDGET_MAX);
+    tn->budget = (int64_t)llround(a * (double)SL_USAGE_NANO);
+    json_t *p = json_object_get(v, "period");
+    if (p) {
+        int period = json_is_string(p) ? sl_usage_period_parse(json_string_value(p)) : -1;
+        if (period < 0)
+            FAIL("tenants[%d].budget.period: must be \"day\", \"week\", \"month\" or "
+                 "\"total\"",
+                 i);
+        tn->budget_period = period;
+    }
+    char path[48];
+    snprintf(path, sizeof path, "tenants[%d].budget", i);
+    long long soft = 80, day = 1;
+    int st;
+    if ((st = opt_int(v, path, "soft_pct", 1, 100, false, 0, &soft, err, errlen)) ||
+        (st = opt_int(v, path, "month_day", 1, 28, false, 0, &day, err, errlen)))
+        return st;
+    tn->budget_soft_pct = (int)soft;
+    tn->budget_month_day = (int)day;
+    return SL_OK;
+}
+
 static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t errlen)
 {
     char b[48], path[64];
@@ -446,7 +502,7 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
     {
         if (!is_comment(k) && strcmp(k, "name") != 0 && strcmp(k, "key_sha256") != 0 &&
             strcmp(k, "tiers") != 0 && strcmp(k, "default_tier") != 0 && strcmp(k, "rpm") != 0 &&
-            strcmp(k, "tpm") != 0)
+            strcmp(k, "tpm") != 0 && strcmp(k, "budget") != 0)
             FAIL("tenants[%d].%s: unknown key", i, shown(k, b));
     }
     json_t *name = json_object_get(v, "name");
@@ -496,7 +552,8 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
              t->tiers[tn->default_tier].sched.name, i);
     snprintf(path, sizeof path, "tenants[%d]", i);
     if ((st = opt_int(v, path, "rpm", 0, 1000000000LL, false, 0, &tn->rpm, err, errlen)) ||
-        (st = opt_int(v, path, "tpm", 0, 1000000000000LL, false, 0, &tn->tpm, err, errlen)))
+        (st = opt_int(v, path, "tpm", 0, 1000000000000LL, false, 0, &tn->tpm, err, errlen)) ||
+        (st = load_budget(tn, json_object_get(v, "budget"), i, err, errlen)))
         return st;
     for (int o = 0; o < i; o++) {
         if (strcmp(t->tenants[o].name, tn->name) == 0)
@@ -888,6 +945,12 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
             json_object_set_new(o, "rpm", json_integer(t->rpm));
         if (t->tpm)
             json_object_set_new(o, "tpm", json_integer(t->tpm));
+        if (t->budget)
+            json_object_set_new(
+                o, "budget",
+                json_pack("{s:f,s:s,s:i,s:i}", "amount", (double)t->budget / SL_USAGE_NANO,
+                          "period", sl_usage_period_name((enum sl_usage_period)t->budget_period),
+                          "soft_pct", t->budget_soft_pct, "month_day", t->budget_month_day));
         json_array_append_new(tenants, o);
     }
     json_object_set_new(root, "tenants", tenants);

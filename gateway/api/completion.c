@@ -28,6 +28,7 @@ static uint64_t random_seed(struct api_thread *t)
  * n_generated < 0: it never reached a scheduler. */
 static void admit_release(struct api_exchange *a, int n_generated)
 {
+    a->adm.cost = a->metered ? a->usage.cost : 0;
     if (a->adm_timer)
         evtimer_del(a->adm_timer);
     if (a->fleet_call) {
@@ -107,6 +108,8 @@ void api_drop_request(struct api_exchange *a, bool cancel)
         api_log_end(a, "cancelled", 0);
     }
     bool ran = a->n_ch > 0 && a->ch[0].req;
+    if (ran && cancel)
+        meter(a, a->n_gen); /* what it cost settles its budget */
     admit_release(a, ran ? a->n_gen : -1);
     if (!ran)
         return;
@@ -193,6 +196,20 @@ static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt)
     return api_encode_prompts(a, model, max_tokens, n_prompt, &err);
 }
 
+static const struct sl_usage_price *admit_env_price(void *ctx, int model)
+{
+    struct api_exchange *a = ctx;
+    return sl_config_model_price(a->cfg, model);
+}
+
+static int64_t admit_env_spent(void *ctx, const char *tenant, int64_t from, int64_t to)
+{
+    struct api_exchange *a = ctx;
+    struct sl_usage u;
+    sl_usage_ledger_sum(a->t->api->ledger, tenant, from, to, &u);
+    return u.cost;
+}
+
 static struct sl_admit_env admit_env(struct api_exchange *a)
 {
     struct sl_api *api = a->t->api;
@@ -202,6 +219,9 @@ static struct sl_admit_env admit_env(struct api_exchange *a)
         .ctx = a,
         .stats = admit_env_stats,
         .encode = admit_env_encode,
+        .price = admit_env_price,
+        .spent = admit_env_spent,
+        .unix_s = sl_clock_unix(),
     };
 }
 
@@ -375,6 +395,10 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
     }
     case SL_ADMIT_RATE_LIMITED:
         sl_openai_error_set(&err, 429, NULL, "rate_limit_exceeded", "%s", adm->why);
+        break;
+    case SL_ADMIT_OVER_BUDGET:
+        /* OpenAI's answer when a quota is spent: clients must not retry it. */
+        sl_openai_error_set(&err, 429, NULL, "insufficient_quota", "%s", adm->why);
         break;
     case SL_ADMIT_OVERLOADED:
         sl_openai_error_set(&err, policy->overload_status, NULL, "server_is_overloaded", "%s",

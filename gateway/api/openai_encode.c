@@ -368,7 +368,10 @@ void sl_openai_error_encode(struct sl_str *out, const struct sl_openai_error *e)
         sl_str_dispose(&clean);
     }
     put_lit(out, ",\"type\":");
-    put_cstr(out, sl_openai_error_type(e->http));
+    /* A spent quota has a type of its own (OpenAI's insufficient_quota). */
+    put_cstr(out, e->code && strcmp(e->code, "insufficient_quota") == 0
+                      ? "insufficient_quota"
+                      : sl_openai_error_type(e->http));
     put_lit(out, ",\"param\":");
     if (e->param[0])
         put_cstr(out, e->param);
@@ -438,7 +441,14 @@ void sl_openai_admission_headers(const struct sl_admit *a, struct sl_str *out)
     put_lit(out, "x-sluice-admission: ");
     sl_str_append(out, a->note, strlen(a->note));
     put_lit(out, "\r\n");
-    if ((a->verdict == SL_ADMIT_RATE_LIMITED || a->verdict == SL_ADMIT_OVERLOADED) &&
+    if (a->budget_used >= 0 && (a->budget_warn || a->verdict == SL_ADMIT_OVER_BUDGET))
+        sl_str_appendf(out, "x-sluice-budget: %s; used=%.2f\r\n",
+                       a->verdict == SL_ADMIT_OVER_BUDGET ? "exhausted" : "warning",
+                       a->budget_used);
+    if (a->verdict == SL_ADMIT_OVER_BUDGET)
+        put_lit(out, "x-should-retry: false\r\n"); /* what OpenAI's and Anthropic's SDKs obey */
+    if ((a->verdict == SL_ADMIT_RATE_LIMITED || a->verdict == SL_ADMIT_OVERLOADED ||
+         a->verdict == SL_ADMIT_OVER_BUDGET) &&
         a->retry_ns >= 0) {
         int64_t ns = a->retry_ns > 0 ? a->retry_ns : 1;
         put_lit(out, "Retry-After: ");

@@ -15,6 +15,7 @@
 
 #include <sluice/common.h>
 #include <sluice/sched.h>
+#include <sluice/usage.h>
 
 struct json_t; /* jansson's json_t: a configuration section */
 
@@ -89,6 +90,13 @@ struct sl_tenant {
     int default_tier;             /* index into tiers; always allowed */
     long long rpm;                /* requests per minute; 0: no limit */
     long long tpm;                /* tokens (prompt + max_tokens, unused refunded) per minute */
+    /* Money ("budget"): what it may spend per period, in nano-units of the currency (0: no
+     * budget), warned about past soft_pct percent; periods are enum sl_usage_period, months
+     * from month_day. */
+    int64_t budget;
+    int budget_period;
+    int budget_soft_pct;
+    int budget_month_day;
 };
 
 enum sl_rule_kind {
@@ -260,6 +268,7 @@ enum sl_admit_reason {
     SL_ADMIT_REASON_TIER_QUEUE_REQUESTS, /* "tier_queue_requests": max_queue_requests */
     SL_ADMIT_REASON_TIER_QUEUE_TOKENS,   /* "tier_queue_tokens": max_queue_tokens */
     SL_ADMIT_REASON_TIER_TTFT_SLO,       /* "tier_ttft_slo": the SLO guard */
+    SL_ADMIT_REASON_TENANT_BUDGET,       /* "tenant_budget": the tenant's money budget */
     SL_ADMIT_N_REASONS,
 };
 const char *sl_admit_reason_str(enum sl_admit_reason r);
@@ -269,6 +278,8 @@ enum sl_admit_verdict {
     SL_ADMIT_PARK,         /* a queue:MS step: call sl_admit_resume at recheck_ns (or before) */
     SL_ADMIT_RATE_LIMITED, /* over the tenant's budget (rpm or tpm): the client's doing */
     SL_ADMIT_OVERLOADED,   /* the tier's overload policy ended in a rejection: the server's */
+    SL_ADMIT_OVER_BUDGET,  /* the tenant's money budget cannot take the request's worst case: no
+                              retry helps before the period resets (retry_ns then, -1 never) */
     SL_ADMIT_FLEET,        /* the fleet's buckets decide (struct sl_admit's fleet): send the take
                               sl_admit_fleet_take builds, and give its answer to
                               sl_admit_fleet_answer */
@@ -292,6 +303,12 @@ struct sl_admit_env {
     /* Tokenizes the request's prompt for model i (a "model:NAME" step), checking the context
      * for max_tokens; SL_OK with *n_prompt, or an error (the step is then skipped). */
     int (*encode)(void *ctx, int model, int max_tokens, int *n_prompt);
+    /* Money budgets (optional: without them no budget is checked). The prices of model i; what
+     * tenant has spent in the hours of [from, to) (unix seconds) as the usage ledger says; and
+     * the wall clock now (unix seconds), which budget periods follow. */
+    const struct sl_usage_price *(*price)(void *ctx, int model);
+    int64_t (*spent)(void *ctx, const char *tenant, int64_t from, int64_t to);
+    int64_t unix_s;
 };
 
 /* One request's admission, embedded in the caller's state for the request. Zeroed (sl_admit_init)
@@ -320,7 +337,7 @@ struct sl_admit {
     char note[192];          /* what was decided: "admitted", "degraded; cap_max_tokens=256",
                                 "rejected; reason=tier_ttft_slo" (the gateway's
                                 x-sluice-admission) */
-    char why[256];           /* refused: one client-safe sentence saying why */
+    char why[384];           /* refused: one client-safe sentence saying why */
     /* Parking (queue:MS). */
     int step; /* next overload step */
     int64_t park_start_ns, deadline_ns, recheck_ns;
@@ -344,6 +361,16 @@ struct sl_admit {
                             sl_admit_fleet_refund */
     bool refund_request; /* owed back to Redis, once sl_admit_end has run */
     int64_t refund_tenant_tokens, refund_tier_tokens;
+    /* Money: the worst case reserved against the tenant's budget (nano-units) and the period it
+     * was reserved in; what the request cost (set by the caller before sl_admit_end; 0 for one
+     * that never ran); the share of the budget spent once it was reserved (< 0: no budget), and
+     * whether that is past the tenant's soft_pct (the x-sluice-budget warning). */
+    int64_t budget_reserved, budget_period_start;
+    void *budget_cell; /* where it is reserved (budget_held) */
+    bool budget_held;
+    int64_t cost;
+    double budget_used;
+    bool budget_warn;
 };
 
 void sl_admit_init(struct sl_admit *a);
@@ -390,7 +417,8 @@ bool sl_admit_budgets(const struct sl_tenancy *ten, const struct sl_tenant *t, i
  * serves any request, from one thread at a time. */
 void sl_admit_adopt(struct sl_tenancy *next, const struct sl_tenancy *prev, int64_t now_ns);
 /* Appends the admission gauges of the metrics (Prometheus text): requests and prompt tokens
- * queued per tier (admitted, no first token yet), and requests parked by queue:MS steps. */
+ * queued per tier (admitted, no first token yet), requests parked by queue:MS steps, and each
+ * tenant's budget: used ratio and what remains (reservations of requests in flight counted). */
 void sl_admit_render(const struct sl_tenancy *ten, struct sl_str *out);
 /* Requests and prompt tokens admitted into tier i for model m and not started yet. */
 void sl_admit_queue(const struct sl_tenancy *ten, int tier, int model, int *requests, long *tokens);

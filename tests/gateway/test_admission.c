@@ -1079,3 +1079,157 @@ Test(gateway, fleet_share_admits_a_request_larger_than_itself_only_when_full)
     sl_admit_end(&a, 200, 0);
     sl_config_dispose(&c);
 }
+
+/* ---- money budgets ---- */
+
+static struct sl_usage_price budget_price = {.input_per_mtok = 1, .output_per_mtok = 2};
+static int64_t ledger_spent; /* what the fake ledger says the tenant spent in a new period */
+static int64_t ledger_reads;
+
+static const struct sl_usage_price *fake_price(void *ctx, int model)
+{
+    (void)ctx, (void)model;
+    return &budget_price; /* 1,000 nano-units a prompt token, 2,000 a generated one */
+}
+
+static int64_t fake_spent(void *ctx, const char *tenant, int64_t from, int64_t to)
+{
+    (void)ctx, (void)from, (void)to;
+    cr_assert_str_eq(tenant, "a");
+    ledger_reads++;
+    return ledger_spent;
+}
+
+static enum sl_admit_verdict begin_money(struct sl_admit *a, struct fake *f,
+                                         const struct sl_config *c, int64_t unix_s, int n_prompt,
+                                         int max_tokens)
+{
+    struct sl_admit_env env = env_of(f);
+    env.price = fake_price;
+    env.spent = fake_spent;
+    env.unix_s = unix_s;
+    sl_admit_init(a);
+    return sl_admit_begin(a, &env, &c->tenancy, &c->tenancy.tenants[0], 0, 0, n_prompt, max_tokens,
+                          0);
+}
+
+/* 2026-11-27 06:30 UTC; the day ends 17.5 hours later. */
+#define NOON_ISH 1795761000LL
+#define DAY_END 1795824000LL
+
+Test(gateway, budget_reserves_the_worst_case_and_refuses_exactly_when_it_would_not_fit)
+{
+    struct sl_config c;
+    /* 0.001 of the currency: 1,000,000 nano-units a day, warned about past 50 %. */
+    world(&c, "", "",
+          ",\"budget\":{\"amount\":0.001,\"period\":\"day\",\"soft_pct\":50,\"// x\":0}");
+    struct fake f;
+    fake_init(&f, 10000);
+    ledger_spent = 0;
+    ledger_reads = 0;
+    struct sl_admit a, b, d;
+    char h[64];
+    /* Worst case: 100 prompt tokens and 100 generated, 300,000. */
+    cr_assert_eq(begin_money(&a, &f, &c, NOON_ISH, 100, 100), SL_ADMIT_OK);
+    cr_assert_eq(ledger_reads, 1, "the period's spend read once");
+    cr_assert_eq(a.budget_reserved, 300000);
+    cr_assert_not(a.budget_warn);
+    cr_assert_null(header(&a, &c, &c.tenancy.tenants[0], 0, "x-sluice-budget", h, sizeof h));
+    cr_assert_eq(begin_money(&b, &f, &c, NOON_ISH, 100, 100), SL_ADMIT_OK);
+    cr_assert(b.budget_warn, "600,000 of 1,000,000: past 50 %%");
+    cr_assert_str_eq(header(&b, &c, &c.tenancy.tenants[0], 0, "x-sluice-budget", h, sizeof h),
+                     "warning; used=0.60");
+    /* 600,000 + 300,000 fits; 900,000 + 300,000 would not. */
+    cr_assert_eq(begin_money(&d, &f, &c, NOON_ISH, 100, 100), SL_ADMIT_OK);
+    struct sl_admit e;
+    cr_assert_eq(begin_money(&e, &f, &c, NOON_ISH, 100, 100), SL_ADMIT_OVER_BUDGET);
+    cr_assert_eq(e.reason, SL_ADMIT_REASON_TENANT_BUDGET);
+    cr_assert_str_eq(e.note, "rejected; reason=tenant_budget");
+    cr_assert_eq(e.retry_ns, (DAY_END - NOON_ISH) * SEC, "when the day resets");
+    cr_assert(strstr(e.why, "has used 0.0009 of its budget of 0.001 for this day"), "%s", e.why);
+    cr_assert_str_eq(header(&e, &c, &c.tenancy.tenants[0], 0, "x-should-retry", h, sizeof h),
+                     "false");
+    cr_assert_str_eq(header(&e, &c, &c.tenancy.tenants[0], 0, "Retry-After", h, sizeof h), "63000");
+    cr_assert_str_eq(header(&e, &c, &c.tenancy.tenants[0], 0, "x-sluice-budget", h, sizeof h),
+                     "exhausted; used=0.90");
+    sl_admit_end(&e, -1, 0); /* holds nothing */
+    /* a cost 50,000 of its 300,000; d never ran: 900,000 - 250,000 - 300,000 = 350,000. */
+    a.cost = 50000;
+    sl_admit_end(&a, 10, 0);
+    sl_admit_end(&a, 10, 0);
+    sl_admit_end(&d, -1, 0);
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_admit_render(&c.tenancy, &s);
+    cr_assert(strstr(s.p, "sluice:tenant_budget_used_ratio{tenant=\"a\"} 0.350000"), "%s", s.p);
+    cr_assert(strstr(s.p, "sluice:tenant_budget_remaining{tenant=\"a\"} 0.00065"), "%s", s.p);
+    sl_str_dispose(&s);
+    /* The next day starts from what the ledger has recorded in it; b, reserved yesterday, adds
+     * what it cost to today's. */
+    ledger_spent = 123;
+    cr_assert_eq(begin_money(&a, &f, &c, DAY_END + 60, 100, 100), SL_ADMIT_OK);
+    cr_assert_eq(ledger_reads, 2);
+    cr_assert_eq(a.budget_used, (123.0 + 300000.0) / 1e6);
+    b.cost = 40000;
+    sl_admit_end(&b, 20, 0);
+    cr_assert_eq(begin_money(&d, &f, &c, DAY_END + 60, 0, 1), SL_ADMIT_OK);
+    cr_assert_eq(d.budget_used, (123.0 + 300000.0 + 40000.0 + 2000.0) / 1e6);
+    sl_admit_end(&a, -1, 0);
+    sl_admit_end(&d, -1, 0);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, budget_of_the_whole_time_never_resets_and_says_not_to_retry)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"budget\":{\"amount\":0.0001,\"period\":\"total\"}");
+    struct fake f;
+    fake_init(&f, 10000);
+    ledger_spent = 90000;
+    struct sl_admit a;
+    char h[64];
+    cr_assert_eq(begin_money(&a, &f, &c, NOON_ISH, 1, 4), SL_ADMIT_OK, "90,000 + 9,000 fit");
+    sl_admit_end(&a, -1, 0);
+    cr_assert_eq(begin_money(&a, &f, &c, NOON_ISH, 10, 1), SL_ADMIT_OVER_BUDGET);
+    cr_assert_eq(a.retry_ns, -1);
+    cr_assert_null(header(&a, &c, &c.tenancy.tenants[0], 0, "Retry-After", h, sizeof h));
+    cr_assert(strstr(a.why, "the budget does not reset"), "%s", a.why);
+    sl_config_dispose(&c);
+}
+
+#define BUDGET_TENANT(budget)                                                                      \
+    "{\"tenants\":[{\"name\":\"a\",\"key_sha256\":\"" HASH_A "\",\"tiers\":[\"interactive\"],"     \
+    "\"default_tier\":\"interactive\",\"budget\":" budget "}]}"
+
+Test(gateway, budget_keys_load_with_their_defaults_and_errors_name_the_path)
+{
+    struct sl_config c;
+    load_ok(&c, BUDGET_TENANT("{\"amount\":12.5}"));
+    const struct sl_tenant *t = &c.tenancy.tenants[0];
+    cr_assert_eq(t->budget, 12500000000LL);
+    cr_assert_eq(t->budget_period, SL_USAGE_MONTH);
+    cr_assert_eq(t->budget_soft_pct, 80);
+    cr_assert_eq(t->budget_month_day, 1);
+    json_t *j = sl_config_to_json(&c);
+    json_t *b = json_object_get(json_array_get(json_object_get(j, "tenants"), 0), "budget");
+    cr_assert_eq(json_real_value(json_object_get(b, "amount")), 12.5);
+    cr_assert_str_eq(json_string_value(json_object_get(b, "period")), "month");
+    json_decref(j);
+    sl_config_dispose(&c);
+    load_ok(&c, BUDGET_TENANT("{\"amount\":1,\"period\":\"week\",\"soft_pct\":95,"
+                              "\"month_day\":28}"));
+    cr_assert_eq(c.tenancy.tenants[0].budget_period, SL_USAGE_WEEK);
+    cr_assert_eq(c.tenancy.tenants[0].budget_soft_pct, 95);
+    sl_config_dispose(&c);
+    expect_error(BUDGET_TENANT("{\"amount\":0}"), "tenants[0].budget.amount: must be a number");
+    expect_error(BUDGET_TENANT("{\"amount\":\"5\"}"), "tenants[0].budget.amount");
+    expect_error(BUDGET_TENANT("{\"amount\":5,\"period\":\"year\"}"),
+                 "tenants[0].budget.period: must be \"day\", \"week\", \"month\" or \"total\"");
+    expect_error(BUDGET_TENANT("{\"amount\":5,\"soft_pct\":0}"),
+                 "tenants[0].budget.soft_pct: must be an integer from 1 to 100");
+    expect_error(BUDGET_TENANT("{\"amount\":5,\"month_day\":29}"),
+                 "tenants[0].budget.month_day: must be an integer from 1 to 28");
+    expect_error(BUDGET_TENANT("{\"amount\":5,\"currency\":\"EUR\"}"),
+                 "tenants[0].budget.currency: unknown key");
+    expect_error(BUDGET_TENANT("50"), "tenants[0].budget: must be null or an object");
+}

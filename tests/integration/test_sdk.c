@@ -162,3 +162,39 @@ Test(sdk, official_anthropic_node_sdk_passes_every_check_when_driving_sluice, .t
     server_stop(&srv);
     unlink(path);
 }
+
+#define BROKE_KEY "sk-broke-0123456789abcdefXYZ"
+
+/* A spent budget: the SDK raises insufficient_quota after one request, without its retries. */
+Test(sdk, official_openai_node_sdk_raises_its_quota_error_without_retrying, .timeout = 300)
+{
+    char script[4096];
+    sdk_script("quota.mjs", "openai", script, sizeof script);
+    unsigned char h[32];
+    char hex[65], cfg[4096], path[64];
+    SHA256((const unsigned char *)BROKE_KEY, strlen(BROKE_KEY), h);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    /* Any request's worst case (16 tokens out at 1 a token) is more than the budget. */
+    snprintf(cfg, sizeof cfg,
+             "{" HARNESS_TIERS_WITHOUT_GUARD ",\"price\":{\"output_per_mtok\":1000000},"
+             "\"tenants\":[{\"name\":\"broke\",\"key_sha256\":\"%s\",\"tiers\":[\"interactive\"],"
+             "\"default_tier\":\"interactive\",\"budget\":{\"amount\":1,\"period\":\"total\"}}]}",
+             hex);
+    snprintf(path, sizeof path, "/tmp/sluice-sdk-quota-%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(cfg, 1, strlen(cfg), f), strlen(cfg));
+    cr_assert_eq(fclose(f), 0);
+    const char *args[] = {"--config", path, NULL};
+    struct server srv;
+    server_start(&srv, args);
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", srv.port);
+    char *argv[] = {"node", script, url, BROKE_KEY, NULL};
+    sdk_run(argv);
+    cr_assert_eq(metrics_fetch_sum(srv.port, "sluice:admission_decisions_total"), 1,
+                 "one request: the SDK did not retry");
+    server_stop(&srv);
+    unlink(path);
+}

@@ -8,6 +8,8 @@
 
 #include "harness.h"
 
+#include <openssl/sha.h>
+
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -300,4 +302,65 @@ Test(usage, the_journal_keeps_every_answer_clients_received_across_a_kill_9)
     cr_assert_geq(prompt, (long long)atomic_load(&l.prompt));
     cr_assert_geq(completion, (long long)atomic_load(&l.completion));
     cr_assert_leq(completion, (long long)atomic_load(&l.completion) + SENDERS * 8);
+}
+
+/* A budget of 100,000 nano-units a day; each request's worst case is 5 prompt tokens at 1,000 and
+ * 10 generated at 2,000: 25,000. */
+#define CAROL "sk-carol-0123456789abcdefXYZ"
+
+Test(usage, a_budget_refuses_with_insufficient_quota_exactly_when_the_worst_case_would_not_fit)
+{
+    unsigned char h[32];
+    char hex[65], config[4096];
+    SHA256((const unsigned char *)CAROL, strlen(CAROL), h);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    snprintf(config, sizeof config,
+             "{" HARNESS_TIERS_WITHOUT_GUARD ",\"threads\":1,\"price\":{\"input_per_mtok\":1,"
+             "\"output_per_mtok\":2},\"tenants\":[{\"name\":\"carol\",\"key_sha256\":\"%s\","
+             "\"tiers\":[\"interactive\"],\"default_tier\":\"interactive\",\"budget\":"
+             "{\"amount\":0.0001,\"period\":\"day\",\"soft_pct\":50}}]}",
+             hex);
+    start_with(config);
+    long long spent = 0, worst = 5 * 1000 + 10 * 2000;
+    int admitted = 0, refused = 0;
+    for (int i = 0; i < 8; i++) {
+        int fd = client_connect(srv.port);
+        client_request_h(fd, "POST", "/v1/completions", AUTH(CAROL),
+                         "{\"prompt\":\"Once upon a time\",\"max_tokens\":10}", false);
+        struct response r;
+        cr_assert(client_read_response(fd, &r));
+        close(fd);
+        if (spent + worst <= 100000) {
+            cr_assert_eq(r.status, 200, "request %d: %lld spent, %lld more fit: %s", i, spent,
+                         worst, r.body);
+            json_t *j = json_loads(r.body, 0, NULL);
+            cr_assert_eq(
+                json_integer_value(json_object_get(json_object_get(j, "usage"), "prompt_tokens")),
+                5);
+            json_decref(j);
+            spent += nano_of(response_header(&r, "x-sluice-cost"));
+            const char *b = response_header(&r, "x-sluice-budget");
+            cr_assert_eq(b != NULL,
+                         spent > 0 &&
+                             (spent - nano_of(response_header(&r, "x-sluice-cost")) + worst) * 2 >=
+                                 100000,
+                         "warned past 50 %% of the budget (%s)", b ? b : "none");
+            admitted++;
+        } else {
+            cr_assert_eq(r.status, 429, "request %d: %lld spent, %lld would not fit", i, spent,
+                         worst);
+            cr_assert(strstr(r.body, "\"type\":\"insufficient_quota\""), "%s", r.body);
+            cr_assert(strstr(r.body, "\"code\":\"insufficient_quota\""), "%s", r.body);
+            cr_assert_str_eq(response_header(&r, "x-should-retry"), "false");
+            cr_assert_not_null(response_header(&r, "retry-after"), "a day budget resets");
+            cr_assert(strncmp(response_header(&r, "x-sluice-budget"), "exhausted; used=", 16) == 0);
+            refused++;
+        }
+        response_dispose(&r);
+    }
+    cr_assert_gt(admitted, 0);
+    cr_assert_gt(refused, 0);
+    double ratio = metrics_fetch_sum(srv.port, "sluice:tenant_budget_used_ratio");
+    cr_assert(fabs(ratio - (double)spent / 100000.0) < 1e-6, "gauge %f, spent %lld", ratio, spent);
 }
