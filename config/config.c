@@ -1219,6 +1219,7 @@ void sl_config_usage(FILE *out)
           "              [--served-model-name NAME] [--tokenizer PATH] [--check-config FILE]\n"
           "              [--help] [--version]\n"
           "       sluice simulate --trace TRACE.jsonl [...]   (sluice simulate --help)\n"
+          "       sluice usage export --state-dir DIR [...]   (sluice usage export --help)\n"
           "\n"
           "  --config FILE       JSON configuration (see conf/sluice.json); flags override it;\n"
           "                      SIGHUP reloads it\n"

@@ -92,6 +92,8 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "simulate") == 0)
         return sl_simulate_main(argc - 1, argv + 1, stdout, stderr);
+    if (argc > 1 && strcmp(argv[1], "usage") == 0)
+        return sl_usage_export_main(argc - 1, argv + 1, stdout, stderr);
     char err[1024] = "";
     enum sl_cli_action action;
     struct sl_config *cfg = sl_config_new();

@@ -3,7 +3,9 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static double nonneg(int64_t v)
 {
@@ -143,6 +145,42 @@ void sl_usage_period_bounds(enum sl_usage_period p, int month_day, int64_t t, in
     case SL_USAGE_TOTAL:
     default: *start = INT64_MIN, *end = INT64_MAX; return;
     }
+}
+
+bool sl_usage_time_parse(const char *s, int64_t *out)
+{
+    char *end;
+    if (*s >= '0' && *s <= '9' && strspn(s, "0123456789") == strlen(s) && strlen(s) <= 12) {
+        *out = strtoll(s, &end, 10);
+        return true;
+    }
+    struct tm tm = {0};
+    int n = 0;
+    if (sscanf(s, "%4d-%2d-%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &n) != 3 || n != 10)
+        return false;
+    if (s[10] == 'T') {
+        int m = 0;
+        if (sscanf(s + 11, "%2d:%2d:%2dZ%n", &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &m) != 3 ||
+            m != 9 || s[20] != '\0')
+            return false;
+    } else if (s[10] != '\0') {
+        return false;
+    }
+    if (tm.tm_year < 1970 || tm.tm_year > 9999 || tm.tm_mon < 1 || tm.tm_mon > 12 ||
+        tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
+        return false;
+    tm.tm_year -= 1900;
+    tm.tm_mon -= 1;
+    *out = (int64_t)timegm(&tm);
+    return true;
+}
+
+void sl_usage_time_format(int64_t t, char out[32])
+{
+    struct tm tm;
+    time_t tt = (time_t)t;
+    gmtime_r(&tt, &tm);
+    strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
 int64_t sl_usage_hour(int64_t t)

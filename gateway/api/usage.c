@@ -8,43 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-/* A time a query gives: unix seconds, "YYYY-MM-DD" or "YYYY-MM-DDTHH:MM:SSZ" (UTC). */
-static bool parse_time(const char *s, int64_t *out)
-{
-    char *end;
-    if (*s >= '0' && *s <= '9' && strspn(s, "0123456789") == strlen(s) && strlen(s) <= 12) {
-        *out = strtoll(s, &end, 10);
-        return true;
-    }
-    struct tm tm = {0};
-    int n = 0;
-    if (sscanf(s, "%4d-%2d-%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &n) != 3 || n != 10)
-        return false;
-    if (s[10] == 'T') {
-        int m = 0;
-        if (sscanf(s + 11, "%2d:%2d:%2dZ%n", &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &m) != 3 ||
-            m != 9 || s[20] != '\0')
-            return false;
-    } else if (s[10] != '\0') {
-        return false;
-    }
-    if (tm.tm_year < 1970 || tm.tm_year > 9999 || tm.tm_mon < 1 || tm.tm_mon > 12 ||
-        tm.tm_mday < 1 || tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
-        return false;
-    tm.tm_year -= 1900;
-    tm.tm_mon -= 1;
-    *out = (int64_t)timegm(&tm);
-    return true;
-}
-
 static void put_time(struct sl_str *b, int64_t t)
 {
-    struct tm tm;
-    time_t tt = (time_t)t;
-    gmtime_r(&tt, &tm);
     char s[32];
-    strftime(s, sizeof s, "\"%Y-%m-%dT%H:%M:%SZ\"", &tm);
-    sl_str_append(b, s, strlen(s));
+    sl_usage_time_format(t, s);
+    sl_str_appendf(b, "\"%s\"", s);
 }
 
 static void put_money(struct sl_str *b, int64_t nano)
@@ -135,7 +103,7 @@ static bool time_param(struct api_exchange *a, const char *p, int64_t *out)
     int r = sl_exchange_query_param(a->x, p, v, sizeof v);
     if (r == 0)
         return true;
-    if (r > 0 && parse_time(v, out))
+    if (r > 0 && sl_usage_time_parse(v, out))
         return true;
     struct sl_openai_error err;
     sl_openai_error_set(&err, 400, p, "invalid_value",

@@ -19,6 +19,10 @@
  * Returns the process exit status: 0, 1 when the simulation failed, 2 for bad arguments, a bad
  * configuration or a bad trace line (named by its line number). */
 int sl_simulate_main(int argc, char **argv, FILE *out, FILE *err);
+/* `sluice usage export ARGS` (argv[0] is "usage"): the usage journal of a state_dir as CSV or
+ * JSON for chargeback (server/usage_export.c documents the arguments). Returns the exit status:
+ * 0, 1 when the journal cannot be read, 2 for bad arguments. */
+int sl_usage_export_main(int argc, char **argv, FILE *out, FILE *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Served models (server/engine.c)

@@ -77,6 +77,11 @@ struct sl_usage_key {
     int64_t hour; /* unix seconds at the start of the hour (UTC) */
 };
 
+/* A time as the usage routes and the export take it: unix seconds, "YYYY-MM-DD" or
+ * "YYYY-MM-DDTHH:MM:SSZ" (UTC). False for anything else. */
+bool sl_usage_time_parse(const char *s, int64_t *out);
+/* t as "YYYY-MM-DDTHH:MM:SSZ" (UTC), NUL-terminated in out. */
+void sl_usage_time_format(int64_t t, char out[32]);
 /* The hour of unix time t: t rounded down to a multiple of 3600. */
 int64_t sl_usage_hour(int64_t t);
 /* Fills k (names cut to their maximum length). */

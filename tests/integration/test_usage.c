@@ -302,6 +302,21 @@ Test(usage, the_journal_keeps_every_answer_clients_received_across_a_kill_9)
     cr_assert_geq(prompt, (long long)atomic_load(&l.prompt));
     cr_assert_geq(completion, (long long)atomic_load(&l.completion));
     cr_assert_leq(completion, (long long)atomic_load(&l.completion) + SENDERS * 8);
+    /* Finance's export reads the same journal, beside the running server. */
+    char args[256], out[8192];
+    snprintf(args, sizeof args,
+             "usage export --state-dir '%s' --group-by tenant --format json "
+             "--currency credits",
+             state_dir);
+    cr_assert_eq(sluice_run(args, out, sizeof out), 0, "%s", out);
+    json_t *e = json_loads(out, 0, NULL);
+    cr_assert(json_is_array(e) && json_array_size(e) == 1, "%s", out);
+    json_t *r0 = json_array_get(e, 0);
+    cr_assert_str_eq(json_string_value(json_object_get(r0, "tenant")), "alice");
+    cr_assert_eq(json_integer_value(json_object_get(r0, "requests")), req);
+    cr_assert_eq(json_integer_value(json_object_get(r0, "prompt_tokens")), prompt);
+    cr_assert_str_eq(json_string_value(json_object_get(r0, "currency")), "credits");
+    json_decref(e);
 }
 
 /* A budget of 100,000 nano-units a day; each request's worst case is 5 prompt tokens at 1,000 and
