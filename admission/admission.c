@@ -518,10 +518,13 @@ static bool budget_take(struct sl_admit *a, const struct sl_admit_env *env)
     a->budget_cell = c;
     a->budget_reserved = worst;
     a->budget_period_start = start;
+    a->budget_spent = s + worst;
     a->budget_used = (double)(s + worst) / (double)t->budget;
     a->budget_warn = a->budget_used * 100.0 >= (double)t->budget_soft_pct;
     int64_t w = atomic_load_explicit(&c->warned, memory_order_relaxed);
-    if (a->budget_warn && w != start && atomic_compare_exchange_strong(&c->warned, &w, start))
+    a->budget_crossed =
+        a->budget_warn && w != start && atomic_compare_exchange_strong(&c->warned, &w, start);
+    if (a->budget_crossed)
         sl_log(SL_LOG_WARN,
                "budget: tenant '%s' has used %.0f%% of its budget (soft_pct %d) for this %s",
                t->name, a->budget_used * 100.0, t->budget_soft_pct,

@@ -3,6 +3,7 @@
 
 #include <sluice/fleet.h>
 
+#include <event2/http.h>
 #include <jansson.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -98,6 +99,7 @@ void sl_config_dispose(struct sl_config *c)
     free(c->fleet.password_env);
     free(c->metering.currency);
     free(c->metering.state_dir);
+    free(c->metering.budget_webhook);
     free(c->log_level);
     free(c->engine.cpu_isa);
     sl_tenancy_dispose(&c->tenancy);
@@ -255,6 +257,7 @@ enum key_type {
     K_PRICE,      /* {"input_per_mtok", "cached_input_per_mtok", "output_per_mtok",
                      "device_second"}: a struct sl_usage_price */
     K_CURRENCY,   /* 1 to 16 printable ASCII characters */
+    K_WEBHOOK,    /* null or an http:// URL with a host */
 };
 
 struct key {
@@ -305,6 +308,7 @@ static const struct key keys[] = {
     {"currency", K_CURRENCY, OFF(metering.currency), 0, 0},
     {"price", K_PRICE, OFF(metering.price), 0, 0},
     {"state_dir", K_STR_OR_NULL, OFF(metering.state_dir), 0, 0},
+    {"budget_webhook", K_WEBHOOK, OFF(metering.budget_webhook), 0, 0},
 };
 
 #define PRICE_MAX 1e6 /* per million tokens or per second: far above any real price */
@@ -873,6 +877,27 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
     case K_PRICE:
         return parse_price((struct sl_usage_price *)(base + k->off), v, err, errlen, where,
                            "\"price\"");
+    case K_WEBHOOK: {
+        const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+        if (json_is_null(v)) {
+            replace((char **)(base + k->off), NULL);
+            return SL_OK;
+        }
+        struct evhttp_uri *u = s ? evhttp_uri_parse(s) : NULL;
+        bool ok = u && evhttp_uri_get_scheme(u) && strcmp(evhttp_uri_get_scheme(u), "http") == 0 &&
+                  evhttp_uri_get_host(u) && evhttp_uri_get_host(u)[0] && strlen(s) <= 1024;
+        if (u)
+            evhttp_uri_free(u);
+        if (!ok) {
+            snprintf(err, errlen,
+                     "%s: \"%s\" must be null or an http:// URL with a host (https:// is not "
+                     "supported: point it at a relay on a trusted network)",
+                     where, k->name);
+            return SL_EINVAL;
+        }
+        replace((char **)(base + k->off), s);
+        return SL_OK;
+    }
     case K_CURRENCY: {
         const char *s = json_is_string(v) ? json_string_value(v) : "";
         bool ok = json_is_string(v) && strlen(s) >= 1 && strlen(s) <= 16 &&
@@ -1138,6 +1163,7 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
         case K_MODEL_NAME:
         case K_CPU_ISA:
         case K_CURRENCY:
+        case K_WEBHOOK:
         case K_LOG_LEVEL: {
             const char *s = *(char *const *)(base + k->off);
             v = s ? json_string(s) : json_null();

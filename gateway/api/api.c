@@ -416,6 +416,7 @@ static void thread_free(void *arg)
     sl_str_dispose(&t->out);
     sl_str_dispose(&t->hdr);
     sl_str_dispose(&t->journal_buf);
+    api_webhooks_free(t);
     free(t->ids);
     free(t);
 }

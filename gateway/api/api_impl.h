@@ -76,6 +76,8 @@ struct api_thread {
     struct sl_fleet_client *fleet; /* NULL without a fleet */
     struct event *beat_ev;         /* thread 0 of a fleet: the heartbeat */
     struct sl_str journal_buf;     /* usage records for the journal, written before_write */
+    struct api_webhook *webhooks;  /* budget webhooks in flight or waiting to retry */
+    struct evdns_base *dns;        /* their resolver, made at the first */
 };
 
 /* Which API a route speaks (its errors' shape, its objects). */
@@ -243,6 +245,11 @@ void api_serve_completion(struct api_exchange *a);
  * (unix seconds, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ: hours starting in [from, to)), group_by
  * (tenant, model, tier, hour), and for the admin's, tenant. */
 void api_serve_admin_usage(struct api_exchange *a);
+/* webhook.c: POSTs the budget_webhook for the tenant a's admission took past its soft_pct
+ * (a->adm.budget_crossed), from a's thread, retried with backoff; never waited for. */
+void api_budget_webhook(struct api_exchange *a);
+/* Frees the thread's webhooks still in flight or waiting (at the thread's end). */
+void api_webhooks_free(struct api_thread *t);
 void api_serve_own_usage(struct api_exchange *a);
 /* Runs a request decoded into a->oc (Anthropic's messages): model, tier, admission, submit. */
 void api_serve_decoded(struct api_exchange *a);

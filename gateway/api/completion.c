@@ -374,6 +374,10 @@ static void admission_decided(struct api_exchange *a, enum sl_admit_verdict v)
     const struct sl_tier *policy = &sl_config_tenancy(a->cfg)->tiers[adm->policy_tier];
     const char *policy_tier = policy->sched.name;
     struct sl_openai_error err;
+    if (a->adm.budget_crossed) {
+        a->adm.budget_crossed = false;
+        api_budget_webhook(a);
+    }
     switch (v) {
     case SL_ADMIT_OK:
         a->parked = false;

@@ -370,7 +370,10 @@ struct sl_admit {
     bool budget_held;
     int64_t cost;
     double budget_used;
+    int64_t budget_spent; /* the period's spend once it was reserved (nano-units) */
     bool budget_warn;
+    bool budget_crossed; /* it took the budget past soft_pct first this period: the caller tells
+                            the operator's webhook (budget_webhook), once */
 };
 
 void sl_admit_init(struct sl_admit *a);

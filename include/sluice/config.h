@@ -115,6 +115,8 @@ struct sl_config_metering {
     struct sl_usage_price price; /* of every model without a price of its own (0: free) */
     char *state_dir;             /* the usage journal's directory (start-only), or NULL: usage is
                                     kept in memory only (or in Redis with "redis") */
+    char *budget_webhook;        /* http://host[:port]/path POSTed when a tenant passes its
+                                    budget's soft_pct, or NULL */
 };
 
 /* c's sections, valid as long as the caller holds c. Any thread. */

@@ -1140,7 +1140,10 @@ Test(gateway, budget_reserves_the_worst_case_and_refuses_exactly_when_it_would_n
     cr_assert_str_eq(header(&b, &c, &c.tenancy.tenants[0], 0, "x-sluice-budget", h, sizeof h),
                      "warning; used=0.60");
     /* 600,000 + 300,000 fits; 900,000 + 300,000 would not. */
+    cr_assert(b.budget_crossed, "b crossed the soft threshold: the webhook's turn");
     cr_assert_eq(begin_money(&d, &f, &c, NOON_ISH, 100, 100), SL_ADMIT_OK);
+    cr_assert(d.budget_warn);
+    cr_assert_not(d.budget_crossed, "once a period");
     struct sl_admit e;
     cr_assert_eq(begin_money(&e, &f, &c, NOON_ISH, 100, 100), SL_ADMIT_OVER_BUDGET);
     cr_assert_eq(e.reason, SL_ADMIT_REASON_TENANT_BUDGET);

@@ -8,7 +8,11 @@
 
 #include "harness.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <openssl/sha.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <math.h>
 #include <pthread.h>
@@ -378,4 +382,114 @@ Test(usage, a_budget_refuses_with_insufficient_quota_exactly_when_the_worst_case
     cr_assert_gt(refused, 0);
     double ratio = metrics_fetch_sum(srv.port, "sluice:tenant_budget_used_ratio");
     cr_assert(fabs(ratio - (double)spent / 100000.0) < 1e-6, "gauge %f, spent %lld", ratio, spent);
+}
+
+/* ---- the budget webhook ---- */
+
+struct receiver {
+    int fd; /* listening */
+    int port;
+    int attempts;         /* requests received */
+    char first_line[256]; /* of the last */
+    char body[2048];      /* of the last */
+};
+
+/* Reads one HTTP request from c (head and Content-Length body) into r. */
+static bool read_request(int c, struct receiver *r)
+{
+    char buf[8192];
+    size_t len = 0;
+    for (;;) {
+        struct pollfd p = {.fd = c, .events = POLLIN};
+        if (poll(&p, 1, 30000) <= 0) /* a guard against a hang, not a wait */
+            return false;
+        ssize_t n = recv(c, buf + len, sizeof buf - 1 - len, 0);
+        if (n <= 0)
+            return false;
+        len += (size_t)n;
+        buf[len] = '\0';
+        char *end = strstr(buf, "\r\n\r\n");
+        if (!end)
+            continue;
+        const char *cl = strcasestr(buf, "content-length:");
+        size_t want = cl ? (size_t)atol(cl + 15) : 0;
+        if (len - (size_t)(end + 4 - buf) < want)
+            continue;
+        snprintf(r->first_line, sizeof r->first_line, "%.*s", (int)strcspn(buf, "\r"), buf);
+        snprintf(r->body, sizeof r->body, "%.*s", (int)want, end + 4);
+        return true;
+    }
+}
+
+/* Answers the first attempt 500 and the second 204. */
+static void *receive(void *arg)
+{
+    struct receiver *r = arg;
+    for (int i = 0; i < 2; i++) {
+        struct pollfd p = {.fd = r->fd, .events = POLLIN};
+        if (poll(&p, 1, 30000) <= 0)
+            return NULL;
+        int c = accept(r->fd, NULL, NULL);
+        if (c < 0)
+            return NULL;
+        if (read_request(c, r)) {
+            r->attempts++;
+            const char *ans = i == 0 ? "HTTP/1.1 500 Internal Server Error\r\nContent-Length: "
+                                       "0\r\nConnection: close\r\n\r\n"
+                                     : "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n";
+            send(c, ans, strlen(ans), MSG_NOSIGNAL);
+        }
+        close(c);
+    }
+    return NULL;
+}
+
+Test(usage, passing_the_soft_threshold_posts_the_webhook_and_retries_it)
+{
+    struct receiver r = {.fd = socket(AF_INET, SOCK_STREAM, 0)};
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(r.fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    getsockname(r.fd, (struct sockaddr *)&a, &al);
+    r.port = ntohs(a.sin_port);
+    cr_assert_eq(listen(r.fd, 4), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, receive, &r);
+    unsigned char h[32];
+    char hex[65], config[4096];
+    SHA256((const unsigned char *)CAROL, strlen(CAROL), h);
+    for (int i = 0; i < 32; i++)
+        snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    snprintf(config, sizeof config,
+             "{" HARNESS_TIERS_WITHOUT_GUARD ",\"threads\":1,\"currency\":\"EUR\",\"price\":"
+             "{\"input_per_mtok\":1,\"output_per_mtok\":2},\"budget_webhook\":"
+             "\"http://127.0.0.1:%d/hooks/budget?from=sluice\",\"tenants\":[{\"name\":\"carol\","
+             "\"key_sha256\":\"%s\",\"tiers\":[\"interactive\"],\"default_tier\":\"interactive\","
+             "\"budget\":{\"amount\":0.0001,\"period\":\"day\",\"soft_pct\":50}}]}",
+             r.port, hex);
+    start_with(config);
+    /* Two worst cases of 25,000 make 50 % of 100,000: the second crosses. */
+    char raw[16384];
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", AUTH(CAROL),
+                                        "{\"prompt\":\"Once upon a time\",\"max_tokens\":10}", raw,
+                                        sizeof raw),
+                     200);
+    pthread_join(th, NULL);
+    close(r.fd);
+    cr_assert_eq(r.attempts, 2, "a 500, then again");
+    cr_assert_str_eq(r.first_line, "POST /hooks/budget?from=sluice HTTP/1.1");
+    json_t *j = json_loads(r.body, 0, NULL);
+    cr_assert_not_null(j, "%s", r.body);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "budget.soft_limit");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "tenant")), "carol");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "currency")), "EUR");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "period")), "day");
+    cr_assert_eq(json_integer_value(json_object_get(j, "soft_pct")), 50);
+    cr_assert_eq(json_real_value(json_object_get(j, "used")), 0.5);
+    cr_assert_eq(json_real_value(json_object_get(j, "budget")), 0.0001);
+    cr_assert_not_null(json_object_get(j, "period_start"));
+    json_decref(j);
+    server_wait_log(&srv, "webhook for tenant 'carol' answered 204");
 }
