@@ -476,50 +476,54 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
  * every choice generated, no device time) reserved against what its period has left. The first
  * request of a period reads what the ledger has recorded in it. False, with why and when the
  * period resets, when the worst case does not fit. */
-static bool budget_take(struct sl_admit *a, const struct sl_admit_env *env)
+/* The budget's period at env's clock and the request's worst case (every prompt token uncached,
+ * max_tokens of every choice generated, no device time). False when the tenant has none (or the
+ * caller gives no prices). */
+static bool budget_plan(struct sl_admit *a, const struct sl_admit_env *env, int64_t *start,
+                        int64_t *end, int64_t *worst)
 {
     const struct sl_tenant *t = a->tenant;
     a->budget_used = -1;
     if (t->budget <= 0 || !env->price || !env->spent)
-        return true;
-    struct cell *c = a->tenant_cell;
-    int64_t start, end;
+        return false;
     sl_usage_period_bounds((enum sl_usage_period)t->budget_period, t->budget_month_day, env->unix_s,
-                           &start, &end);
-    int64_t seen = atomic_load_explicit(&c->period_start, memory_order_acquire);
-    if (seen != start && atomic_compare_exchange_strong(&c->period_start, &seen, start))
-        atomic_store(&c->spent, env->spent(env->ctx, t->name, start, end));
-    int64_t worst = sl_usage_worst_case(env->price(env->ctx, a->model), choices(a) * a->n_prompt,
-                                        choices(a) * prompts(a) * a->max_tokens);
-    int64_t s = atomic_load_explicit(&c->spent, memory_order_relaxed);
-    do {
-        if (s > t->budget - worst) {
-            char spent[32], budget[32], most[32];
-            sl_usage_money_format(s, spent, sizeof spent);
-            sl_usage_money_format(t->budget, budget, sizeof budget);
-            sl_usage_money_format(worst, most, sizeof most);
-            a->reason = SL_ADMIT_REASON_TENANT_BUDGET;
-            a->budget_used = (double)s / (double)t->budget;
-            bool total = t->budget_period == SL_USAGE_TOTAL;
-            a->retry_ns = total ? -1 : (end - env->unix_s) * NS_PER_S;
-            snprintf(a->why, sizeof a->why,
-                     "Tenant '%s' has used %s of its budget of %s%s%s, and this request may cost "
-                     "up to %s%s",
-                     t->name, spent, budget, total ? "" : " for this ",
-                     total ? "" : sl_usage_period_name((enum sl_usage_period)t->budget_period),
-                     most,
-                     total ? "; the budget does not reset."
-                           : ". It resets with the next period (see Retry-After).");
-            return false;
-        }
-    } while (!atomic_compare_exchange_weak_explicit(&c->spent, &s, s + worst, memory_order_relaxed,
-                                                    memory_order_relaxed));
-    a->budget_held = true;
-    a->budget_cell = c;
-    a->budget_reserved = worst;
+                           start, end);
+    *worst = sl_usage_worst_case(env->price(env->ctx, a->model), choices(a) * a->n_prompt,
+                                 choices(a) * prompts(a) * a->max_tokens);
+    return true;
+}
+
+/* Refused: spent of budget is used, worst would not fit. */
+static void budget_refuse(struct sl_admit *a, int64_t spent_now, int64_t budget, int64_t worst,
+                          int64_t retry_ns)
+{
+    const struct sl_tenant *t = a->tenant;
+    char spent[32], whole[32], most[32];
+    sl_usage_money_format(spent_now, spent, sizeof spent);
+    sl_usage_money_format(budget, whole, sizeof whole);
+    sl_usage_money_format(worst, most, sizeof most);
+    a->reason = SL_ADMIT_REASON_TENANT_BUDGET;
+    a->budget_used = (double)spent_now / (double)t->budget;
+    bool total = t->budget_period == SL_USAGE_TOTAL;
+    a->retry_ns = total ? -1 : retry_ns;
+    snprintf(a->why, sizeof a->why,
+             "Tenant '%s' has used %s of its budget of %s%s%s, and this request may cost up to "
+             "%s%s",
+             t->name, spent, whole, total ? "" : " for this ",
+             total ? "" : sl_usage_period_name((enum sl_usage_period)t->budget_period), most,
+             total ? "; the budget does not reset."
+                   : ". It resets with the next period (see "
+                     "Retry-After).");
+}
+
+/* Reserved: the period's spend is now spent_after; the soft threshold's warning, and its first
+ * crossing in the period on this replica (the log line, the webhook). */
+static void budget_mark(struct sl_admit *a, struct cell *c, int64_t spent_after, int64_t start)
+{
+    const struct sl_tenant *t = a->tenant;
     a->budget_period_start = start;
-    a->budget_spent = s + worst;
-    a->budget_used = (double)(s + worst) / (double)t->budget;
+    a->budget_spent = spent_after;
+    a->budget_used = (double)spent_after / (double)t->budget;
     a->budget_warn = a->budget_used * 100.0 >= (double)t->budget_soft_pct;
     int64_t w = atomic_load_explicit(&c->warned, memory_order_relaxed);
     a->budget_crossed =
@@ -529,6 +533,35 @@ static bool budget_take(struct sl_admit *a, const struct sl_admit_env *env)
                "budget: tenant '%s' has used %.0f%% of its budget (soft_pct %d) for this %s",
                t->name, a->budget_used * 100.0, t->budget_soft_pct,
                sl_usage_period_name((enum sl_usage_period)t->budget_period));
+}
+
+/* The tenant's budget on this replica: the worst case reserved against what its period has
+ * left (share: the budget divided by it, for a replica deciding alone while Redis is away). The
+ * first request of a period reads what the ledger has recorded in it. False, with why and when
+ * the period resets, when it does not fit. */
+static bool budget_take(struct sl_admit *a, const struct sl_admit_env *env, int share)
+{
+    const struct sl_tenant *t = a->tenant;
+    int64_t start, end, worst;
+    if (!budget_plan(a, env, &start, &end, &worst))
+        return true;
+    struct cell *c = a->tenant_cell;
+    int64_t seen = atomic_load_explicit(&c->period_start, memory_order_acquire);
+    if (seen != start && atomic_compare_exchange_strong(&c->period_start, &seen, start))
+        atomic_store(&c->spent, env->spent(env->ctx, t->name, start, end));
+    int64_t budget = t->budget / (share > 1 ? share : 1);
+    int64_t s = atomic_load_explicit(&c->spent, memory_order_relaxed);
+    do {
+        if (s > budget - worst) {
+            budget_refuse(a, s, budget, worst, (end - env->unix_s) * NS_PER_S);
+            return false;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&c->spent, &s, s + worst, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    a->budget_held = true;
+    a->budget_cell = c;
+    a->budget_reserved = worst;
+    budget_mark(a, c, s + worst, start);
     return true;
 }
 
@@ -536,6 +569,11 @@ static bool budget_take(struct sl_admit *a, const struct sl_admit_env *env)
  * a request that ends in the next period adds its cost to that one, as the ledger does). */
 static void budget_settle(struct sl_admit *a, int64_t cost)
 {
+    if (a->budget_fleet_held) { /* Redis holds it: the refund settles it there */
+        a->budget_fleet_held = false;
+        a->refund_budget = cost - a->budget_reserved;
+        a->refund_budget_pending = true;
+    }
     if (!a->budget_held)
         return;
     a->budget_held = false;
@@ -649,7 +687,7 @@ static enum sl_admit_verdict admitted(struct sl_admit *a)
 }
 
 /* The fleet's buckets a request touches, in the order of its take. */
-enum bucket_kind { BUCKET_REQUESTS, BUCKET_TOKENS, BUCKET_TIER };
+enum bucket_kind { BUCKET_REQUESTS, BUCKET_TOKENS, BUCKET_TIER, BUCKET_BUDGET };
 
 static int fleet_kinds(const struct sl_admit *a, enum bucket_kind k[SL_FLEET_BUCKETS_MAX])
 {
@@ -660,6 +698,8 @@ static int fleet_kinds(const struct sl_admit *a, enum bucket_kind k[SL_FLEET_BUC
         k[n++] = BUCKET_TOKENS;
     if (a->tenancy->tiers[a->tier].token_rate > 0)
         k[n++] = BUCKET_TIER;
+    if (a->budget_fleet && a->tenant_cell)
+        k[n++] = BUCKET_BUDGET;
     return n;
 }
 
@@ -862,8 +902,17 @@ enum sl_admit_verdict sl_admit_begin(struct sl_admit *a, const struct sl_admit_e
         return admitted(a);
     if (has_limits(t) && t != &sl_tenant_anonymous) {
         a->tenant_cell = cfg->state->tenants[t - cfg->tenants];
-        if (!budget_take(a, env))
+        int64_t start, end, worst;
+        if (a->fleet && budget_plan(a, env, &start, &end, &worst)) {
+            /* The fleet's take reserves it, with the tenant's and tier's buckets. */
+            a->budget_fleet = true;
+            a->budget_reserved = worst;
+            a->budget_period_start = start;
+            a->budget_period_end = end;
+            a->budget_now = env->unix_s;
+        } else if (!a->fleet && !budget_take(a, env, 1)) {
             return over_budget(a);
+        }
         if (!a->fleet) { /* else the fleet's take charges them with the tier's */
             if (tenant_take(a, now_ns) != SL_ADMIT_REASON_NONE)
                 return limited(a);
@@ -950,6 +999,19 @@ static void fleet_bucket(const struct sl_admit *a, enum bucket_kind k, const cha
 {
     int i = out->n++;
     char *key = out->key[i];
+    if (k == BUCKET_BUDGET) {
+        /* One key per period, so a new period starts from nothing: "…:budget:acme:1793491200". */
+        snprintf(key, SL_ADMIT_FLEET_KEY_MAX, "%.*sbudget:%s:%lld", SL_FLEET_PREFIX_MAX, prefix,
+                 a->tenant->name, (long long)a->budget_period_start);
+        out->b[i].key = key;
+        int64_t left = a->budget_period_end == INT64_MAX ? 0 : a->budget_period_end - a->budget_now;
+        out->b[i].rate = (struct sl_gcra_rate){
+            .limit = 0, .period_ns = (left > 0 ? left : 1) * NS_PER_S, .burst = a->tenant->budget};
+        if (a->budget_period_end == INT64_MAX)
+            out->b[i].rate.period_ns = 0;
+        out->b[i].cost = cost;
+        return;
+    }
     if (k == BUCKET_TIER)
         snprintf(key, SL_ADMIT_FLEET_KEY_MAX, "%.*stier:%s", SL_FLEET_PREFIX_MAX, prefix,
                  a->tenancy->tiers[a->tier].sched.name);
@@ -970,15 +1032,24 @@ int sl_admit_fleet_take(const struct sl_admit *a, const char *prefix,
     int n = a->verdict == SL_ADMIT_FLEET ? fleet_kinds(a, k) : 0;
     out->n = 0;
     for (int i = 0; i < n; i++)
-        fleet_bucket(a, k[i], prefix, k[i] == BUCKET_REQUESTS ? 1 : charge(a), out);
+        fleet_bucket(a, k[i], prefix,
+                     k[i] == BUCKET_REQUESTS ? 1
+                     : k[i] == BUCKET_BUDGET ? a->budget_reserved
+                                             : charge(a),
+                     out);
     return out->n;
 }
 
 int sl_admit_fleet_refund(struct sl_admit *a, const char *prefix, struct sl_admit_fleet_call *out)
 {
     out->n = 0;
+    if (a->refund_budget_pending && !a->active) {
+        a->refund_budget_pending = false;
+        if (a->refund_budget != 0)
+            fleet_bucket(a, BUCKET_BUDGET, prefix, a->refund_budget, out);
+    }
     if (!a->fleet_charged || a->active)
-        return 0;
+        return out->n;
     if (a->refund_request)
         fleet_bucket(a, BUCKET_REQUESTS, prefix, 1, out);
     if (a->refund_tenant_tokens > 0)
@@ -1021,6 +1092,11 @@ enum sl_admit_verdict sl_admit_fleet_answer(struct sl_admit *a, const struct sl_
         /* No answer: this replica's share, from where the fleet stood at its last answer. */
         a->local = true;
         a->replicas = replicas > 1 ? replicas : 1;
+        if (a->budget_fleet && !budget_take(a, env, a->replicas)) {
+            release_hold(a);
+            unpark(a);
+            return decided(a, over_budget(a));
+        }
         if (a->tenant_cell && tenant_take(a, now_ns) != SL_ADMIT_REASON_NONE) {
             release_hold(a);
             unpark(a);
@@ -1042,6 +1118,12 @@ enum sl_admit_verdict sl_admit_fleet_answer(struct sl_admit *a, const struct sl_
     }
     if (t->admitted) {
         for (int i = 0; i < n; i++) {
+            if (k[i] == BUCKET_BUDGET) {
+                a->budget_fleet_held = true;
+                budget_mark(a, a->tenant_cell, a->tenant->budget - t->view[i].remaining,
+                            a->budget_period_start);
+                continue;
+            }
             sl_gcra_bucket_set(bucket_of(a, k[i]), now_ns, t->view[i].reset_ns);
             if (k[i] == BUCKET_REQUESTS)
                 a->took_request = true;
@@ -1056,6 +1138,13 @@ enum sl_admit_verdict sl_admit_fleet_answer(struct sl_admit *a, const struct sl_
     }
     int f = t->failed >= 0 && t->failed < n ? t->failed : n - 1;
     const struct sl_gcra_view *v = &t->view[f];
+    if (k[f] == BUCKET_BUDGET) {
+        release_hold(a);
+        unpark(a);
+        budget_refuse(a, a->tenant->budget - v->remaining, a->tenant->budget, a->budget_reserved,
+                      v->retry_ns);
+        return over_budget(a);
+    }
     sl_gcra_bucket_set(bucket_of(a, k[f]), now_ns, v->reset_ns);
     release_hold(a);
     if (k[f] == BUCKET_TIER) {

@@ -19,7 +19,12 @@
 /* KEYS: the buckets. ARGV: per bucket limit, period (µs), burst, cost.
  * Returns {1, now, remaining and reset of each bucket after the take} when all had room, else
  * {0, now, the 1-based index of the first without, its retry (µs, -1: never), remaining, reset}
- * and charges nothing. */
+ * and charges nothing.
+ * A bucket of limit 0 is money (a tenant's budget for one period): a counter of what was spent,
+ * burst the budget, cost the request's worst case, period the time until the period ends (µs; 0:
+ * never), a day after which the key expires. It has room while spent + cost <= budget; its retry
+ * is the period's end; remaining is what is left of the budget, reset the time to the period's
+ * end. Amounts are nano-units in Lua's doubles: exact below 2^53 (nine million units). */
 const char sl_fleet_take_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
@@ -39,49 +44,87 @@ const char sl_fleet_take_lua[] =
     "  local a = (i - 1) * 4\n"
     "  local limit, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])\n"
     "  local burst, cost = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])\n"
-    "  local tat = load(KEYS[i], limit, period)\n"
-    "  local inc, cap = ceildiv(cost * period, limit), ceildiv(burst * period, limit)\n"
-    "  local debt = tat + inc - now\n"
-    "  if debt > cap then\n"
-    "    local owed = tat - now\n"
-    "    local rem = cap > owed and floordiv((cap - owed) * limit, period) or 0\n"
-    "    return {0, now, i, inc > cap and -1 or debt - cap, rem, owed}\n"
+    "  if limit == 0 then\n"
+    "    local spent = tonumber(redis.call('GET', KEYS[i]) or '0')\n"
+    "    if spent + cost > burst then\n"
+    "      return {0, now, i, period > 0 and period or -1, math.max(burst - spent, 0), period}\n"
+    "    end\n"
+    "    nxt[i] = -1\n"
+    "    out[#out + 1] = burst - spent - cost\n"
+    "    out[#out + 1] = period\n"
+    "  else\n"
+    "    local tat = load(KEYS[i], limit, period)\n"
+    "    local inc, cap = ceildiv(cost * period, limit), ceildiv(burst * period, limit)\n"
+    "    local debt = tat + inc - now\n"
+    "    if debt > cap then\n"
+    "      local owed = tat - now\n"
+    "      local rem = cap > owed and floordiv((cap - owed) * limit, period) or 0\n"
+    "      return {0, now, i, inc > cap and -1 or debt - cap, rem, owed}\n"
+    "    end\n"
+    "    nxt[i] = tat + inc\n"
+    "    out[#out + 1] = cap > debt and floordiv((cap - debt) * limit, period) or 0\n"
+    "    out[#out + 1] = debt\n"
     "  end\n"
-    "  nxt[i] = tat + inc\n"
-    "  out[#out + 1] = cap > debt and floordiv((cap - debt) * limit, period) or 0\n"
-    "  out[#out + 1] = debt\n"
     "end\n"
     "for i = 1, #KEYS do\n"
     "  local a = (i - 1) * 4\n"
-    "  if nxt[i] > now then\n"
+    "  if nxt[i] == -1 then\n"
+    "    redis.call('INCRBY', KEYS[i], ARGV[a + 4])\n"
+    "    local period = tonumber(ARGV[a + 2])\n"
+    "    if period > 0 then redis.call('PEXPIRE', KEYS[i], ceildiv(period, 1000) + 86400000) end\n"
+    "  elseif nxt[i] > now then\n"
     "    redis.call('HSET', KEYS[i], 't', nxt[i], 'l', ARGV[a + 1], 'p', ARGV[a + 2])\n"
     "    redis.call('PEXPIRE', KEYS[i], ceildiv(nxt[i] - now, 1000))\n"
     "  end\n"
     "end\n"
     "return out\n";
 
-/* KEYS: the buckets. ARGV: per bucket limit, period (µs), tokens to give back. A bucket that is
- * full, or has expired, takes nothing back. Returns the number of buckets given to. */
+/* The end of a request. KEYS: the buckets, then, when ARGV has more than 3 values per key, the
+ * usage hash of the request's hour. ARGV: per bucket limit, period (µs), tokens to give back;
+ * then the usage's field prefix ("tenant\tmodel\ttier") and its requests, prompt, cached and
+ * completion tokens, device ns and cost, each added to the hash's field "<prefix>\t<name>". A
+ * bucket that is full, or has expired, takes nothing back; a money bucket (limit 0) adds the
+ * signed amount to what was spent while its period's key lives. Returns the number of buckets
+ * given to. */
 const char sl_fleet_refund_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
     "local function ceildiv(a, b) local r = a % b; return (a - r) / b + (r > 0 and 1 or 0) end\n"
-    "local n = 0\n"
-    "for i = 1, #KEYS do\n"
+    "local n, nb = 0, #KEYS\n"
+    "if #ARGV > 3 * #KEYS then\n"
+    "  nb = #KEYS - 1\n"
+    "  local u = 3 * nb\n"
+    "  local names = {'requests', 'prompt_tokens', 'cached_tokens', 'completion_tokens', "
+    "'device_ns',\n"
+    "                 'cost'}\n"
+    "  for j = 1, 6 do\n"
+    "    local v = tonumber(ARGV[u + 1 + j])\n"
+    "    if v ~= 0 then redis.call('HINCRBY', KEYS[#KEYS], ARGV[u + 1] .. '\\t' .. names[j], v) "
+    "end\n"
+    "  end\n"
+    "end\n"
+    "for i = 1, nb do\n"
     "  local a = (i - 1) * 3\n"
-    "  local h = redis.call('HMGET', KEYS[i], 't', 'l', 'p')\n"
-    "  local tat = tonumber(h[1])\n"
-    "  if tat and tat > now then\n"
-    "    local limit = tonumber(h[2]) or tonumber(ARGV[a + 1])\n"
-    "    local period = tonumber(h[3]) or tonumber(ARGV[a + 2])\n"
-    "    local back = tat - ceildiv(tonumber(ARGV[a + 3]) * period, limit)\n"
-    "    if back <= now then\n"
-    "      redis.call('DEL', KEYS[i])\n"
-    "    else\n"
-    "      redis.call('HSET', KEYS[i], 't', back)\n"
-    "      redis.call('PEXPIRE', KEYS[i], ceildiv(back - now, 1000))\n"
+    "  if tonumber(ARGV[a + 1]) == 0 then\n"
+    "    if redis.call('EXISTS', KEYS[i]) == 1 then\n"
+    "      redis.call('INCRBY', KEYS[i], ARGV[a + 3])\n"
+    "      n = n + 1\n"
     "    end\n"
-    "    n = n + 1\n"
+    "  else\n"
+    "    local h = redis.call('HMGET', KEYS[i], 't', 'l', 'p')\n"
+    "    local tat = tonumber(h[1])\n"
+    "    if tat and tat > now then\n"
+    "      local limit = tonumber(h[2]) or tonumber(ARGV[a + 1])\n"
+    "      local period = tonumber(h[3]) or tonumber(ARGV[a + 2])\n"
+    "      local back = tat - ceildiv(tonumber(ARGV[a + 3]) * period, limit)\n"
+    "      if back <= now then\n"
+    "        redis.call('DEL', KEYS[i])\n"
+    "      else\n"
+    "        redis.call('HSET', KEYS[i], 't', back)\n"
+    "        redis.call('PEXPIRE', KEYS[i], ceildiv(back - now, 1000))\n"
+    "      end\n"
+    "      n = n + 1\n"
+    "    end\n"
     "  end\n"
     "end\n"
     "return n\n";
@@ -120,6 +163,25 @@ static int args(const struct sl_fleet_bucket *b, int n, char (*num)[24], bool bu
         snprintf(num[k++], 24, "%lld", (long long)b[i].cost);
     }
     return k;
+}
+
+void sl_fleet_usage_key(char *out, size_t outlen, const char *prefix, int64_t hour)
+{
+    snprintf(out, outlen, "%susage:%lld", prefix, (long long)hour);
+}
+
+void sl_fleet_usage_field(char *out, size_t outlen, const struct sl_usage_key *k)
+{
+    snprintf(out, outlen, "%s\t%s\t%s", k->tenant, k->model, k->tier);
+}
+
+int sl_fleet_usage_args(const struct sl_usage *u, char (*num)[24])
+{
+    const int64_t v[6] = {u->requests,          u->prompt_tokens, u->cached_tokens,
+                          u->completion_tokens, u->device_ns,     u->cost};
+    for (int i = 0; i < 6; i++)
+        snprintf(num[i], 24, "%lld", (long long)v[i]);
+    return 6;
 }
 
 int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24])

@@ -28,7 +28,10 @@ struct sl_fleet_call {
     bool retried; /* NOSCRIPT was answered once: sent again as EVAL */
     int n;
     struct sl_fleet_bucket b[SL_FLEET_BUCKETS_MAX];
-    char keys[SL_FLEET_BUCKETS_MAX][KEY_MAX];
+    char keys[SL_FLEET_BUCKETS_MAX + 1][KEY_MAX]; /* + the usage hash of a settle */
+    bool usage;                                   /* a refund that records usage too */
+    char field[KEY_MAX];
+    char unum[6][24];
     char beat_ttl[16]; /* a beat: keys[0] the fleet's set, keys[1] this replica's id */
 };
 
@@ -273,7 +276,7 @@ static int call_send(struct sl_fleet_call *call)
                                           sl_fleet_beat_lua};
     const char *shas[] = {c->sha_take, c->sha_refund, c->sha_beat};
     char num[4 * SL_FLEET_BUCKETS_MAX][24], nkeys[8];
-    const char *argv[3 + 5 * SL_FLEET_BUCKETS_MAX];
+    const char *argv[3 + 5 * SL_FLEET_BUCKETS_MAX + 8];
     int argc = 0;
     argv[argc++] = call->retried ? "EVAL" : "EVALSHA";
     argv[argc++] = call->retried ? scripts[call->kind] : shas[call->kind];
@@ -286,12 +289,17 @@ static int call_send(struct sl_fleet_call *call)
     }
     int nargs = call->kind == CALL_REFUND ? sl_fleet_refund_args(call->b, call->n, num)
                                           : sl_fleet_take_args(call->b, call->n, num);
-    snprintf(nkeys, sizeof nkeys, "%d", call->n);
+    snprintf(nkeys, sizeof nkeys, "%d", call->n + (call->usage ? 1 : 0));
     argv[argc++] = nkeys;
-    for (int i = 0; i < call->n; i++)
+    for (int i = 0; i < call->n + (call->usage ? 1 : 0); i++)
         argv[argc++] = call->keys[i];
     for (int i = 0; i < nargs; i++)
         argv[argc++] = num[i];
+    if (call->usage) {
+        argv[argc++] = call->field;
+        for (int i = 0; i < 6; i++)
+            argv[argc++] = call->unum[i];
+    }
     return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
 }
 
@@ -347,7 +355,7 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
 static struct sl_fleet_call *call_new(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
                                       int n, bool refund)
 {
-    if (n < 1 || n > SL_FLEET_BUCKETS_MAX)
+    if (n < (refund ? 0 : 1) || n > SL_FLEET_BUCKETS_MAX)
         return NULL;
     struct sl_fleet_call *call = sl_xcalloc(1, sizeof *call);
     call->c = c;
@@ -409,11 +417,28 @@ void sl_fleet_call_cancel(struct sl_fleet_call *call)
 
 void sl_fleet_refund(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n)
 {
-    if (!c->up || !c->ac)
-        return;
+    sl_fleet_settle(c, b, n, NULL, NULL);
+}
+
+bool sl_fleet_settle(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n,
+                     const char *prefix, const struct sl_usage_key_usage *u)
+{
+    if (!c->up || !c->ac || (n == 0 && !u))
+        return false;
     struct sl_fleet_call *call = call_new(c, b, n, true);
-    if (call && call_send(call) != REDIS_OK)
+    if (!call)
+        return false;
+    if (u) {
+        call->usage = true;
+        sl_fleet_usage_key(call->keys[n], KEY_MAX, prefix, u->key.hour);
+        sl_fleet_usage_field(call->field, KEY_MAX, &u->key);
+        sl_fleet_usage_args(&u->usage, call->unum);
+    }
+    if (call_send(call) != REDIS_OK) {
         call_free(call);
+        return false;
+    }
+    return true;
 }
 
 void sl_fleet_beat(struct sl_fleet_client *c, const char *key, const char *id, int ttl_ms)

@@ -1,19 +1,24 @@
 /* `sluice usage export`: the usage journal of a state_dir, for chargeback, as CSV or JSON, over a
  * time range, grouped as asked. It reads the file without changing it, so it may run beside the
  * server that appends to it (a line the server is writing at that moment is skipped, and said). */
+#include <sluice/fleet.h>
 #include <sluice/server.h>
 #include <sluice/usage.h>
 
+#include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char usage_text[] =
-    "usage: sluice usage export --state-dir DIR [--from T] [--to T] [--tenant NAME]\n"
-    "                           [--group-by tenant,model,tier,hour] [--format csv|json]\n"
-    "                           [--currency NAME]\n"
+    "usage: sluice usage export (--state-dir DIR | --redis URL [--key-prefix P]) [--from T]\n"
+    "                           [--to T] [--tenant NAME] [--group-by tenant,model,tier,hour]\n"
+    "                           [--format csv|json] [--currency NAME]\n"
     "\n"
-    "  Prints the usage a server kept in DIR/usage.jsonl (its \"state_dir\"): requests, prompt,\n"
+    "  Prints the usage a server kept in DIR/usage.jsonl (its \"state_dir\"), or the fleet's\n"
+    "  ledger in Redis (redis://[:password@]host[:port][/db], the password else from\n"
+    "  $SLUICE_REDIS_PASSWORD; keys under --key-prefix, \"sluice:\" by default): requests, "
+    "prompt,\n"
     "  cached and completion tokens, device seconds and cost, summed by the groups asked (all "
     "four\n"
     "  by default), over the hours that start in [--from, --to) (unix seconds, YYYY-MM-DD or\n"
@@ -55,9 +60,111 @@ static void row(void *arg, const struct sl_usage_key *k, const struct sl_usage *
             (long long)u->completion_tokens, dev, cost, o->currency);
 }
 
+/* One field of an hour's hash: "tenant\tmodel\ttier\tcounter" = value. */
+static bool add_field(struct sl_usage_ledger *l, int64_t hour, const char *f, size_t n,
+                      const char *v)
+{
+    char buf[512];
+    if (n >= sizeof buf)
+        return false;
+    memcpy(buf, f, n);
+    buf[n] = '\0';
+    char *part[4];
+    char *p = buf;
+    for (int i = 0; i < 4; i++) {
+        part[i] = p;
+        char *tab = i < 3 ? strchr(p, '\t') : NULL;
+        if (i < 3 && !tab)
+            return false;
+        if (tab) {
+            *tab = '\0';
+            p = tab + 1;
+        }
+    }
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (*v == '\0' || *end != '\0')
+        return false;
+    struct sl_usage u = {0};
+    int64_t *dst = strcmp(part[3], "requests") == 0            ? &u.requests
+                   : strcmp(part[3], "prompt_tokens") == 0     ? &u.prompt_tokens
+                   : strcmp(part[3], "cached_tokens") == 0     ? &u.cached_tokens
+                   : strcmp(part[3], "completion_tokens") == 0 ? &u.completion_tokens
+                   : strcmp(part[3], "device_ns") == 0         ? &u.device_ns
+                   : strcmp(part[3], "cost") == 0              ? &u.cost
+                                                               : NULL;
+    if (!dst)
+        return false;
+    *dst = x;
+    struct sl_usage_key k;
+    sl_usage_key_set(&k, part[0], part[1], part[2], hour);
+    sl_usage_ledger_add(l, &k, &u);
+    return true;
+}
+
+/* The fleet's ledger: every "<prefix>usage:<hour>" hash (SCAN, then HGETALL each). */
+static enum sl_status read_redis(const char *url, const char *prefix, struct sl_usage_ledger *l,
+                                 int *bad, char *err, size_t errlen)
+{
+    struct sl_fleet_addr a;
+    if (sl_fleet_addr_parse(url, &a, err, errlen) != SL_OK)
+        return SL_EINVAL;
+    const char *pw = getenv("SLUICE_REDIS_PASSWORD");
+    if (!a.password[0] && pw)
+        snprintf(a.password, sizeof a.password, "%s", pw);
+    struct timeval tv = {5, 0};
+    redisContext *c = redisConnectWithTimeout(a.host, a.port, tv);
+    if (!c || c->err) {
+        snprintf(err, errlen, "redis %s:%d: %s", a.host, a.port, c ? c->errstr : "no memory");
+        redisFree(c);
+        return SL_EIO;
+    }
+    redisSetTimeout(c, tv);
+    redisReply *r = NULL;
+    if (a.password[0])
+        freeReplyObject(redisCommand(c, "AUTH %s", a.password));
+    if (a.db)
+        freeReplyObject(redisCommand(c, "SELECT %d", a.db));
+    char pattern[300], cursor[32] = "0";
+    snprintf(pattern, sizeof pattern, "%susage:*", prefix);
+    size_t plen = strlen(prefix) + 6;
+    enum sl_status st = SL_OK;
+    do {
+        r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
+        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+            snprintf(err, errlen, "redis SCAN: %s",
+                     r && r->type == REDIS_REPLY_ERROR ? r->str : c->errstr);
+            st = SL_EIO;
+            break;
+        }
+        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
+        for (size_t i = 0; i < r->element[1]->elements; i++) {
+            const char *key = r->element[1]->element[i]->str;
+            char *end;
+            long long hour = strtoll(key + plen, &end, 10);
+            if (*end || hour % 3600 != 0) {
+                (*bad)++;
+                continue;
+            }
+            redisReply *h = redisCommand(c, "HGETALL %s", key);
+            for (size_t j = 0; h && h->type == REDIS_REPLY_ARRAY && j + 1 < h->elements; j += 2)
+                if (!add_field(l, hour, h->element[j]->str, h->element[j]->len,
+                               h->element[j + 1]->str))
+                    (*bad)++;
+            freeReplyObject(h);
+        }
+        freeReplyObject(r);
+        r = NULL;
+    } while (strcmp(cursor, "0") != 0);
+    freeReplyObject(r);
+    redisFree(c);
+    return st;
+}
+
 int sl_usage_export_main(int argc, char **argv, FILE *out, FILE *errf)
 {
-    const char *dir = NULL, *tenant = NULL, *format = "csv", *currency = "";
+    const char *dir = NULL, *tenant = NULL, *format = "csv", *currency = "", *redis = NULL,
+               *prefix = "sluice:";
     int64_t from = INT64_MIN, to = INT64_MAX;
     unsigned group = SL_USAGE_BY_TENANT | SL_USAGE_BY_MODEL | SL_USAGE_BY_TIER | SL_USAGE_BY_HOUR;
     if (argc < 2 || strcmp(argv[1], "export") != 0) {
@@ -80,6 +187,10 @@ int sl_usage_export_main(int argc, char **argv, FILE *out, FILE *errf)
         const char *v = argv[++i];
         if (strcmp(a, "--state-dir") == 0) {
             dir = v;
+        } else if (strcmp(a, "--redis") == 0) {
+            redis = v;
+        } else if (strcmp(a, "--key-prefix") == 0) {
+            prefix = v;
         } else if (strcmp(a, "--tenant") == 0) {
             tenant = v;
         } else if (strcmp(a, "--currency") == 0) {
@@ -119,22 +230,33 @@ int sl_usage_export_main(int argc, char **argv, FILE *out, FILE *errf)
             return 2;
         }
     }
-    if (!dir) {
-        fprintf(errf, "sluice usage export: --state-dir DIR is required (--help)\n");
+    if (!dir == !redis) {
+        fprintf(errf, "sluice usage export: give --state-dir DIR or --redis URL (--help)\n");
         return 2;
     }
     char path[4096], err[512];
-    snprintf(path, sizeof path, "%s/usage.jsonl", dir);
     struct sl_usage_ledger *l = sl_usage_ledger_new();
     int bad = 0;
-    if (sl_usage_journal_read(path, l, &bad, err, sizeof err) != SL_OK) {
-        fprintf(errf, "sluice usage export: %s\n", err);
-        sl_usage_ledger_free(l);
-        return 1;
+    if (redis) {
+        if (read_redis(redis, prefix, l, &bad, err, sizeof err) != SL_OK) {
+            fprintf(errf, "sluice usage export: %s\n", err);
+            sl_usage_ledger_free(l);
+            return 1;
+        }
+        if (bad)
+            fprintf(errf, "sluice usage export: %d field%s of the fleet's ledger not understood\n",
+                    bad, bad == 1 ? "" : "s");
+    } else {
+        snprintf(path, sizeof path, "%s/usage.jsonl", dir);
+        if (sl_usage_journal_read(path, l, &bad, err, sizeof err) != SL_OK) {
+            fprintf(errf, "sluice usage export: %s\n", err);
+            sl_usage_ledger_free(l);
+            return 1;
+        }
+        if (bad)
+            fprintf(errf, "sluice usage export: %s: %d line%s that do not parse skipped\n", path,
+                    bad, bad == 1 ? "" : "s");
     }
-    if (bad)
-        fprintf(errf, "sluice usage export: %s: %d line%s that do not parse skipped\n", path, bad,
-                bad == 1 ? "" : "s");
     struct out o = {
         .f = out, .json = strcmp(format, "json") == 0, .group = group, .currency = currency};
     if (o.json)

@@ -475,6 +475,7 @@ struct sl_api *sl_api_new(struct sl_config *cfg)
     atomic_init(&a->fleet_up, 1);
     atomic_init(&a->fleet_local, 0);
     atomic_init(&a->fleet_pending, 0);
+    atomic_init(&a->fleet_unsent, 0);
     a->ledger = sl_usage_ledger_new();
     fleet_init(a, sl_config_fleet(cfg));
     return a;

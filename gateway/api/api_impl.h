@@ -56,6 +56,7 @@ struct sl_api {
     atomic_int fleet_up;       /* 1: the latest take was answered; 0: deciding on local shares */
     atomic_llong fleet_local;  /* takes decided on the local share (sluice:fleet_local_total) */
     atomic_int fleet_pending;  /* requests waiting for a take's answer (sluice:fleet_pending) */
+    atomic_llong fleet_unsent; /* usage records Redis could not be sent (kept locally only) */
     /* Metering: every finished request's usage, and the journal that keeps it (or NULL). */
     struct sl_usage_ledger *ledger;
     struct sl_usage_journal *journal;
@@ -158,6 +159,8 @@ struct api_exchange {
     /* Metering: the request's usage once it has ended (metered), and its cost as a decimal. */
     bool metered;
     struct sl_usage usage;
+    struct sl_usage_key usage_key; /* the ledger's row it was added to */
+    bool usage_sent;               /* given to the fleet's ledger (Redis) */
     char cost[32];
     /* Anthropic: the stop sequences (in the arena), to name the one that matched. */
     const char *stops[SL_REQ_MAX_STOPS];

@@ -38,9 +38,19 @@ static void admit_release(struct api_exchange *a, int n_generated)
     }
     a->parked = false;
     sl_admit_end(&a->adm, n_generated, (int64_t)sl_clock_ns());
+    /* With a fleet, the end settles in one call: what the buckets (and the budget) get back, and
+     * the usage added to the fleet's ledger. */
     struct sl_admit_fleet_call refund;
-    if (a->t->fleet && sl_admit_fleet_refund(&a->adm, a->t->api->fleet_prefix, &refund) > 0)
-        sl_fleet_refund(a->t->fleet, refund.b, refund.n);
+    int n = a->t->fleet ? sl_admit_fleet_refund(&a->adm, a->t->api->fleet_prefix, &refund) : 0;
+    bool usage = a->t->fleet && a->metered && !a->usage_sent;
+    if (n > 0 || usage) {
+        struct sl_usage_key_usage ku = {.key = a->usage_key, .usage = a->usage};
+        bool sent =
+            sl_fleet_settle(a->t->fleet, refund.b, n, a->t->api->fleet_prefix, usage ? &ku : NULL);
+        if (usage && !sent)
+            atomic_fetch_add_explicit(&a->t->api->fleet_unsent, 1, memory_order_relaxed);
+        a->usage_sent |= usage;
+    }
     api_release_prompts(a);
     if (a->has_oc) {
         sl_openai_completion_dispose(&a->oc);
@@ -97,6 +107,7 @@ static void meter(struct api_exchange *a, int n_completion)
     sl_usage_key_set(&k, a->tenant ? a->tenant->name : sl_tenant_anonymous.name,
                      api->engines[a->engine].name, tier, sl_usage_hour(sl_clock_unix()));
     sl_usage_ledger_add(api->ledger, &k, u);
+    a->usage_key = k;
     if (api->journal)
         sl_usage_journal_record(&a->t->journal_buf, &k, u);
 }

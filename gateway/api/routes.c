@@ -240,11 +240,16 @@ static void serve_metrics(struct api_exchange *a)
             "share because Redis did not answer.\n# TYPE sluice:fleet_local_total counter\n"
             "sluice:fleet_local_total %lld\n"
             "# HELP sluice:fleet_pending Requests waiting for Redis's answer to their budget "
-            "check.\n# TYPE sluice:fleet_pending gauge\nsluice:fleet_pending %d\n",
+            "check.\n# TYPE sluice:fleet_pending gauge\nsluice:fleet_pending %d\n"
+            "# HELP sluice:fleet_usage_unsent_total Usage records that could not be sent to the "
+            "fleet's ledger in Redis (this replica's ledger and journal keep them).\n"
+            "# TYPE sluice:fleet_usage_unsent_total counter\nsluice:fleet_usage_unsent_total "
+            "%lld\n",
             atomic_load_explicit(&api->fleet_up, memory_order_relaxed),
             atomic_load_explicit(&api->fleet_replicas, memory_order_relaxed),
             atomic_load_explicit(&api->fleet_local, memory_order_relaxed),
-            atomic_load_explicit(&api->fleet_pending, memory_order_relaxed));
+            atomic_load_explicit(&api->fleet_pending, memory_order_relaxed),
+            atomic_load_explicit(&api->fleet_unsent, memory_order_relaxed));
     api_send(a, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b->p, b->len);
 }
 

@@ -365,9 +365,13 @@ struct sl_admit {
      * was reserved in; what the request cost (set by the caller before sl_admit_end; 0 for one
      * that never ran); the share of the budget spent once it was reserved (< 0: no budget), and
      * whether that is past the tenant's soft_pct (the x-sluice-budget warning). */
-    int64_t budget_reserved, budget_period_start;
+    int64_t budget_reserved, budget_period_start, budget_period_end, budget_now;
     void *budget_cell; /* where it is reserved (budget_held) */
     bool budget_held;
+    bool budget_fleet;      /* the budget is the fleet's: the take reserves it in Redis */
+    bool budget_fleet_held; /* reserved there: sl_admit_end leaves the settling to the refund */
+    bool refund_budget_pending;
+    int64_t refund_budget; /* what the refund adds to the fleet's spend (signed) */
     int64_t cost;
     double budget_used;
     int64_t budget_spent; /* the period's spend once it was reserved (nano-units) */
@@ -520,6 +524,14 @@ void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1]);
  * num; returns how many. The KEYS are the buckets' keys in the same order. */
 int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24]);
 int sl_fleet_refund_args(const struct sl_fleet_bucket *b, int n, char (*num)[24]);
+/* The fleet's usage ledger (written by the refund script): one hash per hour, key
+ * "<prefix>usage:<hour>" (unix seconds), fields "<tenant>\t<model>\t<tier>\t<counter>" with
+ * counter one of requests, prompt_tokens, cached_tokens, completion_tokens, device_ns, cost.
+ * The hash's key and a record's field prefix ("<tenant>\t<model>\t<tier>"), NUL-terminated;
+ * and the refund script's ARGV tail for usage u (6 numbers, in that order). */
+void sl_fleet_usage_key(char *out, size_t outlen, const char *prefix, int64_t hour);
+void sl_fleet_usage_field(char *out, size_t outlen, const struct sl_usage_key *k);
+int sl_fleet_usage_args(const struct sl_usage *u, char (*num)[24]);
 /* Reads take's reply for n buckets: SL_OK and *out, or SL_EIO with err saying what was wrong
  * (an error reply, such as NOSCRIPT, is passed on in err as Redis worded it). */
 struct redisReply;

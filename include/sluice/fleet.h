@@ -61,6 +61,17 @@ void sl_fleet_call_cancel(struct sl_fleet_call *call);
 /* Gives tokens back (fire and forget: a refund that cannot be sent is dropped, and the bucket
  * refills on its own in time). */
 void sl_fleet_refund(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n);
+/* A request's usage and the hour it is counted in. */
+struct sl_usage_key_usage {
+    struct sl_usage_key key;
+    struct sl_usage usage;
+};
+/* The end of a request in one call: the n buckets' refunds (money buckets take a signed
+ * amount) and, when u is not NULL, its usage added to the fleet's ledger under prefix (the
+ * refund script). Fire and forget; false when it could not be sent (not connected): the caller
+ * keeps the usage elsewhere. */
+bool sl_fleet_settle(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n,
+                     const char *prefix, const struct sl_usage_key_usage *u);
 
 /* Says this replica (id) is alive in the fleet's set (key), where a replica silent for ttl_ms
  * counts as gone; fire and forget. The answer, how many replicas are alive, is kept:

@@ -255,3 +255,102 @@ Test(fleet, replies_that_are_not_the_scripts_are_errors_not_verdicts)
     freeReplyObject(r);
     redisFree(c);
 }
+
+/* A money bucket: limit 0, burst the budget, period the time to the period's end. */
+static struct sl_fleet_bucket money(const char *key, int64_t budget, int64_t cost)
+{
+    return (struct sl_fleet_bucket){key, {.limit = 0, .period_ns = HOUR_NS, .burst = budget}, cost};
+}
+
+Test(fleet, a_budget_takes_worst_cases_while_they_fit_and_settles_to_the_cost)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_bucket b = money("f:budget", 100, 30);
+    struct sl_fleet_take t = take(c, &b, 1);
+    cr_assert(t.admitted);
+    cr_assert_eq(t.view[0].remaining, 70);
+    cr_assert_eq(t.view[0].reset_ns, HOUR_NS, "the period's end");
+    cr_assert(take(c, &b, 1).admitted);
+    cr_assert(take(c, &b, 1).admitted);
+    t = take(c, &b, 1);
+    cr_assert_not(t.admitted, "90 spent: 30 more would pass 100");
+    cr_assert_eq(t.failed, 0);
+    cr_assert_eq(t.view[0].remaining, 10);
+    cr_assert_eq(t.view[0].retry_ns, HOUR_NS, "not before the period resets");
+    /* A request reserved 30 and cost 5: -25 settles it; one that cost more adds. */
+    b.cost = -25;
+    refund(c, &b, 1);
+    b.cost = 30;
+    t = take(c, &b, 1);
+    cr_assert(t.admitted, "65 spent");
+    cr_assert_eq(t.view[0].remaining, 5);
+    redisReply *r = redisCommand(c, "PTTL f:budget");
+    cr_assert_gt(r->integer, 3600000, "kept a day past its period");
+    freeReplyObject(r);
+    /* A budget without end (period 0) never expires and says never to retry. */
+    struct sl_fleet_bucket total = money("f:total", 10, 10);
+    total.rate.period_ns = 0;
+    cr_assert(take(c, &total, 1).admitted);
+    t = take(c, &total, 1);
+    cr_assert_not(t.admitted);
+    cr_assert_eq(t.view[0].retry_ns, -1);
+    r = redisCommand(c, "PTTL f:total");
+    cr_assert_eq(r->integer, -1);
+    freeReplyObject(r);
+    /* A settle after the period's key is gone adds nothing anywhere. */
+    freeReplyObject(redisCommand(c, "DEL f:budget"));
+    b.cost = 7;
+    refund(c, &b, 1);
+    r = redisCommand(c, "EXISTS f:budget");
+    cr_assert_eq(r->integer, 0);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+Test(fleet, the_end_of_a_request_adds_its_usage_to_the_hour_in_the_same_call)
+{
+    redisContext *c = connect_server();
+    struct sl_fleet_bucket b = slow("f:tpm", 100, 60);
+    cr_assert(take(c, &b, 1).admitted);
+    struct sl_usage_key k;
+    sl_usage_key_set(&k, "acme", "m", "batch", 1795759200);
+    struct sl_usage u = {.requests = 1,
+                         .prompt_tokens = 5,
+                         .completion_tokens = 16,
+                         .device_ns = 812000,
+                         .cost = 10350};
+    char hkey[64], field[256], num[9][24];
+    sl_fleet_usage_key(hkey, sizeof hkey, "sl:", k.hour);
+    cr_assert_str_eq(hkey, "sl:usage:1795759200");
+    sl_fleet_usage_field(field, sizeof field, &k);
+    b.cost = 39; /* gives back what it did not use */
+    sl_fleet_refund_args(&b, 1, num);
+    sl_fleet_usage_args(&u, num + 3);
+    for (int round = 0; round < 2; round++) {
+        const char *argv[] = {"EVAL", sl_fleet_refund_lua,
+                              "2",    b.key,
+                              hkey,   num[0],
+                              num[1], num[2],
+                              field,  num[3],
+                              num[4], num[5],
+                              num[6], num[7],
+                              num[8]};
+        redisReply *r = redisCommandArgv(c, 15, argv, NULL);
+        cr_assert(r && r->type == REDIS_REPLY_INTEGER, "%s", r && r->str ? r->str : "?");
+        freeReplyObject(r);
+    }
+    redisReply *r = redisCommand(c, "HGET %s %s", hkey, "acme\tm\tbatch\tcost");
+    cr_assert(r->str, "type %d", r->type);
+    cr_assert_str_eq(r->str, "20700", "two requests' cost");
+    freeReplyObject(r);
+    r = redisCommand(c, "HGET %s %s", hkey, "acme\tm\tbatch\tcompletion_tokens");
+    cr_assert_str_eq(r->str, "32");
+    freeReplyObject(r);
+    r = redisCommand(c, "HEXISTS %s %s", hkey, "acme\tm\tbatch\tcached_tokens");
+    cr_assert_eq(r->integer, 0, "zeros are not written");
+    freeReplyObject(r);
+    /* The bucket got its 39 back once, the second time it was full: 100 - 60 + 39 + 21. */
+    b.cost = 0;
+    cr_assert_eq(take(c, &b, 1).view[0].remaining, 100);
+    redisFree(c);
+}

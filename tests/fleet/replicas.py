@@ -280,6 +280,7 @@ class Fleet:
     def __init__(self, binary, tmp, tenants, redis):
         self.redis = redis
         cfg = {"listen": "127.0.0.1:0", "threads": 1, "log_level": "info",
+               "price": {"input_per_mtok": 1, "output_per_mtok": 2},
                "tiers": {"interactive": {"priority": 0, "weight": 4, "ttft_slo_ms": 600000,
                                          "tpot_slo_ms": 1000},
                          "batch": {"priority": 1, "weight": 1, "ttft_slo_ms": 600000,
@@ -351,6 +352,47 @@ def test_budgets(fleet, port, seconds):
     check(set(k.reasons) == {"tenant_tokens"},
           f"tpm: refusals are tenant_tokens ({k.reasons})")
     check(r.local == 0 and k.local == 0, "no decision was local while redis answered")
+
+
+def test_budget(fleet, port, binary):
+    """A money budget shared by the replicas: 100,000 nano-units a day, requests of 5 prompt
+    tokens (1,000 each) and 10 generated (2,000 each) worst case, 25,000."""
+    budget, worst, spent, admitted, refused = 100000, 25000, 0, 0, 0
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 10})
+    for i in range(8):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("POST", "/v1/completions", body=body,
+                  headers={"Authorization": "Bearer key-money", "Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        if spent + worst <= budget:
+            if r.status != 200:
+                check(False, f"budget: request {i} with {spent} spent should pass ({r.status} {data[:200]!r})")
+                return
+            cost = r.getheader("x-sluice-cost")
+            spent += round(float(cost) * 1e9)
+            admitted += 1
+        else:
+            ok = (r.status == 429 and b'"insufficient_quota"' in data and
+                  r.getheader("x-should-retry") == "false")
+            if not ok:
+                check(False, f"budget: request {i} with {spent} spent should be refused "
+                             f"({r.status} {data[:200]!r})")
+                return
+            refused += 1
+    check(admitted == 4 and refused == 4,
+          f"budget across {REPLICAS} replicas: {admitted} admitted ({spent} of {budget} spent), "
+          f"{refused} refused with insufficient_quota")
+    out = subprocess.run([binary, "usage", "export", "--redis",
+                          f"redis://127.0.0.1:{fleet.redis.port}", "--tenant", "money",
+                          "--group-by", "tenant", "--format", "json"],
+                         capture_output=True, text=True)
+    rows = json.loads(out.stdout) if out.returncode == 0 else []
+    check(len(rows) == 1 and rows[0]["requests"] == admitted and
+          round(float(rows[0]["cost"]) * 1e9) == spent,
+          f"the fleet's ledger in Redis has every admitted request ({out.stdout.strip()[:300]} "
+          f"{out.stderr.strip()[:200]})")
 
 
 def test_kill(fleet, port, seconds, tmp):
@@ -523,11 +565,13 @@ def main():
         redis = Redis(tmp)
         redis.start()
         tenants = [tenant("rpm", rpm=RPM), tenant("tpm", tpm=TPM), tenant("kill", rpm=RPM),
-                   tenant("stall", rpm=6000), tenant("probe", rpm=100000)]
+                   tenant("stall", rpm=6000), tenant("probe", rpm=100000),
+                   tenant("money", budget={"amount": 0.0001, "period": "day"})]
         fleet = Fleet(binary, tmp, tenants, redis)
         try:
             port = fleet.nginx.port
             test_budgets(fleet, port, seconds)
+            test_budget(fleet, port, binary)
             test_stall(fleet, port)
             test_kill(fleet, port, seconds, tmp)
         finally:

@@ -1236,3 +1236,65 @@ Test(gateway, budget_keys_load_with_their_defaults_and_errors_name_the_path)
                  "tenants[0].budget.currency: unknown key");
     expect_error(BUDGET_TENANT("50"), "tenants[0].budget: must be null or an object");
 }
+
+/* With a fleet, the budget is one more bucket of the take (Redis's money counter). */
+Test(gateway, fleet_budget_is_reserved_in_the_take_and_settled_by_the_refund)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"budget\":{\"amount\":0.001,\"period\":\"day\",\"soft_pct\":50}");
+    struct fake f;
+    fake_init(&f, 10000);
+    struct sl_admit_env env = env_of(&f);
+    env.price = fake_price;
+    env.spent = fake_spent;
+    env.unix_s = NOON_ISH;
+    struct sl_admit a;
+    sl_admit_init(&a);
+    a.fleet = true;
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 100, 0),
+                 SL_ADMIT_FLEET);
+    struct sl_admit_fleet_call call;
+    cr_assert_eq(sl_admit_fleet_take(&a, "sl:", &call), 1);
+    cr_assert_str_eq(call.b[0].key, "sl:budget:a:1795737600", "the day's key");
+    cr_assert_eq(call.b[0].rate.limit, 0, "money");
+    cr_assert_eq(call.b[0].rate.burst, 1000000);
+    cr_assert_eq(call.b[0].rate.period_ns, (DAY_END - NOON_ISH) * SEC);
+    cr_assert_eq(call.b[0].cost, 300000, "the worst case");
+    /* Redis had 300,000 spent before: 400,000 left after it, 60 %: the warning. */
+    struct sl_fleet_take t = {.admitted = true, .failed = -1};
+    t.view[0] = (struct sl_gcra_view){.remaining = 400000, .reset_ns = 1};
+    cr_assert_eq(answer(&a, &f, &t, 2, 0), SL_ADMIT_OK);
+    cr_assert(a.budget_warn);
+    cr_assert_eq(a.budget_used, 0.6);
+    /* It cost 50,000: the refund takes 250,000 off the fleet's spend, once. */
+    a.cost = 50000;
+    sl_admit_end(&a, 10, 0);
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 1);
+    cr_assert_str_eq(call.b[0].key, "sl:budget:a:1795737600");
+    cr_assert_eq(call.b[0].cost, -250000);
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 0);
+    /* Refused by the fleet's budget: 429 insufficient_quota until the day's end. */
+    sl_admit_init(&a);
+    a.fleet = true;
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 100, 0),
+                 SL_ADMIT_FLEET);
+    struct sl_fleet_take no = {.admitted = false, .failed = 0};
+    no.view[0] = (struct sl_gcra_view){
+        .remaining = 100000, .reset_ns = 5 * SEC, .retry_ns = (DAY_END - NOON_ISH) * SEC};
+    cr_assert_eq(answer(&a, &f, &no, 2, 0), SL_ADMIT_OVER_BUDGET);
+    cr_assert_eq(a.retry_ns, (DAY_END - NOON_ISH) * SEC);
+    cr_assert(strstr(a.why, "has used 0.0009 of its budget of 0.001"), "%s", a.why);
+    cr_assert_eq(queued_requests(&c, 0), 0);
+    sl_admit_end(&a, -1, 0);
+    cr_assert_eq(sl_admit_fleet_refund(&a, "sl:", &call), 0, "nothing was reserved");
+    /* No answer: this replica's share, half the budget of two replicas, from the ledger. */
+    ledger_spent = 400000;
+    sl_admit_init(&a);
+    a.fleet = true;
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 100, 0),
+                 SL_ADMIT_FLEET);
+    enum sl_admit_verdict v = sl_admit_fleet_answer(&a, &env, NULL, 2, 0);
+    cr_assert_eq(v, SL_ADMIT_OVER_BUDGET, "400,000 + 300,000 > 500,000: %d %s", v, a.note);
+    cr_assert_str_eq(a.note, "rejected; reason=tenant_budget; budget=local");
+    sl_config_dispose(&c);
+}
