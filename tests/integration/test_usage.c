@@ -493,3 +493,66 @@ Test(usage, passing_the_soft_threshold_posts_the_webhook_and_retries_it)
     json_decref(j);
     server_wait_log(&srv, "webhook for tenant 'carol' answered 204");
 }
+
+/* ---- a client that leaves, and a reload ---- */
+
+static long long admin_total(const char *field)
+{
+    char raw[16384];
+    cr_assert_eq(
+        client_try_request(srv.port, "GET", "/admin/usage", AUTH(ADMIN), NULL, raw, sizeof raw),
+        200);
+    json_t *j = json_loads(strstr(raw, "\r\n\r\n") + 4, 0, NULL);
+    long long v = json_integer_value(json_object_get(json_object_get(j, "total"), field));
+    json_decref(j);
+    return v;
+}
+
+static const char *const reloads[] = {"SIGHUP: configuration reloaded",
+                                      "SIGHUP: configuration refused", NULL};
+
+Test(usage, a_client_that_leaves_pays_for_what_ran_and_a_reload_changes_prices_not_usage)
+{
+    start_with(CONFIG(""));
+    /* A stream of up to 200 tokens; the client leaves after the first text. */
+    int fd = client_connect(srv.port);
+    client_request_h(fd, "POST", "/v1/completions", AUTH(ALICE),
+                     "{\"prompt\":\"Once upon a time\",\"max_tokens\":200,\"stream\":true,"
+                     "\"ignore_eos\":true}",
+                     true);
+    char buf[4096];
+    cr_assert(client_read_until(fd, "\"text\":", buf, sizeof buf));
+    close(fd);
+    server_wait_log(&srv, "\"status\":499");
+    cr_assert_eq(admin_total("requests"), 1, "metered although its client left");
+    long long completion = admin_total("completion_tokens");
+    cr_assert_gt(completion, 0);
+    cr_assert_lt(completion, 200, "only what ran");
+    long long cost = admin_total("prompt_tokens") * 1000 + completion * 2000;
+    double metric = metrics_fetch_sum(srv.port, "sluice:tenant_cost_total");
+    cr_assert(fabs(metric * 1e9 - (double)cost) < 1, "%f against %lld", metric, cost);
+    /* Prices ten times higher from the reload on; usage stays. */
+    FILE *f = fopen(cfg_path, "w");
+    cr_assert_not_null(f);
+    char cfg[4096];
+    snprintf(cfg, sizeof cfg, "%s", CONFIG(""));
+    char *p = strstr(cfg, "\"input_per_mtok\":1,\"output_per_mtok\":2");
+    cr_assert_not_null(p);
+    memcpy(p, "\"input_per_mtok\":9,\"output_per_mtok\":8", 38);
+    fputs(cfg, f);
+    fclose(f);
+    server_log_clear(&srv);
+    cr_assert_eq(kill(srv.pid, SIGHUP), 0);
+    cr_assert_eq(server_wait_log_any(&srv, reloads), 0, "%s", srv.log);
+    cr_assert_eq(admin_total("requests"), 1, "a reload resets no usage");
+    char raw[16384];
+    cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", AUTH(ALICE),
+                                    "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,"
+                                    "\"ignore_eos\":true}",
+                                    raw, sizeof raw),
+                 200);
+    const char *h = strcasestr(raw, "x-sluice-cost: ");
+    cr_assert_not_null(h);
+    cr_assert_eq(nano_of(h + 15), 5 * 9000 + 3 * 8000, "the new prices");
+    cr_assert_eq(admin_total("requests"), 2);
+}
