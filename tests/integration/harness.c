@@ -372,7 +372,17 @@ bool client_read_response(int fd, struct response *r)
             cr_assert(read_line(fd, line, sizeof line), "chunk size line missing");
             size_t n = strtoul(line, NULL, 16);
             if (n == 0) {
-                cr_assert(read_line(fd, line, sizeof line));
+                /* Trailer fields, if any, then the empty line: kept with the head's fields. */
+                for (;;) {
+                    cr_assert(read_line(fd, line, sizeof line), "trailer cut short");
+                    if (strcmp(line, "\r\n") == 0)
+                        break;
+                    for (char *c = line; *c && *c != ':'; c++)
+                        *c = (char)tolower((unsigned char)*c);
+                    size_t l = strlen(line), hl = strlen(r->headers);
+                    cr_assert_lt(hl + l, sizeof r->headers);
+                    memcpy(r->headers + hl, line, l + 1);
+                }
                 break;
             }
             while (r->body_len + n + 1 > cap)

@@ -73,7 +73,8 @@ size_t server_wait_log_from(struct server *s, size_t from, const char *needle);
 
 struct response {
     int status;
-    char headers[8192]; /* raw header block, lower-cased names */
+    char headers[8192]; /* raw header block, lower-cased names (a chunked body's trailer
+                         * fields follow the head's) */
     char *body;         /* de-chunked, NUL-terminated, malloc'd */
     size_t body_len;
 };
