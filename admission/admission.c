@@ -521,6 +521,10 @@ static void budget_refuse(struct sl_admit *a, int64_t spent_now, int64_t budget,
 static void budget_mark(struct sl_admit *a, struct cell *c, int64_t spent_after, int64_t start)
 {
     const struct sl_tenant *t = a->tenant;
+    if (a->budget_fleet) { /* the fleet's latest count, for /v1/usage and the gauges */
+        atomic_store_explicit(&c->period_start, start, memory_order_release);
+        atomic_store_explicit(&c->spent, spent_after, memory_order_relaxed);
+    }
     a->budget_period_start = start;
     a->budget_spent = spent_after;
     a->budget_used = (double)spent_after / (double)t->budget;
@@ -1173,6 +1177,22 @@ static void budget_of(struct sl_admit_budget *out, long long limit, const struct
     out->limit = limit;
     out->remaining = v.remaining;
     out->reset_ns = v.reset_ns;
+}
+
+bool sl_admit_budget_now(const struct sl_tenancy *cfg, const struct sl_tenant *t, int64_t unix_s,
+                         struct sl_admit_budget_state *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!t || t->budget <= 0 || t == &sl_tenant_anonymous || !cfg->state)
+        return false;
+    out->amount = t->budget;
+    sl_usage_period_bounds((enum sl_usage_period)t->budget_period, t->budget_month_day, unix_s,
+                           &out->start, &out->end);
+    const struct cell *c = cfg->state->tenants[t - cfg->tenants];
+    out->spent = c && atomic_load_explicit(&c->period_start, memory_order_acquire) == out->start
+                     ? atomic_load_explicit(&c->spent, memory_order_relaxed)
+                     : -1;
+    return true;
 }
 
 bool sl_admit_budgets(const struct sl_tenancy *cfg, const struct sl_tenant *t, int64_t now_ns,

@@ -112,9 +112,48 @@ static bool time_param(struct api_exchange *a, const char *p, int64_t *out)
     return false;
 }
 
-/* Serves the totals of tenant (NULL: all, grouped by tenant unless asked otherwise). */
+/* The caller's budget: its period, what is spent (reservations in flight included) and left. */
+static void put_budget(struct api_exchange *a, struct sl_str *b)
+{
+    const struct sl_tenant *t = a->tenant;
+    struct sl_admit_budget_state bs;
+    int64_t now = sl_clock_unix();
+    if (!sl_admit_budget_now(sl_config_tenancy(a->cfg), t, now, &bs)) {
+        sl_str_append(b, ",\"budget\":null", 14);
+        return;
+    }
+    if (bs.spent < 0) { /* no request of this period here yet: the ledger's count */
+        struct sl_usage u;
+        sl_usage_ledger_sum(a->t->api->ledger, t->name, bs.start, bs.end, &u);
+        bs.spent = u.cost;
+    }
+    bool total = t->budget_period == SL_USAGE_TOTAL;
+    sl_str_append(b, ",\"budget\":{\"amount\":", 20);
+    put_money(b, bs.amount);
+    sl_str_appendf(b, ",\"period\":\"%s\",\"period_start\":",
+                   sl_usage_period_name((enum sl_usage_period)t->budget_period));
+    if (total)
+        sl_str_append(b, "null", 4);
+    else
+        put_time(b, bs.start);
+    sl_str_append(b, ",\"period_end\":", 14);
+    if (total)
+        sl_str_append(b, "null", 4);
+    else
+        put_time(b, bs.end);
+    sl_str_append(b, ",\"spent\":", 9);
+    put_money(b, bs.spent);
+    sl_str_append(b, ",\"remaining\":", 13);
+    put_money(b, bs.amount - bs.spent);
+    sl_str_appendf(b, ",\"used\":%.6f,\"soft_pct\":%d}", (double)bs.spent / (double)bs.amount,
+                   t->budget_soft_pct);
+}
+
+/* Serves the totals of tenant (NULL: all, grouped by tenant unless asked otherwise); own: the
+ * caller's own, with its budget. */
 static void serve_usage(struct api_exchange *a, const char *tenant)
 {
+    bool own = tenant != NULL;
     struct sl_openai_error err;
     int64_t from = INT64_MIN, to = INT64_MAX;
     if (!time_param(a, "from", &from) || !time_param(a, "to", &to))
@@ -167,7 +206,10 @@ static void serve_usage(struct api_exchange *a, const char *tenant)
     sl_usage_ledger_query(a->t->api->ledger, tenant, from, to, group, put_row, &rows);
     sl_str_append(b, "],\"total\":{", 11);
     put_usage(b, &rows.total);
-    sl_str_append(b, "}}", 2);
+    sl_str_append(b, "}", 1);
+    if (own)
+        put_budget(a, b);
+    sl_str_append(b, "}", 1);
     api_send_json(a, 200, b, NULL);
 }
 

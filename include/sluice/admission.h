@@ -418,6 +418,17 @@ struct sl_admit_budget {
 bool sl_admit_budgets(const struct sl_tenancy *ten, const struct sl_tenant *t, int64_t now_ns,
                       struct sl_admit_budget *requests, struct sl_admit_budget *tokens);
 
+/* A tenant's money budget as this replica knows it at unix_s: its period [start, end) (end
+ * INT64_MAX for a total budget) and what was spent in it, reservations of requests in flight
+ * included: this replica's count (local budgets), or the fleet's at its latest answer (with
+ * Redis). spent is -1 when the period has had no request here yet (the caller may read its
+ * ledger). False when t has no budget. */
+struct sl_admit_budget_state {
+    int64_t amount, start, end, spent;
+};
+bool sl_admit_budget_now(const struct sl_tenancy *ten, const struct sl_tenant *t, int64_t unix_s,
+                         struct sl_admit_budget_state *out);
+
 /* Gives next its runtime state (next->state), sharing cells with prev (may be NULL) by tenant
  * and tier name; a kept bucket whose rate changed keeps its debt in tokens
  * (sl_gcra_bucket_rescale). Does nothing when next already has its state. Call before next

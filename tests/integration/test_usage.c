@@ -382,6 +382,19 @@ Test(usage, a_budget_refuses_with_insufficient_quota_exactly_when_the_worst_case
     cr_assert_gt(refused, 0);
     double ratio = metrics_fetch_sum(srv.port, "sluice:tenant_budget_used_ratio");
     cr_assert(fabs(ratio - (double)spent / 100000.0) < 1e-6, "gauge %f, spent %lld", ratio, spent);
+    /* The tenant sees its budget in /v1/usage. */
+    char raw[16384];
+    cr_assert_eq(
+        client_try_request(srv.port, "GET", "/v1/usage", AUTH(CAROL), NULL, raw, sizeof raw), 200);
+    json_t *j = json_loads(strstr(raw, "\r\n\r\n") + 4, 0, NULL);
+    json_t *b = json_object_get(j, "budget");
+    cr_assert(json_is_object(b), "%s", raw);
+    cr_assert_str_eq(json_string_value(json_object_get(b, "period")), "day");
+    cr_assert_eq(llround(json_number_value(json_object_get(b, "amount")) * 1e9), 100000);
+    cr_assert_eq(llround(json_number_value(json_object_get(b, "spent")) * 1e9), spent);
+    cr_assert_eq(llround(json_number_value(json_object_get(b, "remaining")) * 1e9), 100000 - spent);
+    cr_assert_not_null(json_string_value(json_object_get(b, "period_end")));
+    json_decref(j);
 }
 
 /* ---- the budget webhook ---- */
