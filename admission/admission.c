@@ -557,7 +557,9 @@ static bool budget_take(struct sl_admit *a, const struct sl_admit_env *env, int 
     int64_t s = atomic_load_explicit(&c->spent, memory_order_relaxed);
     do {
         if (s > budget - worst) {
-            budget_refuse(a, s, budget, worst, (end - env->unix_s) * NS_PER_S);
+            /* A total budget ends at INT64_MAX: no retry time (nor any product to overflow). */
+            budget_refuse(a, s, budget, worst,
+                          end == INT64_MAX ? -1 : (end - env->unix_s) * NS_PER_S);
             return false;
         }
     } while (!atomic_compare_exchange_weak_explicit(&c->spent, &s, s + worst, memory_order_relaxed,
