@@ -207,23 +207,13 @@ int sl_usage_export_main(int argc, char **argv, FILE *out, FILE *errf)
                 return 2;
             }
         } else if (strcmp(a, "--group-by") == 0) {
-            group = 0;
-            char buf[128];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *t = strtok(buf, ","); t; t = strtok(NULL, ",")) {
-                unsigned bit = strcmp(t, "tenant") == 0  ? SL_USAGE_BY_TENANT
-                               : strcmp(t, "model") == 0 ? SL_USAGE_BY_MODEL
-                               : strcmp(t, "tier") == 0  ? SL_USAGE_BY_TIER
-                               : strcmp(t, "hour") == 0  ? SL_USAGE_BY_HOUR
-                                                         : 0;
-                if (!bit) {
-                    fprintf(errf,
-                            "sluice usage export: --group-by: \"%s\" is not tenant, model, tier "
-                            "or hour\n",
-                            t);
-                    return 2;
-                }
-                group |= bit;
+            char bad[64];
+            if (!sl_usage_group_parse(v, &group, bad, sizeof bad)) {
+                fprintf(errf,
+                        "sluice usage export: --group-by: \"%s\" is not tenant, model, tier or "
+                        "hour\n",
+                        bad);
+                return 2;
             }
         } else {
             fprintf(errf, "sluice usage export: unknown argument %s %s (--help)\n", a, v);

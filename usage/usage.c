@@ -183,6 +183,32 @@ void sl_usage_time_format(int64_t t, char out[32])
     strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+static const char *const group_names[4] = {"tenant", "model", "tier", "hour"};
+
+const char *sl_usage_group_name(int i)
+{
+    return i >= 0 && i < 4 ? group_names[i] : "?";
+}
+
+bool sl_usage_group_parse(const char *s, unsigned *out, char *bad, size_t badlen)
+{
+    *out = 0;
+    for (const char *p = s; *p;) {
+        size_t n = strcspn(p, ",");
+        int i = 0;
+        while (i < 4 && !(strlen(group_names[i]) == n && strncmp(p, group_names[i], n) == 0))
+            i++;
+        if (n > 0 && i == 4) {
+            snprintf(bad, badlen, "%.*s", (int)n, p);
+            return false;
+        }
+        if (n > 0)
+            *out |= 1u << i;
+        p += n + (p[n] == ',');
+    }
+    return true;
+}
+
 int64_t sl_usage_hour(int64_t t)
 {
     return floor_div(t, 3600) * 3600;

@@ -73,29 +73,6 @@ static void put_row(void *arg, const struct sl_usage_key *k, const struct sl_usa
     sl_usage_add(&r->total, u);
 }
 
-static const struct {
-    const char *name;
-    unsigned bit;
-} group_names[] = {{"tenant", SL_USAGE_BY_TENANT},
-                   {"model", SL_USAGE_BY_MODEL},
-                   {"tier", SL_USAGE_BY_TIER},
-                   {"hour", SL_USAGE_BY_HOUR}};
-
-/* "model,tier,hour" → bits; false on a name it does not know. */
-static bool parse_group(char *s, unsigned *out)
-{
-    *out = 0;
-    for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ",")) {
-        size_t i = 0;
-        while (i < 4 && strcmp(tok, group_names[i].name) != 0)
-            i++;
-        if (i == 4)
-            return false;
-        *out |= group_names[i].bit;
-    }
-    return true;
-}
-
 /* The query's parameter p as a time (or the default), or a 400 naming it. */
 static bool time_param(struct api_exchange *a, const char *p, int64_t *out)
 {
@@ -162,7 +139,8 @@ static void serve_usage(struct api_exchange *a, const char *tenant)
                             : SL_USAGE_BY_TENANT | SL_USAGE_BY_MODEL | SL_USAGE_BY_TIER;
     char g[64];
     int r = sl_exchange_query_param(a->x, "group_by", g, sizeof g);
-    if (r < 0 || (r > 0 && !parse_group(g, &group))) {
+    char bad[16];
+    if (r < 0 || (r > 0 && !sl_usage_group_parse(g, &group, bad, sizeof bad))) {
         sl_openai_error_set(&err, 400, "group_by", "invalid_value",
                             "'group_by' is a comma-separated list of tenant, model, tier and "
                             "hour.");
@@ -199,8 +177,8 @@ static void serve_usage(struct api_exchange *a, const char *tenant)
     sl_str_append(b, ",\"group_by\":[", 13);
     int n = 0;
     for (int i = 0; i < 4; i++)
-        if (group & group_names[i].bit)
-            sl_str_appendf(b, "%s\"%s\"", n++ ? "," : "", group_names[i].name);
+        if (group & 1u << i)
+            sl_str_appendf(b, "%s\"%s\"", n++ ? "," : "", sl_usage_group_name(i));
     sl_str_append(b, "],\"data\":[", 10);
     struct rows rows = {.b = b, .group = group};
     sl_usage_ledger_query(a->t->api->ledger, tenant, from, to, group, put_row, &rows);

@@ -107,6 +107,11 @@ enum {
     SL_USAGE_BY_TIER = 4,
     SL_USAGE_BY_HOUR = 8,
 };
+/* "model,tier,hour" (names in any order, comma-separated) → the SL_USAGE_BY_ bits in *out.
+ * False on a name that is not tenant, model, tier or hour: bad gets it (NUL-terminated, cut). */
+bool sl_usage_group_parse(const char *s, unsigned *out, char *bad, size_t badlen);
+/* The name of SL_USAGE_BY_ bit number i (0: "tenant" … 3: "hour"). */
+const char *sl_usage_group_name(int i);
 typedef void (*sl_usage_row_fn)(void *arg, const struct sl_usage_key *k, const struct sl_usage *u);
 /* Calls fn once per group of the totals of tenant (NULL: all) over the hours in [from, to), in
  * order of tenant, model, tier, hour. Returns the number of rows. fn must not use the ledger. */

@@ -295,3 +295,17 @@ Test(usage_journal, lines_parse_only_when_every_field_is_there_and_sane)
     cr_assert_eq(sl_usage_journal_parse(nul, strlen(nul), &k, &u), SL_EINVAL);
     cr_assert_eq(sl_usage_journal_parse("[]", 2, &k, &u), SL_EINVAL);
 }
+
+Test(usage, group_lists_parse_into_bits_or_name_the_word_they_do_not_know)
+{
+    unsigned g = 99;
+    char bad[16] = "";
+    cr_assert(sl_usage_group_parse("hour,tenant", &g, bad, sizeof bad));
+    cr_assert_eq(g, SL_USAGE_BY_HOUR | SL_USAGE_BY_TENANT);
+    cr_assert(sl_usage_group_parse("", &g, bad, sizeof bad));
+    cr_assert_eq(g, 0);
+    cr_assert_not(sl_usage_group_parse("model,days", &g, bad, sizeof bad));
+    cr_assert_str_eq(bad, "days");
+    cr_assert_not(sl_usage_group_parse("tiers", &g, bad, sizeof bad), "whole names only");
+    cr_assert_str_eq(sl_usage_group_name(2), "tier");
+}
