@@ -395,6 +395,20 @@ def test_budget(fleet, port, binary):
           f"{out.stderr.strip()[:200]})")
 
 
+def check_back(fleet, after):
+    """Every replica returns to the fleet's buckets (sluice:redis_up 1). Each learns at its next
+    take: one request straight to each, until all say so."""
+    def back():
+        for s in fleet.replicas:
+            send(s.port, "key-probe", BODY, Result(), None)
+        return all(s.metric("sluice:redis_up") == 1.0 for s in fleet.replicas)
+    try:
+        wait_for(back, f"every replica back on the fleet's buckets after {after}")
+        check(True, f"{after}: every replica is back on the fleet's buckets (redis_up 1)")
+    except AssertionError as e:
+        check(False, str(e))
+
+
 def test_kill(fleet, port, seconds, tmp):
     R = RPM
     res = load(port, "key-kill", 3 * R / seconds, seconds, BODY, threads=3,
@@ -409,17 +423,7 @@ def test_kill(fleet, port, seconds, tmp):
     ups = [s.metric("sluice:redis_up") for s in fleet.replicas]
     check(ups == [0.0] * REPLICAS, f"sluice:redis_up is 0 on every replica ({ups})")
     fleet.redis.start()
-
-    def back():
-        # Each replica learns at its next take: one request straight to each.
-        for s in fleet.replicas:
-            send(s.port, "key-probe", BODY, Result(), None)
-        return all(s.metric("sluice:redis_up") == 1.0 for s in fleet.replicas)
-    try:
-        wait_for(back, "every replica back on the fleet's buckets")
-        check(True, "redis restarted: every replica is back on the fleet's buckets (redis_up 1)")
-    except AssertionError as e:
-        check(False, str(e))
+    check_back(fleet, "redis restarted")
 
 
 def test_stall(fleet, port):
@@ -432,16 +436,7 @@ def test_stall(fleet, port):
     print(f"  latency of admitted requests: p50 {pct(res.latency, 50) * 1e3:.1f} ms, "
           f"p99 {pct(res.latency, 99) * 1e3:.1f} ms, max {max(res.latency) * 1e3:.1f} ms "
           f"(redis timeout_ms 20)", flush=True)
-
-    def back():
-        for s in fleet.replicas:
-            send(s.port, "key-probe", BODY, Result(), None)
-        return all(s.metric("sluice:redis_up") == 1.0 for s in fleet.replicas)
-    try:
-        wait_for(back, "every replica back on the fleet's buckets after SIGCONT")
-        check(True, "SIGCONT: every replica is back on the fleet's buckets")
-    except AssertionError as e:
-        check(False, str(e))
+    check_back(fleet, "SIGCONT")
 
 
 def redis_info(port):

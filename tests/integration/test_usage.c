@@ -327,13 +327,19 @@ Test(usage, the_journal_keeps_every_answer_clients_received_across_a_kill_9)
  * 10 generated at 2,000: 25,000. */
 #define CAROL "sk-carol-0123456789abcdefXYZ"
 
-Test(usage, a_budget_refuses_with_insufficient_quota_exactly_when_the_worst_case_would_not_fit)
+/* The key_sha256 a configuration gives for key. */
+static void key_hash(const char *key, char hex[65])
 {
     unsigned char h[32];
-    char hex[65], config[4096];
-    SHA256((const unsigned char *)CAROL, strlen(CAROL), h);
+    SHA256((const unsigned char *)key, strlen(key), h);
     for (int i = 0; i < 32; i++)
         snprintf(hex + 2 * i, 3, "%02x", h[i]);
+}
+
+Test(usage, a_budget_refuses_with_insufficient_quota_exactly_when_the_worst_case_would_not_fit)
+{
+    char hex[65], config[4096];
+    key_hash(CAROL, hex);
     snprintf(config, sizeof config,
              "{" HARNESS_TIERS_WITHOUT_GUARD ",\"threads\":1,\"price\":{\"input_per_mtok\":1,"
              "\"output_per_mtok\":2},\"tenants\":[{\"name\":\"carol\",\"key_sha256\":\"%s\","
@@ -469,11 +475,8 @@ Test(usage, passing_the_soft_threshold_posts_the_webhook_and_retries_it)
     cr_assert_eq(listen(r.fd, 4), 0);
     pthread_t th;
     pthread_create(&th, NULL, receive, &r);
-    unsigned char h[32];
     char hex[65], config[4096];
-    SHA256((const unsigned char *)CAROL, strlen(CAROL), h);
-    for (int i = 0; i < 32; i++)
-        snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    key_hash(CAROL, hex);
     snprintf(config, sizeof config,
              "{" HARNESS_TIERS_WITHOUT_GUARD ",\"threads\":1,\"currency\":\"EUR\",\"price\":"
              "{\"input_per_mtok\":1,\"output_per_mtok\":2},\"budget_webhook\":"
