@@ -1000,6 +1000,13 @@ static struct sl_gcra_bucket *bucket_of(const struct sl_admit *a, enum bucket_ki
     return k == BUCKET_REQUESTS ? &c->requests : &c->tokens;
 }
 
+void sl_admit_fleet_budget_key(char *out, size_t outlen, const char *prefix, const char *tenant,
+                               int64_t period_start)
+{
+    snprintf(out, outlen, "%.*sbudget:%s:%lld", SL_FLEET_PREFIX_MAX, prefix, tenant,
+             (long long)period_start);
+}
+
 static void fleet_bucket(const struct sl_admit *a, enum bucket_kind k, const char *prefix,
                          int64_t cost, struct sl_admit_fleet_call *out)
 {
@@ -1007,8 +1014,8 @@ static void fleet_bucket(const struct sl_admit *a, enum bucket_kind k, const cha
     char *key = out->key[i];
     if (k == BUCKET_BUDGET) {
         /* One key per period, so a new period starts from nothing: "…:budget:acme:1793491200". */
-        snprintf(key, SL_ADMIT_FLEET_KEY_MAX, "%.*sbudget:%s:%lld", SL_FLEET_PREFIX_MAX, prefix,
-                 a->tenant->name, (long long)a->budget_period_start);
+        sl_admit_fleet_budget_key(key, SL_ADMIT_FLEET_KEY_MAX, prefix, a->tenant->name,
+                                  a->budget_period_start);
         out->b[i].key = key;
         int64_t left = a->budget_period_end == INT64_MAX ? 0 : a->budget_period_end - a->budget_now;
         out->b[i].rate = (struct sl_gcra_rate){

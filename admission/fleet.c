@@ -10,10 +10,12 @@
  */
 #include "admission_impl.h"
 
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <openssl/sha.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* KEYS: the buckets. ARGV: per bucket limit, period (µs), burst, cost.
@@ -80,28 +82,29 @@ const char sl_fleet_take_lua[] =
     "return out\n";
 
 /* The end of a request. KEYS: the buckets, then, when ARGV has more than 3 values per key, the
- * usage hash of the request's hour. ARGV: per bucket limit, period (µs), tokens to give back;
- * then the usage's field prefix ("tenant\tmodel\ttier") and its requests, prompt, cached and
- * completion tokens, device ns and cost, each added to the hash's field "<prefix>\t<name>". A
- * bucket that is full, or has expired, takes nothing back; a money bucket (limit 0) adds the
- * signed amount to what was spent while its period's key lives. Returns the number of buckets
- * given to. */
+ * usage hash of the request's hour and the ledger's index of hours. ARGV: per bucket limit,
+ * period (µs), tokens to give back; then the usage's field prefix ("tenant\tmodel\ttier"), its
+ * requests, prompt, cached and completion tokens, device ns and cost, each added to the hash's
+ * field "<prefix>\t<name>", and the hour, added to the index. A bucket that is full, or has
+ * expired, takes nothing back; a money bucket (limit 0) adds the signed amount to what was spent
+ * while its period's key lives. Returns the number of buckets given to. */
 const char sl_fleet_refund_lua[] =
     "local t = redis.call('TIME')\n"
     "local now = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"
     "local function ceildiv(a, b) local r = a % b; return (a - r) / b + (r > 0 and 1 or 0) end\n"
     "local n, nb = 0, #KEYS\n"
     "if #ARGV > 3 * #KEYS then\n"
-    "  nb = #KEYS - 1\n"
+    "  nb = #KEYS - 2\n"
     "  local u = 3 * nb\n"
     "  local names = {'requests', 'prompt_tokens', 'cached_tokens', 'completion_tokens', "
     "'device_ns',\n"
     "                 'cost'}\n"
     "  for j = 1, 6 do\n"
     "    local v = tonumber(ARGV[u + 1 + j])\n"
-    "    if v ~= 0 then redis.call('HINCRBY', KEYS[#KEYS], ARGV[u + 1] .. '\\t' .. names[j], v) "
+    "    if v ~= 0 then redis.call('HINCRBY', KEYS[nb + 1], ARGV[u + 1] .. '\\t' .. names[j], v) "
     "end\n"
     "  end\n"
+    "  redis.call('ZADD', KEYS[nb + 2], ARGV[u + 8], ARGV[u + 8])\n"
     "end\n"
     "for i = 1, nb do\n"
     "  local a = (i - 1) * 3\n"
@@ -142,6 +145,20 @@ const char sl_fleet_beat_lua[] =
     "redis.call('PEXPIRE', KEYS[1], ttl)\n"
     "return redis.call('ZCARD', KEYS[1])\n";
 
+/* The fleet's ledger, read a page at a time. KEYS[1]: the index of hours; KEYS[2], when given, a
+ * budget's key. ARGV: the key prefix, the range of hours as ZRANGEBYSCORE bounds, the most hours
+ * to answer. Returns {the budget key's spend (-1: not asked, or no key), then for each hour with
+ * usage in the range, ascending: the hour, {field, value, ...} of its hash}. */
+const char sl_fleet_usage_lua[] =
+    "local hours = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[2], ARGV[3], 'LIMIT', 0, ARGV[4])\n"
+    "local out = {-1}\n"
+    "if #KEYS > 1 then out[1] = tonumber(redis.call('GET', KEYS[2]) or '-1') end\n"
+    "for _, h in ipairs(hours) do\n"
+    "  out[#out + 1] = tonumber(h)\n"
+    "  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. 'usage:' .. h)\n"
+    "end\n"
+    "return out\n";
+
 void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1])
 {
     unsigned char d[SHA_DIGEST_LENGTH];
@@ -175,13 +192,121 @@ void sl_fleet_usage_field(char *out, size_t outlen, const struct sl_usage_key *k
     snprintf(out, outlen, "%s\t%s\t%s", k->tenant, k->model, k->tier);
 }
 
-int sl_fleet_usage_args(const struct sl_usage *u, char (*num)[24])
+void sl_fleet_usage_index(char *out, size_t outlen, const char *prefix)
 {
-    const int64_t v[6] = {u->requests,          u->prompt_tokens, u->cached_tokens,
-                          u->completion_tokens, u->device_ns,     u->cost};
-    for (int i = 0; i < 6; i++)
+    snprintf(out, outlen, "%susage-hours", prefix);
+}
+
+int sl_fleet_usage_args(const struct sl_usage *u, int64_t hour, char (*num)[24])
+{
+    const int64_t v[7] = {u->requests,
+                          u->prompt_tokens,
+                          u->cached_tokens,
+                          u->completion_tokens,
+                          u->device_ns,
+                          u->cost,
+                          hour};
+    for (int i = 0; i < 7; i++)
         snprintf(num[i], 24, "%lld", (long long)v[i]);
-    return 6;
+    return 7;
+}
+
+int sl_fleet_usage_read_args(int64_t from, int64_t to, int limit, char (*num)[24])
+{
+    if (from == INT64_MIN)
+        snprintf(num[0], 24, "-inf");
+    else
+        snprintf(num[0], 24, "%lld", (long long)from);
+    if (to == INT64_MAX)
+        snprintf(num[1], 24, "+inf");
+    else
+        snprintf(num[1], 24, "(%lld", (long long)to);
+    snprintf(num[2], 24, "%d", limit > 0 ? limit : 1);
+    return 3;
+}
+
+/* One field of an hour's hash, "tenant\tmodel\ttier\tcounter" = v, added to l; false when it
+ * is not one. */
+static bool usage_field(struct sl_usage_ledger *l, int64_t hour, const char *f, size_t n,
+                        const char *v, size_t vn)
+{
+    char buf[SL_USAGE_TENANT_MAX + SL_USAGE_MODEL_MAX + SL_USAGE_TIER_MAX + 32], num[24];
+    if (n >= sizeof buf || vn == 0 || vn >= sizeof num || memchr(f, '\0', n))
+        return false;
+    memcpy(buf, f, n);
+    buf[n] = '\0';
+    memcpy(num, v, vn);
+    num[vn] = '\0';
+    char *part[4], *p = buf;
+    for (int i = 0; i < 4; i++) {
+        part[i] = p;
+        char *tab = strchr(p, '\t');
+        if ((i < 3) != (tab != NULL))
+            return false;
+        if (tab) {
+            *tab = '\0';
+            p = tab + 1;
+        }
+    }
+    char *end;
+    errno = 0;
+    long long x = strtoll(num, &end, 10);
+    if (*end != '\0' || errno)
+        return false;
+    static const char *const names[] = {"requests",          "prompt_tokens", "cached_tokens",
+                                        "completion_tokens", "device_ns",     "cost"};
+    struct sl_usage u = {0};
+    int64_t *dst[] = {&u.requests,          &u.prompt_tokens, &u.cached_tokens,
+                      &u.completion_tokens, &u.device_ns,     &u.cost};
+    for (int i = 0; i < 6; i++)
+        if (strcmp(part[3], names[i]) == 0) {
+            *dst[i] = x;
+            struct sl_usage_key k;
+            sl_usage_key_set(&k, part[0], part[1], part[2], hour);
+            sl_usage_ledger_add(l, &k, &u);
+            return true;
+        }
+    return false;
+}
+
+int sl_fleet_usage_parse(const struct redisReply *r, struct sl_usage_ledger *l, int64_t *spent,
+                         int64_t *last_hour, int *bad, char *err, size_t errlen)
+{
+    if (!r) {
+        snprintf(err, errlen, "no reply");
+        return -1;
+    }
+    if (r->type == REDIS_REPLY_ERROR) {
+        if (r->str && r->len > 0 && r->str[0])
+            snprintf(err, errlen, "%.*s", (int)r->len, r->str);
+        else
+            snprintf(err, errlen, "an error reply without a message");
+        return -1;
+    }
+    if (r->type != REDIS_REPLY_ARRAY || r->elements % 2 != 1 || !r->element[0] ||
+        r->element[0]->type != REDIS_REPLY_INTEGER) {
+        snprintf(err, errlen, "the usage script answered something else than its pages");
+        return -1;
+    }
+    *spent = r->element[0]->integer;
+    int hours = 0;
+    for (size_t i = 1; i + 1 < r->elements; i += 2) {
+        const redisReply *h = r->element[i], *f = r->element[i + 1];
+        if (!h || h->type != REDIS_REPLY_INTEGER || h->integer % 3600 != 0 || !f ||
+            f->type != REDIS_REPLY_ARRAY || f->elements % 2 != 0) {
+            snprintf(err, errlen, "the usage script answered an hour that is not one");
+            return -1;
+        }
+        for (size_t j = 0; j < f->elements; j += 2) {
+            const redisReply *k = f->element[j], *v = f->element[j + 1];
+            if (!k || !v || k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
+                !usage_field(l, h->integer, k->str, k->len, v->str, v->len))
+                (*bad)++;
+        }
+        *last_hour = h->integer;
+        hours++;
+    }
+    return hours;
 }
 
 int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24])

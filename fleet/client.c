@@ -24,14 +24,23 @@ struct sl_fleet_call {
     struct event *timer;
     sl_fleet_take_fn fn; /* NULL once answered, timed out or cancelled */
     void *arg;
-    enum { CALL_TAKE, CALL_REFUND, CALL_BEAT } kind; /* only a take has a caller waiting */
+    /* a take, a usage read and a once have a caller waiting */
+    enum { CALL_TAKE, CALL_REFUND, CALL_BEAT, CALL_USAGE, CALL_ONCE } kind;
     bool retried; /* NOSCRIPT was answered once: sent again as EVAL */
     int n;
     struct sl_fleet_bucket b[SL_FLEET_BUCKETS_MAX];
-    char keys[SL_FLEET_BUCKETS_MAX + 1][KEY_MAX]; /* + the usage hash of a settle */
+    char keys[SL_FLEET_BUCKETS_MAX + 2][KEY_MAX]; /* + the usage hash and index of a settle */
     bool usage;                                   /* a refund that records usage too */
     char field[KEY_MAX];
-    char unum[6][24];
+    char unum[7][24];
+    /* A usage read (keys[0] the index, keys[1] the budget's key or ""; field the prefix): the
+     * range still to read, the pages read into ledger, and who waits for it. */
+    int64_t from, to, spent;
+    int pages, bad;
+    struct sl_usage_ledger *ledger;
+    sl_fleet_usage_fn ufn;
+    sl_fleet_once_fn ofn; /* a once: keys[0] the key, px its time to live ("" for none) */
+    char px[24];
     char beat_ttl[16]; /* a beat: keys[0] the fleet's set, keys[1] this replica's id */
 };
 
@@ -49,7 +58,7 @@ struct sl_fleet_client {
     int backoff_ms;
     struct event *reconnect;
     char sha_take[SL_FLEET_SHA_LEN + 1], sha_refund[SL_FLEET_SHA_LEN + 1],
-        sha_beat[SL_FLEET_SHA_LEN + 1];
+        sha_beat[SL_FLEET_SHA_LEN + 1], sha_usage[SL_FLEET_SHA_LEN + 1];
 };
 
 /* ---- addresses ---- */
@@ -220,6 +229,7 @@ struct sl_fleet_client *sl_fleet_client_new(struct event_base *base,
     sl_fleet_script_sha(sl_fleet_take_lua, c->sha_take);
     sl_fleet_script_sha(sl_fleet_refund_lua, c->sha_refund);
     sl_fleet_script_sha(sl_fleet_beat_lua, c->sha_beat);
+    sl_fleet_script_sha(sl_fleet_usage_lua, c->sha_usage);
     connect_now(c);
     return c;
 }
@@ -264,6 +274,8 @@ static void call_free(struct sl_fleet_call *call)
 {
     if (call->timer)
         event_free(call->timer);
+    if (call->ledger)
+        sl_usage_ledger_free(call->ledger);
     call->c->pending--;
     free(call);
 }
@@ -272,9 +284,9 @@ static void call_free(struct sl_fleet_call *call)
 static int call_send(struct sl_fleet_call *call)
 {
     struct sl_fleet_client *c = call->c;
-    static const char *const scripts[] = {sl_fleet_take_lua, sl_fleet_refund_lua,
-                                          sl_fleet_beat_lua};
-    const char *shas[] = {c->sha_take, c->sha_refund, c->sha_beat};
+    static const char *const scripts[] = {sl_fleet_take_lua, sl_fleet_refund_lua, sl_fleet_beat_lua,
+                                          sl_fleet_usage_lua};
+    const char *shas[] = {c->sha_take, c->sha_refund, c->sha_beat, c->sha_usage};
     char num[4 * SL_FLEET_BUCKETS_MAX][24], nkeys[8];
     const char *argv[3 + 5 * SL_FLEET_BUCKETS_MAX + 8];
     int argc = 0;
@@ -287,20 +299,75 @@ static int call_send(struct sl_fleet_call *call)
         argv[argc++] = call->beat_ttl;
         return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
     }
+    if (call->kind == CALL_ONCE) {
+        const char *set[] = {"SET", call->keys[0], "1", "NX", "PX", call->px};
+        return redisAsyncCommandArgv(c->ac, on_reply, call, call->px[0] ? 6 : 4, set, NULL);
+    }
+    if (call->kind == CALL_USAGE) {
+        bool budget = call->keys[1][0] && call->pages == 0; /* its spend, with the first page */
+        argv[argc++] = budget ? "2" : "1";
+        argv[argc++] = call->keys[0];
+        if (budget)
+            argv[argc++] = call->keys[1];
+        argv[argc++] = call->field;
+        int k = sl_fleet_usage_read_args(call->from, call->to, SL_FLEET_USAGE_PAGE, num);
+        for (int i = 0; i < k; i++)
+            argv[argc++] = num[i];
+        return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
+    }
     int nargs = call->kind == CALL_REFUND ? sl_fleet_refund_args(call->b, call->n, num)
                                           : sl_fleet_take_args(call->b, call->n, num);
-    snprintf(nkeys, sizeof nkeys, "%d", call->n + (call->usage ? 1 : 0));
+    snprintf(nkeys, sizeof nkeys, "%d", call->n + (call->usage ? 2 : 0));
     argv[argc++] = nkeys;
-    for (int i = 0; i < call->n + (call->usage ? 1 : 0); i++)
+    for (int i = 0; i < call->n + (call->usage ? 2 : 0); i++)
         argv[argc++] = call->keys[i];
     for (int i = 0; i < nargs; i++)
         argv[argc++] = num[i];
     if (call->usage) {
         argv[argc++] = call->field;
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < 7; i++)
             argv[argc++] = call->unum[i];
     }
     return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
+}
+
+/* A page of a usage read: the next is asked for while pages come full; the caller hears of the
+ * end, or of the first failure. */
+static void usage_reply(struct sl_fleet_call *call, const redisReply *r)
+{
+    struct sl_fleet_client *c = call->c;
+    if (!call->ufn) { /* timed out or cancelled */
+        call_free(call);
+        return;
+    }
+    char err[256] = "";
+    enum sl_status st = SL_EIO;
+    int64_t spent = -1, last = 0;
+    if (!r) {
+        st = c->freeing ? SL_ECANCELED : SL_EIO;
+        snprintf(err, sizeof err, c->freeing ? "the client is closing" : "connection lost");
+    } else {
+        int n = sl_fleet_usage_parse(r, call->ledger, &spent, &last, &call->bad, err, sizeof err);
+        if (call->pages++ == 0)
+            call->spent = spent;
+        if (n == SL_FLEET_USAGE_PAGE && last < INT64_MAX - 1 &&
+            (call->to == INT64_MAX || last + 1 < call->to)) {
+            call->from = last + 1;
+            call->retried = false;
+            if (c->ac && !c->freeing && call_send(call) == REDIS_OK)
+                return;
+            snprintf(err, sizeof err, "redis did not take the command");
+        } else if (n >= 0) {
+            st = SL_OK;
+        }
+    }
+    if (call->timer)
+        evtimer_del(call->timer);
+    sl_fleet_usage_fn fn = call->ufn;
+    call->ufn = NULL;
+    fn(call->arg, st, st == SL_OK ? call->ledger : NULL, st == SL_OK ? call->spent : -1,
+       st == SL_OK ? NULL : err);
+    call_free(call);
 }
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
@@ -328,6 +395,24 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         call_free(call);
         return;
     }
+    if (call->kind == CALL_USAGE) {
+        usage_reply(call, r);
+        return;
+    }
+    if (call->kind == CALL_ONCE) {
+        sl_fleet_once_fn fn = call->ofn;
+        call->ofn = NULL;
+        if (call->timer)
+            evtimer_del(call->timer);
+        if (fn && !r)
+            fn(call->arg, c->freeing ? SL_ECANCELED : SL_EIO, false);
+        else if (fn)
+            fn(call->arg,
+               r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_NIL ? SL_OK : SL_EIO,
+               r->type == REDIS_REPLY_STATUS && r->str && strcmp(r->str, "OK") == 0);
+        call_free(call);
+        return;
+    }
     struct sl_fleet_take t;
     char err[256];
     enum sl_status st;
@@ -348,8 +433,30 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     struct sl_fleet_call *call = arg;
+    if (call->kind == CALL_ONCE) {
+        sl_fleet_once_fn fn = call->ofn;
+        call->ofn = NULL;
+        if (fn)
+            fn(call->arg, SL_ETIMEDOUT, false);
+        return;
+    }
+    if (call->kind == CALL_USAGE) { /* a long read is no sign that Redis stalled */
+        sl_fleet_usage_fn fn = call->ufn;
+        call->ufn = NULL;
+        if (fn)
+            fn(call->arg, SL_ETIMEDOUT, NULL, -1, "the fleet's ledger was not read in time");
+        return;
+    }
     call->c->stalled = true;
     call_finish(call, SL_ETIMEDOUT, NULL, "no answer within timeout_ms");
+}
+
+/* Gives the caller of call an answer within ms at the latest (on_timeout). */
+static void call_arm(struct sl_fleet_call *call, int ms)
+{
+    call->timer = evtimer_new(call->c->base, on_timeout, call);
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(call->timer, &tv);
 }
 
 static struct sl_fleet_call *call_new(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
@@ -400,9 +507,7 @@ struct sl_fleet_call *sl_fleet_take(struct sl_fleet_client *c, const struct sl_f
         call_free(call);
         return NULL;
     }
-    call->timer = evtimer_new(c->base, on_timeout, call);
-    struct timeval tv = {c->timeout_ms / 1000, (c->timeout_ms % 1000) * 1000};
-    evtimer_add(call->timer, &tv);
+    call_arm(call, c->timeout_ms);
     return call;
 }
 
@@ -413,6 +518,8 @@ void sl_fleet_call_cancel(struct sl_fleet_call *call)
     if (call->timer)
         evtimer_del(call->timer);
     call->fn = NULL;
+    call->ufn = NULL;
+    call->ofn = NULL;
 }
 
 void sl_fleet_refund(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n)
@@ -431,8 +538,9 @@ bool sl_fleet_settle(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
     if (u) {
         call->usage = true;
         sl_fleet_usage_key(call->keys[n], KEY_MAX, prefix, u->key.hour);
+        sl_fleet_usage_index(call->keys[n + 1], KEY_MAX, prefix);
         sl_fleet_usage_field(call->field, KEY_MAX, &u->key);
-        sl_fleet_usage_args(&u->usage, call->unum);
+        sl_fleet_usage_args(&u->usage, u->key.hour, call->unum);
     }
     if (call_send(call) != REDIS_OK) {
         call_free(call);
@@ -459,4 +567,65 @@ void sl_fleet_beat(struct sl_fleet_client *c, const char *key, const char *id, i
 int sl_fleet_client_replicas(const struct sl_fleet_client *c)
 {
     return c->replicas;
+}
+
+struct sl_fleet_call *sl_fleet_usage_read(struct sl_fleet_client *c, const char *prefix,
+                                          const char *budget_key, int64_t from, int64_t to,
+                                          sl_fleet_usage_fn fn, void *arg)
+{
+    if (!c->up || !c->ac) {
+        fn(arg, SL_EIO, NULL, -1, "not connected to redis");
+        return NULL;
+    }
+    if (strlen(prefix) + 16 >= KEY_MAX || (budget_key && strlen(budget_key) >= KEY_MAX)) {
+        fn(arg, SL_EINVAL, NULL, -1, "a key too long");
+        return NULL;
+    }
+    struct sl_fleet_call *call = sl_xcalloc(1, sizeof *call);
+    call->c = c;
+    call->kind = CALL_USAGE;
+    sl_fleet_usage_index(call->keys[0], KEY_MAX, prefix);
+    snprintf(call->keys[1], KEY_MAX, "%s", budget_key ? budget_key : "");
+    snprintf(call->field, KEY_MAX, "%s", prefix);
+    call->from = from;
+    call->to = to;
+    call->spent = -1;
+    call->ledger = sl_usage_ledger_new();
+    call->ufn = fn;
+    call->arg = arg;
+    c->pending++;
+    if (call_send(call) != REDIS_OK) {
+        call->ufn = NULL;
+        call_free(call);
+        fn(arg, SL_EIO, NULL, -1, "redis did not take the command");
+        return NULL;
+    }
+    call_arm(call,
+             c->timeout_ms > SL_FLEET_USAGE_TIMEOUT_MS ? c->timeout_ms : SL_FLEET_USAGE_TIMEOUT_MS);
+    return call;
+}
+
+void sl_fleet_once(struct sl_fleet_client *c, const char *key, int64_t ttl_ms, sl_fleet_once_fn fn,
+                   void *arg)
+{
+    if (!c->up || !c->ac || strlen(key) >= KEY_MAX) {
+        fn(arg, !c->up || !c->ac ? SL_EIO : SL_EINVAL, false);
+        return;
+    }
+    struct sl_fleet_call *call = sl_xcalloc(1, sizeof *call);
+    call->c = c;
+    call->kind = CALL_ONCE;
+    snprintf(call->keys[0], KEY_MAX, "%s", key);
+    if (ttl_ms > 0)
+        snprintf(call->px, sizeof call->px, "%lld", (long long)ttl_ms);
+    call->ofn = fn;
+    call->arg = arg;
+    c->pending++;
+    if (call_send(call) != REDIS_OK) {
+        call->ofn = NULL;
+        call_free(call);
+        fn(arg, SL_EIO, false);
+        return;
+    }
+    call_arm(call, c->timeout_ms);
 }

@@ -60,51 +60,9 @@ static void row(void *arg, const struct sl_usage_key *k, const struct sl_usage *
             (long long)u->completion_tokens, dev, cost, o->currency);
 }
 
-/* One field of an hour's hash: "tenant\tmodel\ttier\tcounter" = value. */
-static bool add_field(struct sl_usage_ledger *l, int64_t hour, const char *f, size_t n,
-                      const char *v)
-{
-    char buf[512];
-    if (n >= sizeof buf)
-        return false;
-    memcpy(buf, f, n);
-    buf[n] = '\0';
-    char *part[4];
-    char *p = buf;
-    for (int i = 0; i < 4; i++) {
-        part[i] = p;
-        char *tab = i < 3 ? strchr(p, '\t') : NULL;
-        if (i < 3 && !tab)
-            return false;
-        if (tab) {
-            *tab = '\0';
-            p = tab + 1;
-        }
-    }
-    char *end;
-    long long x = strtoll(v, &end, 10);
-    if (*v == '\0' || *end != '\0')
-        return false;
-    struct sl_usage u = {0};
-    int64_t *dst = strcmp(part[3], "requests") == 0            ? &u.requests
-                   : strcmp(part[3], "prompt_tokens") == 0     ? &u.prompt_tokens
-                   : strcmp(part[3], "cached_tokens") == 0     ? &u.cached_tokens
-                   : strcmp(part[3], "completion_tokens") == 0 ? &u.completion_tokens
-                   : strcmp(part[3], "device_ns") == 0         ? &u.device_ns
-                   : strcmp(part[3], "cost") == 0              ? &u.cost
-                                                               : NULL;
-    if (!dst)
-        return false;
-    *dst = x;
-    struct sl_usage_key k;
-    sl_usage_key_set(&k, part[0], part[1], part[2], hour);
-    sl_usage_ledger_add(l, &k, &u);
-    return true;
-}
-
-/* The fleet's ledger: every "<prefix>usage:<hour>" hash (SCAN, then HGETALL each). */
-static enum sl_status read_redis(const char *url, const char *prefix, struct sl_usage_ledger *l,
-                                 int *bad, char *err, size_t errlen)
+/* The fleet's ledger in Redis: the hours of its index in [from, to), each with its hash. */
+static enum sl_status read_redis(const char *url, const char *prefix, int64_t from, int64_t to,
+                                 struct sl_usage_ledger *l, int *bad, char *err, size_t errlen)
 {
     struct sl_fleet_addr a;
     if (sl_fleet_addr_parse(url, &a, err, errlen) != SL_OK)
@@ -125,37 +83,29 @@ static enum sl_status read_redis(const char *url, const char *prefix, struct sl_
         freeReplyObject(redisCommand(c, "AUTH %s", a.password));
     if (a.db)
         freeReplyObject(redisCommand(c, "SELECT %d", a.db));
-    char pattern[300], cursor[32] = "0";
-    snprintf(pattern, sizeof pattern, "%susage:*", prefix);
-    size_t plen = strlen(prefix) + 6;
+    /* A page of hours at a time, by the servers' own script (EVAL caches it). */
+    char index[300], num[3][24];
+    sl_fleet_usage_index(index, sizeof index, prefix);
     enum sl_status st = SL_OK;
-    do {
-        r = redisCommand(c, "SCAN %s MATCH %s COUNT 1000", cursor, pattern);
-        if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-            snprintf(err, errlen, "redis SCAN: %s",
-                     r && r->type == REDIS_REPLY_ERROR ? r->str : c->errstr);
+    for (;;) {
+        sl_fleet_usage_read_args(from, to, SL_FLEET_USAGE_PAGE, num);
+        const char *argv[] = {"EVAL", sl_fleet_usage_lua, "1", index, prefix, num[0], num[1],
+                              num[2]};
+        r = redisCommandArgv(c, 8, argv, NULL);
+        int64_t spent, last = 0;
+        int n = sl_fleet_usage_parse(r, l, &spent, &last, bad, err, errlen);
+        if (n < 0 && !r)
+            snprintf(err, errlen, "redis %s:%d: %s", a.host, a.port, c->errstr);
+        freeReplyObject(r);
+        r = NULL;
+        if (n < 0) {
             st = SL_EIO;
             break;
         }
-        snprintf(cursor, sizeof cursor, "%s", r->element[0]->str);
-        for (size_t i = 0; i < r->element[1]->elements; i++) {
-            const char *key = r->element[1]->element[i]->str;
-            char *end;
-            long long hour = strtoll(key + plen, &end, 10);
-            if (*end || hour % 3600 != 0) {
-                (*bad)++;
-                continue;
-            }
-            redisReply *h = redisCommand(c, "HGETALL %s", key);
-            for (size_t j = 0; h && h->type == REDIS_REPLY_ARRAY && j + 1 < h->elements; j += 2)
-                if (!add_field(l, hour, h->element[j]->str, h->element[j]->len,
-                               h->element[j + 1]->str))
-                    (*bad)++;
-            freeReplyObject(h);
-        }
-        freeReplyObject(r);
-        r = NULL;
-    } while (strcmp(cursor, "0") != 0);
+        if (n < SL_FLEET_USAGE_PAGE || last + 1 >= to)
+            break;
+        from = last + 1;
+    }
     freeReplyObject(r);
     redisFree(c);
     return st;
@@ -228,7 +178,7 @@ int sl_usage_export_main(int argc, char **argv, FILE *out, FILE *errf)
     struct sl_usage_ledger *l = sl_usage_ledger_new();
     int bad = 0;
     if (redis) {
-        if (read_redis(redis, prefix, l, &bad, err, sizeof err) != SL_OK) {
+        if (read_redis(redis, prefix, from, to, l, &bad, err, sizeof err) != SL_OK) {
             fprintf(errf, "sluice usage export: %s\n", err);
             sl_usage_ledger_free(l);
             return 1;

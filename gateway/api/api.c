@@ -294,6 +294,10 @@ static void on_close(struct sl_exchange *x, bool cancel)
     struct api_exchange *a = x->data;
     if (!a)
         return;
+    if (a->usage_call) {
+        sl_fleet_call_cancel(a->usage_call);
+        a->usage_call = NULL;
+    }
     api_drop_request(a, cancel);
     if (a->adm_timer) {
         event_free(a->adm_timer);

@@ -74,11 +74,12 @@ struct api_thread {
     struct sl_str hdr; /* scratch for response headers */
     uint64_t n_req;    /* completions started here, for ids */
     int32_t *ids;      /* (seq_len of the longest model) scratch for tokenizing a prompt */
-    struct sl_fleet_client *fleet; /* NULL without a fleet */
-    struct event *beat_ev;         /* thread 0 of a fleet: the heartbeat */
-    struct sl_str journal_buf;     /* usage records for the journal, written before_write */
-    struct api_webhook *webhooks;  /* budget webhooks in flight or waiting to retry */
-    struct evdns_base *dns;        /* their resolver, made at the first */
+    struct sl_fleet_client *fleet;  /* NULL without a fleet */
+    struct event *beat_ev;          /* thread 0 of a fleet: the heartbeat */
+    struct sl_str journal_buf;      /* usage records for the journal, written before_write */
+    struct api_webhook *webhooks;   /* budget webhooks in flight or waiting to retry */
+    struct evdns_base *dns;         /* their resolver, made at the first */
+    struct ssl_ctx_st *webhook_tls; /* their TLS client context (SSL_CTX), made at the first */
 };
 
 /* Which API a route speaks (its errors' shape, its objects). */
@@ -149,6 +150,7 @@ struct api_exchange {
     bool parked; /* a queue:MS step or the fleet's take holds it: no scheduler has
                     it yet */
     struct sl_fleet_call *fleet_call; /* the take it waits for, or NULL */
+    struct sl_fleet_call *usage_call; /* a usage route's read of the fleet's ledger, or NULL */
     struct event *adm_timer;          /* created at the first park */
     /* The prompts' token ids for `ids_engine`, computed once: prompts[i] is prompt i's (the
      * array in the arena, each prompt a reference the exchange holds until its requests take

@@ -530,6 +530,12 @@ struct sl_fleet_take {
  * that a replica is alive and answers how many are (KEYS[1] the fleet's set, ARGV its id and the
  * milliseconds after which a silent replica counts as gone). */
 extern const char sl_fleet_take_lua[], sl_fleet_refund_lua[], sl_fleet_beat_lua[];
+/* The ledger's reader: KEYS[1] the index of hours (sl_fleet_usage_index), KEYS[2] when given a
+ * budget's key; ARGV the key prefix and sl_fleet_usage_read_args's three. Answers one page: the
+ * budget key's spend (-1: not asked, or no key yet), then each hour with usage in the range,
+ * ascending, at most limit of them, with its hash (sl_fleet_usage_parse reads it). A caller
+ * pages by asking again from the last hour answered + 1 while a page is full. */
+extern const char sl_fleet_usage_lua[];
 void sl_fleet_script_sha(const char *script, char sha[SL_FLEET_SHA_LEN + 1]);
 /* The ARGV of take (4 per bucket) or refund (3 per bucket) for n buckets, as decimal strings in
  * num; returns how many. The KEYS are the buckets' keys in the same order. */
@@ -537,15 +543,26 @@ int sl_fleet_take_args(const struct sl_fleet_bucket *b, int n, char (*num)[24]);
 int sl_fleet_refund_args(const struct sl_fleet_bucket *b, int n, char (*num)[24]);
 /* The fleet's usage ledger (written by the refund script): one hash per hour, key
  * "<prefix>usage:<hour>" (unix seconds), fields "<tenant>\t<model>\t<tier>\t<counter>" with
- * counter one of requests, prompt_tokens, cached_tokens, completion_tokens, device_ns, cost.
- * The hash's key and a record's field prefix ("<tenant>\t<model>\t<tier>"), NUL-terminated;
- * and the refund script's ARGV tail for usage u (6 numbers, in that order). */
+ * counter one of requests, prompt_tokens, cached_tokens, completion_tokens, device_ns, cost; and
+ * an index of the hours that have one, the sorted set "<prefix>usage-hours" (score and member the
+ * hour). The hash's key, the index's key and a record's field prefix
+ * ("<tenant>\t<model>\t<tier>"), NUL-terminated; the refund script's ARGV tail for usage u in
+ * hour (7 numbers: the 6 counters in that order, then the hour). */
 void sl_fleet_usage_key(char *out, size_t outlen, const char *prefix, int64_t hour);
+void sl_fleet_usage_index(char *out, size_t outlen, const char *prefix);
 void sl_fleet_usage_field(char *out, size_t outlen, const struct sl_usage_key *k);
-int sl_fleet_usage_args(const struct sl_usage *u, char (*num)[24]);
+int sl_fleet_usage_args(const struct sl_usage *u, int64_t hour, char (*num)[24]);
+/* The usage script's range and page size as ARGV (3 strings): the hours in [from, to)
+ * (INT64_MIN and INT64_MAX: unbounded), at most limit of them. */
+int sl_fleet_usage_read_args(int64_t from, int64_t to, int limit, char (*num)[24]);
+struct redisReply;
+/* Adds one page of the usage script's answer to l: returns the hours it held (*last_hour the
+ * latest of them), *spent the budget's; fields that are not the ledger's count in *bad and are
+ * skipped. -1 with err when the reply is not such a page (an error reply passed on as worded). */
+int sl_fleet_usage_parse(const struct redisReply *r, struct sl_usage_ledger *l, int64_t *spent,
+                         int64_t *last_hour, int *bad, char *err, size_t errlen);
 /* Reads take's reply for n buckets: SL_OK and *out, or SL_EIO with err saying what was wrong
  * (an error reply, such as NOSCRIPT, is passed on in err as Redis worded it). */
-struct redisReply;
 enum sl_status sl_fleet_take_parse(const struct redisReply *r, int n, struct sl_fleet_take *out,
                                    char *err, size_t errlen);
 /* beat's answer: the replicas alive (>= 1), or -1 when the reply is not one. */
@@ -576,6 +593,10 @@ int sl_admit_fleet_take(const struct sl_admit *a, const char *prefix,
 enum sl_admit_verdict sl_admit_fleet_answer(struct sl_admit *a, const struct sl_admit_env *env,
                                             const struct sl_fleet_take *t, int replicas,
                                             int64_t now_ns);
+/* The key of tenant's money budget for the period starting at period_start (one key per
+ * period, so a new period starts from nothing): "<prefix>budget:<tenant>:<period_start>". */
+void sl_admit_fleet_budget_key(char *out, size_t outlen, const char *prefix, const char *tenant,
+                               int64_t period_start);
 /* After sl_admit_end of a request charged in Redis: the refund to send (fire and forget), once.
  * Returns out->n, 0 when nothing is owed. */
 int sl_admit_fleet_refund(struct sl_admit *a, const char *prefix, struct sl_admit_fleet_call *out);

@@ -56,7 +56,8 @@ int sl_fleet_client_pending(const struct sl_fleet_client *c);
 struct sl_fleet_call *sl_fleet_take(struct sl_fleet_client *c, const struct sl_fleet_bucket *b,
                                     int n, sl_fleet_take_fn fn, void *arg);
 /* The caller is gone: fn will not run, and if the take charged the buckets, the client gives the
- * charge back when the answer comes. Only while fn has not run: the call is the client's after. */
+ * charge back when the answer comes. Only while fn has not run: the call is the client's after.
+ * The same for a usage read. */
 void sl_fleet_call_cancel(struct sl_fleet_call *call);
 /* Gives tokens back (fire and forget: a refund that cannot be sent is dropped, and the bucket
  * refills on its own in time). */
@@ -72,6 +73,31 @@ struct sl_usage_key_usage {
  * keeps the usage elsewhere. */
 bool sl_fleet_settle(struct sl_fleet_client *c, const struct sl_fleet_bucket *b, int n,
                      const char *prefix, const struct sl_usage_key_usage *u);
+
+/* Reads the fleet's ledger (sl_fleet_usage_lua, a page of SL_FLEET_USAGE_PAGE hours at a time):
+ * the hours in [from, to) of the ledger under prefix and, when budget_key is not NULL, that
+ * key's spend. fn runs exactly once, later, on the client's loop, unless the call is cancelled
+ * first: SL_OK with the ledger read (the client's: fn may query it, not keep it) and the spend
+ * (-1: not asked, or no such key); SL_ETIMEDOUT when the whole read took longer than
+ * SL_FLEET_USAGE_TIMEOUT_MS (or timeout_ms if longer; a slow read never counts as a stall);
+ * SL_EIO with err otherwise. Returns the call, to cancel it; NULL when fn has already run (not
+ * connected). */
+#define SL_FLEET_USAGE_PAGE 24
+#define SL_FLEET_USAGE_TIMEOUT_MS 5000
+typedef void (*sl_fleet_usage_fn)(void *arg, enum sl_status st, struct sl_usage_ledger *l,
+                                  int64_t spent, const char *err);
+struct sl_fleet_call *sl_fleet_usage_read(struct sl_fleet_client *c, const char *prefix,
+                                          const char *budget_key, int64_t from, int64_t to,
+                                          sl_fleet_usage_fn fn, void *arg);
+
+/* Claims key for the fleet, once (SET key 1 NX, expiring after ttl_ms; 0: never): fn runs
+ * exactly once, on the client's loop or before this returns, with SL_OK and whether this call
+ * claimed it (false: another had), or, with claimed false, SL_EIO (not connected, an error),
+ * SL_ETIMEDOUT (no answer within timeout_ms) or SL_ECANCELED (the client is being freed). For
+ * what one replica of the fleet should do, such as sending a notice. */
+typedef void (*sl_fleet_once_fn)(void *arg, enum sl_status st, bool claimed);
+void sl_fleet_once(struct sl_fleet_client *c, const char *key, int64_t ttl_ms, sl_fleet_once_fn fn,
+                   void *arg);
 
 /* Says this replica (id) is alive in the fleet's set (key), where a replica silent for ttl_ms
  * counts as gone; fire and forget. The answer, how many replicas are alive, is kept:

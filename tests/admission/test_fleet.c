@@ -319,23 +319,25 @@ Test(fleet, the_end_of_a_request_adds_its_usage_to_the_hour_in_the_same_call)
                          .completion_tokens = 16,
                          .device_ns = 812000,
                          .cost = 10350};
-    char hkey[64], field[256], num[9][24];
+    char hkey[64], index[64], field[256], num[10][24];
     sl_fleet_usage_key(hkey, sizeof hkey, "sl:", k.hour);
     cr_assert_str_eq(hkey, "sl:usage:1795759200");
+    sl_fleet_usage_index(index, sizeof index, "sl:");
     sl_fleet_usage_field(field, sizeof field, &k);
     b.cost = 39; /* gives back what it did not use */
     sl_fleet_refund_args(&b, 1, num);
-    sl_fleet_usage_args(&u, num + 3);
+    sl_fleet_usage_args(&u, k.hour, num + 3);
     for (int round = 0; round < 2; round++) {
         const char *argv[] = {"EVAL", sl_fleet_refund_lua,
-                              "2",    b.key,
-                              hkey,   num[0],
-                              num[1], num[2],
-                              field,  num[3],
-                              num[4], num[5],
-                              num[6], num[7],
-                              num[8]};
-        redisReply *r = redisCommandArgv(c, 15, argv, NULL);
+                              "3",    b.key,
+                              hkey,   index,
+                              num[0], num[1],
+                              num[2], field,
+                              num[3], num[4],
+                              num[5], num[6],
+                              num[7], num[8],
+                              num[9]};
+        redisReply *r = redisCommandArgv(c, 17, argv, NULL);
         cr_assert(r && r->type == REDIS_REPLY_INTEGER, "%s", r && r->str ? r->str : "?");
         freeReplyObject(r);
     }
@@ -349,8 +351,145 @@ Test(fleet, the_end_of_a_request_adds_its_usage_to_the_hour_in_the_same_call)
     r = redisCommand(c, "HEXISTS %s %s", hkey, "acme\tm\tbatch\tcached_tokens");
     cr_assert_eq(r->integer, 0, "zeros are not written");
     freeReplyObject(r);
+    r = redisCommand(c, "ZSCORE %s %s", index, "1795759200");
+    cr_assert(r->str, "the hour is in the index");
+    cr_assert_eq(atoll(r->str), 1795759200);
+    freeReplyObject(r);
     /* The bucket got its 39 back once, the second time it was full: 100 - 60 + 39 + 21. */
     b.cost = 0;
     cr_assert_eq(take(c, &b, 1).view[0].remaining, 100);
+    redisFree(c);
+}
+
+/* Settles one request of tenant t in hour h through the refund script, as a replica does. */
+static void settle_usage(redisContext *c, const char *t, int64_t h, int64_t cost)
+{
+    struct sl_usage_key k;
+    sl_usage_key_set(&k, t, "m", "batch", h);
+    struct sl_usage u = {.requests = 1, .prompt_tokens = 3, .completion_tokens = 4, .cost = cost};
+    char hkey[64], index[64], field[256], num[7][24];
+    sl_fleet_usage_key(hkey, sizeof hkey, "u:", h);
+    sl_fleet_usage_index(index, sizeof index, "u:");
+    sl_fleet_usage_field(field, sizeof field, &k);
+    sl_fleet_usage_args(&u, h, num);
+    const char *argv[] = {"EVAL", sl_fleet_refund_lua,
+                          "2",    hkey,
+                          index,  field,
+                          num[0], num[1],
+                          num[2], num[3],
+                          num[4], num[5],
+                          num[6]};
+    redisReply *r = redisCommandArgv(c, 13, argv, NULL);
+    cr_assert(r && r->type == REDIS_REPLY_INTEGER, "%s", r && r->str ? r->str : "?");
+    freeReplyObject(r);
+}
+
+/* Reads [from, to) of the ledger under "u:" a page of `page` hours at a time, as the client and
+ * the export do; returns the pages it took. */
+static int read_usage(redisContext *c, int64_t from, int64_t to, int page, const char *budget,
+                      struct sl_usage_ledger *l, int64_t *spent)
+{
+    char index[64], num[3][24];
+    sl_fleet_usage_index(index, sizeof index, "u:");
+    int pages = 0;
+    for (;;) {
+        sl_fleet_usage_read_args(from, to, page, num);
+        const char *argv[9];
+        int argc = 0;
+        argv[argc++] = "EVAL";
+        argv[argc++] = sl_fleet_usage_lua;
+        argv[argc++] = budget ? "2" : "1";
+        argv[argc++] = index;
+        if (budget)
+            argv[argc++] = budget;
+        argv[argc++] = "u:";
+        for (int i = 0; i < 3; i++)
+            argv[argc++] = num[i];
+        redisReply *r = redisCommandArgv(c, argc, argv, NULL);
+        int64_t s = -2, last = 0;
+        int bad = 0;
+        char err[128];
+        int n = sl_fleet_usage_parse(r, l, &s, &last, &bad, err, sizeof err);
+        freeReplyObject(r);
+        cr_assert_geq(n, 0, "%s", err);
+        cr_assert_eq(bad, 0);
+        if (pages++ == 0)
+            *spent = s;
+        if (n < page)
+            return pages;
+        from = last + 1;
+    }
+}
+
+Test(fleet, the_ledger_is_read_back_a_page_of_hours_at_a_time_within_its_range)
+{
+    redisContext *c = connect_server();
+    const int64_t h0 = 1795759200;
+    for (int i = 0; i < 30; i++) {
+        settle_usage(c, "acme", h0 + 3600 * i, 1000 + i);
+        if (i % 2 == 0)
+            settle_usage(c, "zeta", h0 + 3600 * i, 7);
+    }
+    settle_usage(c, "acme", h0, 5); /* a second request in the first hour adds to it */
+    struct sl_usage_ledger *l = sl_usage_ledger_new();
+    int64_t spent;
+    cr_assert_eq(read_usage(c, INT64_MIN, INT64_MAX, 24, NULL, l, &spent), 2);
+    cr_assert_eq(spent, -1, "no budget key was asked");
+    struct sl_usage u;
+    sl_usage_ledger_sum(l, "acme", INT64_MIN, INT64_MAX, &u);
+    cr_assert_eq(u.requests, 31);
+    cr_assert_eq(u.cost, 30 * 1000 + 29 * 30 / 2 + 5);
+    cr_assert_eq(u.completion_tokens, 31 * 4);
+    sl_usage_ledger_sum(l, "zeta", INT64_MIN, INT64_MAX, &u);
+    cr_assert_eq(u.requests, 15);
+    sl_usage_ledger_free(l);
+
+    /* [from, to): hours 10 to 19; pages of 4 take three calls. */
+    l = sl_usage_ledger_new();
+    freeReplyObject(redisCommand(c, "SET u:budget 123456"));
+    cr_assert_eq(read_usage(c, h0 + 36000, h0 + 72000, 4, "u:budget", l, &spent), 3);
+    cr_assert_eq(spent, 123456, "the budget's spend comes with the first page");
+    sl_usage_ledger_sum(l, NULL, INT64_MIN, INT64_MAX, &u);
+    cr_assert_eq(u.requests, 10 + 5);
+    sl_usage_ledger_sum(l, "acme", INT64_MIN, INT64_MAX, &u);
+    cr_assert_eq(u.cost, 10 * 1000 + (10 + 19) * 10 / 2);
+    sl_usage_ledger_free(l);
+    redisFree(c);
+}
+
+Test(fleet, a_usage_reply_that_is_not_a_page_is_an_error_and_odd_fields_are_counted)
+{
+    redisContext *c = connect_server();
+    struct sl_usage_ledger *l = sl_usage_ledger_new();
+    int64_t spent = 0, last = 0;
+    int bad = 0;
+    char err[128];
+    static const char *const wrong[] = {"return 'x'",
+                                        "return {}",
+                                        "return {-1, 1795759200}",
+                                        "return {-1, 17, {}}",
+                                        "return {-1, 1795759200, {'a'}}",
+                                        "return redis.error_reply('NOPE')"};
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
+        redisReply *r = redisCommand(c, "EVAL %s 0", wrong[i]);
+        cr_assert_eq(sl_fleet_usage_parse(r, l, &spent, &last, &bad, err, sizeof err), -1, "%s",
+                     wrong[i]);
+        freeReplyObject(r);
+    }
+    cr_assert(strstr(err, "NOPE"), "an error reply is passed on as worded: %s", err);
+    redisReply *r = redisCommand(
+        c, "EVAL %s 0",
+        "return {5, 1795759200, {'a\tm\tt\tcost', '9', 'a\tm\tcost', '1', "
+        "'a\tm\tt\tcolour', '2', 'a\tm\tt\trequests', 'x1', 'a\tm\tt\trequests', '2'}}");
+    cr_assert_eq(sl_fleet_usage_parse(r, l, &spent, &last, &bad, err, sizeof err), 1);
+    freeReplyObject(r);
+    cr_assert_eq(spent, 5);
+    cr_assert_eq(last, 1795759200);
+    cr_assert_eq(bad, 3, "a field without a tier, an unknown counter, a value not a number");
+    struct sl_usage u;
+    sl_usage_ledger_sum(l, "a", INT64_MIN, INT64_MAX, &u);
+    cr_assert_eq(u.cost, 9);
+    cr_assert_eq(u.requests, 2);
+    sl_usage_ledger_free(l);
     redisFree(c);
 }

@@ -12,6 +12,11 @@ Tests (meson test fleet-replicas, the default):
             replica returns to the fleet's buckets (sluice:redis_up 1)
   stall     redis-server stopped (SIGSTOP) for 3 s: admission times out into the local share
             and every request is answered; after SIGCONT the fleet's buckets again
+  budget    a money budget shared by the replicas: refused with insufficient_quota once the
+            fleet's spend plus the next worst case passes it; `sluice usage export --redis`,
+            /admin/usage and /v1/usage on every replica show the fleet's ledger (scope=replica:
+            each replica's own share); a 503 naming why while Redis is gone
+  webhook   every replica sees its tenant pass soft_pct, the fleet POSTs the webhook once
 
 bench (bench/scenarios/fleet.sh): the rpm run with redis and without it (each replica alone, as
 before the fleet), printing admitted against the limit, and client latency of admitted requests
@@ -33,6 +38,7 @@ import tempfile
 import threading
 import time
 import hashlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 REPLICAS = 3
 EPS_KILL = 0.10
@@ -276,8 +282,32 @@ def pct(xs, p):
 BODY = json.dumps({"prompt": "Once upon a time", "max_tokens": 1, "temperature": 0})
 
 
+class Hooks:
+    """A webhook receiver on loopback: counts the POSTs it answers 204."""
+    def __init__(self):
+        hooks = self
+        self.bodies = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length", "0"))
+                hooks.bodies.append(json.loads(self.rfile.read(n) or b"{}"))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class Fleet:
-    def __init__(self, binary, tmp, tenants, redis):
+    def __init__(self, binary, tmp, tenants, redis, webhook=None):
         self.redis = redis
         cfg = {"listen": "127.0.0.1:0", "threads": 1, "log_level": "info",
                "price": {"input_per_mtok": 1, "output_per_mtok": 2},
@@ -285,7 +315,8 @@ class Fleet:
                                          "tpot_slo_ms": 1000},
                          "batch": {"priority": 1, "weight": 1, "ttft_slo_ms": 600000,
                                    "tpot_slo_ms": 1000}},
-               "tenants": tenants}
+               "tenants": tenants, "admin_key_sha256": sha("key-admin"),
+               "budget_webhook": webhook}
         if redis:
             cfg["redis"] = {"url": f"redis://127.0.0.1:{redis.port}", "timeout_ms": 20}
         self.replicas = []
@@ -393,6 +424,96 @@ def test_budget(fleet, port, binary):
           round(float(rows[0]["cost"]) * 1e9) == spent,
           f"the fleet's ledger in Redis has every admitted request ({out.stdout.strip()[:300]} "
           f"{out.stderr.strip()[:200]})")
+    return admitted, spent
+
+
+def get_json(port, path, key):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path, headers={"Authorization": "Bearer " + key})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, {"raw": data[:200]}
+
+
+def test_fleet_usage(fleet, before):
+    """Every replica's /admin/usage and /v1/usage answer the fleet's ledger: the money tenant's
+    requests were spread over the replicas by nginx, yet each replica shows all of them, and
+    its budget's spend as Redis holds it; scope=replica shows only the replica's own share."""
+    totals, own, spents = [], [], []
+    for s in fleet.replicas:
+        st, j = get_json(s.port, "/admin/usage?tenant=money&group_by=tenant", "key-admin")
+        totals.append((st, j.get("scope"), j.get("total", {}).get("requests")))
+        st, j = get_json(s.port, "/admin/usage?tenant=money&scope=replica", "key-admin")
+        own.append(j.get("total", {}).get("requests", -1) if st == 200 else -1)
+        st, j = get_json(s.port, "/v1/usage", "key-money")
+        b = j.get("budget") or {}
+        spents.append((st, j.get("scope"), j.get("total", {}).get("requests"), b.get("spent")))
+    n, spent = before
+    check(all(t == (200, "fleet", n) for t in totals),
+          f"/admin/usage on each replica shows the fleet's {n} requests ({totals})")
+    check(sum(own) == n and all(x >= 0 for x in own),
+          f"scope=replica shows each replica's own share, summing to {n} ({own})")
+    check(all(x[:3] == (200, "fleet", n) and x[3] is not None and round(x[3] * 1e9) == spent
+              for x in spents),
+          f"/v1/usage on each replica shows the caller's fleet usage and the budget's spend, "
+          f"{spent} nano-units, the sum of the costs its responses named ({spents})")
+    st, j = get_json(fleet.replicas[0].port, "/v1/usage", "key-rpm")
+    check(st == 200 and j.get("tenant") == "rpm" and
+          all(r.get("tenant", "rpm") == "rpm" for r in j.get("data", [])),
+          f"/v1/usage shows only the caller's tenant ({st} {str(j)[:200]})")
+    fleet.redis.kill()
+    st, j = get_json(fleet.replicas[0].port, "/admin/usage", "key-admin")
+    check(st == 503 and j.get("error", {}).get("code") == "fleet_unavailable",
+          f"without Redis the fleet's usage is a 503 naming why ({st} {str(j)[:200]})")
+    st, j = get_json(fleet.replicas[0].port, "/admin/usage?scope=replica", "key-admin")
+    check(st == 200 and j.get("scope") == "replica",
+          f"without Redis scope=replica still answers ({st} {str(j)[:160]})")
+    fleet.redis.start()
+    check_back(fleet, "a restart of Redis")
+
+
+def test_webhook(fleet, port, hooks):
+    """Tenant warn (soft_pct 1 of 0.01: the 4th worst case of 25,000 passes it) sends through
+    nginx until past it, then to each replica straight: each replica sees the crossing once, and
+    the fleet's claim in Redis lets one of them POST."""
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 10})
+    targets = [port] * 4 + [s.port for s in fleet.replicas]
+    statuses = []
+    for p in targets:
+        c = http.client.HTTPConnection("127.0.0.1", p, timeout=60)
+        c.request("POST", "/v1/completions", body=body,
+                  headers={"Authorization": "Bearer key-warn", "Content-Type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        statuses.append(r.status)
+        c.close()
+    check(statuses == [200] * len(targets), f"webhook: every request admitted ({statuses})")
+
+    def crossings():
+        return sum("budget: tenant 'warn' has used" in open(s.log_path).read()
+                   for s in fleet.replicas)
+
+    def warns():
+        return [b for b in hooks.bodies if b.get("tenant") == "warn"]
+
+    def decided():
+        sent = len(warns())
+        others = sum("webhook for tenant 'warn' is another replica's to send" in
+                     open(s.log_path).read() for s in fleet.replicas)
+        return sent >= 1 and sent + others >= REPLICAS
+    try:
+        wait_for(decided, "every replica to send the webhook or leave it to another")
+    except AssertionError as e:
+        check(False, str(e))
+        return
+    check(crossings() == REPLICAS, f"each of the {REPLICAS} replicas saw the crossing "
+          f"({crossings()})")
+    check(len(warns()) == 1 and warns()[0].get("soft_pct") == 1,
+          f"the fleet POSTed the webhook once ({warns()})")
 
 
 def check_back(fleet, after):
@@ -561,17 +682,21 @@ def main():
         redis.start()
         tenants = [tenant("rpm", rpm=RPM), tenant("tpm", tpm=TPM), tenant("kill", rpm=RPM),
                    tenant("stall", rpm=6000), tenant("probe", rpm=100000),
-                   tenant("money", budget={"amount": 0.0001, "period": "day"})]
-        fleet = Fleet(binary, tmp, tenants, redis)
+                   tenant("money", budget={"amount": 0.0001, "period": "day"}),
+                   tenant("warn", budget={"amount": 0.01, "period": "day", "soft_pct": 1})]
+        hooks = Hooks()
+        fleet = Fleet(binary, tmp, tenants, redis, hooks.url)
         try:
             port = fleet.nginx.port
             test_budgets(fleet, port, seconds)
-            test_budget(fleet, port, binary)
+            test_fleet_usage(fleet, test_budget(fleet, port, binary))
+            test_webhook(fleet, port, hooks)
             test_stall(fleet, port)
             test_kill(fleet, port, seconds, tmp)
         finally:
             fleet.stop()
             redis.stop()
+            hooks.stop()
         if failed:
             for s in fleet.replicas:
                 print(f"--- {s.log_path} (tail)")

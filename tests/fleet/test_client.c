@@ -314,3 +314,146 @@ Test(fleet_client, urls_are_read_or_refused_with_a_reason)
         cr_assert(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }
 }
+
+struct usage_answer {
+    bool done;
+    enum sl_status st;
+    int64_t spent;
+    struct sl_usage total, acme;
+    char err[256];
+};
+
+static void on_usage(void *arg, enum sl_status st, struct sl_usage_ledger *l, int64_t spent,
+                     const char *err)
+{
+    struct usage_answer *a = arg;
+    cr_assert_not(a->done, "a callback ran twice");
+    a->done = true;
+    a->st = st;
+    a->spent = spent;
+    cr_assert_eq(l != NULL, st == SL_OK, "a ledger exactly when the read succeeded");
+    if (l) {
+        sl_usage_ledger_sum(l, NULL, INT64_MIN, INT64_MAX, &a->total);
+        sl_usage_ledger_sum(l, "acme", INT64_MIN, INT64_MAX, &a->acme);
+    }
+    snprintf(a->err, sizeof a->err, "%s", err ? err : "");
+}
+
+static bool usage_answered(void *a)
+{
+    return ((struct usage_answer *)a)->done;
+}
+
+Test(fleet_client, settled_usage_is_read_back_across_pages_with_the_budget_spend)
+{
+    struct sl_fleet_client *c = client(2000);
+    const int64_t h0 = 1795759200;
+    int hours = SL_FLEET_USAGE_PAGE + 6;
+    for (int i = 0; i < hours; i++) {
+        struct sl_usage_key_usage ku = {.usage = {.requests = 1, .prompt_tokens = 2, .cost = 10}};
+        sl_usage_key_set(&ku.key, i % 3 ? "acme" : "zeta", "m", "batch", h0 + 3600 * i);
+        cr_assert(sl_fleet_settle(c, NULL, 0, "r:", &ku));
+    }
+    run_until(is_idle, c, "the settles");
+    command("SET r:budget:acme 4242");
+    struct usage_answer a = {0};
+    cr_assert_not_null(
+        sl_fleet_usage_read(c, "r:", "r:budget:acme", INT64_MIN, INT64_MAX, on_usage, &a));
+    run_until(usage_answered, &a, "the usage");
+    cr_assert_eq(a.st, SL_OK, "%s", a.err);
+    cr_assert_eq(a.spent, 4242);
+    cr_assert_eq(a.total.requests, hours);
+    cr_assert_eq(a.total.cost, 10 * hours);
+    cr_assert_eq(a.acme.requests, hours - (hours + 2) / 3);
+
+    /* From the third hour on, the last excluded; no budget asked. */
+    a = (struct usage_answer){0};
+    sl_fleet_usage_read(c, "r:", NULL, h0 + 2 * 3600, h0 + (hours - 1) * 3600, on_usage, &a);
+    run_until(usage_answered, &a, "the usage");
+    cr_assert_eq(a.st, SL_OK, "%s", a.err);
+    cr_assert_eq(a.spent, -1);
+    cr_assert_eq(a.total.requests, hours - 3);
+    sl_fleet_client_free(c);
+}
+
+Test(fleet_client, a_cancelled_usage_read_never_calls_back_and_a_lost_server_fails_it_at_once)
+{
+    struct sl_fleet_client *c = client(2000);
+    struct usage_answer a = {0};
+    struct sl_fleet_call *call =
+        sl_fleet_usage_read(c, "r:", NULL, INT64_MIN, INT64_MAX, on_usage, &a);
+    cr_assert_not_null(call);
+    sl_fleet_call_cancel(call);
+    run_until(is_idle, c, "the answer");
+    cr_assert_not(a.done);
+    redis_server_stop(&server);
+    run_until(is_down, c, "the client to see the loss");
+    cr_assert_null(sl_fleet_usage_read(c, "r:", NULL, INT64_MIN, INT64_MAX, on_usage, &a));
+    cr_assert(a.done, "called back before returning");
+    cr_assert_eq(a.st, SL_EIO);
+    sl_fleet_client_free(c);
+}
+
+Test(fleet_client, freeing_the_client_cancels_a_usage_read_in_flight)
+{
+    struct sl_fleet_client *c = client(2000);
+    kill(server.pid, SIGSTOP);
+    struct usage_answer a = {0};
+    cr_assert_not_null(sl_fleet_usage_read(c, "r:", NULL, INT64_MIN, INT64_MAX, on_usage, &a));
+    sl_fleet_client_free(c);
+    cr_assert(a.done);
+    cr_assert_eq(a.st, SL_ECANCELED);
+}
+
+struct once_answer {
+    int calls;
+    enum sl_status st;
+    bool claimed;
+};
+
+static void on_once(void *arg, enum sl_status st, bool claimed)
+{
+    struct once_answer *a = arg;
+    a->calls++;
+    a->st = st;
+    a->claimed = claimed;
+}
+
+static bool once_answered(void *a)
+{
+    return ((struct once_answer *)a)->calls > 0;
+}
+
+Test(fleet_client, once_is_claimed_by_one_call_of_the_fleet_until_it_expires)
+{
+    struct sl_fleet_client *c = client(2000), *d = client(2000);
+    struct once_answer first = {0}, second = {0}, third = {0};
+    sl_fleet_once(c, "o:warned", 0, on_once, &first);
+    run_until(once_answered, &first, "the first claim");
+    sl_fleet_once(d, "o:warned", 0, on_once, &second);
+    run_until(once_answered, &second, "the second claim");
+    cr_assert_eq(first.st, SL_OK);
+    cr_assert(first.claimed);
+    cr_assert_eq(second.st, SL_OK);
+    cr_assert_not(second.claimed, "another client of the fleet had claimed it");
+    cr_assert_eq(first.calls + second.calls, 2);
+    /* A time to live: the key goes with it, and the next claim wins. */
+    sl_fleet_once(c, "o:ttl", 60000, on_once, &third);
+    run_until(once_answered, &third, "a claim with a time to live");
+    cr_assert(third.claimed);
+    redisContext *r = redisConnect("127.0.0.1", server.port);
+    redisReply *rep = redisCommand(r, "PTTL o:ttl");
+    cr_assert(rep->integer > 0 && rep->integer <= 60000, "pttl %lld", rep->integer);
+    freeReplyObject(rep);
+    redisFree(r);
+    sl_fleet_client_free(d);
+    /* Without a server, no one can say: the caller hears it at once. */
+    redis_server_stop(&server);
+    run_until(is_down, c, "the client to see the loss");
+    struct once_answer lost = {0};
+    sl_fleet_once(c, "o:warned", 0, on_once, &lost);
+    cr_assert_eq(lost.calls, 1, "called back before returning");
+    cr_assert_eq(lost.st, SL_EIO);
+    cr_assert_not(lost.claimed);
+    sl_fleet_client_free(c);
+}

@@ -1,8 +1,8 @@
-/* Fuzz target: the fleet's reading of Redis replies (sl_fleet_take_parse and sl_fleet_beat_parse,
- * admission/fleet.c) behind hiredis's own protocol reader, as an I/O thread gets them: any bytes a
- * server (or something pretending to be one) sends must give either an error or a verdict that
- * stays inside what the script can answer (a refusal names one of the call's buckets; counts are
- * what was sent), and never a crash or a read out of bounds.
+/* Fuzz target: the fleet's reading of Redis replies (sl_fleet_take_parse, sl_fleet_beat_parse and
+ * sl_fleet_usage_parse, admission/fleet.c) behind hiredis's own protocol reader, as an I/O thread
+ * gets them: any bytes a server (or something pretending to be one) sends must give either an error
+ * or a verdict that stays inside what the script can answer (a refusal names one of the call's
+ * buckets; counts are what was sent), and never a crash or a read out of bounds.
  *
  * Input: byte 0 picks how many buckets the call had (1 .. SL_FLEET_BUCKETS_MAX), the rest is
  * what the server sent, fed to the reader in two pieces split at byte 1's position.
@@ -63,6 +63,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         int alive = sl_fleet_beat_parse(reply);
         fuzz_check(alive == -1 || alive >= 1, "beat answered %d replicas", alive);
+        /* A page of the ledger: whatever it holds lands in a ledger, hours on the hour. */
+        struct sl_usage_ledger *l = sl_usage_ledger_new();
+        int64_t spent = 0, last = 0;
+        int bad = 0;
+        int hours = sl_fleet_usage_parse(reply, l, &spent, &last, &bad, err, sizeof err);
+        fuzz_check(hours >= -1, "usage answered %d hours", hours);
+        fuzz_check(hours <= 0 || last % 3600 == 0, "an hour %lld off the hour", (long long)last);
+        fuzz_check(hours >= 0 || err[0], "a usage failure without a reason");
+        struct sl_usage sum;
+        sl_usage_ledger_sum(l, NULL, INT64_MIN, INT64_MAX, &sum);
+        sl_usage_ledger_free(l);
         freeReplyObject(reply);
     }
     redisReaderFree(rd);

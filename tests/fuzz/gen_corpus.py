@@ -421,7 +421,7 @@ def gen_models(tj):
 
 
 def gen_redis():
-    """Replies of the fleet's take script (RESP2), whole and broken; byte 0: buckets - 1."""
+    """Replies of the fleet's scripts (RESP2), whole and broken; byte 0: buckets - 1."""
     def ints(*v):
         return "*%d\r\n" % len(v) + "".join(":%d\r\n" % x for x in v)
     put("redis_reply", "admitted-3", b"\x02\x05" + ints(1, 1795750000000000, 9, 6000000, 40,
@@ -432,6 +432,14 @@ def gen_redis():
     put("redis_reply", "noscript", b"\x00\x04-NOSCRIPT No matching script.\r\n")
     put("redis_reply", "nested", b"\x01\x02*2\r\n:1\r\n*1\r\n$3\r\nabc\r\n")
     put("redis_reply", "two", b"\x00\x07" + (ints(1, 5, 0, 0) + "+OK\r\n").encode())
+
+    def bulk(x):
+        return "$%d\r\n%s\r\n" % (len(x), x)
+    fields = ["acme\tm\tbatch\tcost", "10350", "acme\tm\tbatch\trequests", "2",
+              "acme\tm\tbatch\tcolour", "x"]
+    page = ("*5\r\n:123456\r\n:1795759200\r\n*%d\r\n" % len(fields) +
+            "".join(bulk(f) for f in fields) + ":1795762800\r\n*0\r\n")
+    put("redis_reply", "usage-page", b"\x00\x09" + page.encode())
 
 
 def gen_usage():
