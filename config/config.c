@@ -257,7 +257,7 @@ enum key_type {
     K_PRICE,      /* {"input_per_mtok", "cached_input_per_mtok", "output_per_mtok",
                      "device_second"}: a struct sl_usage_price */
     K_CURRENCY,   /* 1 to 16 printable ASCII characters */
-    K_WEBHOOK,    /* null or an http:// URL with a host */
+    K_WEBHOOK,    /* null or an http:// or https:// URL with a host */
 };
 
 struct key {
@@ -884,15 +884,15 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
             return SL_OK;
         }
         struct evhttp_uri *u = s ? evhttp_uri_parse(s) : NULL;
-        bool ok = u && evhttp_uri_get_scheme(u) && strcmp(evhttp_uri_get_scheme(u), "http") == 0 &&
+        const char *scheme = u ? evhttp_uri_get_scheme(u) : NULL;
+        bool ok = scheme && (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0) &&
                   evhttp_uri_get_host(u) && evhttp_uri_get_host(u)[0] && strlen(s) <= 1024;
         if (u)
             evhttp_uri_free(u);
         if (!ok) {
             snprintf(err, errlen,
-                     "%s: \"%s\" must be null or an http:// URL with a host (https:// is not "
-                     "supported: point it at a relay on a trusted network)",
-                     where, k->name);
+                     "%s: \"%s\" must be null or an http:// or https:// URL with a host", where,
+                     k->name);
             return SL_EINVAL;
         }
         replace((char **)(base + k->off), s);

@@ -640,8 +640,8 @@ Test(gateway, metering_errors_name_the_key_at_fault)
         {"{\"currency\":\"US D\"}", "\"currency\" must be 1 to 16 printable"},
         {"{\"currency\":\"\"}", "\"currency\" must be 1 to 16 printable"},
         {"{\"state_dir\":\"\"}", "\"state_dir\" must be a non-empty string"},
-        {"{\"budget_webhook\":\"https://hooks.example/b\"}",
-         "\"budget_webhook\" must be null or an http:// URL with a host (https:// is not"},
+        {"{\"budget_webhook\":\"ftp://hooks.example/b\"}",
+         "\"budget_webhook\" must be null or an http:// or https:// URL with a host"},
         {"{\"budget_webhook\":\"http:///b\"}", "\"budget_webhook\" must be null or an http://"},
         {"{\"budget_webhook\":7}", "\"budget_webhook\" must be null or an http://"},
     };

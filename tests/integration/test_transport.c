@@ -8,6 +8,7 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "tls_cert.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -334,28 +335,6 @@ Test(transport, held_text_keeps_its_log_probabilities_when_the_reader_is_behind,
 
 /* ---- TLS ---- */
 
-static EVP_PKEY *key_new(void)
-{
-    EVP_PKEY *k = EVP_EC_gen("P-256");
-    cr_assert_not_null(k);
-    return k;
-}
-
-static X509 *cert_new(EVP_PKEY *k, const char *cn, long serial)
-{
-    X509 *x = X509_new();
-    X509_set_version(x, 2);
-    ASN1_INTEGER_set(X509_get_serialNumber(x), serial);
-    X509_gmtime_adj(X509_getm_notBefore(x), -60);
-    X509_gmtime_adj(X509_getm_notAfter(x), 24 * 3600);
-    X509_set_pubkey(x, k);
-    X509_NAME *n = X509_get_subject_name(x);
-    X509_NAME_add_entry_by_txt(n, "CN", MBSTRING_ASC, (const unsigned char *)cn, -1, -1, 0);
-    X509_set_issuer_name(x, n);
-    cr_assert_gt(X509_sign(x, k, EVP_sha256()), 0);
-    return x;
-}
-
 static void write_pem(const char *name, X509 *x, EVP_PKEY *k)
 {
     const char *path = path_in_dir(name);
@@ -437,8 +416,9 @@ static void no_system_openssl_conf(void)
 Test(transport, serves_tls_and_reloads_the_certificate_when_sighup_brings_a_new_one,
      .init = no_system_openssl_conf, .fini = remove_dir, .timeout = 300)
 {
-    EVP_PKEY *k1 = key_new(), *k2 = key_new();
-    X509 *c1 = cert_new(k1, "first.sluice.test", 1), *c2 = cert_new(k2, "second.sluice.test", 2);
+    EVP_PKEY *k1 = tls_key_new(), *k2 = tls_key_new();
+    X509 *c1 = tls_cert_new(k1, "first.sluice.test", 1, NULL),
+         *c2 = tls_cert_new(k2, "second.sluice.test", 2, NULL);
     write_pem("cert.pem", c1, NULL);
     write_pem("key.pem", NULL, k1);
     char json[512];
@@ -534,8 +514,8 @@ static SSL_CTX *weak_client(const char *ciphers)
 Test(transport, refuses_weak_ciphers_and_compression_when_serving_tls,
      .init = no_system_openssl_conf, .fini = remove_dir, .timeout = 300)
 {
-    EVP_PKEY *k = key_new();
-    X509 *c = cert_new(k, "ciphers.sluice.test", 3);
+    EVP_PKEY *k = tls_key_new();
+    X509 *c = tls_cert_new(k, "ciphers.sluice.test", 3, NULL);
     write_pem("cert.pem", c, NULL);
     write_pem("key.pem", NULL, k);
     char json[512];
@@ -599,8 +579,8 @@ static int check_config(const char *file, char *out, size_t outlen)
 Test(transport, check_config_loads_the_certificate_when_tls_is_configured,
      .init = no_system_openssl_conf, .fini = remove_dir)
 {
-    EVP_PKEY *k1 = key_new(), *k2 = key_new();
-    X509 *c1 = cert_new(k1, "check.sluice.test", 7);
+    EVP_PKEY *k1 = tls_key_new(), *k2 = tls_key_new();
+    X509 *c1 = tls_cert_new(k1, "check.sluice.test", 7, NULL);
     write_pem("cert.pem", c1, NULL);
     write_pem("key.pem", NULL, k1);
     write_pem("other-key.pem", NULL, k2);

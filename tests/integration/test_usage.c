@@ -7,10 +7,13 @@
 #include <jansson.h>
 
 #include "harness.h"
+#include "tls_cert.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <openssl/pem.h>
 #include <openssl/sha.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -211,6 +214,15 @@ Test(usage, usage_routes_show_the_admin_everyone_and_a_tenant_only_itself)
                                     raw, sizeof raw),
                  400);
     cr_assert(strstr(raw, "\"param\":\"group_by\""), "%s", raw);
+    /* Without redis there is no fleet to ask: scope=replica is the only scope, and the default. */
+    cr_assert_eq(client_try_request(srv.port, "GET", "/admin/usage?scope=fleet", AUTH(ADMIN), NULL,
+                                    raw, sizeof raw),
+                 400);
+    cr_assert(strstr(raw, "\"param\":\"scope\""), "%s", raw);
+    cr_assert_eq(client_try_request(srv.port, "GET", "/v1/usage?scope=replica", AUTH(BOB), NULL,
+                                    raw, sizeof raw),
+                 200);
+    cr_assert(strstr(raw, "\"scope\":\"replica\""), "%s", raw);
 }
 
 /* ---- the journal across kill -9 ---- */
@@ -413,16 +425,17 @@ struct receiver {
     char body[2048];      /* of the last */
 };
 
-/* Reads one HTTP request from c (head and Content-Length body) into r. */
-static bool read_request(int c, struct receiver *r)
+/* Reads one HTTP request from c (head and Content-Length body), over ssl when not NULL, into
+ * r. */
+static bool read_request(int c, SSL *ssl, struct receiver *r)
 {
     char buf[8192];
     size_t len = 0;
+    struct timeval guard = {30, 0}; /* a guard against a hang, not a wait */
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &guard, sizeof guard);
     for (;;) {
-        struct pollfd p = {.fd = c, .events = POLLIN};
-        if (poll(&p, 1, 30000) <= 0) /* a guard against a hang, not a wait */
-            return false;
-        ssize_t n = recv(c, buf + len, sizeof buf - 1 - len, 0);
+        ssize_t n = ssl ? SSL_read(ssl, buf + len, (int)(sizeof buf - 1 - len))
+                        : recv(c, buf + len, sizeof buf - 1 - len, 0);
         if (n <= 0)
             return false;
         len += (size_t)n;
@@ -451,7 +464,7 @@ static void *receive(void *arg)
         int c = accept(r->fd, NULL, NULL);
         if (c < 0)
             return NULL;
-        if (read_request(c, r)) {
+        if (read_request(c, NULL, r)) {
             r->attempts++;
             const char *ans = i == 0 ? "HTTP/1.1 500 Internal Server Error\r\nContent-Length: "
                                        "0\r\nConnection: close\r\n\r\n"
@@ -508,6 +521,109 @@ Test(usage, passing_the_soft_threshold_posts_the_webhook_and_retries_it)
     cr_assert_not_null(json_object_get(j, "period_start"));
     json_decref(j);
     server_wait_log(&srv, "webhook for tenant 'carol' answered 204");
+}
+
+/* ---- the budget webhook over https ---- */
+
+struct tls_receiver {
+    struct receiver r;
+    SSL_CTX *ctx[2]; /* the certificate of each attempt */
+    int refused;     /* handshakes the client gave up */
+};
+
+/* The first attempt meets a certificate sluice does not trust; the second one it does. */
+static void *receive_tls(void *arg)
+{
+    struct tls_receiver *t = arg;
+    for (int i = 0; i < 2; i++) {
+        struct pollfd p = {.fd = t->r.fd, .events = POLLIN};
+        if (poll(&p, 1, 30000) <= 0)
+            return NULL;
+        int c = accept(t->r.fd, NULL, NULL);
+        if (c < 0)
+            return NULL;
+        SSL *ssl = SSL_new(t->ctx[i]);
+        SSL_set_fd(ssl, c);
+        struct timeval guard = {30, 0};
+        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &guard, sizeof guard);
+        if (SSL_accept(ssl) != 1) {
+            t->refused++;
+        } else if (read_request(c, ssl, &t->r)) {
+            t->r.attempts++;
+            const char *ans = "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n";
+            SSL_write(ssl, ans, (int)strlen(ans));
+            SSL_shutdown(ssl);
+        }
+        SSL_free(ssl);
+        close(c);
+    }
+    return NULL;
+}
+
+static SSL_CTX *server_ctx(EVP_PKEY *k, X509 *x)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    cr_assert(ctx && SSL_CTX_use_certificate(ctx, x) == 1 && SSL_CTX_use_PrivateKey(ctx, k) == 1);
+    return ctx;
+}
+
+Test(usage, an_https_webhook_sends_only_to_a_server_whose_certificate_it_trusts)
+{
+    EVP_PKEY *good_key = tls_key_new(), *bad_key = tls_key_new();
+    X509 *good = tls_cert_new(good_key, "hooks.sluice.test", 11, "127.0.0.1"),
+         *bad = tls_cert_new(bad_key, "hooks.sluice.test", 12, "127.0.0.1");
+    /* The server trusts the good certificate alone (OpenSSL's SSL_CERT_FILE). */
+    char ca[] = "/tmp/sluice-webhook-ca-XXXXXX";
+    int fd = mkstemp(ca);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    cr_assert(PEM_write_X509(f, good));
+    fclose(f);
+    setenv("SSL_CERT_FILE", ca, 1);
+    setenv("SSL_CERT_DIR", "/nonexistent", 1);
+    struct tls_receiver t = {.r.fd = socket(AF_INET, SOCK_STREAM, 0),
+                             .ctx = {server_ctx(bad_key, bad), server_ctx(good_key, good)}};
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    cr_assert_eq(bind(t.r.fd, (struct sockaddr *)&a, sizeof a), 0);
+    socklen_t al = sizeof a;
+    getsockname(t.r.fd, (struct sockaddr *)&a, &al);
+    cr_assert_eq(listen(t.r.fd, 4), 0);
+    pthread_t th;
+    pthread_create(&th, NULL, receive_tls, &t);
+    char hex[65], config[4096];
+    key_hash(CAROL, hex);
+    snprintf(config, sizeof config,
+             "{" HARNESS_TIERS_WITHOUT_GUARD ",\"threads\":1,\"price\":"
+             "{\"input_per_mtok\":1,\"output_per_mtok\":2},\"budget_webhook\":"
+             "\"https://127.0.0.1:%d/hooks/budget\",\"tenants\":[{\"name\":\"carol\","
+             "\"key_sha256\":\"%s\",\"tiers\":[\"interactive\"],\"default_tier\":"
+             "\"interactive\",\"budget\":{\"amount\":0.0001,\"period\":\"day\","
+             "\"soft_pct\":20}}]}",
+             ntohs(a.sin_port), hex);
+    start_with(config);
+    char raw[16384];
+    cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", AUTH(CAROL),
+                                    "{\"prompt\":\"Once upon a time\",\"max_tokens\":10}", raw,
+                                    sizeof raw),
+                 200);
+    pthread_join(th, NULL);
+    close(t.r.fd);
+    unlink(ca);
+    cr_assert_eq(t.refused, 1, "the untrusted certificate was refused");
+    cr_assert_eq(t.r.attempts, 1, "then the trusted server got the notice");
+    cr_assert_str_eq(t.r.first_line, "POST /hooks/budget HTTP/1.1");
+    json_t *j = json_loads(t.r.body, 0, NULL);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "tenant")), "carol");
+    json_decref(j);
+    server_wait_log(&srv, "certificate verify failed");
+    server_wait_log(&srv, "webhook for tenant 'carol' answered 204");
+    for (int i = 0; i < 2; i++)
+        SSL_CTX_free(t.ctx[i]);
+    X509_free(good);
+    X509_free(bad);
+    EVP_PKEY_free(good_key);
+    EVP_PKEY_free(bad_key);
 }
 
 /* ---- a client that leaves, and a reload ---- */
