@@ -280,10 +280,14 @@ static void call_free(struct sl_fleet_call *call)
     free(call);
 }
 
-/* Sends call as EVALSHA (or EVAL once NOSCRIPT was answered). */
+/* Sends call: a once as SET, the others as EVALSHA (or EVAL once NOSCRIPT was answered). */
 static int call_send(struct sl_fleet_call *call)
 {
     struct sl_fleet_client *c = call->c;
+    if (call->kind == CALL_ONCE) {
+        const char *set[] = {"SET", call->keys[0], "1", "NX", "PX", call->px};
+        return redisAsyncCommandArgv(c->ac, on_reply, call, call->px[0] ? 6 : 4, set, NULL);
+    }
     static const char *const scripts[] = {sl_fleet_take_lua, sl_fleet_refund_lua, sl_fleet_beat_lua,
                                           sl_fleet_usage_lua};
     const char *shas[] = {c->sha_take, c->sha_refund, c->sha_beat, c->sha_usage};
@@ -298,10 +302,6 @@ static int call_send(struct sl_fleet_call *call)
         argv[argc++] = call->keys[1];
         argv[argc++] = call->beat_ttl;
         return redisAsyncCommandArgv(c->ac, on_reply, call, argc, argv, NULL);
-    }
-    if (call->kind == CALL_ONCE) {
-        const char *set[] = {"SET", call->keys[0], "1", "NX", "PX", call->px};
-        return redisAsyncCommandArgv(c->ac, on_reply, call, call->px[0] ? 6 : 4, set, NULL);
     }
     if (call->kind == CALL_USAGE) {
         bool budget = call->keys[1][0] && call->pages == 0; /* its spend, with the first page */
