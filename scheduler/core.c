@@ -20,6 +20,7 @@
 #include "sched_impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,11 +105,47 @@ static void q_unlink(struct sl_tier_q *q, struct sl_seq *s)
     s->prev = s->next = NULL;
 }
 
+/* The same for s's tenant's queue (tprev, tnext). */
+static void t_push(struct sl_vtc *v, struct sl_seq *s, bool front)
+{
+    if (front) {
+        s->tprev = NULL;
+        s->tnext = v->head;
+        if (v->head)
+            v->head->tprev = s;
+        else
+            v->tail = s;
+        v->head = s;
+    } else {
+        s->tnext = NULL;
+        s->tprev = v->tail;
+        if (v->tail)
+            v->tail->tnext = s;
+        else
+            v->head = s;
+        v->tail = s;
+    }
+}
+
+static void t_unlink(struct sl_vtc *v, struct sl_seq *s)
+{
+    if (s->tprev)
+        s->tprev->tnext = s->tnext;
+    else
+        v->head = s->tnext;
+    if (s->tnext)
+        s->tnext->tprev = s->tprev;
+    else
+        v->tail = s->tprev;
+    s->tprev = s->tnext = NULL;
+}
+
 /* Puts s (not queued) into its tier's queue and counts it. */
 static void enqueue(struct sl_sched_core *c, struct sl_seq *s, bool front)
 {
     struct sl_tier_q *q = &c->tiers[s->tier];
     q_push(q, s, front);
+    t_push(s->vt, s, front);
     s->queued = true;
     q->n_queued++;
     if (!s->resident)
@@ -120,11 +157,119 @@ static void dequeue(struct sl_sched_core *c, struct sl_seq *s)
 {
     struct sl_tier_q *q = &c->tiers[s->tier];
     q_unlink(q, s);
+    t_unlink(s->vt, s);
     s->queued = false;
     q->n_queued--;
     if (!s->resident)
         q->n_waiting--;
     q->prefill_tokens -= s->n_tokens - s->n_computed;
+}
+
+/* ---- tenants: virtual token counters ---- */
+
+/* The smallest counter among the active tenants of q, or q's floor when none is. */
+static double vtc_min_active(struct sl_tier_q *q)
+{
+    double m = INFINITY;
+    for (struct sl_vtc *v = q->vtc; v; v = v->next)
+        if (v->n_active > 0 && v->counter < m)
+            m = v->counter;
+    if (isinf(m))
+        return q->vtc_floor;
+    if (m > q->vtc_floor)
+        q->vtc_floor = m;
+    return m;
+}
+
+/* Forgets q's tenant idle the longest. */
+static void vtc_forget(struct sl_tier_q *q)
+{
+    struct sl_vtc **oldest = NULL;
+    for (struct sl_vtc **p = &q->vtc; *p; p = &(*p)->next)
+        if ((*p)->n_active == 0 && (!oldest || (*p)->idle_since < (*oldest)->idle_since))
+            oldest = p;
+    if (!oldest)
+        return;
+    struct sl_vtc *v = *oldest;
+    *oldest = v->next;
+    free(v);
+    q->n_idle--;
+}
+
+/* s (not queued) joins its tier as one of its tenant's sequences. A tenant that was idle starts
+ * no lower than the smallest counter among the active (the floor when none is): service it did
+ * not ask for is not owed. */
+static void vtc_join(struct sl_sched_core *c, struct sl_seq *s, bool carry)
+{
+    struct sl_tier_q *q = &c->tiers[s->tier];
+    const struct sl_req_params *p = &s->req->params;
+    struct sl_vtc *v = q->vtc;
+    while (v && strncmp(v->name, p->tenant, SL_SCHED_TENANT_NAME_MAX) != 0)
+        v = v->next;
+    if (!v) {
+        v = sl_xcalloc(1, sizeof *v);
+        snprintf(v->name, sizeof v->name, "%.*s", SL_SCHED_TENANT_NAME_MAX, p->tenant);
+        v->counter = -INFINITY;
+        v->next = q->vtc;
+        q->vtc = v;
+        q->n_idle++;
+    }
+    if (v->n_active == 0) {
+        /* carry: a new tier table is being set up, and a tenant that was active keeps its count
+         * whatever order its sequences come back in. */
+        double m = vtc_min_active(q);
+        if (v->counter < m && (!carry || isinf(v->counter)))
+            v->counter = m;
+        q->n_idle--;
+    }
+    v->share = p->share > 0 ? p->share : 1;
+    v->n_active++;
+    s->vt = v;
+    while (q->n_idle > SL_VTC_IDLE_MAX)
+        vtc_forget(q);
+}
+
+/* s (not queued) leaves its tier. */
+static void vtc_leave(struct sl_sched_core *c, struct sl_seq *s)
+{
+    struct sl_tier_q *q = &c->tiers[s->tier];
+    struct sl_vtc *v = s->vt;
+    vtc_min_active(q); /* the floor, while v still counts */
+    if (--v->n_active == 0) {
+        v->idle_since = c->next_order;
+        q->n_idle++;
+    }
+    s->vt = NULL;
+    while (q->n_idle > SL_VTC_IDLE_MAX)
+        vtc_forget(q);
+}
+
+/* Counts the prompt rows [p0, p0 + n) of s as its tenant's service, those not counted before
+ * (a recompute after preemption is not, nor are generated tokens recomputed: they were counted
+ * when sampled). */
+static void vtc_charge_prompt(struct sl_sched_core *c, struct sl_seq *s, int p0, int n)
+{
+    int from = p0 > s->charged ? p0 : s->charged;
+    int to = p0 + n < s->req->n_prompt ? p0 + n : s->req->n_prompt;
+    if (to <= from)
+        return;
+    s->vt->counter += c->tiers[s->tier].t.w_in * (to - from) / s->vt->share;
+    s->charged = to;
+}
+
+static void vtc_charge_token(struct sl_sched_core *c, struct sl_seq *s)
+{
+    s->vt->counter += c->tiers[s->tier].t.w_out / s->vt->share;
+}
+
+static void vtc_free(struct sl_tier_q *q)
+{
+    while (q->vtc) {
+        struct sl_vtc *v = q->vtc;
+        q->vtc = v->next;
+        free(v);
+    }
+    q->n_idle = 0;
 }
 
 /* ---- tiers ---- */
@@ -164,9 +309,18 @@ static void tiers_load(struct sl_sched_core *c, const struct sl_sched_tier *tier
     memset(c->tiers, 0, sizeof c->tiers);
     for (int i = 0; i < n; i++) {
         c->tiers[i].t = tiers[i];
-        c->tiers[i].t.name[SL_SCHED_TIER_NAME_MAX] = '\0';
-        if (c->tiers[i].t.weight < 1)
-            c->tiers[i].t.weight = 1;
+        struct sl_sched_tier *t = &c->tiers[i].t;
+        t->name[SL_SCHED_TIER_NAME_MAX] = '\0';
+        if (t->weight < 1)
+            t->weight = 1;
+        if (t->fairness != SL_SCHED_FCFS)
+            t->fairness = SL_SCHED_VTC;
+        t->w_in = t->w_in > 0 ? t->w_in : 0;
+        t->w_out = t->w_out > 0 ? t->w_out : 0;
+        if (t->w_in == 0 && t->w_out == 0) {
+            t->w_in = 1;
+            t->w_out = 2;
+        }
     }
     c->n_tiers = n;
     /* Insertion sort: a handful of tiers, stable for equal priorities. */
@@ -338,6 +492,7 @@ static void seq_finish(struct sl_sched_core *c, struct sl_seq *s, enum sl_finish
         leave_resident(c, s);
     if (s->queued)
         dequeue(c, s);
+    vtc_leave(c, s);
     c->n_seqs--;
     r->seq = NULL;
     free(s->blocks);
@@ -356,6 +511,8 @@ void sl_sched_core_free(struct sl_sched_core *c)
     for (int t = c->n_tiers - 1; t >= 0; t--)
         while (c->tiers[t].tail)
             seq_finish(c, c->tiers[t].tail, SL_FINISH_CANCELLED, SL_ECANCELED);
+    for (int t = 0; t < c->n_tiers; t++)
+        vtc_free(&c->tiers[t]);
     free(c->resident);
     free(c->free_blocks);
     free(c->plan);
@@ -394,30 +551,45 @@ int sl_sched_core_set_tiers(struct sl_sched_core *c, const struct sl_sched_tier 
     *tail = NULL;
     struct sl_sched_tier keep[SL_SCHED_MAX_TIERS];
     memcpy(keep, tiers ? tiers : &default_tier, sizeof *keep * (size_t)(n ? n : 1));
-    uint64_t pre[SL_SCHED_MAX_TIERS];
-    char names[SL_SCHED_MAX_TIERS][SL_SCHED_TIER_NAME_MAX + 1];
+    struct sl_tier_q old[SL_SCHED_MAX_TIERS];
     int n_old = c->n_tiers;
-    for (int t = 0; t < n_old; t++) {
-        pre[t] = c->tiers[t].preemptions;
-        memcpy(names[t], c->tiers[t].t.name, sizeof names[t]);
-    }
+    memcpy(old, c->tiers, sizeof *old * (size_t)n_old);
     tiers_load(c, keep, n);
-    /* Preemption counts follow the tier's name. */
+    /* Preemption counts and tenants' counters follow the tier's name; every tenant is idle until
+     * its sequences join again below. */
     for (int t = 0; t < c->n_tiers; t++)
         for (int o = 0; o < n_old; o++)
-            if (strcmp(names[o], c->tiers[t].t.name) == 0)
-                c->tiers[t].preemptions = pre[o];
+            if (old[o].vtc && strcmp(old[o].t.name, c->tiers[t].t.name) == 0) {
+                struct sl_tier_q *q = &c->tiers[t];
+                q->preemptions = old[o].preemptions;
+                q->vtc = old[o].vtc;
+                q->vtc_floor = old[o].vtc_floor;
+                old[o].vtc = NULL;
+                for (struct sl_vtc *v = q->vtc; v; v = v->next) {
+                    v->n_active = 0;
+                    v->head = v->tail = NULL;
+                    q->n_idle++;
+                }
+            } else if (strcmp(old[o].t.name, c->tiers[t].t.name) == 0) {
+                c->tiers[t].preemptions = old[o].preemptions;
+            }
     for (int i = 0; i < c->n_resident; i++) {
         struct sl_seq *s = c->resident[i];
         s->tier = tier_of(c, &s->req->params);
         c->tiers[s->tier].n_resident++;
+        vtc_join(c, s, true);
     }
     for (struct sl_seq *s = all, *next; s; s = next) {
         next = s->prev;
         s->queued = false;
-        s->tier = tier_of(c, &s->req->params);
+        if (!s->resident) {
+            s->tier = tier_of(c, &s->req->params);
+            vtc_join(c, s, true);
+        }
         enqueue(c, s, false);
     }
+    for (int o = 0; o < n_old; o++)
+        vtc_free(&old[o]); /* tiers that are gone */
     return SL_OK;
 }
 
@@ -444,6 +616,7 @@ int sl_sched_core_submit(struct sl_sched_core *c, struct sl_req *r, uint64_t now
     s->blocks = sl_xmalloc(sizeof(int32_t) * (size_t)blocks_for(c, total));
     sl_rng_seed(&s->rng, p->seed);
     r->seq = s;
+    vtc_join(c, s, false);
     enqueue(c, s, false);
     c->n_seqs++;
     return SL_OK;
@@ -716,11 +889,101 @@ static void guard_take(const struct sl_sched_core *c, struct guard *g, int p0, i
     g->floor_rows = g->floor_rows > n ? g->floor_rows - n : 0;
 }
 
+/* Plans up to n of s's next prompt rows within the guard; returns how many (0: the guard has no
+ * time left for any). */
+static int plan_chunk(struct sl_sched_core *c, struct sl_seq *s, int n, struct guard *g)
+{
+    int p0 = s->n_computed + (s->plan >= 0 ? c->plan[s->plan].n : 0);
+    if (n > c->lim.max_batch_tokens - c->rows)
+        n = c->lim.max_batch_tokens - c->rows;
+    n = guard_rows(c, g, p0, n);
+    if (n == 0)
+        return 0;
+    guard_take(c, g, p0, n);
+    plan_add(c, s, n);
+    vtc_charge_prompt(c, s, p0, n);
+    return n;
+}
+
+/* Prompt rows of s not planned yet, when it may take some this step (it holds a plan slot, or
+ * one is free); else 0. */
+static int rows_left(const struct sl_sched_core *c, const struct sl_seq *s)
+{
+    int planned = s->plan >= 0 ? c->plan[s->plan].n : 0;
+    int left = s->n_tokens - s->n_computed - planned;
+    return left > 0 && (s->plan >= 0 || c->n_plan_live < c->lim.max_seqs) ? left : 0;
+}
+
+/* A tenant's turn gives it at least this many rows (or what its prompt has left), so that
+ * counters a few tokens apart do not cut a step into slivers. */
+#define VTC_QUANTUM 16
+
+/* Gives tier t's queue up to `limit` prompt rows by virtual token counters: each turn goes to
+ * the tenant with the smallest counter that has a queued sequence (ties: the earlier arrival),
+ * for its first sequence in arrival order, and lasts until its counter would pass the next
+ * smallest one's (by VTC_QUANTUM rows at least). A sequence that cannot start blocks the rest of
+ * the tier, as in FCFS. Returns the rows planned. */
+static int fill_vtc(struct sl_sched_core *c, int t, int limit, struct guard *g)
+{
+    struct sl_tier_q *q = &c->tiers[t];
+    for (struct sl_vtc *v = q->vtc; v; v = v->next)
+        v->cursor = v->head;
+    int used = 0;
+    while (used < limit && c->rows < c->lim.max_batch_tokens) {
+        struct sl_vtc *best = NULL;
+        double second = INFINITY;
+        for (struct sl_vtc *v = q->vtc; v; v = v->next) {
+            if (!v->cursor)
+                continue;
+            if (!best || v->counter < best->counter ||
+                (v->counter == best->counter && v->cursor->order < best->cursor->order)) {
+                if (best)
+                    second = best->counter < second ? best->counter : second;
+                best = v;
+            } else if (v->counter < second) {
+                second = v->counter;
+            }
+        }
+        if (!best)
+            break;
+        struct sl_seq *s = best->cursor;
+        best->cursor = s->tnext;
+        if (!s->resident) {
+            if (sl_req_cancelled(s->req)) {
+                seq_finish(c, s, SL_FINISH_CANCELLED, SL_ECANCELED);
+                continue;
+            }
+            if (!start(c, s))
+                break;
+        }
+        int left = rows_left(c, s);
+        if (left == 0)
+            continue;
+        int n = left < limit - used ? left : limit - used;
+        double w_in = c->tiers[t].t.w_in;
+        if (!isinf(second) && w_in > 0) {
+            double turn = (second - best->counter) * best->share / w_in;
+            int cap = turn < VTC_QUANTUM ? VTC_QUANTUM : turn < n ? (int)ceil(turn) : n;
+            if (n > cap)
+                n = cap;
+        }
+        int got = plan_chunk(c, s, n, g);
+        if (got == 0)
+            break;
+        used += got;
+        if (got < left)
+            best->cursor = s; /* its turn may come again this step */
+    }
+    return used;
+}
+
 /* Gives tier t's queue up to `limit` prompt rows, first come first served. A sequence that
  * cannot start blocks the rest of its tier (a big prompt is not starved by small ones). Returns
  * the rows planned. */
 static int fill(struct sl_sched_core *c, int t, int limit, struct guard *g)
 {
+    if (c->tiers[t].t.fairness == SL_SCHED_VTC)
+        return fill_vtc(c, t, limit, g);
     int used = 0;
     struct sl_seq *s = c->tiers[t].head;
     while (s && used < limit && c->rows < c->lim.max_batch_tokens) {
@@ -736,19 +999,11 @@ static int fill(struct sl_sched_core *c, int t, int limit, struct guard *g)
             if (!start(c, s))
                 break;
         }
-        int planned = s->plan >= 0 ? c->plan[s->plan].n : 0;
-        int left = s->n_tokens - s->n_computed - planned;
-        if (left > 0 && (s->plan >= 0 || c->n_plan_live < c->lim.max_seqs)) {
-            int n = left;
-            if (n > limit - used)
-                n = limit - used;
-            if (n > c->lim.max_batch_tokens - c->rows)
-                n = c->lim.max_batch_tokens - c->rows;
-            n = guard_rows(c, g, s->n_computed + planned, n);
+        int left = rows_left(c, s);
+        if (left > 0) {
+            int n = plan_chunk(c, s, left < limit - used ? left : limit - used, g);
             if (n == 0)
                 break;
-            guard_take(c, g, s->n_computed + planned, n);
-            plan_add(c, s, n);
             used += n;
         }
         s = next;
@@ -966,6 +1221,7 @@ static void seq_accept(struct sl_sched_core *c, struct sl_seq *s, int32_t token,
     const struct sl_req_params *rp = &s->req->params;
     s->tokens[s->n_tokens++] = token;
     s->n_generated++;
+    vtc_charge_token(c, s);
     bool armed = s->n_generated > rp->min_tokens;
     if (armed && !rp->ignore_eos && c->worker.is_stop_token &&
         c->worker.is_stop_token(c->worker.ctx, token)) {

@@ -46,16 +46,34 @@ struct sl_req {
 
 #define SL_REQ_NOT_YET UINT64_MAX
 
+/* A tenant of a tier for its virtual token counter (enum sl_sched_fairness): while it has
+ * sequences in the tier and, idle, until the tier forgets it (the longest idle first, past
+ * SL_VTC_IDLE_MAX), so that going idle for a moment does not wipe out what it has received. */
+struct sl_vtc {
+    struct sl_vtc *next; /* the tier's list */
+    char name[SL_SCHED_TENANT_NAME_MAX + 1];
+    double counter; /* service received (w_in prompt tokens + w_out generated) / share */
+    float share;
+    int n_active;               /* its sequences in the tier, queued or resident */
+    struct sl_seq *head, *tail; /* its queued sequences, in the tier queue's order */
+    struct sl_seq *cursor;      /* scratch of a step: its next queued sequence to offer rows */
+    uint64_t idle_since;        /* when it became idle, in submission order */
+};
+#define SL_VTC_IDLE_MAX 256
+
 /* A sequence as the core tracks it. It is in its tier's prefill queue while part of its known
  * tokens has no KV yet (`queued`: waiting, partly prefilled, or preempted to recompute), and
  * resident while it holds a slot and KV blocks; a resident sequence that is not queued decodes.
  */
 struct sl_seq {
-    struct sl_req *req;         /* the core's reference */
-    struct sl_seq *prev, *next; /* in its tier's prefill queue while `queued` */
-    int tier;                   /* index into the core's tiers */
-    int prio;                   /* the request's own priority */
-    int tpot_ms;                /* the request's own TPOT objective; 0 = none */
+    struct sl_req *req;           /* the core's reference */
+    struct sl_seq *prev, *next;   /* in its tier's prefill queue while `queued` */
+    int tier;                     /* index into the core's tiers */
+    struct sl_vtc *vt;            /* its tenant in that tier */
+    struct sl_seq *tprev, *tnext; /* in its tenant's queue while `queued` */
+    int charged; /* prompt positions counted as service: a recompute is not counted again */
+    int prio;    /* the request's own priority */
+    int tpot_ms; /* the request's own TPOT objective; 0 = none */
     uint64_t arrival_ns;
     uint64_t order; /* submission order: ranks equal arrivals */
     bool queued;
@@ -82,6 +100,12 @@ struct sl_tier_q {
     long prefill_tokens;        /* known tokens without KV, over the queue */
     uint64_t preemptions;
     double deficit; /* share of prompt tokens carried to the next step (< 1) */
+    /* Its tenants (struct sl_vtc) and how many of them are idle; floor: the smallest counter
+     * among the active when one last joined or left, where a tenant joining an idle tier
+     * starts. */
+    struct sl_vtc *vtc;
+    int n_idle;
+    double vtc_floor;
     int guaranteed; /* slots protected from higher tiers this step (0 when inactive) */
     int victims;    /* scratch: candidates taken while choosing victims */
     int planned;    /* scratch: decodes planned this step */

@@ -40,6 +40,17 @@ const char *sl_finish_str(enum sl_finish f);
 #define SL_SCHED_MAX_TIERS 32
 /* Longest tier name in bytes. */
 #define SL_SCHED_TIER_NAME_MAX 32
+/* Longest tenant name in bytes (as the gateway's SL_TENANT_NAME_MAX). */
+#define SL_SCHED_TENANT_NAME_MAX 64
+
+/* How a tier orders the prompts of its tenants. VTC (virtual token counters; Sheng et al.,
+ * "Fairness in Serving Large Language Models", OSDI '24): each tenant with work in the tier has a
+ * counter of the service it received, w_in per prompt token prefilled and w_out per token
+ * generated, divided by its share; prompt chunks and new admissions to the slots go first to the
+ * tenant with the smallest counter, and a tenant that becomes active starts no lower than the
+ * smallest counter among the active (no credit banked while idle). FCFS: arrival order, whoever
+ * sent it. Decodes keep their priority order either way. */
+enum sl_sched_fairness { SL_SCHED_VTC = 0, SL_SCHED_FCFS = 1 };
 
 /* A tier as the scheduler uses it: a prefill queue with a share of each step's prompt tokens and
  * of the sequence slots, and a rank. */
@@ -49,6 +60,9 @@ struct sl_sched_tier {
     int weight;      /* share of prompt tokens and of slots while tiers compete (< 1 reads as 1) */
     int ttft_slo_ms; /* p99 objectives; 0 = none */
     int tpot_slo_ms;
+    int fairness; /* enum sl_sched_fairness */
+    float w_in;   /* VTC's weights of a prompt token and a generated one (both 0: 1 and 2) */
+    float w_out;
 };
 
 struct sl_req_params {
@@ -95,6 +109,12 @@ struct sl_req_params {
      * tier). */
     int tier;
     struct sl_sched_tier sched_tier;
+    /* Who sent it, for fairness inside its tier: the tenant's name (requests with the same name
+     * are one tenant; "" is a tenant too) and its share of the tier (<= 0 reads as 1): the
+     * service it receives is counted divided by it, so a share of 2 gets twice the tokens of a
+     * share of 1 while both are backlogged. */
+    char tenant[SL_SCHED_TENANT_NAME_MAX + 1];
+    float share;
 };
 
 struct sl_req;
@@ -358,11 +378,13 @@ extern const struct sl_sim_cost sl_sim_cost_stories15m_cpu;
 double sl_sim_cost_us(const struct sl_sim_cost *m, const struct sl_batch *b);
 
 struct sl_sim_request {
-    double arrival_s;  /* >= 0 */
-    int tier;          /* index into the simulation's tiers */
-    int tenant;        /* the caller's tag, not used by the simulation */
-    int prompt_tokens; /* >= 1 */
-    int output_tokens; /* >= 1: generated to the end (no stop token) */
+    double arrival_s;        /* >= 0 */
+    int tier;                /* index into the simulation's tiers */
+    int tenant;              /* the caller's tag, not used by the simulation */
+    int prompt_tokens;       /* >= 1 */
+    int output_tokens;       /* >= 1: generated to the end (no stop token) */
+    const char *tenant_name; /* for fairness inside its tier (NULL: ""), and its share */
+    float share;
 };
 
 struct sl_sim_config {
