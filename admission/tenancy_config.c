@@ -69,12 +69,16 @@ static void default_tiers(struct tenancy *t)
                    .priority = 0,
                    .weight = 4,
                    .ttft_slo_ms = 1000,
-                   .tpot_slo_ms = 100}},
+                   .tpot_slo_ms = 100,
+                   .w_in = 1,
+                   .w_out = 2}},
         {.sched = {.name = "batch",
                    .priority = 1,
                    .weight = 1,
                    .ttft_slo_ms = 60000,
-                   .tpot_slo_ms = 1000}},
+                   .tpot_slo_ms = 1000,
+                   .w_in = 1,
+                   .w_out = 2}},
     };
     t->n_tiers = 2;
     t->tiers = sl_xmalloc(sizeof defs);
@@ -217,6 +221,66 @@ static int opt_int(json_t *obj, const char *path, const char *key, long long min
         FAIL("%s.%s: must be an integer from %lld to %lld%s", path, key, min, max,
              none_ok ? ", or null for no limit" : "");
     *out = json_integer_value(v);
+    return SL_OK;
+}
+
+/* An optional number key at path: absent leaves *out alone; else a number in (min, max]
+ * (min itself when min_ok). */
+static int opt_num(json_t *obj, const char *path, const char *key, double min, bool min_ok,
+                   double max, float *out, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return SL_OK;
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    if (!(x <= max && (x > min || (min_ok && x == min))))
+        FAIL("%s.%s: must be a number %s %g and at most %g", path, key, min_ok ? "from" : "above",
+             min, max);
+    *out = (float)x;
+    return SL_OK;
+}
+
+/* A tier's fairness between its tenants: "fairness" ("vtc", the default, or "fcfs") and
+ * "vtc_weights" ({"input", "output"}: a prompt token's and a generated token's weight in the
+ * counters, 1 and 2 by default, not both 0). */
+static int load_fairness(struct sl_tier *tr, json_t *tv, char *err, size_t errlen)
+{
+    char path[64], b[48];
+    const char *name = tr->sched.name;
+    tr->sched.fairness = SL_SCHED_VTC;
+    tr->sched.w_in = 1;
+    tr->sched.w_out = 2;
+    json_t *f = json_object_get(tv, "fairness");
+    if (f) {
+        const char *s = json_is_string(f) ? json_string_value(f) : "";
+        if (strcmp(s, "vtc") == 0)
+            tr->sched.fairness = SL_SCHED_VTC;
+        else if (strcmp(s, "fcfs") == 0)
+            tr->sched.fairness = SL_SCHED_FCFS;
+        else
+            FAIL("tiers.%s.fairness: must be \"vtc\" (virtual token counters between its "
+                 "tenants) or \"fcfs\" (arrival order), not %s",
+                 name, json_is_string(f) ? shown(s, b) : "a non-string");
+    }
+    json_t *w = json_object_get(tv, "vtc_weights");
+    if (!w)
+        return SL_OK;
+    snprintf(path, sizeof path, "tiers.%s.vtc_weights", name);
+    if (!json_is_object(w))
+        FAIL("%s: must be an object {\"input\": 1, \"output\": 2}", path);
+    const char *k;
+    json_t *kv;
+    json_object_foreach(w, k, kv)
+    {
+        if (!is_comment(k) && strcmp(k, "input") != 0 && strcmp(k, "output") != 0)
+            FAIL("%s.%s: unknown key (input, output)", path, shown(k, b));
+    }
+    int st;
+    if ((st = opt_num(w, path, "input", 0, true, 1000, &tr->sched.w_in, err, errlen)) ||
+        (st = opt_num(w, path, "output", 0, true, 1000, &tr->sched.w_out, err, errlen)))
+        return st;
+    if (tr->sched.w_in == 0 && tr->sched.w_out == 0)
+        FAIL("%s: input and output cannot both be 0 (nothing would be counted)", path);
     return SL_OK;
 }
 
@@ -388,8 +452,9 @@ static int load_tiers(struct tenancy *t, json_t *v, const struct models *c, char
         const char *k;
         json_t *kv;
         static const char *const known[] = {
-            "priority", "weight",   "ttft_slo_ms",     "tpot_slo_ms",        "token_rate",
-            "burst",    "overload", "overload_status", "max_queue_requests", "max_queue_tokens",
+            "priority", "weight",      "ttft_slo_ms",     "tpot_slo_ms",        "token_rate",
+            "burst",    "overload",    "overload_status", "max_queue_requests", "max_queue_tokens",
+            "fairness", "vtc_weights",
         };
         json_object_foreach(tv, k, kv)
         {
@@ -406,7 +471,8 @@ static int load_tiers(struct tenancy *t, json_t *v, const struct models *c, char
                             errlen)) ||
             (st = int_field(tv, name, "tpot_slo_ms", 1, 600000, &tr->sched.tpot_slo_ms, err,
                             errlen)) ||
-            (st = load_tier_admission(tr, tv, c, err, errlen)))
+            (st = load_tier_admission(tr, tv, c, err, errlen)) ||
+            (st = load_fairness(tr, tv, err, errlen)))
             return st;
         t->n_tiers++;
     }
@@ -502,7 +568,7 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
     {
         if (!is_comment(k) && strcmp(k, "name") != 0 && strcmp(k, "key_sha256") != 0 &&
             strcmp(k, "tiers") != 0 && strcmp(k, "default_tier") != 0 && strcmp(k, "rpm") != 0 &&
-            strcmp(k, "tpm") != 0 && strcmp(k, "budget") != 0)
+            strcmp(k, "tpm") != 0 && strcmp(k, "budget") != 0 && strcmp(k, "share") != 0)
             FAIL("tenants[%d].%s: unknown key", i, shown(k, b));
     }
     json_t *name = json_object_get(v, "name");
@@ -554,6 +620,9 @@ static int load_tenant(struct tenancy *t, int i, json_t *v, char *err, size_t er
     if ((st = opt_int(v, path, "rpm", 0, 1000000000LL, false, 0, &tn->rpm, err, errlen)) ||
         (st = opt_int(v, path, "tpm", 0, 1000000000000LL, false, 0, &tn->tpm, err, errlen)) ||
         (st = load_budget(tn, json_object_get(v, "budget"), i, err, errlen)))
+        return st;
+    tn->share = 1;
+    if ((st = opt_num(v, path, "share", 0, false, 1000, &tn->share, err, errlen)))
         return st;
     for (int o = 0; o < i; o++) {
         if (strcmp(t->tenants[o].name, tn->name) == 0)
@@ -927,6 +996,11 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
         }
         json_object_set_new(o, "overload", ov);
         json_object_set_new(o, "overload_status", json_integer(t->overload_status));
+        json_object_set_new(o, "fairness",
+                            json_string(t->sched.fairness == SL_SCHED_FCFS ? "fcfs" : "vtc"));
+        json_object_set_new(o, "vtc_weights",
+                            json_pack("{s:f,s:f}", "input", (double)t->sched.w_in, "output",
+                                      (double)t->sched.w_out));
         json_object_set_new(tiers, t->sched.name, o);
     }
     json_object_set_new(root, "tiers", tiers);
@@ -945,6 +1019,7 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
             json_object_set_new(o, "rpm", json_integer(t->rpm));
         if (t->tpm)
             json_object_set_new(o, "tpm", json_integer(t->tpm));
+        json_object_set_new(o, "share", json_real(t->share));
         if (t->budget)
             json_object_set_new(
                 o, "budget",

@@ -19,6 +19,7 @@ const struct sl_tenant sl_tenant_anonymous = {
     .name = "anonymous",
     .tiers = UINT32_MAX,
     .default_tier = 0,
+    .share = 1,
 };
 
 /* Fetched once: EVP_sha256() makes OpenSSL 3 look the implementation up on every call, which

@@ -160,6 +160,9 @@ static int classify(struct api_exchange *a, struct sl_openai_completion *oc,
     a->tier = tier;
     oc->params.tier = tier;
     oc->params.sched_tier = ten->tiers[tier].sched;
+    const struct sl_tenant *tn = a->tenant ? a->tenant : &sl_tenant_anonymous;
+    snprintf(oc->params.tenant, sizeof oc->params.tenant, "%s", tn->name);
+    oc->params.share = tn->share;
     return SL_OK;
 }
 

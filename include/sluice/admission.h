@@ -97,6 +97,9 @@ struct sl_tenant {
     int budget_period;
     int budget_soft_pct;
     int budget_month_day;
+    /* Its share of each tier it uses, for fairness between tenants inside a tier (the
+     * scheduler's virtual token counters count its service divided by it): 1 by default. */
+    float share;
 };
 
 enum sl_rule_kind {

@@ -1237,6 +1237,52 @@ Test(gateway, budget_keys_load_with_their_defaults_and_errors_name_the_path)
     expect_error(BUDGET_TENANT("50"), "tenants[0].budget: must be null or an object");
 }
 
+#define FAIR_TIER(extra)                                                                           \
+    "{\"tiers\":{\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":60000,"                    \
+    "\"tpot_slo_ms\":1000" extra "}},\"tenants\":[{\"name\":\"a\",\"key_sha256\":\"" HASH_A        \
+    "\",\"tiers\":[\"batch\"],\"default_tier\":\"batch\",\"share\":2.5}]}"
+
+Test(gateway, fairness_keys_load_with_their_defaults_and_errors_name_the_path)
+{
+    struct sl_config c;
+    load_ok(&c, FAIR_TIER(""));
+    const struct sl_sched_tier *t = &c.tenancy.tiers[0].sched;
+    cr_assert_eq(t->fairness, SL_SCHED_VTC, "virtual token counters by default");
+    cr_assert_eq(t->w_in, 1);
+    cr_assert_eq(t->w_out, 2);
+    cr_assert_eq(c.tenancy.tenants[0].share, 2.5f);
+    json_t *j = sl_config_to_json(&c);
+    json_t *tj = json_object_get(json_object_get(j, "tiers"), "batch");
+    cr_assert_str_eq(json_string_value(json_object_get(tj, "fairness")), "vtc");
+    cr_assert_eq(json_real_value(json_object_get(json_object_get(tj, "vtc_weights"), "output")),
+                 2.0);
+    cr_assert_eq(
+        json_real_value(json_object_get(json_array_get(json_object_get(j, "tenants"), 0), "share")),
+        2.5);
+    json_decref(j);
+    sl_config_dispose(&c);
+    load_ok(&c, FAIR_TIER(",\"fairness\":\"fcfs\",\"vtc_weights\":{\"input\":0,\"output\":3}"));
+    cr_assert_eq(c.tenancy.tiers[0].sched.fairness, SL_SCHED_FCFS);
+    cr_assert_eq(c.tenancy.tiers[0].sched.w_in, 0);
+    cr_assert_eq(c.tenancy.tiers[0].sched.w_out, 3);
+    sl_config_dispose(&c);
+    expect_error(FAIR_TIER(",\"fairness\":\"wfq\""),
+                 "tiers.batch.fairness: must be \"vtc\" (virtual token counters between its "
+                 "tenants) or \"fcfs\"");
+    expect_error(FAIR_TIER(",\"vtc_weights\":{\"input\":0,\"output\":0}"),
+                 "tiers.batch.vtc_weights: input and output cannot both be 0");
+    expect_error(FAIR_TIER(",\"vtc_weights\":{\"input\":-1}"),
+                 "tiers.batch.vtc_weights.input: must be a number from 0 and at most 1000");
+    expect_error(FAIR_TIER(",\"vtc_weights\":{\"cached\":0}"),
+                 "tiers.batch.vtc_weights.cached: unknown key");
+    expect_error(FAIR_TIER(",\"vtc_weights\":[1,2]"), "tiers.batch.vtc_weights: must be an object");
+    const char *zero_share = "{\"tiers\":{\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":"
+                             "60000,\"tpot_slo_ms\":1000}},\"tenants\":[{\"name\":\"a\","
+                             "\"key_sha256\":\"" HASH_A "\",\"tiers\":[\"batch\"],"
+                             "\"default_tier\":\"batch\",\"share\":0}]}";
+    expect_error(zero_share, "tenants[0].share: must be a number above 0 and at most 1000");
+}
+
 /* With a fleet, the budget is one more bucket of the take (Redis's money counter). */
 Test(gateway, fleet_budget_is_reserved_in_the_take_and_settled_by_the_refund)
 {
