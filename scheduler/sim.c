@@ -15,6 +15,7 @@
 #include "sched_impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -200,7 +201,9 @@ static int sim_submit(struct sim *m, struct sl_sched_core *core, int i)
         .top_p = 1.f,
         .tier = rq->tier,
         .sched_tier = *t,
+        .share = rq->share,
     };
+    snprintf(p.tenant, sizeof p.tenant, "%s", rq->tenant_name ? rq->tenant_name : "");
     struct sl_req *r = sl_req_new(prompt, &p);
     sl_req_set_user(r, q);
     uint64_t arrival = (uint64_t)llround(rq->arrival_s * 1e9);

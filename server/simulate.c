@@ -49,7 +49,29 @@ static const char usage[] =
 struct trace {
     struct sl_sim_request *r;
     int n, cap;
+    /* The tenants the trace names (r[i].tenant_name points into these), in order of first
+     * appearance. */
+    char **names;
+    int n_names;
 };
+
+/* name, interned in tr's tenants. */
+static const char *intern(struct trace *tr, const char *name)
+{
+    for (int i = 0; i < tr->n_names; i++)
+        if (strcmp(tr->names[i], name) == 0)
+            return tr->names[i];
+    tr->names = sl_xrealloc(tr->names, sizeof *tr->names * (size_t)(tr->n_names + 1));
+    return tr->names[tr->n_names++] = sl_xstrdup(name);
+}
+
+static void trace_free(struct trace *tr)
+{
+    for (int i = 0; i < tr->n_names; i++)
+        free(tr->names[i]);
+    free(tr->names);
+    free(tr->r);
+}
 
 static int tenant_find(const struct sl_tenancy *ten, const char *name)
 {
@@ -60,7 +82,7 @@ static int tenant_find(const struct sl_tenancy *ten, const char *name)
 }
 
 /* Parses one trace line into *out. Returns 0, or -1 with err set. */
-static int parse_line(const struct sl_tenancy *ten, const char *line, size_t len,
+static int parse_line(const struct sl_tenancy *ten, struct trace *tr, const char *line, size_t len,
                       struct sl_sim_request *out, char *err, size_t errlen)
 {
     json_error_t je;
@@ -114,6 +136,12 @@ static int parse_line(const struct sl_tenancy *ten, const char *line, size_t len
     }
     out->tenant = tenant;
     const struct sl_tenant *t = tenant >= 0 ? &ten->tenants[tenant] : &sl_tenant_anonymous;
+    /* Without tenants in the configuration the trace's names still tell tenants apart for
+     * fairness, each with a share of 1. */
+    out->tenant_name = intern(tr, tenant >= 0              ? t->name
+                                  : v && json_is_string(v) ? json_string_value(v)
+                                                           : t->name);
+    out->share = t->share;
     v = json_object_get(j, "tier");
     if (!v || json_is_null(v)) {
         out->tier = t->default_tier;
@@ -170,7 +198,7 @@ static int read_trace(const struct sl_tenancy *ten, const char *path, struct tra
                 tr->cap = tr->cap ? 2 * tr->cap : 1024;
                 tr->r = sl_xrealloc(tr->r, sizeof *tr->r * (size_t)tr->cap);
             }
-            rc = parse_line(ten, line, (size_t)len, &tr->r[tr->n], err, sizeof err);
+            rc = parse_line(ten, tr, line, (size_t)len, &tr->r[tr->n], err, sizeof err);
         }
         if (rc != 0) {
             fprintf(errf, "sluice simulate: %s:%ld: %s\n", path, lineno, err);
@@ -202,6 +230,60 @@ static int pool_blocks(const struct sl_config_engine *ec, const struct sl_sim_co
     return n < 1 ? 1 : n > 1 << 30 ? 1 << 30 : (int)n;
 }
 
+/* What each tenant of the trace got: its requests, the service its tier's fairness counts
+ * (w_in per prompt token, w_out per generated token, of the tier each request ran in), and its
+ * TTFT. */
+struct tenant_report {
+    int requests, completed;
+    long prompt_tokens, output_tokens;
+    double service;
+    double ttft_ms[2]; /* p50, p99 over its requests that produced a token */
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of xs (n > 0, sorted here), nearest rank. */
+static double quantile(double *xs, int n, double q)
+{
+    qsort(xs, (size_t)n, sizeof *xs, cmp_double);
+    int k = (int)ceil(q * n) - 1;
+    return xs[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+static void tenants_report(const struct trace *tr, const struct sl_sim_result *res,
+                           const struct sl_sched_tier *tiers, struct tenant_report *out)
+{
+    double *ttft = sl_xmalloc(sizeof *ttft * (size_t)(tr->n > 0 ? tr->n : 1));
+    for (int k = 0; k < tr->n_names; k++) {
+        struct tenant_report *o = &out[k];
+        int n = 0;
+        for (int i = 0; i < tr->n; i++) {
+            const struct sl_sim_request *rq = &tr->r[i];
+            if (rq->tenant_name != tr->names[k])
+                continue;
+            const struct sl_sched_tier *t = &tiers[rq->tier];
+            o->requests++;
+            o->completed += res[i].finish == SL_FINISH_LENGTH;
+            if (res[i].finish != SL_FINISH_ERROR)
+                o->prompt_tokens += rq->prompt_tokens;
+            o->output_tokens += res[i].n_out;
+            o->service += (res[i].finish != SL_FINISH_ERROR ? t->w_in * rq->prompt_tokens : 0) +
+                          t->w_out * res[i].n_out;
+            if (res[i].ttft_s >= 0)
+                ttft[n++] = res[i].ttft_s * 1e3;
+        }
+        if (n > 0) {
+            o->ttft_ms[0] = quantile(ttft, n, 0.5);
+            o->ttft_ms[1] = quantile(ttft, n, 0.99);
+        }
+    }
+    free(ttft);
+}
+
 /* What the report says about the simulated machine besides the configuration. */
 struct sim_machine {
     int max_ctx, n_blocks;
@@ -214,7 +296,8 @@ static json_t *num(double v)
 }
 
 static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_sim_report *rep,
-                       int n_reqs, const struct sim_machine *lv)
+                       int n_reqs, const struct sim_machine *lv, const struct trace *tr,
+                       const struct tenant_report *tens)
 {
     const struct sl_config_engine *ec = sl_config_engine(cfg);
     const struct sl_tier *ct = sl_config_tenancy(cfg)->tiers;
@@ -247,6 +330,17 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
         json_object_set_new(tiers, ct[t].sched.name, o);
     }
     json_object_set_new(root, "tiers", tiers);
+    json_t *tj = json_object();
+    for (int k = 0; k < tr->n_names; k++) {
+        const struct tenant_report *r = &tens[k];
+        json_object_set_new(
+            tj, tr->names[k],
+            json_pack("{s:i,s:i,s:I,s:I,s:o,s:o,s:o}", "requests", r->requests, "completed",
+                      r->completed, "prompt_tokens", (json_int_t)r->prompt_tokens, "output_tokens",
+                      (json_int_t)r->output_tokens, "service", num(r->service), "p50_ttft_ms",
+                      num(r->ttft_ms[0]), "p99_ttft_ms", num(r->ttft_ms[1])));
+    }
+    json_object_set_new(root, "tenants", tj);
     json_object_set_new(root, "requests", json_integer(n_reqs));
     json_object_set_new(root, "makespan_s", num(rep->makespan_s));
     json_object_set_new(root, "busy_s", num(rep->busy_s));
@@ -267,7 +361,8 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
 }
 
 static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_sim_report *rep,
-                        int n_reqs, const struct sim_machine *lv)
+                        int n_reqs, const struct sim_machine *lv, const struct trace *tr,
+                        const struct tenant_report *tens)
 {
     const struct sl_config_engine *ec = sl_config_engine(cfg);
     const struct sl_tier *ct = sl_config_tenancy(cfg)->tiers;
@@ -295,6 +390,19 @@ static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_
         fprintf(out, "%s%s %d/%d ms", t ? ", " : "", ct[t].sched.name, ct[t].sched.ttft_slo_ms,
                 ct[t].sched.tpot_slo_ms);
     fprintf(out, "); refused requests count as missed.\n");
+    if (tr->n_names < 2)
+        return;
+    fprintf(out, "\n%-24s %7s %7s %10s %10s %12s  %-14s\n", "tenant", "reqs", "done", "prompt tok",
+            "output tok", "service", "TTFT p50/p99 ms");
+    for (int k = 0; k < tr->n_names; k++) {
+        const struct tenant_report *r = &tens[k];
+        char a[32];
+        snprintf(a, sizeof a, "%.0f/%.0f", r->ttft_ms[0], r->ttft_ms[1]);
+        fprintf(out, "%-24.24s %7d %7d %10ld %10ld %12.0f  %-14s\n", tr->names[k], r->requests,
+                r->completed, r->prompt_tokens, r->output_tokens, r->service, a);
+    }
+    fprintf(out, "\nservice: what fairness counts, vtc_weights.input per prompt token and .output "
+                 "per generated token of the tier a request ran in.\n");
 }
 
 int sl_simulate_main(int argc, char **argv, FILE *out, FILE *errf)
@@ -348,7 +456,7 @@ int sl_simulate_main(int argc, char **argv, FILE *out, FILE *errf)
     }
     struct trace tr = {0};
     if (read_trace(sl_config_tenancy(cfg), trace, &tr, errf) != 0) {
-        free(tr.r);
+        trace_free(&tr);
         sl_config_unref(cfg);
         return 2;
     }
@@ -367,17 +475,23 @@ int sl_simulate_main(int argc, char **argv, FILE *out, FILE *errf)
     sc.lim.n_blocks = pool_blocks(ec, &sc.cost, max_ctx);
     struct sim_machine lv = {max_ctx, sc.lim.n_blocks, static_batching};
     struct sl_sim_report rep;
-    int st = sl_sim_run(&sc, tr.r, tr.n, NULL, &rep);
+    struct sl_sim_result *res = sl_xcalloc((size_t)tr.n, sizeof *res);
+    int st = sl_sim_run(&sc, tr.r, tr.n, res, &rep);
     int rc = 0;
+    struct tenant_report *tens = sl_xcalloc((size_t)tr.n_names, sizeof *tens);
+    if (st == SL_OK)
+        tenants_report(&tr, res, tiers, tens);
     if (st != SL_OK) {
         fprintf(errf, "sluice simulate: the simulation failed: %s\n", sl_status_str(st));
         rc = 1;
     } else if (json) {
-        print_json(out, cfg, &rep, tr.n, &lv);
+        print_json(out, cfg, &rep, tr.n, &lv, &tr, tens);
     } else {
-        print_table(out, cfg, &rep, tr.n, &lv);
+        print_table(out, cfg, &rep, tr.n, &lv, &tr, tens);
     }
-    free(tr.r);
+    free(tens);
+    free(res);
+    trace_free(&tr);
     sl_config_unref(cfg);
     return rc;
 }

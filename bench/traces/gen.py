@@ -67,6 +67,14 @@ def main():
     poisson(rng, reqs, 0, 30, 8, ("batch", 8, 128, 128, 512), "bulk-co")
     write("mixed_lengths.jsonl", reqs)
 
+    # Noisy neighbour inside one tier: bulk-co floods batch with long prompts at 2x capacity,
+    # chat-co sends short ones at 1 request/s in the same tier, for 60 s.
+    rng = random.Random(4)
+    reqs = []
+    poisson(rng, reqs, 0, 60, 2 * CAP_BATCH, BATCH, "bulk-co")
+    poisson(rng, reqs, 0, 60, 1.0, ("batch", 32, 96, 16, 32), "chat-co")
+    write("noisy.jsonl", reqs)
+
 
 if __name__ == "__main__":
     main()

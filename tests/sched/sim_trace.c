@@ -40,7 +40,8 @@ void trace_add(struct trace *t, double at, int tier, int prompt, int output)
         t->cap = t->cap ? 2 * t->cap : 256;
         t->r = realloc(t->r, sizeof *t->r * (size_t)t->cap);
     }
-    t->r[t->n++] = (struct sl_sim_request){at, tier, 0, prompt, output};
+    t->r[t->n++] = (struct sl_sim_request){
+        .arrival_s = at, .tier = tier, .prompt_tokens = prompt, .output_tokens = output};
 }
 
 void trace_poisson(struct trace *t, double from, double to, double rate, int tier, int p_lo,
