@@ -18,6 +18,7 @@
 #include "admission_impl.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,12 @@ struct cell {
     atomic_int queued[SL_ADMIT_MODELS_MAX];
     atomic_long queued_tokens[SL_ADMIT_MODELS_MAX];
     atomic_int parked;
+    /* A tier's queued prompt tokens by tenant, for the guard's prediction in a tier whose
+     * tenants are served by virtual token counters: the tenants with requests counted in
+     * queued_tokens (at most TQ_MAX; more share the last entry, named ""). Under tq_lock. */
+    pthread_mutex_t tq_lock;
+    struct tq_entry *tq; /* (TQ_MAX) made at the first use */
+    int n_tq;
     /* A tenant's money budget: spent in the period that starts at period_start (unix seconds;
      * INT64_MAX until the first request reads it from the ledger), reservations of requests in
      * flight included; warned: the period whose soft threshold was logged. */
@@ -50,6 +57,15 @@ struct sl_admit_state {
     int n_tenants, n_tiers;
     struct cell **tenants; /* (n_tenants) NULL for a tenant without limits */
     struct cell **tiers;   /* (n_tiers) */
+};
+
+#define TQ_MAX 64
+
+struct tq_entry {
+    char name[SL_TENANT_NAME_MAX + 1];
+    float share;
+    int requests[SL_ADMIT_MODELS_MAX];
+    long tokens[SL_ADMIT_MODELS_MAX];
 };
 
 static struct cell *cell_new(const char *name, int64_t now)
@@ -64,6 +80,7 @@ static struct cell *cell_new(const char *name, int64_t now)
         atomic_init(&c->queued_tokens[m], 0);
     }
     atomic_init(&c->parked, 0);
+    pthread_mutex_init(&c->tq_lock, NULL);
     atomic_init(&c->spent, 0);
     atomic_init(&c->period_start, INT64_MAX);
     atomic_init(&c->warned, INT64_MIN);
@@ -78,8 +95,11 @@ static struct cell *cell_ref(struct cell *c)
 
 static void cell_unref(struct cell *c)
 {
-    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) {
+        pthread_mutex_destroy(&c->tq_lock);
+        free(c->tq);
         free(c);
+    }
 }
 
 void sl_admit_state_free(struct sl_admit_state *adm)
@@ -319,6 +339,76 @@ static long prompt_work(const struct sl_admit *a)
     return (long)(choices(a) * a->n_prompt);
 }
 
+/* Counts (sign +1) or uncounts (-1) a request of tenant t with n prompt tokens for model m in
+ * tier cell c's table by tenant. */
+static void tq_count(struct cell *c, const struct sl_tenant *t, int m, long n, int sign)
+{
+    const char *name = t ? t->name : sl_tenant_anonymous.name;
+    pthread_mutex_lock(&c->tq_lock);
+    if (!c->tq)
+        c->tq = sl_xcalloc(TQ_MAX, sizeof *c->tq);
+    int i = 0, others = -1;
+    for (; i < c->n_tq && strcmp(c->tq[i].name, name) != 0; i++)
+        if (!c->tq[i].name[0])
+            others = i;
+    if (i == c->n_tq && sign < 0) { /* counted among the others, if anywhere */
+        if (others < 0) {
+            pthread_mutex_unlock(&c->tq_lock);
+            return;
+        }
+        i = others;
+    } else if (i == c->n_tq && c->n_tq == TQ_MAX) {
+        /* The table is full: the last entry becomes the others' (its tenant's requests are
+         * uncounted from there too). */
+        i = others >= 0 ? others : TQ_MAX - 1;
+        c->tq[i].name[0] = '\0';
+    } else if (i == c->n_tq) {
+        memset(&c->tq[i], 0, sizeof c->tq[i]);
+        snprintf(c->tq[i].name, sizeof c->tq[i].name, "%s", name);
+        c->n_tq++;
+    }
+    struct tq_entry *e = &c->tq[i];
+    e->share = t && t->share > 0 ? t->share : 1;
+    e->requests[m] += sign;
+    e->tokens[m] += sign * n;
+    bool empty = true;
+    for (int k = 0; k < SL_ADMIT_MODELS_MAX; k++)
+        empty &= e->requests[k] <= 0;
+    if (empty) { /* its place goes to the last one */
+        c->tq[i] = c->tq[c->n_tq - 1];
+        c->n_tq--;
+    }
+    pthread_mutex_unlock(&c->tq_lock);
+}
+
+/* The prompt tokens ahead of a request of tenant t (n of its own, counted in the table when
+ * self) in tier cell c for model m, when the tier serves its tenants by virtual token counters:
+ * its tenant's own queue, and of each other tenant's at most as much as t's share of the time
+ * lets through while t's own work drains, min(Q_v, (Q_t + n) x share_v / share_t) (generalised
+ * processor sharing between the tier's tenants). Returns the tokens counted in the table
+ * altogether in *total. */
+static long tq_ahead(struct cell *c, const struct sl_tenant *t, int m, long n, bool self,
+                     long *total)
+{
+    const char *name = t ? t->name : sl_tenant_anonymous.name;
+    double share = t && t->share > 0 ? t->share : 1;
+    pthread_mutex_lock(&c->tq_lock);
+    long own = self ? -n : 0, all = 0;
+    for (int i = 0; i < c->n_tq; i++) {
+        all += c->tq[i].tokens[m];
+        if (strcmp(c->tq[i].name, name) == 0)
+            own += c->tq[i].tokens[m];
+    }
+    own = own > 0 ? own : 0;
+    double ahead = (double)own;
+    for (int i = 0; i < c->n_tq; i++)
+        if (strcmp(c->tq[i].name, name) != 0)
+            ahead += fmin((double)c->tq[i].tokens[m], (double)(own + n) * c->tq[i].share / share);
+    pthread_mutex_unlock(&c->tq_lock);
+    *total = all - (self ? n : 0);
+    return (long)ceil(ahead);
+}
+
 /* The guard's prediction for the request as it is now; false when there is none (no scheduler
  * figures yet). queued_self: its own prompt is already counted in its tier's queue here. */
 static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
@@ -349,6 +439,13 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
             mine -= prompt_work(a);
         if (mine > q[i])
             q[i] = mine;
+        if (i == si && cfg->tiers[ci].sched.fairness == SL_SCHED_VTC) {
+            /* Its tenant waits for its own queue and a fair share of the others'; what the
+             * table does not account for (prompts it never saw) counts as ahead, as in FCFS. */
+            long total;
+            long ahead = tq_ahead(c, a->tenant, a->model, prompt_work(a), queued_self, &total);
+            q[i] = ahead + (q[i] > total ? q[i] - total : 0);
+        }
     }
     return sl_guard_predict_ttft(&st, q, si, prompt_work(a), p) == SL_OK;
 }
@@ -430,6 +527,8 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
         took = true;
     }
     enum sl_admit_reason r = queue_reserve(c, t, a->model, prompt_work(a));
+    if (r == SL_ADMIT_REASON_NONE)
+        tq_count(c, a->tenant, a->model, prompt_work(a), 1);
     if (r != SL_ADMIT_REASON_NONE) {
         if (took)
             sl_gcra_bucket_refund(&c->tokens, &rate, now, cost);
@@ -450,6 +549,7 @@ static enum sl_admit_reason try_tier(struct sl_admit *a, const struct sl_admit_e
         double slo = t->sched.ttft_slo_ms / 1e3, over = sl_guard_over_s(&p, slo);
         if (over > 0) {
             queue_release(c, a->model, prompt_work(a));
+            tq_count(c, a->tenant, a->model, prompt_work(a), -1);
             if (took)
                 sl_gcra_bucket_refund(&c->tokens, &rate, now, cost);
             a->retry_ns = secs_ns(over);
@@ -635,6 +735,7 @@ void sl_admit_started(struct sl_admit *a)
         return;
     a->queued = false;
     queue_release(a->queue_cell, a->queue_model, a->queue_tokens);
+    tq_count(a->queue_cell, a->tenant, a->queue_model, a->queue_tokens, -1);
 }
 
 void sl_admit_end(struct sl_admit *a, int n_generated, int64_t now_ns)

@@ -590,6 +590,43 @@ Test(gateway, admission_guard_admits_a_prompt_with_nothing_queued_ahead_whatever
     sl_config_dispose(&c);
 }
 
+/* In a tier whose tenants are served by virtual token counters, a request waits for its own
+ * tenant's queue and a fair share of the others', not for the whole tier's: another tenant's
+ * backlog does not refuse it, its own tenant's does. */
+Test(gateway, admission_guard_predicts_a_fair_share_of_the_tier_for_each_tenant_under_vtc)
+{
+    for (int fcfs = 0; fcfs < 2; fcfs++) {
+        struct sl_config c;
+        world(&c, fcfs ? ",\"fairness\":\"fcfs\"" : "", "", "");
+        struct fake f;
+        fake_init(&f, 10000);
+        /* Tenant a: ten prompts of 1,000 queued, 1.0 s of prefill at 10,000 tokens/s. */
+        struct sl_admit held[10];
+        for (int i = 0; i < 10; i++)
+            cr_assert_eq(begin(&held[i], &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OK, "%d", i);
+        struct sl_admit b, a;
+        enum sl_admit_verdict vb = begin(&b, &f, &c, 1, 0, 0, 1000, 10, 0);
+        cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OVERLOADED,
+                     "a's own backlog is ahead of a's next prompt");
+        if (fcfs) {
+            cr_assert_eq(vb, SL_ADMIT_OVERLOADED, "fcfs: b waits for a's 10,000 tokens");
+            cr_assert_float_eq(b.predicted_ttft_s, 1.1, 1e-9);
+        } else {
+            cr_assert_eq(vb, SL_ADMIT_OK, "vtc: b's 1,000 and as much of a's");
+            cr_assert_float_eq(b.predicted_ttft_s, 0.2, 1e-9);
+            sl_admit_end(&b, 1, 0);
+        }
+        /* Once a's prompts have started, its queue is gone from the table. */
+        for (int i = 0; i < 10; i++) {
+            sl_admit_started(&held[i]);
+            sl_admit_end(&held[i], 1, 0);
+        }
+        cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OK);
+        sl_admit_end(&a, 1, 0);
+        sl_config_dispose(&c);
+    }
+}
+
 /* ---- the overload steps ---- */
 
 Test(gateway, overload_cap_max_tokens_admits_degraded_when_the_cap_makes_it_fit)
