@@ -435,6 +435,10 @@ void sl_slo_summary_json(struct sl_str *out, const struct sl_slo_summary *s);
 #define SL_METRICS_MAX_ROUTES 16
 #define SL_METRICS_MAX_NAME 128
 #define SL_METRICS_OTHER "other"
+/* (tier, tenant) pairs with SLO windows (sl_slo_ring_bytes each, about 210 KiB): past this many a
+ * new pair's events go to its tier's "other" tenant, whose series are not capped (one per tier at
+ * most), so the windows never take more than about 56 MiB. */
+#define SL_METRICS_MAX_SLO_SERIES 256
 
 /* How an inference request ended: the `outcome` label of sluice:requests_total. */
 enum sl_metrics_outcome {
@@ -485,11 +489,21 @@ struct sl_metrics_request {
     const char *model;
     int64_t cost;
     int64_t device_ns;
+    /* SLO attainment: its verdict (sl_slo_judge; zeroed when it is not counted), and what
+     * admission did: refused (its reason; NONE when not refused) and degraded (struct
+     * sl_admit's degraded_by), both counted under policy_tier (the tier whose overload policy
+     * decided; NULL: tier). now_ns is its end (sl_clock_ns): the second /admin/slo counts it in. */
+    struct sl_slo_verdict slo;
+    enum sl_admit_reason refused;
+    unsigned degraded;
+    const char *policy_tier;
+    uint64_t now_ns;
 };
 
 /* Counts r in sluice:requests_total and, when r->engine, its tokens; observes its queue time;
  * for STOP and LENGTH observes e2e and, with more than one completion token and a TTFT, the time
- * per output token (e2e - ttft) / (completion_tokens - 1). */
+ * per output token (e2e - ttft) / (completion_tokens - 1). Its SLO verdict goes to
+ * sluice:slo_requests_total and, with its refusal or degradation, to the windows of /admin/slo. */
 void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_metrics_request *r);
 /* Any HTTP request at its end (every request once, whatever its route): sluice:http_requests_total
  * by route (a name from a fixed set chosen by the caller, never a client's path) and status. */
@@ -512,6 +526,13 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
  * with # HELP and # TYPE gauge. Any thread. */
 void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stats *st, int n,
                             struct sl_str *out);
+/* GET /admin/slo's body: {"object": "slo", "windows": ["1m", "5m", "60m"], "tiers": [...]}, each
+ * tier {"tier", "ttft_slo_ms", "tpot_slo_ms", "tenants": [...]} (the configuration ten's tiers in
+ * its order, then any other with windows, its objectives null), each tenant with windows
+ * {"tenant", "1m": {...}, "5m": {...}, "60m": {...}} as sl_slo_summary_json writes them, read at
+ * now_ns. Any thread. */
+void sl_metrics_slo_json(struct sl_metrics *m, const struct sl_tenancy *ten, uint64_t now_ns,
+                         struct sl_str *out);
 /* One admission decision on a request classified into `tier`:
  * sluice:admission_decisions_total{tier, decision, reason}. */
 void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier,
