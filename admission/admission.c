@@ -281,6 +281,18 @@ const char *sl_admit_reason_str(enum sl_admit_reason r)
     return (int)r >= 0 && r < SL_ADMIT_N_REASONS ? reason_names[r] : "none";
 }
 
+const char *sl_overload_kind_str(enum sl_overload_kind k)
+{
+    static const char *const names[SL_OVERLOAD_N_KINDS] = {
+        [SL_OVERLOAD_CAP_MAX_TOKENS] = "cap_max_tokens",
+        [SL_OVERLOAD_DEMOTE] = "demote",
+        [SL_OVERLOAD_MODEL] = "model",
+        [SL_OVERLOAD_QUEUE] = "queue",
+        [SL_OVERLOAD_REJECT] = "reject",
+    };
+    return (int)k >= 0 && k < SL_OVERLOAD_N_KINDS ? names[k] : "reject";
+}
+
 static void note_add(struct sl_admit *a, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
@@ -821,6 +833,7 @@ static enum sl_admit_verdict passed(struct sl_admit *a, int64_t now)
     }
     if (a->park_cell) {
         unpark(a);
+        a->degraded_by |= 1u << SL_OVERLOAD_QUEUE;
         note_add(a, "queued_ms=%lld", (long long)((now - a->park_start_ns) / NS_PER_MS));
     }
     return admitted(a);
@@ -930,12 +943,14 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
                 continue; /* nothing to cap: the next step */
             tenant_refund(a, choices(a) * prompts(a) * (a->max_tokens - s->arg), false, now);
             a->max_tokens = s->arg;
+            a->degraded_by |= 1u << SL_OVERLOAD_CAP_MAX_TOKENS;
             note_add(a, "cap_max_tokens=%d", s->arg);
             break;
         case SL_OVERLOAD_DEMOTE:
             if (s->arg == a->tier || s->arg < 0 || s->arg >= cfg->n_tiers)
                 continue;
             a->tier = s->arg;
+            a->degraded_by |= 1u << SL_OVERLOAD_DEMOTE;
             note_add(a, "demote=%s", cfg->tiers[s->arg].sched.name);
             break;
         case SL_OVERLOAD_MODEL: {
@@ -946,6 +961,7 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
                 continue; /* not served, or the prompt does not fit it */
             a->model = m;
             a->n_prompt = n;
+            a->degraded_by |= 1u << SL_OVERLOAD_MODEL;
             note_add(a, "model=%s", s->model);
             break;
         }

@@ -6,12 +6,18 @@
  * SLUICE_FAULT_FORWARD is read once, at init: a comma-separated list of forward calls (forward
  * and forward_sample alike, counting from 1 over the life of the backend) that return SL_EBACKEND
  * without computing anything, the way a device error would. Each failure is logged (warn) with
- * its call number. */
+ * its call number.
+ *
+ * SLUICE_FAULT_FORWARD_MS, also read once: every forward call first sleeps that many
+ * milliseconds (0 to 10000; absent or 0: none), a device that slow, so that a test knows a lower
+ * bound of every step's time (the SLO tests: a TTFT objective of 1 ms is then always missed). */
 #include <sluice/worker.h>
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define FAULTS_MAX 64
 
@@ -20,6 +26,7 @@ struct fault_ctx {
     uint64_t calls;  /* forward calls so far */
     uint64_t *fails; /* (n_fails) calls that fail */
     int n_fails;
+    long sleep_ms; /* before every forward call */
 };
 
 /* Parses "3,7,12"; false for anything else (an empty or absent variable is no failures). */
@@ -56,20 +63,36 @@ static int fault_init(const struct sl_model *m, const struct sl_backend_opts *o,
         fault_free(f);
         return SL_EINVAL;
     }
+    const char *ms = getenv("SLUICE_FAULT_FORWARD_MS");
+    if (ms && *ms) {
+        char *end;
+        f->sleep_ms = strtol(ms, &end, 10);
+        if (*end || f->sleep_ms < 0 || f->sleep_ms > 10000) {
+            sl_log(SL_LOG_ERROR, "SLUICE_FAULT_FORWARD_MS=\"%s\" is not 0 to 10000 ms", ms);
+            fault_free(f);
+            return SL_EINVAL;
+        }
+    }
     int st = sl_cpu_backend_ops.init(m, o, &f->inner);
     if (st != SL_OK) {
         fault_free(f);
         return st;
     }
-    sl_log(SL_LOG_WARN, "fault injection: %d forward calls will fail (SLUICE_FAULT_FORWARD)",
-           f->n_fails);
+    sl_log(SL_LOG_WARN,
+           "fault injection: %d forward calls will fail (SLUICE_FAULT_FORWARD), each takes %ld ms "
+           "more (SLUICE_FAULT_FORWARD_MS)",
+           f->n_fails, f->sleep_ms);
     *out = f;
     return SL_OK;
 }
 
-/* True when this forward call (counted across forward and forward_sample) is to fail. */
+/* True when this forward call (counted across forward and forward_sample) is to fail. Sleeps
+ * sleep_ms first, whole: nanosleep resumes after a signal. */
 static bool fault_now(struct fault_ctx *f, const struct sl_batch *b)
 {
+    struct timespec left = {f->sleep_ms / 1000, f->sleep_ms % 1000 * 1000000};
+    while (f->sleep_ms > 0 && nanosleep(&left, &left) != 0 && errno == EINTR)
+        ;
     uint64_t call = ++f->calls;
     for (int i = 0; i < f->n_fails; i++)
         if (f->fails[i] == call) {

@@ -55,13 +55,30 @@ static void request_labels(const struct api_exchange *a, const char **tier, cons
     *tenant = a->tenant ? a->tenant->name : "none";
 }
 
+/* What admission did to the request, for the SLO windows: refused (with its reason) or admitted
+ * degraded, counted under the tier whose policy decided. */
+static void admission_end(const struct api_exchange *a, struct sl_metrics_request *r)
+{
+    const struct sl_admit *adm = &a->adm;
+    if (!adm->ran)
+        return;
+    r->policy_tier = sl_config_tenancy(a->cfg)->tiers[adm->policy_tier].sched.name;
+    if (adm->verdict == SL_ADMIT_RATE_LIMITED || adm->verdict == SL_ADMIT_OVERLOADED ||
+        adm->verdict == SL_ADMIT_OVER_BUDGET)
+        r->refused = adm->reason;
+    else if (adm->verdict == SL_ADMIT_OK)
+        r->degraded = adm->degraded_by;
+}
+
 /* Every request once, at its end: by route and status, and an inference request also by tier,
- * tenant and outcome, with its tokens and latencies. */
+ * tenant and outcome, with its tokens and latencies, and its tier's objectives' verdict (v, left
+ * zeroed when it does not count: it never reached an engine, or it was cancelled). */
 static void metrics_request_end(struct api_exchange *a, const char *finish, int n_completion,
-                                uint64_t now)
+                                uint64_t now, struct sl_slo_verdict *v)
 {
     struct sl_exchange *x = a->x;
     struct sl_metrics *m = a->t->api->metrics;
+    memset(v, 0, sizeof *v);
     sl_metrics_http_done(m, a->t->idx, api_route_label(a), x->status);
     if (!a->inference)
         return;
@@ -91,6 +108,20 @@ static void metrics_request_end(struct api_exchange *a, const char *finish, int 
         r.ttft_seconds = r.e2e_seconds;
         sl_metrics_observe_ttft(m, a->t->idx, r.tier, r.ttft_seconds);
     }
+    if (r.engine && r.outcome != SL_METRICS_OUTCOME_CANCELLED && a->tier >= 0) {
+        const struct sl_sched_tier *tier = &sl_config_tenancy(a->cfg)->tiers[a->tier].sched;
+        struct sl_slo_request q = {
+            .failed =
+                r.outcome != SL_METRICS_OUTCOME_STOP && r.outcome != SL_METRICS_OUTCOME_LENGTH,
+            .ttft_ns = a->t_first_ns ? (int64_t)(a->t_first_ns - x->t_start_ns) : -1,
+            .e2e_ns = (int64_t)(now - x->t_start_ns),
+            .completion_tokens = n_completion,
+        };
+        sl_slo_judge(tier->ttft_slo_ms, tier->tpot_slo_ms, &q, v);
+        r.slo = *v;
+    }
+    admission_end(a, &r);
+    r.now_ns = now;
     sl_metrics_request_done(m, a->t->idx, &r);
 }
 
@@ -100,7 +131,8 @@ void api_log_end(struct api_exchange *a, const char *finish, int n_completion)
     if (x->logged)
         return;
     x->t_end_ns = sl_clock_ns();
-    metrics_request_end(a, finish, n_completion, x->t_end_ns);
+    struct sl_slo_verdict v;
+    metrics_request_end(a, finish, n_completion, x->t_end_ns, &v);
     struct sl_http_log *g = &x->log;
     g->tenant = a->tenant ? a->tenant->name : NULL;
     g->tier = a->tier >= 0 ? sl_config_tenancy(a->cfg)->tiers[a->tier].sched.name : NULL;
@@ -119,6 +151,13 @@ void api_log_end(struct api_exchange *a, const char *finish, int n_completion)
         g->finish = finish;
         g->n = a->n_ch;
         g->ttft_ns = a->t_first_ns ? a->t_first_ns - x->t_start_ns : 0;
+        g->slo = v.mark[SL_SLO_OBJECTIVE_BOTH] != SL_SLO_MARK_NONE;
+        g->ttft_met = v.mark[SL_SLO_OBJECTIVE_TTFT] == SL_SLO_MARK_NONE
+                          ? -1
+                          : v.mark[SL_SLO_OBJECTIVE_TTFT] == SL_SLO_MARK_MET;
+        g->tpot_met = v.mark[SL_SLO_OBJECTIVE_TPOT] == SL_SLO_MARK_NONE
+                          ? -1
+                          : v.mark[SL_SLO_OBJECTIVE_TPOT] == SL_SLO_MARK_MET;
         if (a->metered) {
             g->cost = a->cost;
             g->device_ns = (uint64_t)a->usage.device_ns;

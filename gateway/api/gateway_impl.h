@@ -295,6 +295,123 @@ int sl_chat_prompt_encode(const struct sl_tok *tok, int seq_len, const struct sl
                           int max_tokens, int32_t *ids, int *n_ids, struct sl_openai_error *err);
 
 /* ---------------------------------------------------------------------------------------------
+ * SLO attainment (slo.c): whether each finished request met its tier's objectives, and a ring of
+ * what happened in each of the last 300 seconds and 60 minutes, from which GET /admin/slo reads
+ * the last 1, 5 and 60 minutes. Nothing here reads a clock: every call takes `now` (sl_clock_ns,
+ * monotonic), so tests drive it with a fake one.
+ *
+ * Which requests count: those that reached an engine and ended, finished (stop or length) or
+ * failed (an error). A cancelled request (its client left, or a drain ended it) is not counted:
+ * it says nothing about the promise. A refused request never ran: it is counted apart, by
+ * admission's reason, and a degraded one by the kind of step that changed it (as well as by its
+ * attainment, when it ran).
+ *
+ * The objectives are its tier's (the tier it ran in, after a demotion), ttft_slo_ms and
+ * tpot_slo_ms; an objective of 0 (none: a configuration cannot set it, a tier table built in code
+ * can) is not counted for the tier's requests.
+ *  - ttft: met when the time from its arrival to its first token is at most ttft_slo_ms (a request
+ *    that ended without a token with text has its end as its first token, as the TTFT histogram);
+ *  - tpot: met when (e2e - ttft) <= tpot_slo_ms * (completion_tokens - 1), i.e. its time per
+ *    output token, as sluice:time_per_output_token_seconds defines it, is within the objective;
+ *    not counted for a request with fewer than two completion tokens, which has no TPOT;
+ *  - both: met when every objective counted for it was met; a request for which none was counted
+ *    meets it. A request that met `both` is goodput.
+ * A failed request misses every objective its tier has, and both, whatever its latencies.
+ */
+
+enum sl_slo_objective {
+    SL_SLO_OBJECTIVE_TTFT,
+    SL_SLO_OBJECTIVE_TPOT,
+    SL_SLO_OBJECTIVE_BOTH,
+    SL_SLO_N_OBJECTIVES,
+};
+/* The objective label: "ttft", "tpot", "both". */
+const char *sl_slo_objective_str(enum sl_slo_objective o);
+
+/* How one objective went for one request. Zero is "not counted", so a zeroed verdict counts
+ * nothing. */
+enum sl_slo_mark {
+    SL_SLO_MARK_NONE,
+    SL_SLO_MARK_MISSED,
+    SL_SLO_MARK_MET,
+};
+
+struct sl_slo_verdict {
+    enum sl_slo_mark mark[SL_SLO_N_OBJECTIVES];
+    /* Its TTFT and TPOT for the windows' quantiles, read only when mark[BOTH] counts it; < 0:
+     * none (a failed request's latencies are not in them, nor the TPOT of one token). */
+    int64_t ttft_ns, tpot_ns;
+};
+
+/* A request at its end, as the SLO judges it. */
+struct sl_slo_request {
+    bool failed;           /* it ended in an error */
+    int64_t ttft_ns;       /* arrival to the first token with text; < 0: none (its end is taken) */
+    int64_t e2e_ns;        /* arrival to its end */
+    int completion_tokens; /* all its choices together */
+};
+
+/* Judges r against objectives of ttft_slo_ms and tpot_slo_ms (0: none), as above. */
+void sl_slo_judge(int ttft_slo_ms, int tpot_slo_ms, const struct sl_slo_request *r,
+                  struct sl_slo_verdict *v);
+
+/* What one request adds to one (tier, tenant) series. */
+struct sl_slo_event {
+    struct sl_slo_verdict v;      /* all NONE: it did not run to an end that counts */
+    enum sl_admit_reason refused; /* why admission refused it; NONE: not refused */
+    unsigned degraded;            /* struct sl_admit's degraded_by: 0 when not degraded */
+};
+
+enum sl_slo_window {
+    SL_SLO_WINDOW_1M,  /* the 60 seconds up to now's, now's included */
+    SL_SLO_WINDOW_5M,  /* the 300 seconds up to now's */
+    SL_SLO_WINDOW_60M, /* now's minute so far and the 59 before it */
+    SL_SLO_N_WINDOWS,
+};
+/* "1m", "5m", "60m". */
+const char *sl_slo_window_str(enum sl_slo_window w);
+
+/* What a window holds. Quantiles come from log-scale histograms: 64 bins, the first everything up
+ * to 100 us, each next one 2^(1/3) (26 %) wider, the last everything past 166 s. A quantile is the
+ * nearest-rank value's bin, interpolated geometrically inside it (so within 26 % of the exact
+ * value, usually much closer); one past the last bound reads as that bound, 166 s. */
+struct sl_slo_summary {
+    uint64_t counted[SL_SLO_N_OBJECTIVES]; /* requests counted for each objective */
+    uint64_t met[SL_SLO_N_OBJECTIVES];
+    double ttft_p50, ttft_p99, tpot_p50, tpot_p99; /* seconds; < 0 when none was observed */
+    uint64_t refused[SL_ADMIT_N_REASONS];          /* by reason ([NONE] stays 0) */
+    uint64_t degraded[SL_OVERLOAD_N_KINDS];        /* by kind of step; one request may count in
+                                                      several */
+};
+
+/* The windows of one series: a fixed ring of 300 one-second slots (the 1m and 5m windows) and
+ * 60 one-minute slots (the 60m window), each with its counts and two histograms, about 210 KiB
+ * whatever the traffic (sl_slo_ring_bytes). Per-second slots for the whole hour would be 3600 of
+ * them, twelve times the memory, for a precision of the 60m window's start that no one reads;
+ * per-minute slots alone would make the 1m window anything from 1 to 2 minutes long.
+ *
+ * A slot is recycled by the first event of its next second (or minute), so nothing ever expires
+ * by a timer. An event older than what its slot now holds (5 minutes older than the newest of the
+ * second ring, or an hour of the minute ring: only a caller's clock running backwards) is dropped
+ * there. Not thread-safe: its owner locks. */
+struct sl_slo_ring;
+
+struct sl_slo_ring *sl_slo_ring_new(void);
+void sl_slo_ring_free(struct sl_slo_ring *r);
+/* Bytes of one ring (its whole memory, allocated by sl_slo_ring_new). */
+size_t sl_slo_ring_bytes(void);
+/* Counts e in the second and the minute of now_ns. */
+void sl_slo_ring_add(struct sl_slo_ring *r, uint64_t now_ns, const struct sl_slo_event *e);
+/* Window w as it stands at now_ns. */
+void sl_slo_ring_read(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_window w,
+                      struct sl_slo_summary *s);
+/* Appends s as a JSON object: requests, ttft_requests, ttft_met, tpot_requests, tpot_met,
+ * both_met, attainment (both_met / requests, null without requests), ttft_p50, ttft_p99,
+ * tpot_p50, tpot_p99 (seconds, null without observations), refused {reason: n} and degraded
+ * {kind: n} (only those not zero). */
+void sl_slo_summary_json(struct sl_str *out, const struct sl_slo_summary *s);
+
+/* ---------------------------------------------------------------------------------------------
  * Metrics (metrics.c): counters and histograms that GET /metrics exposes in Prometheus text
  * format 0.0.4, with the scheduler's gauges.
  *
@@ -318,6 +435,10 @@ int sl_chat_prompt_encode(const struct sl_tok *tok, int seq_len, const struct sl
 #define SL_METRICS_MAX_ROUTES 16
 #define SL_METRICS_MAX_NAME 128
 #define SL_METRICS_OTHER "other"
+/* (tier, tenant) pairs with SLO windows (sl_slo_ring_bytes each, about 210 KiB): past this many a
+ * new pair's events go to its tier's "other" tenant, whose series are not capped (one per tier at
+ * most), so the windows never take more than about 56 MiB. */
+#define SL_METRICS_MAX_SLO_SERIES 256
 
 /* How an inference request ended: the `outcome` label of sluice:requests_total. */
 enum sl_metrics_outcome {
@@ -368,11 +489,21 @@ struct sl_metrics_request {
     const char *model;
     int64_t cost;
     int64_t device_ns;
+    /* SLO attainment: its verdict (sl_slo_judge; zeroed when it is not counted), and what
+     * admission did: refused (its reason; NONE when not refused) and degraded (struct
+     * sl_admit's degraded_by), both counted under policy_tier (the tier whose overload policy
+     * decided; NULL: tier). now_ns is its end (sl_clock_ns): the second /admin/slo counts it in. */
+    struct sl_slo_verdict slo;
+    enum sl_admit_reason refused;
+    unsigned degraded;
+    const char *policy_tier;
+    uint64_t now_ns;
 };
 
 /* Counts r in sluice:requests_total and, when r->engine, its tokens; observes its queue time;
  * for STOP and LENGTH observes e2e and, with more than one completion token and a TTFT, the time
- * per output token (e2e - ttft) / (completion_tokens - 1). */
+ * per output token (e2e - ttft) / (completion_tokens - 1). Its SLO verdict goes to
+ * sluice:slo_requests_total and, with its refusal or degradation, to the windows of /admin/slo. */
 void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_metrics_request *r);
 /* Any HTTP request at its end (every request once, whatever its route): sluice:http_requests_total
  * by route (a name from a fixed set chosen by the caller, never a client's path) and status. */
@@ -395,6 +526,13 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
  * with # HELP and # TYPE gauge. Any thread. */
 void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stats *st, int n,
                             struct sl_str *out);
+/* GET /admin/slo's body: {"object": "slo", "windows": ["1m", "5m", "60m"], "tiers": [...]}, each
+ * tier {"tier", "ttft_slo_ms", "tpot_slo_ms", "tenants": [...]} (the configuration ten's tiers in
+ * its order, then any other with windows, its objectives null), each tenant with windows
+ * {"tenant", "1m": {...}, "5m": {...}, "60m": {...}} as sl_slo_summary_json writes them, read at
+ * now_ns. Any thread. */
+void sl_metrics_slo_json(struct sl_metrics *m, const struct sl_tenancy *ten, uint64_t now_ns,
+                         struct sl_str *out);
 /* One admission decision on a request classified into `tier`:
  * sluice:admission_decisions_total{tier, decision, reason}. */
 void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier,

@@ -170,12 +170,28 @@ static const char *label_name(const struct labels *t, int id)
 #define OFF_COST (OFF_ADM + N_TIER * SL_ADMIT_N_DECISIONS * SL_ADMIT_N_REASONS)
 /* (N_TENANT, N_MODEL) nano-units */
 #define OFF_DEV (OFF_COST + N_TENANT * N_MODEL) /* (N_TENANT) ns */
-#define N_CELLS (OFF_DEV + N_TENANT)
+#define OFF_SLO (OFF_DEV + N_TENANT) /* (N_TIER, N_TENANT, SL_SLO_N_OBJECTIVES, 2: missed, met) */
+#define N_CELLS (OFF_SLO + N_TIER * N_TENANT * SL_SLO_N_OBJECTIVES * 2)
+
+/* One (tier, tenant) pair's SLO windows. A mutex, not shards: an event is one per finished
+ * request (thousands a second at most, each holding the lock for well under a microsecond; an
+ * /admin/slo read holds it for tens), and a ring per I/O thread would multiply its 210 KiB by the
+ * threads for nothing. */
+struct slo_series {
+    pthread_mutex_t lock;
+    struct sl_slo_ring *ring;
+};
 
 struct sl_metrics {
     int n_shards;
     _Atomic uint64_t **shards; /* (n_shards) → (N_CELLS), each on its own cache lines */
     struct labels tiers, tenants, routes, models;
+    /* SLO windows: the series of (tier, tenant) label ids at [tier * N_TENANT + tenant], made at
+     * its first event (under slo_lock, which counts them in n_slo) and never freed before the
+     * registry; read without the lock once published. */
+    pthread_mutex_t slo_lock;
+    int n_slo;
+    struct slo_series *_Atomic *slo; /* (N_TIER * N_TENANT) */
 };
 
 struct sl_metrics *sl_metrics_new(int n_shards)
@@ -195,6 +211,10 @@ struct sl_metrics *sl_metrics_new(int n_shards)
     labels_init(&m->tenants, SL_METRICS_MAX_TENANTS);
     labels_init(&m->routes, SL_METRICS_MAX_ROUTES);
     labels_init(&m->models, SL_METRICS_MAX_MODELS);
+    pthread_mutex_init(&m->slo_lock, NULL);
+    m->slo = sl_xcalloc((size_t)N_TIER * N_TENANT, sizeof *m->slo);
+    for (size_t i = 0; i < (size_t)N_TIER * N_TENANT; i++)
+        atomic_init(&m->slo[i], NULL);
     return m;
 }
 
@@ -209,6 +229,16 @@ void sl_metrics_free(struct sl_metrics *m)
     labels_dispose(&m->tenants);
     labels_dispose(&m->routes);
     labels_dispose(&m->models);
+    for (size_t i = 0; i < (size_t)N_TIER * N_TENANT; i++) {
+        struct slo_series *sr = atomic_load_explicit(&m->slo[i], memory_order_relaxed);
+        if (sr) {
+            pthread_mutex_destroy(&sr->lock);
+            sl_slo_ring_free(sr->ring);
+            free(sr);
+        }
+    }
+    free(m->slo);
+    pthread_mutex_destroy(&m->slo_lock);
     free(m);
 }
 
@@ -274,6 +304,77 @@ void sl_metrics_observe_itl(struct sl_metrics *m, int shard, const char *tier, d
                  (uint64_t)n_tokens, gap);
 }
 
+/* ---- SLO attainment ---- */
+
+static size_t slo_index(int tier, int tenant)
+{
+    return (size_t)tier * N_TENANT + (size_t)tenant;
+}
+
+/* The series of (tier, tenant), made now if it is the pair's first event. Past
+ * SL_METRICS_MAX_SLO_SERIES pairs a new tenant's events go to its tier's "other" series. */
+static struct slo_series *slo_series(struct sl_metrics *m, int tier, int tenant)
+{
+    size_t i = slo_index(tier, tenant);
+    struct slo_series *sr = atomic_load_explicit(&m->slo[i], memory_order_acquire);
+    if (sr)
+        return sr;
+    pthread_mutex_lock(&m->slo_lock);
+    sr = atomic_load_explicit(&m->slo[i], memory_order_relaxed);
+    bool full = !sr && tenant != m->tenants.cap && m->n_slo >= SL_METRICS_MAX_SLO_SERIES;
+    if (!sr && !full) {
+        sr = sl_xmalloc(sizeof *sr);
+        pthread_mutex_init(&sr->lock, NULL);
+        sr->ring = sl_slo_ring_new();
+        m->n_slo += tenant != m->tenants.cap;
+        atomic_store_explicit(&m->slo[i], sr, memory_order_release);
+    }
+    pthread_mutex_unlock(&m->slo_lock);
+    return full ? slo_series(m, tier, m->tenants.cap) : sr;
+}
+
+static void slo_add(struct sl_metrics *m, int tier, int tenant, uint64_t now_ns,
+                    const struct sl_slo_event *e)
+{
+    struct slo_series *sr = slo_series(m, tier, tenant);
+    pthread_mutex_lock(&sr->lock);
+    sl_slo_ring_add(sr->ring, now_ns, e);
+    pthread_mutex_unlock(&sr->lock);
+}
+
+/* r's verdict in the counters and, with what admission did, in the windows: the verdict under the
+ * tier it ran in, a refusal or degradation under the tier whose policy decided (the same tier
+ * unless it was demoted). */
+static void slo_record(struct sl_metrics *m, _Atomic uint64_t *sh, int tier, int tenant,
+                       const struct sl_metrics_request *r)
+{
+    bool judged = false;
+    for (int o = 0; o < SL_SLO_N_OBJECTIVES; o++) {
+        enum sl_slo_mark k = r->slo.mark[o];
+        if (k != SL_SLO_MARK_MISSED && k != SL_SLO_MARK_MET)
+            continue;
+        judged = true;
+        add(&sh[OFF_SLO + (slo_index(tier, tenant) * SL_SLO_N_OBJECTIVES + (size_t)o) * 2 +
+                (k == SL_SLO_MARK_MET)],
+            1);
+    }
+    bool refused = (int)r->refused > SL_ADMIT_REASON_NONE && r->refused < SL_ADMIT_N_REASONS;
+    struct sl_slo_event e = {.v = r->slo};
+    if (!refused && !r->degraded) {
+        if (judged)
+            slo_add(m, tier, tenant, r->now_ns, &e);
+        return;
+    }
+    int policy = r->policy_tier ? label_id(&m->tiers, r->policy_tier) : tier;
+    if (policy != tier && judged) {
+        slo_add(m, tier, tenant, r->now_ns, &e);
+        e.v = (struct sl_slo_verdict){0};
+    }
+    e.refused = refused ? r->refused : SL_ADMIT_REASON_NONE;
+    e.degraded = r->degraded;
+    slo_add(m, policy, tenant, r->now_ns, &e);
+}
+
 void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_metrics_request *r)
 {
     _Atomic uint64_t *sh = shard_of(m, shard);
@@ -285,6 +386,7 @@ void sl_metrics_request_done(struct sl_metrics *m, int shard, const struct sl_me
     add(&sh[OFF_REQ + ((size_t)tier * N_TENANT + (size_t)tenant) * SL_METRICS_N_OUTCOMES +
             (size_t)o],
         1);
+    slo_record(m, sh, tier, tenant, r);
     if (!r->engine)
         return;
     add(&sh[OFF_TOK + (size_t)tenant * 2], r->prompt_tokens > 0 ? (uint64_t)r->prompt_tokens : 0);
@@ -677,6 +779,134 @@ void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stat
     }
 }
 
+static uint64_t slo_total(const struct sl_metrics *m, int tier, int tenant, enum sl_slo_objective o,
+                          bool met)
+{
+    return total(m, OFF_SLO + (slo_index(tier, tenant) * SL_SLO_N_OBJECTIVES + (size_t)o) * 2 +
+                        (size_t)met);
+}
+
+/* Both met="true" and met="false" of every (tier, tenant, objective) that counted a request, so
+ * that attainment is one division of two series that both exist. */
+static void render_slo(struct sl_metrics *m, struct sl_str *out, const int *tiers, int n_tiers,
+                       const int *tenants, int n_tenants)
+{
+    family(out, "sluice:slo_requests_total", "counter",
+           "Requests that reached an engine and finished or failed (not cancelled), by tier (the "
+           "one it ran in), tenant, objective (ttft, tpot: only for requests with two completion "
+           "tokens or more, both: every objective counted for it) and whether it was met; a "
+           "failed request misses them all.");
+    uint64_t goodput[N_TIER] = {0};
+    bool counted[N_TIER] = {false};
+    for (int t = 0; t < n_tiers; t++)
+        for (int n = 0; n < n_tenants; n++)
+            for (int o = 0; o < SL_SLO_N_OBJECTIVES; o++) {
+                uint64_t yes = slo_total(m, tiers[t], tenants[n], (enum sl_slo_objective)o, true);
+                uint64_t no = slo_total(m, tiers[t], tenants[n], (enum sl_slo_objective)o, false);
+                if (yes + no == 0)
+                    continue;
+                if (o == SL_SLO_OBJECTIVE_BOTH) {
+                    goodput[t] += yes;
+                    counted[t] = true;
+                }
+                for (int met = 1; met >= 0; met--) {
+                    LIT(out, "sluice:slo_requests_total{tier=\"");
+                    append_value(out, label_name(&m->tiers, tiers[t]));
+                    LIT(out, "\",tenant=\"");
+                    append_value(out, label_name(&m->tenants, tenants[n]));
+                    sl_str_appendf(out, "\",objective=\"%s\",met=\"%s\"} %" PRIu64 "\n",
+                                   sl_slo_objective_str((enum sl_slo_objective)o),
+                                   met ? "true" : "false", met ? yes : no);
+                }
+            }
+    family(out, "sluice:goodput_requests_total", "counter",
+           "Requests that met every objective of their tier (sluice:slo_requests_total with "
+           "objective=\"both\" and met=\"true\", over tenants), by tier.");
+    for (int t = 0; t < n_tiers; t++) {
+        if (!counted[t])
+            continue;
+        LIT(out, "sluice:goodput_requests_total{tier=\"");
+        append_value(out, label_name(&m->tiers, tiers[t]));
+        sl_str_appendf(out, "\"} %" PRIu64 "\n", goodput[t]);
+    }
+}
+
+/* One tier of /admin/slo: its objectives (null when the configuration no longer has it) and each
+ * tenant with a series, its windows read at now_ns. */
+static void slo_json_tier(struct sl_metrics *m, const char *name, int tier,
+                          const struct sl_tier *cfg, const int *tenants, int n_tenants,
+                          uint64_t now_ns, struct sl_str *out)
+{
+    LIT(out, "{\"tier\":\"");
+    sl_str_append_json(out, name, strlen(name));
+    if (cfg)
+        sl_str_appendf(out, "\",\"ttft_slo_ms\":%d,\"tpot_slo_ms\":%d,\"tenants\":[",
+                       cfg->sched.ttft_slo_ms, cfg->sched.tpot_slo_ms);
+    else
+        LIT(out, "\",\"ttft_slo_ms\":null,\"tpot_slo_ms\":null,\"tenants\":[");
+    const char *sep = "";
+    for (int n = 0; tier >= 0 && n < n_tenants; n++) {
+        struct slo_series *sr =
+            atomic_load_explicit(&m->slo[slo_index(tier, tenants[n])], memory_order_acquire);
+        if (!sr)
+            continue;
+        struct sl_slo_summary w[SL_SLO_N_WINDOWS];
+        pthread_mutex_lock(&sr->lock);
+        for (int k = 0; k < SL_SLO_N_WINDOWS; k++)
+            sl_slo_ring_read(sr->ring, now_ns, (enum sl_slo_window)k, &w[k]);
+        pthread_mutex_unlock(&sr->lock);
+        const char *tenant = label_name(&m->tenants, tenants[n]);
+        sl_str_appendf(out, "%s{\"tenant\":\"", sep);
+        sl_str_append_json(out, tenant, strlen(tenant));
+        LIT(out, "\"");
+        for (int k = 0; k < SL_SLO_N_WINDOWS; k++) {
+            sl_str_appendf(out, ",\"%s\":", sl_slo_window_str((enum sl_slo_window)k));
+            sl_slo_summary_json(out, &w[k]);
+        }
+        LIT(out, "}");
+        sep = ",";
+    }
+    LIT(out, "]}");
+}
+
+void sl_metrics_slo_json(struct sl_metrics *m, const struct sl_tenancy *ten, uint64_t now_ns,
+                         struct sl_str *out)
+{
+    int tiers[N_TIER], tenants[N_TENANT];
+    int n_tiers = labels_present(&m->tiers, tiers);
+    int n_tenants = labels_present(&m->tenants, tenants);
+    int n_named = atomic_load_explicit(&m->tiers.n, memory_order_acquire);
+    LIT(out, "{\"object\":\"slo\",\"windows\":[\"1m\",\"5m\",\"60m\"],\"tiers\":[");
+    /* The configuration's tiers in its order, with or without traffic; then tiers it no longer
+     * has (a reload renamed them) or "other", when they have series. */
+    bool shown[N_TIER] = {false};
+    const char *sep = "";
+    for (int i = 0; ten && i < ten->n_tiers; i++) {
+        const char *name = ten->tiers[i].sched.name;
+        int id = find(&m->tiers, n_named, name);
+        if (id >= 0)
+            shown[id] = true;
+        sl_str_appendf(out, "%s", sep);
+        slo_json_tier(m, name, id, &ten->tiers[i], tenants, n_tenants, now_ns, out);
+        sep = ",";
+    }
+    for (int t = 0; t < n_tiers; t++) {
+        if (shown[tiers[t]])
+            continue;
+        bool any = false;
+        for (int n = 0; n < n_tenants && !any; n++)
+            any = atomic_load_explicit(&m->slo[slo_index(tiers[t], tenants[n])],
+                                       memory_order_acquire) != NULL;
+        if (!any)
+            continue;
+        sl_str_appendf(out, "%s", sep);
+        slo_json_tier(m, label_name(&m->tiers, tiers[t]), tiers[t], NULL, tenants, n_tenants,
+                      now_ns, out);
+        sep = ",";
+    }
+    LIT(out, "]}");
+}
+
 void sl_metrics_render(struct sl_metrics *m, const struct sl_sched_stats *st, struct sl_str *out)
 {
     sl_metrics_render_models(m, NULL, NULL, st, st ? 1 : 0, out);
@@ -709,6 +939,7 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
                 append_value(out, label_name(&m->tenants, tenants[n]));
                 sl_str_appendf(out, "\",outcome=\"%s\"} %" PRIu64 "\n", outcome_names[o], v);
             }
+    render_slo(m, out, tiers, n_tiers, tenants, n_tenants);
     static const char *const tok_names[2] = {"sluice:prompt_tokens_total",
                                              "sluice:generation_tokens_total"};
     static const char *const tok_help[2] = {

@@ -15,6 +15,7 @@ static void serve_model(struct api_exchange *a);
 static void serve_metrics(struct api_exchange *a);
 static void serve_healthz(struct api_exchange *a);
 static void serve_admin_config(struct api_exchange *a);
+static void serve_admin_slo(struct api_exchange *a);
 static void serve_tokenize(struct api_exchange *a);
 
 /* A path's length is part of its entry, measured at compile time. */
@@ -41,6 +42,7 @@ static const struct api_route routes[] = {
           serve_admin_config),
     ROUTE("/admin/usage", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/usage",
           api_serve_admin_usage),
+    ROUTE("/admin/slo", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/slo", serve_admin_slo),
     ROUTE("/v1/usage", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/usage", api_serve_own_usage),
     ROUTE("/v1/models/", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models/{id}", serve_model),
     /* Any other /admin/ URL: the admin key first, then a 404. */
@@ -263,6 +265,16 @@ static void serve_admin_config(struct api_exchange *a)
         abort();
     api_send(a, 200, "application/json", NULL, s, strlen(s));
     free(s);
+}
+
+/* GET /admin/slo: each tier's objectives and, per tenant, attainment, latency quantiles, refusals
+ * and degradations over the last 1, 5 and 60 minutes (sl_metrics_slo_json). */
+static void serve_admin_slo(struct api_exchange *a)
+{
+    struct sl_str *b = &a->t->out;
+    sl_str_clear(b);
+    sl_metrics_slo_json(a->t->api->metrics, sl_config_tenancy(a->cfg), sl_clock_ns(), b);
+    api_send_json(a, 200, b, NULL);
 }
 
 /* ---- tokenize ---- */

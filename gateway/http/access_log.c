@@ -105,6 +105,13 @@ void sl_http_log_access(struct sl_exchange *x)
             str_add(l, ",\"ttft_ms\":");
             str_add_ms(l, g->ttft_ns);
         }
+        if (g->slo) {
+            static const char *const met[] = {"null", "false", "true"};
+            str_add(l, ",\"ttft_met\":");
+            str_add(l, met[g->ttft_met < 0 ? 0 : g->ttft_met ? 2 : 1]);
+            str_add(l, ",\"tpot_met\":");
+            str_add(l, met[g->tpot_met < 0 ? 0 : g->tpot_met ? 2 : 1]);
+        }
         if (g->cost) {
             str_add(l, ",\"cost\":");
             str_add(l, g->cost);

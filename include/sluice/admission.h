@@ -58,6 +58,11 @@ enum sl_overload_kind {
     SL_OVERLOAD_QUEUE,          /* arg: milliseconds to wait for capacity */
     SL_OVERLOAD_REJECT,
 };
+/* Kinds of step (outside the enum, so that switches over it need no case for the count). */
+#define SL_OVERLOAD_N_KINDS (SL_OVERLOAD_REJECT + 1)
+/* The step's name as a configuration writes it: "cap_max_tokens", "demote", "model", "queue",
+ * "reject" (and what /admin/slo counts degradations by). */
+const char *sl_overload_kind_str(enum sl_overload_kind k);
 
 struct sl_overload_step {
     enum sl_overload_kind kind;
@@ -335,6 +340,9 @@ struct sl_admit {
     enum sl_admit_verdict verdict;
     enum sl_admit_reason reason; /* what refused or degraded it */
     bool degraded;
+    unsigned degraded_by;    /* bit (1u << enum sl_overload_kind) for each kind of step that
+                                changed it: cap_max_tokens, demote, model, and queue once a
+                                parked request is admitted */
     int64_t retry_ns;        /* refused: until a retry may pass; -1: never as sent */
     double predicted_ttft_s; /* the guard's latest prediction, < 0 when none */
     char note[192];          /* what was decided: "admitted", "degraded; cap_max_tokens=256",

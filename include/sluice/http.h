@@ -46,6 +46,10 @@ struct sl_http_log {
     uint64_t ttft_ns;   /* 0: no first token */
     const char *cost;   /* what it cost, a decimal (metering), or NULL */
     uint64_t device_ns; /* its device time, written with cost */
+    /* Its tier's objectives (SLO attainment), when it counts for them: ttft_met and tpot_met are
+     * 1 (met), 0 (missed) or -1 (not counted: written null). */
+    bool slo;
+    int ttft_met, tpot_met;
 };
 
 /* One request and its response. The transport's fields are read-only to the handler, except

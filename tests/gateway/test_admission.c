@@ -648,6 +648,8 @@ Test(gateway, overload_cap_max_tokens_admits_degraded_when_the_cap_makes_it_fit)
     cr_assert_str_eq(b.note, "degraded; cap_max_tokens=64");
     cr_assert_eq(b.max_tokens, 64);
     cr_assert(b.degraded);
+    cr_assert_eq(b.degraded_by, 1u << SL_OVERLOAD_CAP_MAX_TOKENS);
+    cr_assert_str_eq(sl_overload_kind_str(SL_OVERLOAD_CAP_MAX_TOKENS), "cap_max_tokens");
     cr_assert_eq(b.reason, SL_ADMIT_REASON_TIER_TOKEN_RATE);
     char h[64];
     cr_assert_str_eq(header(&b, &c, &c.tenancy.tenants[0], 0, "x-sluice-admission", h, sizeof h),
@@ -675,6 +677,8 @@ Test(gateway, overload_demote_runs_in_the_lower_tier_when_it_has_room)
     cr_assert_eq(b.tier, 1);
     cr_assert_eq(b.policy_tier, 0);
     cr_assert_str_eq(b.note, "degraded; demote=batch");
+    cr_assert_eq(b.degraded_by, 1u << SL_OVERLOAD_DEMOTE);
+    cr_assert_eq(a.degraded_by, 0u, "admitted as it was");
     /* Both full now. */
     cr_assert_eq(begin(&d, &f, &c, 0, 0, 0, 10, 10, 0), SL_ADMIT_OVERLOADED);
     cr_assert_eq(d.reason, SL_ADMIT_REASON_TIER_QUEUE_REQUESTS);
@@ -696,6 +700,7 @@ Test(gateway, overload_model_step_moves_to_the_cheaper_model_when_it_has_room)
     cr_assert_eq(a.model, 1);
     cr_assert_eq(a.n_prompt, 120);
     cr_assert_str_eq(a.note, "degraded; model=small");
+    cr_assert_eq(a.degraded_by, 1u << SL_OVERLOAD_MODEL);
     cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
     int n;
     long tok;
@@ -725,9 +730,11 @@ Test(gateway, overload_queue_parks_then_admits_when_room_comes_before_the_deadli
     cr_assert_gt(b.recheck_ns, 0);
     cr_assert_leq(b.recheck_ns, b.deadline_ns);
     cr_assert_eq(sl_admit_resume(&b, &env, 100 * MS), SL_ADMIT_PARK, "still full");
+    cr_assert_eq(b.degraded_by, 0u, "parked is not yet degraded");
     sl_admit_started(&a); /* a's first token: the queue has room */
     cr_assert_eq(sl_admit_resume(&b, &env, 300 * MS), SL_ADMIT_OK);
     cr_assert_str_eq(b.note, "degraded; queued_ms=300");
+    cr_assert_eq(b.degraded_by, 1u << SL_OVERLOAD_QUEUE);
     sl_admit_end(&a, 10, 0);
     sl_admit_end(&b, 10, 0);
     sl_config_dispose(&c);

@@ -2,8 +2,10 @@
  * parsed back line by line, label interning and its cap, and exact totals under concurrent
  * recording. */
 #include "gateway_impl.h"
+#include "slo_json.h"
 
 #include <criterion/criterion.h>
+#include <jansson.h>
 
 #include <ctype.h>
 #include <math.h>
@@ -507,6 +509,8 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
         const char *name, *type;
     } want[] = {
         {"sluice:requests_total", "counter"},
+        {"sluice:slo_requests_total", "counter"},
+        {"sluice:goodput_requests_total", "counter"},
         {"sluice:prompt_tokens_total", "counter"},
         {"sluice:generation_tokens_total", "counter"},
         {"sluice:tenant_cost_total", "counter"},
@@ -759,6 +763,7 @@ Test(gateway, the_name_other_shares_the_overflow_series_when_used_before_the_cap
 
 #define THREADS 6
 #define ROUNDS 20000
+#define SLO_T0 (3600ull * 1000000000ull) /* the fake clock of the SLO windows, in ns */
 #define HOT_ROUNDS 300000
 
 struct worker_arg {
@@ -786,7 +791,12 @@ static void *record_many(void *p)
                                        .completion_tokens = 5,
                                        .ttft_seconds = 0.05,
                                        .e2e_seconds = 0.45,
-                                       .queue_seconds = 0.001};
+                                       .queue_seconds = 0.001,
+                                       .now_ns = SLO_T0 + (uint64_t)i * 1000000};
+        /* Every third request misses its TTFT objective (and so both). */
+        struct sl_slo_request q = {
+            .ttft_ns = i % 3 ? 50000000 : 150000000, .e2e_ns = 450000000, .completion_tokens = 5};
+        sl_slo_judge(100, 100, &q, &r.slo);
         sl_metrics_request_done(a->m, shard, &r);
         sl_metrics_http_done(a->m, shard, "/v1/completions", 200);
     }
@@ -863,7 +873,259 @@ Test(gateway, concurrent_recording_keeps_exact_totals_when_threads_share_shards)
                  THREADS * per_thread);
     cr_assert_eq(value(&x, "sluice:http_requests_total{route=/healthz,code=200}"),
                  (double)THREADS * HOT_ROUNDS);
+    /* SLO: (ROUNDS + 2) / 3 of each thread's requests missed TTFT; the windows (20 s of fake
+     * time, all within the last minute) agree with the counters. */
+    const double missed = (ROUNDS + 2) / 3;
+    for (int t = 0; t < 2; t++)
+        for (int n = 0; n < 3; n++) {
+            /* Thread t + 2k records tier t, thread n + 3k tenant n: one thread each pair. */
+            snprintf(key, sizeof key,
+                     "sluice:slo_requests_total{tier=tier%d,tenant=tenant%d,objective=ttft,"
+                     "met=false}",
+                     t, n);
+            cr_assert_eq(value(&x, key), missed, "%s", key);
+            snprintf(key, sizeof key,
+                     "sluice:slo_requests_total{tier=tier%d,tenant=tenant%d,objective=both,"
+                     "met=true}",
+                     t, n);
+            cr_assert_eq(value(&x, key), per_thread - missed, "%s", key);
+        }
+    snprintf(key, sizeof key, "sluice:goodput_requests_total{tier=tier0}");
+    cr_assert_eq(value(&x, key), 3 * (per_thread - missed));
+    struct sl_str js;
+    sl_str_init(&js);
+    sl_metrics_slo_json(m, NULL, SLO_T0 + (uint64_t)ROUNDS * 1000000, &js);
+    json_t *j = json_loads(js.p, 0, NULL);
+    cr_assert_not_null(j, "%s", js.p);
+    json_t *tiers = json_object_get(j, "tiers");
+    cr_assert_eq(json_array_size(tiers), 2);
+    for (size_t t = 0; t < 2; t++) {
+        json_t *tenants = json_object_get(json_array_get(tiers, t), "tenants");
+        cr_assert_eq(json_array_size(tenants), 3);
+        for (size_t n = 0; n < 3; n++) {
+            json_t *w = json_object_get(json_array_get(tenants, n), "1m");
+            cr_assert_eq(json_integer_value(json_object_get(w, "requests")), per_thread);
+            cr_assert_eq(json_integer_value(json_object_get(w, "ttft_met")), per_thread - missed);
+        }
+    }
+    json_decref(j);
+    sl_str_dispose(&js);
     expo_dispose(&x);
     sl_str_dispose(&text);
+    sl_metrics_free(m);
+}
+
+/* ---- SLO attainment ---- */
+
+#define S_NS 1000000000ull
+
+/* A request of tier/tenant at now_s (fake seconds) with verdict v. */
+static void slo_request(struct sl_metrics *m, const char *tier, const char *tenant, uint64_t now_s,
+                        bool failed, int64_t ttft_ms, int64_t e2e_ms, int tokens)
+{
+    struct sl_metrics_request r = {.tier = tier,
+                                   .tenant = tenant,
+                                   .outcome =
+                                       failed ? SL_METRICS_OUTCOME_ERROR : SL_METRICS_OUTCOME_STOP,
+                                   .engine = true,
+                                   .completion_tokens = tokens,
+                                   .ttft_seconds = (double)ttft_ms / 1e3,
+                                   .e2e_seconds = (double)e2e_ms / 1e3,
+                                   .queue_seconds = -1,
+                                   .now_ns = now_s * S_NS};
+    struct sl_slo_request q = {.failed = failed,
+                               .ttft_ns = ttft_ms * 1000000,
+                               .e2e_ns = e2e_ms * 1000000,
+                               .completion_tokens = tokens};
+    /* gold: 200 ms to the first token, 20 ms a token after it. */
+    sl_slo_judge(200, 20, &q, &r.slo);
+    sl_metrics_request_done(m, 0, &r);
+}
+
+static long long jint(json_t *o, const char *k)
+{
+    json_t *v = json_object_get(o, k);
+    cr_assert(json_is_integer(v), "%s is an integer", k);
+    return json_integer_value(v);
+}
+
+Test(gateway, slo_counters_and_windows_agree_when_requests_meet_and_miss_objectives)
+{
+    struct sl_metrics *m = sl_metrics_new(2);
+    /* acme in gold: met, TTFT missed, TPOT missed, one token (no TPOT), failed. */
+    slo_request(m, "gold", "acme", 1000, false, 100, 140, 3); /* tpot 20: met */
+    slo_request(m, "gold", "acme", 1001, false, 250, 260, 2); /* ttft missed */
+    slo_request(m, "gold", "acme", 1002, false, 100, 200, 3); /* tpot 50: missed */
+    slo_request(m, "gold", "acme", 1003, false, 100, 100, 1); /* no tpot; both met */
+    slo_request(m, "gold", "acme", 1004, true, 100, 100, 3);  /* failed */
+    slo_request(m, "gold", "bolt", 1500, false, 100, 100, 1); /* another tenant, later */
+    /* A request that never reached an engine counts nowhere; one refused counts apart. */
+    struct sl_metrics_request refused = {.tier = "gold",
+                                         .tenant = "acme",
+                                         .outcome = SL_METRICS_OUTCOME_REJECTED,
+                                         .refused = SL_ADMIT_REASON_TIER_QUEUE_REQUESTS,
+                                         .policy_tier = "gold",
+                                         .now_ns = 1005 * S_NS};
+    sl_metrics_request_done(m, 1, &refused);
+
+    struct expo x;
+    struct sl_str text;
+    render(m, NULL, &x, &text);
+    static const struct {
+        const char *key;
+        double v;
+    } want[] = {
+        {"sluice:slo_requests_total{tier=gold,tenant=acme,objective=ttft,met=true}", 3},
+        {"sluice:slo_requests_total{tier=gold,tenant=acme,objective=ttft,met=false}", 2},
+        {"sluice:slo_requests_total{tier=gold,tenant=acme,objective=tpot,met=true}", 2},
+        {"sluice:slo_requests_total{tier=gold,tenant=acme,objective=tpot,met=false}", 2},
+        {"sluice:slo_requests_total{tier=gold,tenant=acme,objective=both,met=true}", 2},
+        {"sluice:slo_requests_total{tier=gold,tenant=acme,objective=both,met=false}", 3},
+        {"sluice:slo_requests_total{tier=gold,tenant=bolt,objective=both,met=true}", 1},
+        {"sluice:slo_requests_total{tier=gold,tenant=bolt,objective=tpot,met=true}", NAN},
+        {"sluice:goodput_requests_total{tier=gold}", 3},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        double v = value(&x, want[i].key);
+        if (isnan(want[i].v))
+            cr_assert(isnan(v), "%s is not exposed: nothing counted", want[i].key);
+        else
+            cr_assert_eq(v, want[i].v, "%s: %g\n%s", want[i].key, v, text.p);
+    }
+
+    /* /admin/slo at 1005 s: acme's five requests and refusal are in every window; bolt's, at
+     * 1500 s, in none but... none yet: it is in the future of this read. */
+    struct sl_tier cfg[2] = {{.sched = {.name = "gold", .ttft_slo_ms = 200, .tpot_slo_ms = 20}},
+                             {.sched = {.name = "idle", .ttft_slo_ms = 1, .tpot_slo_ms = 1}}};
+    struct sl_tenancy ten = {.tiers = cfg, .n_tiers = 2};
+    struct sl_str js;
+    sl_str_init(&js);
+    sl_metrics_slo_json(m, &ten, 1005 * S_NS, &js);
+    json_t *j = json_loads(js.p, 0, NULL);
+    cr_assert_not_null(j, "%s", js.p);
+    json_t *gold = json_array_get(json_object_get(j, "tiers"), 0);
+    cr_assert_eq(jint(gold, "ttft_slo_ms"), 200);
+    cr_assert_eq(jint(gold, "tpot_slo_ms"), 20);
+    json_t *idle = json_array_get(json_object_get(j, "tiers"), 1);
+    cr_assert_str_eq(json_string_value(json_object_get(idle, "tier")), "idle");
+    cr_assert_eq(json_array_size(json_object_get(idle, "tenants")), 0, "listed, without traffic");
+    for (int w = 0; w < SL_SLO_N_WINDOWS; w++) {
+        json_t *a = slo_json_window(j, "gold", "acme", sl_slo_window_str((enum sl_slo_window)w));
+        cr_assert_not_null(a, "%s", js.p);
+        cr_assert_eq(jint(a, "requests"), 5);
+        cr_assert_eq(jint(a, "ttft_requests"), 5);
+        cr_assert_eq(jint(a, "ttft_met"), 3);
+        cr_assert_eq(jint(a, "tpot_requests"), 4);
+        cr_assert_eq(jint(a, "tpot_met"), 2);
+        cr_assert_eq(jint(a, "both_met"), 2);
+        cr_assert_float_eq(json_real_value(json_object_get(a, "attainment")), 0.4, 1e-9);
+        cr_assert_eq(jint(json_object_get(a, "refused"), "tier_queue_requests"), 1);
+        cr_assert_eq(json_object_size(json_object_get(a, "degraded")), 0);
+        /* TTFTs 100, 250, 100, 100 (the failure's is not a latency): p50 100 ms, p99 250. */
+        cr_assert_lt(fabs(log2(json_real_value(json_object_get(a, "ttft_p50")) / 0.1)), 1.0 / 3);
+        cr_assert_lt(fabs(log2(json_real_value(json_object_get(a, "ttft_p99")) / 0.25)), 1.0 / 3);
+    }
+    json_t *b = slo_json_window(j, "gold", "bolt", "60m");
+    cr_assert_not_null(b, "bolt has a series");
+    cr_assert_eq(jint(b, "requests"), 0, "its request is after this read");
+    cr_assert(json_is_null(json_object_get(b, "attainment")));
+    cr_assert(json_is_null(json_object_get(b, "ttft_p50")));
+    json_decref(j);
+
+    /* At 1070 s acme's requests have left 1m, not 5m; at 1500 s bolt's is in 1m, acme's in 60m
+     * only. */
+    sl_str_clear(&js);
+    sl_metrics_slo_json(m, &ten, 1070 * S_NS, &js);
+    j = json_loads(js.p, 0, NULL);
+    cr_assert_eq(jint(slo_json_window(j, "gold", "acme", "1m"), "requests"), 0);
+    cr_assert_eq(jint(slo_json_window(j, "gold", "acme", "5m"), "requests"), 5);
+    json_decref(j);
+    sl_str_clear(&js);
+    sl_metrics_slo_json(m, &ten, 1500 * S_NS, &js);
+    j = json_loads(js.p, 0, NULL);
+    cr_assert_eq(jint(slo_json_window(j, "gold", "bolt", "1m"), "requests"), 1);
+    cr_assert_eq(jint(slo_json_window(j, "gold", "acme", "5m"), "requests"), 0);
+    cr_assert_eq(jint(slo_json_window(j, "gold", "acme", "60m"), "requests"), 5);
+    json_decref(j);
+    sl_str_dispose(&js);
+    expo_dispose(&x);
+    sl_str_dispose(&text);
+    sl_metrics_free(m);
+}
+
+Test(gateway, slo_degradation_counts_in_the_policy_tier_and_attainment_in_the_tier_it_ran_in)
+{
+    struct sl_metrics *m = sl_metrics_new(1);
+    struct sl_metrics_request r = {.tier = "batch",
+                                   .tenant = "acme",
+                                   .outcome = SL_METRICS_OUTCOME_LENGTH,
+                                   .engine = true,
+                                   .completion_tokens = 2,
+                                   .policy_tier = "gold",
+                                   .degraded =
+                                       1u << SL_OVERLOAD_DEMOTE | 1u << SL_OVERLOAD_CAP_MAX_TOKENS,
+                                   .now_ns = 10 * S_NS};
+    struct sl_slo_request q = {.ttft_ns = 1, .e2e_ns = 2, .completion_tokens = 2};
+    sl_slo_judge(100, 100, &q, &r.slo);
+    sl_metrics_request_done(m, 0, &r);
+    struct sl_str js;
+    sl_str_init(&js);
+    sl_metrics_slo_json(m, NULL, 10 * S_NS, &js);
+    json_t *j = json_loads(js.p, 0, NULL);
+    cr_assert_not_null(j, "%s", js.p);
+    json_t *batch = slo_json_window(j, "batch", "acme", "1m"),
+           *gold = slo_json_window(j, "gold", "acme", "1m");
+    cr_assert_not_null(batch, "%s", js.p);
+    cr_assert_not_null(gold, "%s", js.p);
+    cr_assert_eq(jint(batch, "requests"), 1);
+    cr_assert_eq(jint(batch, "both_met"), 1);
+    cr_assert_eq(json_object_size(json_object_get(batch, "degraded")), 0);
+    cr_assert_eq(jint(gold, "requests"), 0);
+    cr_assert_eq(jint(json_object_get(gold, "degraded"), "demote"), 1);
+    cr_assert_eq(jint(json_object_get(gold, "degraded"), "cap_max_tokens"), 1);
+    cr_assert(json_is_null(json_object_get(gold, "ttft_p50")), "no latency in the policy tier");
+    cr_assert(json_is_null(
+                  json_object_get(json_array_get(json_object_get(j, "tiers"), 0), "ttft_slo_ms")),
+              "no configuration given: objectives unknown");
+    json_decref(j);
+    sl_str_dispose(&js);
+    sl_metrics_free(m);
+}
+
+Test(gateway, slo_series_past_the_cap_go_to_the_tier_s_other_tenant)
+{
+    struct sl_metrics *m = sl_metrics_new(1);
+    /* 2 tiers x 128 tenants: 256 series, the cap; then 10 tenant names past the label table's
+     * cap, and one more pair of named labels. */
+    char tenant[32];
+    for (int t = 0; t < 2; t++)
+        for (int n = 0; n < SL_METRICS_MAX_TENANTS; n++) {
+            snprintf(tenant, sizeof tenant, "t%d", n);
+            slo_request(m, t ? "b" : "a", tenant, 100, false, 1, 1, 1);
+        }
+    slo_request(m, "c", "t0", 100, false, 1, 1, 1); /* a 257th pair of known names */
+    for (int n = 0; n < 10; n++) {
+        snprintf(tenant, sizeof tenant, "late%d", n); /* past the tenant labels: "other" */
+        slo_request(m, "a", tenant, 100, false, 1, 1, 1);
+    }
+    struct sl_str js;
+    sl_str_init(&js);
+    sl_metrics_slo_json(m, NULL, 100 * S_NS, &js);
+    json_t *j = json_loads(js.p, 0, NULL);
+    cr_assert_not_null(j);
+    cr_assert_null(slo_json_window(j, "c", "t0", "1m"), "no room for a 257th series");
+    cr_assert_eq(jint(slo_json_window(j, "c", "other", "1m"), "requests"), 1);
+    cr_assert_eq(jint(slo_json_window(j, "a", "other", "1m"), "requests"), 10);
+    cr_assert_eq(jint(slo_json_window(j, "b", "t127", "1m"), "requests"), 1);
+    json_decref(j);
+    /* The counters keep their own labels. */
+    struct expo x;
+    struct sl_str text;
+    render(m, NULL, &x, &text);
+    cr_assert_eq(value(&x, "sluice:slo_requests_total{tier=c,tenant=t0,objective=both,met=true}"),
+                 1);
+    expo_dispose(&x);
+    sl_str_dispose(&text);
+    sl_str_dispose(&js);
     sl_metrics_free(m);
 }
