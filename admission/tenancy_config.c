@@ -15,6 +15,9 @@
 #include <string.h>
 #include <strings.h>
 
+/* A tier's isolation from the tiers below it by default (sl_sched_tier.isolation_ms). */
+#define ISOLATION_MS_DEFAULT 10
+
 #define TENANTS_MAX 100000
 #define RULES_MAX 64
 #define MAP_MAX 32
@@ -71,14 +74,16 @@ static void default_tiers(struct tenancy *t)
                    .ttft_slo_ms = 1000,
                    .tpot_slo_ms = 100,
                    .w_in = 1,
-                   .w_out = 2}},
+                   .w_out = 2,
+                   .isolation_ms = ISOLATION_MS_DEFAULT}},
         {.sched = {.name = "batch",
                    .priority = 1,
                    .weight = 1,
                    .ttft_slo_ms = 60000,
                    .tpot_slo_ms = 1000,
                    .w_in = 1,
-                   .w_out = 2}},
+                   .w_out = 2,
+                   .isolation_ms = ISOLATION_MS_DEFAULT}},
     };
     t->n_tiers = 2;
     t->tiers = sl_xmalloc(sizeof defs);
@@ -454,7 +459,7 @@ static int load_tiers(struct tenancy *t, json_t *v, const struct models *c, char
         static const char *const known[] = {
             "priority", "weight",      "ttft_slo_ms",     "tpot_slo_ms",        "token_rate",
             "burst",    "overload",    "overload_status", "max_queue_requests", "max_queue_tokens",
-            "fairness", "vtc_weights",
+            "fairness", "vtc_weights", "isolation_ms",
         };
         json_object_foreach(tv, k, kv)
         {
@@ -473,6 +478,12 @@ static int load_tiers(struct tenancy *t, json_t *v, const struct models *c, char
                             errlen)) ||
             (st = load_tier_admission(tr, tv, c, err, errlen)) ||
             (st = load_fairness(tr, tv, err, errlen)))
+            return st;
+        char path[64];
+        snprintf(path, sizeof path, "tiers.%s", name);
+        tr->sched.isolation_ms = ISOLATION_MS_DEFAULT;
+        if ((st = opt_num(tv, path, "isolation_ms", 0, true, 10000, &tr->sched.isolation_ms, err,
+                          errlen)))
             return st;
         t->n_tiers++;
     }
@@ -996,6 +1007,7 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
         }
         json_object_set_new(o, "overload", ov);
         json_object_set_new(o, "overload_status", json_integer(t->overload_status));
+        json_object_set_new(o, "isolation_ms", json_real(t->sched.isolation_ms));
         json_object_set_new(o, "fairness",
                             json_string(t->sched.fairness == SL_SCHED_FCFS ? "fcfs" : "vtc"));
         json_object_set_new(o, "vtc_weights",

@@ -813,6 +813,8 @@ static bool start(struct sl_sched_core *c, struct sl_seq *s)
     int need = blocks_for(c, s->n_tokens);
     int spare = c->n_resident > 0 ? c->watermark : 0;
     int slots = c->lim.max_seqs - c->n_resident - slots_owed_below(c, s->tier);
+    if (c->iso_on && c->tiers[s->tier].t.priority > c->iso_prio)
+        slots -= SL_SCHED_ISOLATION_SLOTS; /* kept free for the isolated tier's arrivals */
     int want_slots = slots >= 1 ? 0 : 1 - slots;
     int want_blocks = need + spare - c->n_free;
     if (want_slots > 0 || want_blocks > 0) {
@@ -851,22 +853,35 @@ static bool start(struct sl_sched_core *c, struct sl_seq *s)
  * that prompts never stop. */
 #define GUARD_MIN_ROWS 16
 
-/* TPOT guard state for one step. */
+/* The time budgets of one step's prompt chunks: the TPOT guard's, for every tier, and the
+ * isolation of a higher tier with traffic, for the tiers of a lower priority (priority >
+ * iso_prio). */
 struct guard {
     double budget_us; /* predicted time prompt chunks may still add; INFINITY when unguarded */
     int floor_rows;   /* prompt rows allowed whatever the prediction, left this step */
+    double iso_us;    /* predicted time lower tiers' prompt chunks may still add, or INFINITY */
+    int iso_prio;     /* tiers of a priority above it are held to iso_us */
 };
 
-/* The most rows of s's next chunk (from position p0) that fit g's time budget. */
-static int guard_rows(const struct sl_sched_core *c, struct guard *g, int p0, int want)
+static bool isolated(const struct sl_sched_core *c, const struct guard *g, int t)
 {
-    if (isinf(g->budget_us))
+    return !isinf(g->iso_us) && c->tiers[t].t.priority > g->iso_prio;
+}
+
+/* The most rows of s's next chunk (from position p0) that fit g's time budgets, s being of tier
+ * t. */
+static int guard_rows(const struct sl_sched_core *c, struct guard *g, int t, int p0, int want)
+{
+    double budget = g->budget_us;
+    if (isolated(c, g, t) && g->iso_us < budget)
+        budget = g->iso_us;
+    if (isinf(budget))
         return want;
     const double *th = c->fit.theta;
     /* Marginal time of n rows from p0: th_row n + th_attn (n p0 + n (n + 1) / 2) / 1000. */
     double a = fmax(th[4], 0) / 2000,
            b = fmax(th[1], 0) + fmax(th[4], 0) * ((double)p0 + 0.5) / 1000;
-    double r = g->budget_us, n;
+    double r = budget, n;
     if (r <= 0)
         n = 0;
     else if (a > 0)
@@ -879,13 +894,15 @@ static int guard_rows(const struct sl_sched_core *c, struct guard *g, int p0, in
     return k;
 }
 
-static void guard_take(const struct sl_sched_core *c, struct guard *g, int p0, int n)
+static void guard_take(const struct sl_sched_core *c, struct guard *g, int t, int p0, int n)
 {
-    if (isinf(g->budget_us))
-        return;
     const double *th = c->fit.theta;
     double a = fmax(th[4], 0), b = fmax(th[1], 0);
-    g->budget_us -= b * n + a * ((double)n * p0 + (double)n * (n + 1) / 2) / 1000;
+    double us = b * n + a * ((double)n * p0 + (double)n * (n + 1) / 2) / 1000;
+    if (!isinf(g->budget_us))
+        g->budget_us -= us;
+    if (isolated(c, g, t))
+        g->iso_us -= us;
     g->floor_rows = g->floor_rows > n ? g->floor_rows - n : 0;
 }
 
@@ -896,10 +913,10 @@ static int plan_chunk(struct sl_sched_core *c, struct sl_seq *s, int n, struct g
     int p0 = s->n_computed + (s->plan >= 0 ? c->plan[s->plan].n : 0);
     if (n > c->lim.max_batch_tokens - c->rows)
         n = c->lim.max_batch_tokens - c->rows;
-    n = guard_rows(c, g, p0, n);
+    n = guard_rows(c, g, s->tier, p0, n);
     if (n == 0)
         return 0;
-    guard_take(c, g, p0, n);
+    guard_take(c, g, s->tier, p0, n);
     plan_add(c, s, n);
     vtc_charge_prompt(c, s, p0, n);
     return n;
@@ -1076,6 +1093,27 @@ static double plan_decodes(struct sl_sched_core *c, double dx[SL_SCHED_FIT_K])
     return target;
 }
 
+/* The isolation in effect this step: of the tiers with isolation_ms that have sequences, or had
+ * within SL_SCHED_ISOLATION_HOLD_S, the highest-priority one protects every tier below it with
+ * the smallest of their budgets. Off until the step-time fit can predict. */
+static void isolate(struct sl_sched_core *c, struct guard *g)
+{
+    uint64_t hold = (uint64_t)(SL_SCHED_ISOLATION_HOLD_S * 1e9);
+    for (int k = 0; k < c->n_tiers; k++) {
+        struct sl_tier_q *q = &c->tiers[c->tier_order[k]];
+        if (q->n_queued + q->n_resident > 0)
+            q->last_busy_ns = c->now_ns > 0 ? c->now_ns : 1;
+        bool recent = q->last_busy_ns > 0 && c->now_ns - q->last_busy_ns <= hold;
+        if (q->t.isolation_ms <= 0 || !recent || c->fit.n_obs < FIT_MIN_OBS)
+            continue;
+        if (isinf(g->iso_us))
+            g->iso_prio = q->t.priority;
+        g->iso_us = fmin(g->iso_us, q->t.isolation_ms * 1e3);
+    }
+    c->iso_on = !isinf(g->iso_us);
+    c->iso_prio = g->iso_prio;
+}
+
 /* Step 2: the rest of the token budget to prompt chunks, by weighted shares. */
 static void plan_prefills(struct sl_sched_core *c, double target_us,
                           const double dx[SL_SCHED_FIT_K])
@@ -1083,12 +1121,17 @@ static void plan_prefills(struct sl_sched_core *c, double target_us,
     int budget = c->lim.max_batch_tokens - c->rows;
     if (budget <= 0)
         return;
-    struct guard g = {INFINITY, 0};
+    struct guard g = {INFINITY, 0, INFINITY, 0};
     if (target_us > 0 && c->fit.n_obs >= FIT_MIN_OBS) {
         g.budget_us = target_us - sl_sched_fit_predict(&c->fit, dx);
         g.floor_rows =
             GUARD_MIN_ROWS < c->lim.max_batch_tokens ? GUARD_MIN_ROWS : c->lim.max_batch_tokens;
     }
+    isolate(c, &g);
+    if (!isinf(g.iso_us) && g.floor_rows < SL_SCHED_ISOLATION_MIN_ROWS)
+        g.floor_rows = SL_SCHED_ISOLATION_MIN_ROWS < c->lim.max_batch_tokens
+                           ? SL_SCHED_ISOLATION_MIN_ROWS
+                           : c->lim.max_batch_tokens;
     long w = 0;
     for (int t = 0; t < c->n_tiers; t++)
         if (c->tiers[t].head)

@@ -100,6 +100,7 @@ struct sl_tier_q {
     long prefill_tokens;        /* known tokens without KV, over the queue */
     uint64_t preemptions;
     double deficit; /* share of prompt tokens carried to the next step (< 1) */
+    uint64_t last_busy_ns; /* `now` of the latest step that found it with sequences; 0: never */
     /* Its tenants (struct sl_vtc) and how many of them are idle; floor: the smallest counter
      * among the active when one last joined or left, where a tenant joining an idle tier
      * starts. */
@@ -162,6 +163,10 @@ struct sl_sched_core {
     int32_t *free_blocks; /* (n_blocks) stack of free block ids */
     int n_free;
     int watermark; /* blocks kept spare when a sequence starts while others run */
+    /* The isolation of this step (see isolate() in core.c): tiers of a priority above iso_prio
+     * have their prompt chunks cut and leave SL_SCHED_ISOLATION_SLOTS slots free. */
+    bool iso_on;
+    int iso_prio;
 
     /* The step being built. */
     uint64_t step_id;

@@ -63,7 +63,19 @@ struct sl_sched_tier {
     int fairness; /* enum sl_sched_fairness */
     float w_in;   /* VTC's weights of a prompt token and a generated one (both 0: 1 and 2) */
     float w_out;
+    /* Isolation from lower tiers: while this tier has requests (or had, within
+     * SL_SCHED_ISOLATION_HOLD_S), the prompt chunks of lower-priority tiers may add at most this
+     * much to a step, as the step-time fit predicts (at least SL_SCHED_ISOLATION_MIN_ROWS rows a
+     * step, so they never stop), and they leave SL_SCHED_ISOLATION_SLOTS slots free: a request of
+     * this tier that arrives finds a slot, waits for a step at most that much longer than the
+     * decodes alone, and shares its own step with as little. 0: off. */
+    float isolation_ms;
 };
+#define SL_SCHED_ISOLATION_HOLD_S 1.0
+#define SL_SCHED_ISOLATION_MIN_ROWS 16
+/* Slots lower tiers leave free while a tier's isolation is in effect, so that its arrivals start
+ * at once instead of waiting for a lower tier's sequence to end. */
+#define SL_SCHED_ISOLATION_SLOTS 2
 
 struct sl_req_params {
     int max_tokens;    /* most tokens to generate, >= 1 */

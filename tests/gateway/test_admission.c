@@ -1295,6 +1295,7 @@ Test(gateway, fairness_keys_load_with_their_defaults_and_errors_name_the_path)
     cr_assert_eq(t->w_in, 1);
     cr_assert_eq(t->w_out, 2);
     cr_assert_eq(c.tenancy.tenants[0].share, 2.5f);
+    cr_assert_eq(t->isolation_ms, 10, "isolation from lower tiers by default");
     json_t *j = sl_config_to_json(&c);
     json_t *tj = json_object_get(json_object_get(j, "tiers"), "batch");
     cr_assert_str_eq(json_string_value(json_object_get(tj, "fairness")), "vtc");
@@ -1320,6 +1321,11 @@ Test(gateway, fairness_keys_load_with_their_defaults_and_errors_name_the_path)
     expect_error(FAIR_TIER(",\"vtc_weights\":{\"cached\":0}"),
                  "tiers.batch.vtc_weights.cached: unknown key");
     expect_error(FAIR_TIER(",\"vtc_weights\":[1,2]"), "tiers.batch.vtc_weights: must be an object");
+    expect_error(FAIR_TIER(",\"isolation_ms\":-1"),
+                 "tiers.batch.isolation_ms: must be a number from 0 and at most 10000");
+    load_ok(&c, FAIR_TIER(",\"isolation_ms\":0"));
+    cr_assert_eq(c.tenancy.tiers[0].sched.isolation_ms, 0, "0 turns it off");
+    sl_config_dispose(&c);
     const char *zero_share = "{\"tiers\":{\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":"
                              "60000,\"tpot_slo_ms\":1000}},\"tenants\":[{\"name\":\"a\","
                              "\"key_sha256\":\"" HASH_A "\",\"tiers\":[\"batch\"],"

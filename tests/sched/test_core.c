@@ -24,6 +24,7 @@ struct fake {
     int fail_at_call;   /* forward fails on this call (1-based), 0 never */
     int calls;
     int max_seqs_seen, max_rows_seen;
+    int last_rows;                 /* of the latest batch */
     int decode_steps_with_prefill; /* steps that mixed 1-row decodes and multi-row prefill */
     uint64_t ns_each;              /* what forward_ns reports for every forward */
     uint64_t ns_total;             /* the sum of what it reported */
@@ -52,6 +53,7 @@ static int fake_forward(void *ctx, const struct sl_batch *b, float *logits)
         f->max_seqs_seen = b->n_seqs;
     if (b->n_tokens > f->max_rows_seen)
         f->max_rows_seen = b->n_tokens;
+    f->last_rows = b->n_tokens;
     int *rows_of = calloc((size_t)b->n_seqs, sizeof *rows_of);
     int li = 0;
     for (int r = 0; r < b->n_tokens; r++) {
@@ -1347,5 +1349,75 @@ Test(sched, device_time_is_divided_by_rows_and_adds_up_to_the_forwards_when_batc
     cr_assert_gt(sl_req_device_ns(c), sl_req_device_ns(b));
     cr_assert_eq(sl_req_device_ns(a) + sl_req_device_ns(b) + sl_req_device_ns(c), e.fake.ns_total);
     cr_assert_eq(e.fake.ns_total, 1001ull * (uint64_t)e.fake.calls);
+    env_dispose(&e);
+}
+
+/* Tier isolation: while interactive has a request (and for SL_SCHED_ISOLATION_HOLD_S after),
+ * batch's prompt chunks add at most interactive's isolation_ms to a step as the fit predicts (at
+ * least SL_SCHED_ISOLATION_MIN_ROWS rows), and batch leaves SL_SCHED_ISOLATION_SLOTS slots free.
+ * Steps take 1 ms + 0.1 ms a row on the test's clock, which the fit learns. */
+static const struct sl_sched_tier iso_tiers[2] = {
+    {.name = "interactive", .priority = 0, .weight = 4, .ttft_slo_ms = 1000, .isolation_ms = 3},
+    {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000},
+};
+
+/* One step at *now, then the clock moves by the step's cost; returns batch's prompt rows. */
+static long iso_step(struct env *e, uint64_t *now)
+{
+    long before = tier_queued_tokens(e, 1);
+    cr_assert_geq(sl_sched_core_step(e->core, *now), 0);
+    *now += (uint64_t)(1000 + 100 * e->fake.last_rows) * 1000;
+    return before - tier_queued_tokens(e, 1);
+}
+
+Test(sched, a_busy_higher_tier_holds_lower_prompt_chunks_to_its_isolation_budget)
+{
+    struct env e;
+    env_init_tiers(&e, 8, 256, 4096, 16, iso_tiers, 2);
+    /* Batch alone, one prompt of a varied length a step: the fit learns the cost of a row. */
+    uint64_t now = 1;
+    for (int k = 0; k < 24; k++) {
+        sl_sched_core_submit(e.core, add_req_tier(&e, k, 20 + 37 * k % 200, 4, 1), now);
+        iso_step(&e, &now);
+    }
+    while (sl_sched_core_pending(e.core) > 0)
+        iso_step(&e, &now);
+    cr_assert_float_eq(e.core->fit.theta[1], 100, 1, "the fit learnt a row's cost");
+    /* A backlog: alone, batch fills its steps. */
+    for (int i = 24; i < 40; i++)
+        sl_sched_core_submit(e.core, add_req_tier(&e, i, 200, 2, 1), now);
+    long most = 0;
+    for (int k = 0; k < 3; k++)
+        most = fmax(most, iso_step(&e, &now));
+    cr_assert_gt(most, 200, "batch alone fills its steps (%ld rows at most)", most);
+    struct sl_sched_stats st;
+    sl_sched_core_submit(e.core, add_req_tier(&e, 40, 8, 60, 0), now);
+    long least = 1000;
+    most = 0;
+    for (int k = 0; k < 70; k++) {
+        long rows = iso_step(&e, &now);
+        most = fmax(most, rows);
+        if (rows > 0)
+            least = fmin(least, rows);
+        sl_sched_core_stats(e.core, &st);
+        cr_assert_leq(st.tiers[1].running, 8 - SL_SCHED_ISOLATION_SLOTS,
+                      "batch leaves slots free (%d running)", st.tiers[1].running);
+    }
+    /* 3 ms at 0.1 ms a row: 30 rows, give or take the fit's rounding; never below the floor. */
+    cr_assert_leq(most, 32, "batch took %ld rows in a step while interactive ran", most);
+    cr_assert_geq(least, SL_SCHED_ISOLATION_MIN_ROWS, "batch kept moving (%ld rows)", least);
+    cr_assert_eq(e.rec.n_out[40], 60, "interactive finished meanwhile");
+    /* A second after interactive's last request, batch has whole steps again. */
+    uint64_t quiet_from = now + (uint64_t)(SL_SCHED_ISOLATION_HOLD_S * 1e9);
+    while (now <= quiet_from)
+        iso_step(&e, &now);
+    for (int i = 41; i < 45; i++)
+        sl_sched_core_submit(e.core, add_req_tier(&e, i, 200, 2, 1), now);
+    most = 0;
+    for (int k = 0; k < 3; k++)
+        most = fmax(most, iso_step(&e, &now));
+    cr_assert_gt(most, 200, "isolation ended (%ld rows)", most);
+    run_until_idle(&e, 2000);
+    assert_matches_reference(&e, 40, 8, 60);
     env_dispose(&e);
 }
