@@ -99,7 +99,7 @@ struct sl_tier_q {
     int n_resident;             /* holding a slot, queued or decoding */
     long prefill_tokens;        /* known tokens without KV, over the queue */
     uint64_t preemptions;
-    double deficit; /* share of prompt tokens carried to the next step (< 1) */
+    double deficit;        /* share of prompt tokens carried to the next step (< 1) */
     uint64_t last_busy_ns; /* `now` of the latest step that found it with sequences; 0: never */
     /* Its tenants (struct sl_vtc) and how many of them are idle; floor: the smallest counter
      * among the active when one last joined or left, where a tenant joining an idle tier
