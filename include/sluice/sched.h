@@ -71,7 +71,9 @@ struct sl_sched_tier {
      * decodes alone, and shares its own step with as little. 0: off. */
     float isolation_ms;
 };
-#define SL_SCHED_ISOLATION_HOLD_S 1.0
+/* Long enough that a tier with steady traffic is isolated all along: toggling with every gap
+ * in its arrivals made the lower tiers' drain rate, which the SLO guard predicts with, jumpy. */
+#define SL_SCHED_ISOLATION_HOLD_S 5.0
 #define SL_SCHED_ISOLATION_MIN_ROWS 16
 /* Slots lower tiers leave free while a tier's isolation is in effect, so that its arrivals start
  * at once instead of waiting for a lower tier's sequence to end. */
