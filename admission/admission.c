@@ -47,6 +47,11 @@ struct cell {
     pthread_mutex_t tq_lock;
     struct tq_entry *tq; /* (TQ_MAX) made at the first use */
     int n_tq;
+    /* A tier's calibration (sl_admit_first_token), under tq_lock: actual ÷ predicted TTFT of its
+     * recent requests, counted in CAL_BINS log-spaced bins from 1/4 to 4 (8 a doubling), halved
+     * whenever they reach CAL_KEEP so that the recent count most. */
+    int cal[32];
+    int cal_n;
     /* A tenant's money budget: spent in the period that starts at period_start (unix seconds;
      * INT64_MAX until the first request reads it from the ledger), reservations of requests in
      * flight included; warned: the period whose soft threshold was logged. */
@@ -421,9 +426,52 @@ static long tq_ahead(struct cell *c, const struct sl_tenant *t, int m, long n, b
     return (long)ceil(ahead);
 }
 
+#define CAL_BINS 32
+#define CAL_PER_DOUBLING 8
+#define CAL_KEEP 1000
+
+static void cal_observe(struct cell *c, double ratio)
+{
+    int b = (int)floor(log2(ratio) * CAL_PER_DOUBLING) + CAL_BINS / 2;
+    b = b < 0 ? 0 : b >= CAL_BINS ? CAL_BINS - 1 : b;
+    pthread_mutex_lock(&c->tq_lock);
+    c->cal[b]++;
+    if (++c->cal_n >= CAL_KEEP) {
+        c->cal_n = 0;
+        for (int i = 0; i < CAL_BINS; i++)
+            c->cal_n += c->cal[i] /= 2;
+    }
+    pthread_mutex_unlock(&c->tq_lock);
+}
+
+/* The factor the tier's predictions are multiplied by: the upper edge of the bin holding the
+ * SL_GUARD_CALIBRATION_Q quantile of actual ÷ predicted, at least 1; 1 until there are enough. */
+static double cal_factor(struct cell *c)
+{
+    pthread_mutex_lock(&c->tq_lock);
+    double f = 1;
+    if (c->cal_n >= SL_GUARD_CALIBRATION_MIN_OBS) {
+        int want = (int)ceil(SL_GUARD_CALIBRATION_Q * c->cal_n), seen = 0, b = 0;
+        while (b < CAL_BINS - 1 && (seen += c->cal[b]) < want)
+            b++;
+        f = fmax(1, exp2((double)(b + 1 - CAL_BINS / 2) / CAL_PER_DOUBLING));
+    }
+    pthread_mutex_unlock(&c->tq_lock);
+    return f;
+}
+
+void sl_admit_first_token(struct sl_admit *a, double ttft_s)
+{
+    struct cell *c = a->queue_cell;
+    if (!c || a->raw_ttft_s < SL_GUARD_CALIBRATION_MIN_S || !(ttft_s >= 0))
+        return;
+    cal_observe(c, ttft_s / a->raw_ttft_s);
+    a->raw_ttft_s = -1; /* once */
+}
+
 /* The guard's prediction for the request as it is now; false when there is none (no scheduler
  * figures yet). queued_self: its own prompt is already counted in its tier's queue here. */
-static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
+static bool predict(struct sl_admit *a, const struct sl_admit_env *env, bool queued_self,
                     struct sl_guard_prediction *p)
 {
     const struct sl_tenancy *cfg = a->tenancy;
@@ -459,7 +507,14 @@ static bool predict(const struct sl_admit *a, const struct sl_admit_env *env, bo
             q[i] = ahead + (q[i] > total ? q[i] - total : 0);
         }
     }
-    return sl_guard_predict_ttft(&st, q, si, prompt_work(a), p) == SL_OK;
+    if (sl_guard_predict_ttft(&st, q, si, prompt_work(a), p) != SL_OK)
+        return false;
+    /* As late as the tier's recent requests came against their predictions. */
+    a->raw_ttft_s = p->ttft_s;
+    double f = cal_factor(cfg->state->tiers[a->tier]);
+    p->ttft_s *= f;
+    p->prefill_s *= f;
+    return true;
 }
 
 /* Counts the request in its tier's queue for its model, within the caps. */
@@ -793,6 +848,7 @@ void sl_admit_init(struct sl_admit *a)
 {
     memset(a, 0, sizeof *a);
     a->predicted_ttft_s = -1;
+    a->raw_ttft_s = -1;
 }
 
 static enum sl_admit_verdict admitted(struct sl_admit *a)

@@ -273,6 +273,7 @@ static struct api_exchange *exchange_state(struct sl_exchange *x)
     a->tier = -1;
     a->ids_engine = -1;
     a->adm.predicted_ttft_s = -1; /* sl_admit_init's state, but for the zeroing done above */
+    a->adm.raw_ttft_s = -1;
     a->route = x->path.len ? api_route_find(x) : NULL;
     a->kind = a->route ? a->route->kind : API_OPENAI;
     x->data = a;

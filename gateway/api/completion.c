@@ -550,7 +550,9 @@ static void metrics_on_text(struct api_exchange *a, const struct choice *ch,
     const char *tier = a->tier >= 0 ? sl_config_tenancy(a->cfg)->tiers[a->tier].sched.name : "none";
     if (!a->t_first_ns) {
         a->t_first_ns = now;
-        sl_metrics_observe_ttft(m, a->t->idx, tier, (double)(now - a->x->t_start_ns) / 1e9);
+        double ttft = (double)(now - a->x->t_start_ns) / 1e9;
+        sl_metrics_observe_ttft(m, a->t->idx, tier, ttft);
+        sl_admit_first_token(&a->adm, ttft); /* the guard learns how late it came */
     } else if (ch != a->ch) {
         return; /* inter-token latency is choice 0's: the others' tokens interleave with it */
     } else if (e->n_tokens > 0) {

@@ -344,7 +344,8 @@ struct sl_admit {
                                 changed it: cap_max_tokens, demote, model, and queue once a
                                 parked request is admitted */
     int64_t retry_ns;        /* refused: until a retry may pass; -1: never as sent */
-    double predicted_ttft_s; /* the guard's latest prediction, < 0 when none */
+    double predicted_ttft_s; /* the guard's latest prediction, < 0 when none (calibrated) */
+    double raw_ttft_s;       /* the same before the tier's calibration; < 0 when none */
     char note[192];          /* what was decided: "admitted", "degraded; cap_max_tokens=256",
                                 "rejected; reason=tier_ttft_slo" (the gateway's
                                 x-sluice-admission) */
@@ -413,6 +414,16 @@ enum sl_admit_verdict sl_admit_resume(struct sl_admit *a, const struct sl_admit_
                                       int64_t now_ns);
 /* The request's first token arrived (or it ended): it leaves its tier's queue. Idempotent. */
 void sl_admit_started(struct sl_admit *a);
+/* The request's first token came ttft_s after it arrived: the guard's tier learns how far its
+ * predictions fall short. The guard multiplies its predictions by SL_GUARD_CALIBRATION_Q's
+ * quantile of actual ÷ predicted TTFT over the tier's recent requests (predictions of at least
+ * SL_GUARD_CALIBRATION_MIN_S, once it has SL_GUARD_CALIBRATION_MIN_OBS of them; between 1 and
+ * 4): a tier the guard admits up to its objective then meets it for most of what it admits,
+ * instead of missing it for every request a prediction flattered. Once per request. */
+void sl_admit_first_token(struct sl_admit *a, double ttft_s);
+#define SL_GUARD_CALIBRATION_Q 0.9
+#define SL_GUARD_CALIBRATION_MIN_S 0.2
+#define SL_GUARD_CALIBRATION_MIN_OBS 50
 /* The request ended (finished, cancelled, failed, or its client left) after n_generated
  * tokens (all its choices together; < 0: it never reached a scheduler): releases its queue slot or
  * parking place and refunds the tokens it was charged and did not use. Exactly once: later calls do

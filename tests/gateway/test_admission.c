@@ -7,6 +7,7 @@
 #include "config_impl.h"
 #include "gateway_impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -587,6 +588,36 @@ Test(gateway, admission_guard_admits_a_prompt_with_nothing_queued_ahead_whatever
     f.st[0].tiers[1].queued_prompt_tokens = 0;
     cr_assert_eq(begin(&b, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OK);
     sl_admit_end(&b, 10, 0);
+    sl_config_dispose(&c);
+}
+
+/* The guard learns from its tier's first tokens: predictions that keep coming true 1.5 times
+ * later are taken 1.54 times longer (the upper edge of the ratio's bin), so that what it admits
+ * up to the objective meets it. */
+Test(gateway, admission_guard_learns_how_late_its_tier_comes_against_its_predictions)
+{
+    struct sl_config c;
+    world(&c, "", "", "");
+    struct fake f;
+    fake_init(&f, 10000);
+    /* 7,000 tokens queued and 1,000 of its own at 10,000 a second: 0.8 s, under the 1 s. */
+    f.st[0].tiers[0].queued_prompt_tokens = 7000;
+    struct sl_admit a;
+    for (int i = 0; i < SL_GUARD_CALIBRATION_MIN_OBS; i++) {
+        cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OK, "%d", i);
+        cr_assert_float_eq(a.predicted_ttft_s, 0.8, 1e-9, "%d: not calibrated yet", i);
+        sl_admit_started(&a);
+        sl_admit_first_token(&a, 1.2);
+        sl_admit_first_token(&a, 100); /* once per request */
+        sl_admit_end(&a, 1, 0);
+    }
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 1000, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
+    cr_assert_float_eq(a.raw_ttft_s, 0.8, 1e-9);
+    cr_assert_float_eq(a.predicted_ttft_s, 0.8 * exp2(5.0 / 8), 1e-9);
+    /* Short predictions teach it nothing: the batch tier has learnt nothing. */
+    cr_assert_eq(begin(&a, &f, &c, 0, 1, 0, 100, 10, 0), SL_ADMIT_OK);
+    sl_admit_end(&a, 1, 0);
     sl_config_dispose(&c);
 }
 
@@ -1295,7 +1326,7 @@ Test(gateway, fairness_keys_load_with_their_defaults_and_errors_name_the_path)
     cr_assert_eq(t->w_in, 1);
     cr_assert_eq(t->w_out, 2);
     cr_assert_eq(c.tenancy.tenants[0].share, 2.5f);
-    cr_assert_eq(t->isolation_ms, 10, "isolation from lower tiers by default");
+    cr_assert_eq(t->isolation_ms, 7, "isolation from lower tiers by default");
     json_t *j = sl_config_to_json(&c);
     json_t *tj = json_object_get(json_object_get(j, "tiers"), "batch");
     cr_assert_str_eq(json_string_value(json_object_get(tj, "fairness")), "vtc");
