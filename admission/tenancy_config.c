@@ -16,7 +16,7 @@
 #include <strings.h>
 
 /* A tier's isolation from the tiers below it by default (sl_sched_tier.isolation_ms). */
-#define ISOLATION_MS_DEFAULT 10
+#define ISOLATION_MS_DEFAULT 7
 
 #define TENANTS_MAX 100000
 #define RULES_MAX 64

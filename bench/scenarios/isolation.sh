@@ -11,8 +11,10 @@
 source "$(dirname "$0")/lib.sh"
 DUR=${1:-15}
 echo "== tier isolation: interactive alone, then with a batch flood, isolation on and off; $(machine)"
-sed 's/"tpot_slo_ms": 100}/"tpot_slo_ms": 100, "isolation_ms": 0}/' "$SCEN/flood.json" >"$OUT/flood-noiso.json"
-grep -q '"isolation_ms": 0' "$OUT/flood-noiso.json" || { echo "isolation.sh: flood.json changed shape" >&2; exit 1; }
+python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+c["tiers"]["interactive"]["isolation_ms"] = 0
+json.dump(c, open(sys.argv[2], "w"), indent=1)' "$SCEN/flood.json" "$OUT/flood-noiso.json"
 start_sluice "$SCEN/flood.json"
 if [ -z "${CAPACITY:-}" ]; then
   bench --concurrency 32 --duration 10 --warmup 3 --prompt 128 --output 64 --ignore-eos \
