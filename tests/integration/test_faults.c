@@ -470,7 +470,9 @@ Test(faults, a_request_the_engine_fails_settles_its_budget_to_what_ran, .init = 
     server_start_bin(&srv, bin, args);
     unsetenv("SLUICE_FAULT_FORWARD");
     char raw[16384];
-    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":100}";
+    /* Greedy and past the model's stop tokens: exactly 100 tokens when it is not failed. */
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":100,\"temperature\":0,"
+                       "\"ignore_eos\":true}";
     for (int i = 0; i < 2; i++) /* the first fails after two tokens; the second is whole */
         cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions",
                                         "Authorization: Bearer " FAULT_KEY "\r\n", body, raw,
