@@ -1499,3 +1499,10 @@ void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *o
             out->prefill_capacity_tokens_per_s = (double)p / us * 1e6;
     }
 }
+
+int sl_sched_core_prefix_match(const struct sl_sched_core *c, uint64_t key, const int32_t *ids,
+                               int n)
+{
+    (void)c, (void)key, (void)ids, (void)n;
+    return 0; /* TODO(prefix cache): being built */
+}

@@ -151,6 +151,11 @@ uint64_t sl_req_device_ns(const struct sl_req *r)
     return atomic_load_explicit(&r->device_ns, memory_order_relaxed);
 }
 
+int sl_req_cached_tokens(const struct sl_req *r)
+{
+    return atomic_load_explicit(&r->cached_tokens, memory_order_relaxed);
+}
+
 bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns)
 {
     uint64_t sub = atomic_load_explicit(&r->submit_ns, memory_order_relaxed);

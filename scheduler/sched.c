@@ -435,3 +435,9 @@ void sl_sched_stats(const struct sl_sched *s, struct sl_sched_stats *out)
     if (now > p.busy_at_ns)
         out->busy_ratio = sl_sched_busy_update(p.st.busy_ratio, now - p.busy_at_ns, 0);
 }
+
+int sl_sched_prefix_match(const struct sl_sched *s, uint64_t key, const int32_t *ids, int n)
+{
+    (void)s, (void)key, (void)ids, (void)n;
+    return 0; /* TODO(prefix cache): being built */
+}

@@ -32,6 +32,7 @@ struct sl_req {
     _Atomic uint64_t submit_ns;
     _Atomic uint64_t first_step_ns;
     _Atomic uint64_t device_ns; /* sl_req_device_ns: written by the scheduler thread only */
+    atomic_int cached_tokens;   /* sl_req_cached_tokens: written by the scheduler thread only */
 
     /* Scheduler thread only. */
     struct sl_seq *seq;                   /* the core's state while it holds the request */

@@ -129,6 +129,14 @@ struct sl_req_params {
      * share of 1 while both are backlogged. */
     char tenant[SL_SCHED_TENANT_NAME_MAX + 1];
     float share;
+    /* Prefix caching (see "The prefix cache" below). With cache_prefix, the leading full KV
+     * blocks the request's tokens share with blocks computed earlier under the same cache_key
+     * are reused rather than computed, and its own full blocks are kept for later requests.
+     * Blocks are shared only between equal keys: the gateway derives the key from the model,
+     * the tenant (unless the cache's scope is global) and the request's own cache salt, so the
+     * key is what isolates tenants from one another. */
+    bool cache_prefix;
+    uint64_t cache_key;
 };
 
 struct sl_req;
@@ -172,6 +180,10 @@ bool sl_req_queue_ns(const struct sl_req *r, uint64_t *ns);
  * (prompt tokens or a decode), the rounding's few nanoseconds to the first, so that the charges
  * of a forward add up to its time exactly. Any thread; final once r's DONE event is out. */
 uint64_t sl_req_device_ns(const struct sl_req *r);
+/* Prompt tokens of r whose KV the prefix cache gave it when it first started (OpenAI's
+ * usage.prompt_tokens_details.cached_tokens): 0 until then, and when nothing was cached. A
+ * recompute after preemption does not change it. Any thread; final once r has a token. */
+int sl_req_cached_tokens(const struct sl_req *r);
 
 /* ---------------------------------------------------------------------------------------------
  * The core
@@ -208,6 +220,20 @@ uint64_t sl_req_device_ns(const struct sl_req *r);
  *     as long as their own gap stays within the same fraction of their own objective (one step
  *     at a time without one), and never below their tier's guaranteed slots.
  * Blocks grow with the sequence: a prompt's at start, then one block per block_size tokens.
+ *
+ * The prefix cache. A full block whose KV is written is identified by a 128-bit hash of its
+ * token ids chained with its parent block's hash, from the request's cache_key at the root
+ * (keyed with a secret seed, so a client cannot aim a collision; the tokens are compared too).
+ * Blocks are reference-counted: a sequence that starts takes, instead of fresh blocks, the
+ * longest chain of cached blocks that matches its known tokens (at most all but one token: the
+ * last position is always computed, for its logits) and computes from the end of it. Only full
+ * blocks are shared and a sequence only writes past its shared ones, so no block is written
+ * while shared. A block whose last holder leaves stays cached in an LRU of unheld blocks, the
+ * tail of a sequence before its head, and is reused for other content only when no free block
+ * is left (allocation takes truly free blocks first). A preempted sequence's full blocks stay
+ * cached the same way, so its recompute mostly finds them. Two sequences that compute the same
+ * prefix at once (the second started before the first's blocks were written) each compute their
+ * own; the first registered is cached, the other stays private and is freed at its end.
  */
 
 /* The worker as the core sees it. */
@@ -296,6 +322,10 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns);
 int sl_sched_core_pending(const struct sl_sched_core *c);
 int sl_sched_core_running(const struct sl_sched_core *c);
 int sl_sched_core_free_blocks(const struct sl_sched_core *c);
+/* Tokens of ids (n, BOS first) that a request with cache key `key` would find in the prefix
+ * cache now: a multiple of block_size, at most n - 1. Changes nothing (no block is pinned). */
+int sl_sched_core_prefix_match(const struct sl_sched_core *c, uint64_t key, const int32_t *ids,
+                               int n);
 
 /* ---------------------------------------------------------------------------------------------
  * Statistics: what the scheduler publishes for admission, health and /metrics
@@ -327,8 +357,16 @@ struct sl_sched_stats {
     int running;
     int queued_requests;
     long queued_prompt_tokens;
-    int kv_blocks_used; /* blocks owned by sequences */
+    int kv_blocks_used; /* blocks held by sequences (a shared block counts once) */
     int kv_blocks_total;
+    int kv_blocks_cached; /* blocks no sequence holds that keep a prefix for reuse: free for
+                             allocation, evicted (least recently used first) when needed */
+    /* The prefix cache since start, as vLLM counts it: prompt tokens of requests with
+     * cache_prefix looked up at their first start, and those found cached; cached blocks
+     * evicted (reused for other content). */
+    uint64_t prefix_query_tokens;
+    uint64_t prefix_hit_tokens;
+    uint64_t prefix_evictions;
     uint64_t preemptions;
     /* The latest step that ran the worker (0 before the first). */
     int last_step_rows; /* tokens in the batch: one per decode, plus prompt chunks */
@@ -542,5 +580,11 @@ int sl_sched_queued(const struct sl_sched *s);
  * blocks the scheduler (a seqlock over relaxed atomics; the reader retries while a step is being
  * published). */
 void sl_sched_stats(const struct sl_sched *s, struct sl_sched_stats *out);
+/* Tokens of ids (n, BOS first) that a request with cache key `key` is predicted to find in s's
+ * prefix cache: as sl_sched_core_prefix_match, but from an index the scheduler thread publishes
+ * (lock-free, never blocks it), for admission's TTFT prediction. Nothing is pinned: the blocks
+ * may be evicted before the request starts, when the scheduler matches again exactly and
+ * computes whatever is gone (the queue figures then count it). Any thread. */
+int sl_sched_prefix_match(const struct sl_sched *s, uint64_t key, const int32_t *ids, int n);
 
 #endif
