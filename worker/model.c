@@ -364,6 +364,9 @@ static const struct {
 } synth_shapes[] = {
     {"tiny", {64, 172, 5, 8, 4, 512, 512, 1e-5f, 10000.0f, true}},
     {"stories15M", {288, 768, 6, 6, 6, 32000, 256, 1e-5f, 10000.0f, true}},
+    /* stories15M's width with a 4,096-token context, for prompts longer than 256 tokens
+     * (bench/scenarios/prefix.sh's 1,050-token chats). */
+    {"stories15M-4k", {288, 768, 6, 6, 6, 32000, 4096, 1e-5f, 10000.0f, true}},
     /* Llama-3.2-1B-like width and depth with a llama2-sized vocabulary, for scale tests. */
     {"llama-1b", {2048, 8192, 16, 32, 8, 32000, 2048, 1e-5f, 10000.0f, true}},
     /* Llama-3-8B's shape (its vocabulary and RoPE base; tied here, which changes no step's
