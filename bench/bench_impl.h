@@ -154,6 +154,7 @@ struct sl_bench_class {
     int chat;           /* 1 chat, 0 completions, -1 from the path */
     struct sl_bench_len prompt, output;
     bool prompt_set, output_set;
+    long shared_prefix; /* tokens of the run's shared prefix before each prompt; -1: the run's */
     int ignore_eos;     /* -1: the run's --ignore-eos */
     double temperature; /* NAN: the run's */
     long max_requests;  /* 0: no cap of its own */
@@ -212,7 +213,9 @@ struct sl_bench_config {
     /* request details */
     bool ignore_eos;
     double temperature;
-    char *extra_body; /* JSON object members without braces ("\"a\":1,\"b\":2"), or NULL */
+    uint32_t shared_prefix; /* --shared-prefix-tokens: every class's default, 0 = no sharing */
+    bool unique_prefix;     /* --unique-prefix: each request draws its prefix's words */
+    char *extra_body;       /* JSON object members without braces ("\"a\":1,\"b\":2"), or NULL */
     int max_retries;
     double timeout_s;
     bool calibrate;
@@ -312,10 +315,13 @@ int sl_bench_chunk_read(const char *data, size_t len, struct sl_bench_chunk *out
  * Prompts (prompt.c)
  */
 
-/* tokens ≈ slope·words + intercept for an endpoint kind; measured by calibration, else 1 and 0. */
+/* tokens ≈ slope·words + intercept for an endpoint kind; measured by calibration, else 1 and 0.
+ * prefix_slope: tokens per word of the run's shared prefix, measured on the prefix itself (one
+ * probe, so that a long prefix matches its token count closely); 0 when not measured. */
 struct sl_bench_calib {
     double slope, intercept;
     bool measured;
+    double prefix_slope;
 };
 
 /* How many words aim at `tokens` tokens (at least 1). */
@@ -324,6 +330,16 @@ uint32_t sl_bench_prompt_words(const struct sl_bench_calib *k, uint32_t tokens);
  * the generator so that prompts differ (no shared prefix for a cache to hit), as a JSON string
  * body (plain ASCII, nothing to escape). */
 void sl_bench_prompt_append(struct sl_str *out, uint32_t words, struct sl_bench_rng *r);
+
+/* How many words of the shared prefix aim at `tokens` tokens: tokens / prefix_slope (else
+ * slope), rounded, with no intercept (the prompt after it carries the request's constant tokens);
+ * 0 for 0 tokens, else at least 1. */
+uint32_t sl_bench_prefix_words(const struct sl_bench_calib *k, uint32_t tokens);
+/* Appends the first `words` words of the run's shared prefix: the same words as
+ * sl_bench_prompt_append draws, from a stream that depends on `seed` alone, so every request,
+ * user and class of a run (and every run with that seed) sends the same text, and a shorter
+ * prefix is the start of a longer one. */
+void sl_bench_prefix_append(struct sl_str *out, uint32_t words, uint64_t seed);
 
 /* ---------------------------------------------------------------------------------------------
  * How a request ended

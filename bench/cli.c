@@ -55,17 +55,22 @@ void sl_bench_cli_usage(FILE *f)
         "  --output DIST          max tokens (default fixed:64); alias --output-len N\n"
         "                         DIST: N, fixed:N, uniform:LO:HI, lognormal:MEDIAN:SIGMA, "
         "file:PATH\n"
+        "  --shared-prefix-tokens N   start every prompt with the same N tokens (a chat's system\n"
+        "                         message), then --prompt tokens of its own (default 0: prompts\n"
+        "                         share nothing)\n"
+        "  --unique-prefix        each request draws its own prefix words instead: the same\n"
+        "                         lengths and shape, nothing shared (a prefix cache's control)\n"
         "  --ignore-eos           send \"ignore_eos\": true and \"min_tokens\" = max tokens "
         "(vLLM)\n"
         "  --temperature T        default 0\n"
         "  --extra-body JSON      members merged into every request body\n"
         "  --no-calibrate         do not measure the server's tokens per prompt word at start\n"
-        "  --seed N               arrivals, lengths and prompt words (default 0)\n"
+        "  --seed N               arrivals, lengths, prompt words, shared prefix (default 0)\n"
         "classes\n"
         "  --class NAME,key=value,...   a request class (repeat for several); keys:\n"
         "      rate=R weight=W arrival=A tier=T service_tier=V tenant=T key=KEY|env:VAR model=M\n"
-        "      endpoint=completions|chat|/path prompt=DIST output=DIST ignore_eos=0|1\n"
-        "      temperature=T n=N ttft_slo=MS tpot_slo=MS e2el_slo=MS\n"
+        "      endpoint=completions|chat|/path prompt=DIST output=DIST shared_prefix=N\n"
+        "      ignore_eos=0|1 temperature=T n=N ttft_slo=MS tpot_slo=MS e2el_slo=MS\n"
         "    tier= sends the x-sluice-tier header; service_tier= OpenAI's body field. A class\n"
         "    without rate= shares --request-rate by weight; in a closed loop each request picks\n"
         "    its class by weight. n= caps the class's measured requests.\n"
@@ -389,6 +394,13 @@ int sl_bench_cli_parse(struct sl_bench_config *c, int argc, char **argv, char *e
             if (sl_bench_len_parse(c, prompt ? &c->defaults.prompt : &c->defaults.output, v, e2,
                                    sizeof e2))
                 BAD("%.*s: %s", (int)strcspn(a, "="), a, e2);
+        } else if (flag_is(a, "--shared-prefix-tokens", &v)) {
+            NEED_VALUE();
+            if (!whole(v, 0, SL_BENCH_LEN_MAX, &n))
+                BAD("--shared-prefix-tokens %s: expected tokens, 0 to %u", v, SL_BENCH_LEN_MAX);
+            c->shared_prefix = (uint32_t)n;
+        } else if (!strcmp(a, "--unique-prefix")) {
+            c->unique_prefix = true;
         } else if (!strcmp(a, "--ignore-eos")) {
             c->ignore_eos = true;
         } else if (flag_is(a, "--temperature", &v)) {

@@ -241,6 +241,9 @@ void sl_bench_report_text(const struct sl_bench_config *c, struct sl_bench_resul
                 fprintf(o, ", all at once");
             else
                 fprintf(o, ", %g req/s %s", k->rate, shapes[k->arrival.kind]);
+            if (k->shared_prefix)
+                fprintf(o, ", a %s %ld-token prefix", c->unique_prefix ? "unique" : "shared",
+                        k->shared_prefix);
             fprintf(o, ", prompt %s, output %s%s%s%s\n", k->prompt.text, k->output.text,
                     k->tier ? ", tier " : "", k->tier ? k->tier : "",
                     k->ignore_eos ? ", ignore_eos" : "");
@@ -289,9 +292,13 @@ void sl_bench_report_text(const struct sl_bench_config *c, struct sl_bench_resul
                 sl_bench_samples_percentile(&r->queue_ms, 50),
                 sl_bench_samples_percentile(&r->queue_ms, 99));
     for (int k = 0; k < 2; k++)
-        if (r->calib[k].measured)
-            fprintf(o, "prompt calibration (%s): tokens = %.3f x words %+.1f\n",
+        if (r->calib[k].measured) {
+            fprintf(o, "prompt calibration (%s): tokens = %.3f x words %+.1f",
                     k ? "chat" : "completions", r->calib[k].slope, r->calib[k].intercept);
+            if (r->calib[k].prefix_slope > 0)
+                fprintf(o, "; shared prefix %.3f tokens a word", r->calib[k].prefix_slope);
+            fprintf(o, "\n");
+        }
     if (all->no_usage)
         fprintf(o,
                 "note: %llu completed requests carried no usage; their output is counted in "
@@ -435,6 +442,8 @@ int sl_bench_report_json(const struct sl_bench_config *c, struct sl_bench_result
                                                             : real_or_null(k->rate));
         json_object_set_new(b, "weight", json_real(k->weight));
         json_object_set_new(b, "prompt", json_string(k->prompt.text));
+        json_object_set_new(b, "shared_prefix_tokens", json_integer(k->shared_prefix));
+        json_object_set_new(b, "unique_prefix", json_boolean(c->unique_prefix));
         json_object_set_new(b, "output", json_string(k->output.text));
         json_object_set_new(b, "ignore_eos", json_boolean(k->ignore_eos));
         json_object_set_new(b, "goodput", slo_json(k->slo_ms));
@@ -476,6 +485,9 @@ int sl_bench_report_json(const struct sl_bench_config *c, struct sl_bench_result
         json_object_set_new(cb, "measured", json_boolean(r->calib[k].measured));
         json_object_set_new(cb, "tokens_per_word", json_real(r->calib[k].slope));
         json_object_set_new(cb, "intercept", json_real(r->calib[k].intercept));
+        json_object_set_new(cb, "prefix_tokens_per_word",
+                            r->calib[k].prefix_slope > 0 ? json_real(r->calib[k].prefix_slope)
+                                                         : json_null());
         json_object_set_new(g, k ? "prompt_calibration_chat" : "prompt_calibration_completions",
                             cb);
     }

@@ -76,6 +76,8 @@ struct run {
     /* generation */
     struct source *src;
     struct sl_bench_rng *len_rng, *prompt_rng; /* per class */
+    struct sl_str *prefix;                     /* per class: its shared prefix text, or empty */
+    uint32_t *prefix_words; /* per class: the prefix's words (--unique-prefix: each request's) */
     struct sl_bench_rng pick_rng;
     size_t trace_pos;
     uint64_t made, measured_made;
@@ -124,9 +126,12 @@ static const char *model_of(const struct run *run, const struct sl_bench_class *
 /* Appends a string literal (its length known at compile time). */
 #define APPEND_LIT(s, lit) sl_str_append((s), (lit), sizeof(lit) - 1)
 
+/* The body of a request: `prefix` (text, or NULL) then `words` random words. A chat sends the
+ * prefix as a system message and the words as the user's; a completion joins them with a space,
+ * so the prefix's tokens are the same in every prompt. */
 static void build_body(struct sl_str *b, const struct run *run, const struct sl_bench_class *k,
-                       uint32_t words, uint32_t max_tokens, bool stream, bool ignore_eos,
-                       struct sl_bench_rng *rng)
+                       const struct sl_str *prefix, uint32_t words, uint32_t max_tokens,
+                       bool stream, bool ignore_eos, struct sl_bench_rng *rng)
 {
     const struct sl_bench_config *c = run->c;
     APPEND_LIT(b, "{");
@@ -136,10 +141,20 @@ static void build_body(struct sl_str *b, const struct run *run, const struct sl_
         sl_str_append_json(b, model, strlen(model));
         APPEND_LIT(b, "\",");
     }
-    if (k->chat)
+    bool pre = prefix && prefix->len;
+    if (k->chat && pre) {
+        APPEND_LIT(b, "\"messages\":[{\"role\":\"system\",\"content\":\"");
+        sl_str_append(b, prefix->p, prefix->len);
+        APPEND_LIT(b, "\"},{\"role\":\"user\",\"content\":\"");
+    } else if (k->chat) {
         APPEND_LIT(b, "\"messages\":[{\"role\":\"user\",\"content\":\"");
-    else
+    } else {
         APPEND_LIT(b, "\"prompt\":\"");
+        if (pre) {
+            sl_str_append(b, prefix->p, prefix->len);
+            APPEND_LIT(b, " ");
+        }
+    }
     sl_bench_prompt_append(b, words, rng);
     sl_str_appendf(b, "\"%s,\"%s\":%u,\"temperature\":%g", k->chat ? "}]" : "",
                    k->chat ? "max_completion_tokens" : "max_tokens", max_tokens, k->temperature);
@@ -524,12 +539,20 @@ static struct req *req_new(struct run *run, uint32_t cls, double t_sched, bool w
     sl_str_init(&q->body);
     sl_bench_sse_init(&q->sse);
     sl_bench_samples_init(&q->gaps_ms);
-    struct sl_str body;
+    struct sl_str body, own;
     sl_str_init(&body);
+    sl_str_init(&own);
+    const struct sl_str *prefix = &run->prefix[cls];
+    if (run->c->unique_prefix && run->prefix_words[cls]) {
+        sl_bench_prompt_append(&own, run->prefix_words[cls], &run->prompt_rng[cls]);
+        prefix = &own;
+    }
     uint32_t words = sl_bench_prompt_words(&run->r->calib[k->chat ? 1 : 0], prompt_target);
-    build_body(&body, run, k, words, output_target, true, k->ignore_eos, &run->prompt_rng[cls]);
+    build_body(&body, run, k, prefix, words, output_target, true, k->ignore_eos,
+               &run->prompt_rng[cls]);
     build_wire(&q->wire, run, k, "POST", k->path, &body);
     sl_str_dispose(&body);
+    sl_str_dispose(&own);
     q->x.wire = q->wire.p;
     q->x.wire_len = q->wire.len;
     q->deadline = evtimer_new(run->base, deadline_cb, q);
@@ -834,11 +857,12 @@ static void start_main(struct run *run);
 static void probe_next(struct run *run);
 
 /* Which probe comes at step s: 0 is GET /v1/models; 1-2 and 3-4 calibrate completions and chat
- * with two prompt lengths each. */
-static const struct sl_bench_class *probe_class(const struct run *run, int kind)
+ * with two prompt lengths each; 5 and 6 measure the shared prefix of the first completions and
+ * chat class that has one. */
+static const struct sl_bench_class *probe_class(const struct run *run, int kind, bool prefix)
 {
     for (size_t i = 0; i < run->c->n_classes; i++)
-        if (run->c->classes[i].chat == kind)
+        if (run->c->classes[i].chat == kind && (!prefix || run->c->classes[i].shared_prefix))
             return &run->c->classes[i];
     return NULL;
 }
@@ -884,6 +908,20 @@ static void probe_on_done(struct sl_bench_exchange *x, enum sl_bench_err err, co
                     "--model)\n",
                     x->status);
         }
+    } else if (pr->step >= 5) {
+        /* The prefix's tokens: the whole prompt's, less the calibration's tokens for the rest
+         * (its intercept and one word). */
+        struct sl_bench_calib *k = &run->r->calib[pr->step - 5];
+        json_t *pt = json_object_get(json_object_get(o, "usage"), "prompt_tokens");
+        double tokens = json_is_integer(pt) ? (double)json_integer_value(pt) : 0;
+        double prefix = tokens - k->intercept - k->slope;
+        if (x->status == 200 && prefix >= 1)
+            k->prefix_slope = prefix / pr->words[0];
+        else if (!c->quiet)
+            fprintf(stderr,
+                    "sluice-bench: shared prefix probe (%s) gave %d; its words follow the "
+                    "calibration\n",
+                    pr->step == 6 ? "chat" : "completions", x->status);
     } else {
         int kind = (pr->step - 1) / 2, i = (pr->step - 1) % 2;
         json_t *pt = json_object_get(json_object_get(o, "usage"), "prompt_tokens");
@@ -917,16 +955,33 @@ static void probe_next(struct run *run)
 {
     struct probe *pr = &run->probe;
     const struct sl_bench_config *c = run->c;
-    for (; pr->step <= 4; pr->step++) {
+    for (; pr->step <= 6; pr->step++) {
         sl_str_clear(&pr->wire);
         sl_str_clear(&pr->body);
         if (pr->step == 0) {
             if (c->model || c->classes[0].model)
                 continue;
             build_wire(&pr->wire, run, &c->classes[0], "GET", "/v1/models", NULL);
+        } else if (pr->step >= 5) {
+            int kind = pr->step - 5;
+            const struct sl_bench_class *k = probe_class(run, kind, true);
+            if (!c->calibrate || !k || !run->r->calib[kind].measured)
+                continue;
+            /* A request as the run will send it, with one word of its own. */
+            struct sl_str prefix, body;
+            sl_str_init(&prefix);
+            sl_str_init(&body);
+            pr->words[0] = sl_bench_prefix_words(&run->r->calib[kind], (uint32_t)k->shared_prefix);
+            sl_bench_prefix_append(&prefix, pr->words[0], c->seed);
+            struct sl_bench_rng rng;
+            sl_bench_rng_seed(&rng, c->seed, 0xca1b + (uint64_t)pr->step);
+            build_body(&body, run, k, &prefix, 1, 1, false, false, &rng);
+            build_wire(&pr->wire, run, k, "POST", k->path, &body);
+            sl_str_dispose(&body);
+            sl_str_dispose(&prefix);
         } else {
             int kind = (pr->step - 1) / 2, i = (pr->step - 1) % 2;
-            const struct sl_bench_class *k = probe_class(run, kind);
+            const struct sl_bench_class *k = probe_class(run, kind, false);
             if (!c->calibrate || !k) {
                 pr->step += 1 - i;
                 continue;
@@ -935,7 +990,7 @@ static void probe_next(struct run *run)
             sl_str_init(&body);
             struct sl_bench_rng rng;
             sl_bench_rng_seed(&rng, c->seed, 0xca1b + (uint64_t)pr->step);
-            build_body(&body, run, k, pr->words[i], 1, false, false, &rng);
+            build_body(&body, run, k, NULL, pr->words[i], 1, false, false, &rng);
             build_wire(&pr->wire, run, k, "POST", k->path, &body);
             sl_str_dispose(&body);
         }
@@ -954,6 +1009,14 @@ static void probe_next(struct run *run)
 static void start_main(struct run *run)
 {
     const struct sl_bench_config *c = run->c;
+    /* The prefix's words follow the calibration, which ended just now. */
+    for (size_t i = 0; i < c->n_classes; i++) {
+        const struct sl_bench_class *k = &c->classes[i];
+        run->prefix_words[i] =
+            sl_bench_prefix_words(&run->r->calib[k->chat ? 1 : 0], (uint32_t)k->shared_prefix);
+        if (!c->unique_prefix)
+            sl_bench_prefix_append(&run->prefix[i], run->prefix_words[i], c->seed);
+    }
     run->t0_ns = sl_clock_ns();
     sl_bench_client_set_t0(run->cl, run->t0_ns);
     getrusage(RUSAGE_SELF, &run->ru0);
@@ -1014,9 +1077,12 @@ int sl_bench_run(const struct sl_bench_config *c, struct sl_bench_results *r)
     run->class_measured = sl_xcalloc(c->n_classes, sizeof *run->class_measured);
     run->len_rng = sl_xcalloc(c->n_classes, sizeof *run->len_rng);
     run->prompt_rng = sl_xcalloc(c->n_classes, sizeof *run->prompt_rng);
+    run->prefix = sl_xcalloc(c->n_classes, sizeof *run->prefix);
+    run->prefix_words = sl_xcalloc(c->n_classes, sizeof *run->prefix_words);
     for (size_t i = 0; i < c->n_classes; i++) {
         sl_bench_rng_seed(&run->len_rng[i], c->seed, 0x1e00 + i);
         sl_bench_rng_seed(&run->prompt_rng[i], c->seed, 0x9000 + i);
+        sl_str_init(&run->prefix[i]);
     }
     sl_bench_rng_seed(&run->pick_rng, c->seed, 0x7c);
     run->progress_tty = isatty(2);
@@ -1096,6 +1162,10 @@ int sl_bench_run(const struct sl_bench_config *c, struct sl_bench_results *r)
     free(run->class_measured);
     free(run->len_rng);
     free(run->prompt_rng);
+    for (size_t i = 0; i < c->n_classes; i++)
+        sl_str_dispose(&run->prefix[i]);
+    free(run->prefix);
+    free(run->prefix_words);
     return run->rc;
 }
 

@@ -178,6 +178,7 @@ void sl_bench_class_init(struct sl_bench_class *k, const char *name)
     k->chat = -1;
     k->ignore_eos = -1;
     k->temperature = NAN;
+    k->shared_prefix = -1;
     for (int i = 0; i < 3; i++)
         k->slo_ms[i] = NAN;
 }
@@ -301,6 +302,11 @@ int sl_bench_class_set(struct sl_bench_config *c, struct sl_bench_class *k, cons
         if (sl_bench_len_parse(c, prompt ? &k->prompt : &k->output, value, e2, sizeof e2))
             return fail(err, errlen, "class %s: %s: %s", cn, key, e2);
         *(prompt ? &k->prompt_set : &k->output_set) = true;
+    } else if (!strcmp(key, "shared_prefix")) {
+        if (!parse_num(value, &x) || x < 0 || x != floor(x) || x > SL_BENCH_LEN_MAX)
+            return fail(err, errlen, "class %s: shared_prefix: expected tokens, 0 to %u", cn,
+                        SL_BENCH_LEN_MAX);
+        k->shared_prefix = (long)x;
     } else if (!strcmp(key, "ignore_eos")) {
         if (!parse_bool(value, &k->ignore_eos))
             return fail(err, errlen, "class %s: ignore_eos: expected 0 or 1", cn);
@@ -320,8 +326,8 @@ int sl_bench_class_set(struct sl_bench_config *c, struct sl_bench_class *k, cons
     } else {
         return fail(err, errlen,
                     "class %s: unknown key '%s' (rate, weight, arrival, tier, service_tier, "
-                    "tenant, key, model, endpoint, prompt, output, ignore_eos, temperature, n, "
-                    "ttft_slo, tpot_slo, e2el_slo)",
+                    "tenant, key, model, endpoint, prompt, output, shared_prefix, ignore_eos, "
+                    "temperature, n, ttft_slo, tpot_slo, e2el_slo)",
                     cn, key);
     }
     return SL_OK;
@@ -648,6 +654,8 @@ int sl_bench_config_finish(struct sl_bench_config *c, char *err, size_t errlen)
             k->output = d->output;
         if (!k->arrival_set)
             k->arrival = c->arrival;
+        if (k->shared_prefix < 0)
+            k->shared_prefix = c->shared_prefix;
         if (k->ignore_eos < 0)
             k->ignore_eos = c->ignore_eos;
         if (isnan(k->temperature))

@@ -262,18 +262,32 @@ static void answer(struct conn *c)
         mt = json_object_get(req, "max_tokens");
     long max_tokens = json_is_integer(mt) ? (long)json_integer_value(mt) : 16;
     c->chat = strstr(path, "/chat/completions") != NULL;
-    const char *text = c->chat
-                           ? json_string_value(json_object_get(
-                                 json_array_get(json_object_get(req, "messages"), 0), "content"))
-                           : json_string_value(json_object_get(req, "prompt"));
-    uint32_t words = count_words(text);
+    uint32_t words = 0;
+    /* The first message's text (a chat's system prompt) or the prompt, hashed (FNV-1a), so that a
+     * test can tell shared prefixes from unique ones. */
+    const char *first = c->chat
+                            ? json_string_value(json_object_get(
+                                  json_array_get(json_object_get(req, "messages"), 0), "content"))
+                            : json_string_value(json_object_get(req, "prompt"));
+    uint32_t first_hash = 2166136261u;
+    for (const char *p = first; p && *p; p++)
+        first_hash = (first_hash ^ (unsigned char)*p) * 16777619u;
+    if (c->chat) {
+        /* Every message's words: a system message counts as the user's does. */
+        json_t *msgs = json_object_get(req, "messages");
+        for (size_t i = 0; i < json_array_size(msgs); i++)
+            words +=
+                count_words(json_string_value(json_object_get(json_array_get(msgs, i), "content")));
+    } else {
+        words = count_words(json_string_value(json_object_get(req, "prompt")));
+    }
     if (s->o.log) {
         fprintf(s->o.log,
                 "seq=%lu t_ms=%.3f method=%s path=%s status=%d max_tokens=%ld words=%u "
-                "tier=%s auth=%s inflight=%u ignore_eos=%d\n",
+                "tier=%s auth=%s inflight=%u ignore_eos=%d first=%08x\n",
                 seq, t_ms, llhttp_method_name(method), path, status, max_tokens, words,
                 c->tier.p ? c->tier.p : "-", c->auth.p ? c->auth.p : "-", s->inflight,
-                json_is_true(json_object_get(req, "ignore_eos")));
+                json_is_true(json_object_get(req, "ignore_eos")), first_hash);
         fflush(s->o.log);
     }
     if (method == HTTP_GET && !strcmp(path, "/v1/models")) {

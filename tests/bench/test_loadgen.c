@@ -219,6 +219,7 @@ struct stub_line {
     int status, inflight, ignore_eos;
     long max_tokens;
     unsigned words;
+    unsigned first; /* a hash of the chat's first message or of the prompt */
 };
 
 static int stub_log(const char *path, struct stub_line *out, int max)
@@ -231,10 +232,10 @@ static int stub_log(const char *path, struct stub_line *out, int max)
         struct stub_line *l = &out[n];
         int got = sscanf(line,
                          "seq=%lu t_ms=%lf method=%7s path=%63s status=%d max_tokens=%ld words=%u "
-                         "tier=%31s auth=%95s inflight=%d ignore_eos=%d",
+                         "tier=%31s auth=%95s inflight=%d ignore_eos=%d first=%x",
                          &l->seq, &l->t_ms, l->method, l->path, &l->status, &l->max_tokens,
-                         &l->words, l->tier, l->auth, &l->inflight, &l->ignore_eos);
-        cr_assert_eq(got, 11, "stub log line: %s", line);
+                         &l->words, l->tier, l->auth, &l->inflight, &l->ignore_eos, &l->first);
+        cr_assert_eq(got, 12, "stub log line: %s", line);
         n++;
     }
     fclose(f);
@@ -560,6 +561,92 @@ Test(loadgen, trace_replay_sends_each_line_with_its_tier_key_and_length)
     json_decref(j);
 }
 
+/* Runs chat, completions and a class without a prefix against the stub, with a 40-word prefix
+ * (--no-calibrate: a word is a token) and 10 words of each request's own, shared or
+ * (--unique-prefix) drawn per request. */
+static void prefix_case(bool unique)
+{
+    make_tmp();
+    struct server s;
+    char log[128];
+    snprintf(log, sizeof log, "%s", tmp("stub.log"));
+    const char *sargs[] = {"--log", log, NULL};
+    stub_start(&s, sargs);
+    const char *args[] = {"--url",
+                          url_of(&s),
+                          "--model",
+                          "stub",
+                          "--no-calibrate",
+                          "--concurrency",
+                          "2",
+                          "--num-requests",
+                          "12",
+                          "--shared-prefix-tokens",
+                          "40",
+                          "--prompt",
+                          "10",
+                          "--output",
+                          "3",
+                          "--class",
+                          "chat,endpoint=chat",
+                          "--class",
+                          "text,endpoint=completions",
+                          "--class",
+                          "alone,endpoint=completions,shared_prefix=0",
+                          "--json",
+                          tmp("r.json"),
+                          unique ? "--unique-prefix" : NULL,
+                          NULL};
+    cr_assert_eq(bench(args, output, sizeof output), 0, "%s", output);
+    server_stop(&s);
+    struct stub_line l[16];
+    int n = stub_log(log, l, 16);
+    cr_assert_eq(n, 12);
+    json_t *j = load_json(tmp("r.json"));
+    json_t *classes = json_object_get(j, "classes");
+    long long want[3] = {0}; /* chat, text, alone */
+    const char *name;
+    json_t *b;
+    json_object_foreach(classes, name, b)
+    {
+        long long prefix = jint(b, "shared_prefix_tokens");
+        cr_assert_eq(prefix, strcmp(name, "alone") ? 40 : 0, "%s", name);
+        want[!strcmp(name, "chat") ? 0 : !strcmp(name, "text") ? 1 : 2] += jint(b, "sent");
+    }
+    json_decref(j);
+    long long got[3] = {0};
+    unsigned chat_first[16];
+    int n_chat = 0;
+    for (int i = 0; i < n; i++) {
+        bool chat = strstr(l[i].path, "/chat/") != NULL;
+        cr_assert(l[i].words == 50 || (!chat && l[i].words == 10), "%s: words=%u", l[i].path,
+                  l[i].words);
+        got[chat ? 0 : l[i].words == 50 ? 1 : 2]++;
+        if (chat)
+            chat_first[n_chat++] = l[i].first;
+    }
+    for (int k = 0; k < 3; k++)
+        cr_assert_eq(got[k], want[k], "class %d: %lld requests with its shape, %lld sent", k,
+                     got[k], want[k]);
+    cr_assert_geq(n_chat, 2, "the seed gives the chat class two requests or more");
+    /* The chat's first message is the prefix: one text, or one per request. */
+    for (int a = 0; a < n_chat; a++)
+        for (int c = a + 1; c < n_chat; c++)
+            cr_assert_eq(chat_first[a] == chat_first[c], !unique,
+                         "system prompts %d and %d: %08x, %08x", a, c, chat_first[a],
+                         chat_first[c]);
+}
+
+Test(loadgen, shared_prefix_words_come_before_each_prompts_own_when_asked)
+{
+    prefix_case(false);
+}
+
+Test(loadgen, prefix_words_differ_per_request_when_unique_prefix_is_asked)
+{
+    prefix_case(true);
+}
+
 Test(loadgen, bad_command_lines_exit_2_with_a_message)
 {
     make_tmp();
@@ -695,6 +782,44 @@ Test(loadgen, counts_and_tokens_add_up_when_run_against_sluice)
     cr_assert_eq(jint(j, "max_concurrency"), 4);
     cr_assert_leq(jint(j, "max_concurrent_requests"), 4);
     json_decref(j);
+}
+
+static void prompt_near_220(char **f, void *arg)
+{
+    (void)arg;
+    cr_assert_str_eq(f[C_OUTCOME], "ok", "request %s: %s %s", f[C_ID], f[C_STATUS], f[C_ERROR]);
+    long long t = atoll(f[C_PTOK]);
+    cr_expect(t >= 198 && t <= 242, "request %s: %lld prompt tokens for 200 shared + 20", f[C_ID],
+              t);
+}
+
+Test(loadgen, shared_prefix_tokens_match_the_servers_tokenizer_when_calibrated)
+{
+    make_tmp();
+    struct server srv;
+    server_start(&srv, NULL);
+    const char *args[] = {"--url",
+                          url_of(&srv),
+                          "--concurrency",
+                          "2",
+                          "--num-requests",
+                          "6",
+                          "--shared-prefix-tokens",
+                          "200",
+                          "--prompt",
+                          "20",
+                          "--output",
+                          "2",
+                          "--class",
+                          "chat,endpoint=chat",
+                          "--class",
+                          "text,endpoint=completions",
+                          "--csv",
+                          tmp("r.csv"),
+                          NULL};
+    cr_assert_eq(bench(args, output, sizeof output), 0, "%s", output);
+    server_stop(&srv);
+    cr_assert_eq(csv_rows(tmp("r.csv"), prompt_near_220, NULL), 6);
 }
 
 #define GOOD_KEY "sk-bench-good-0123456789"

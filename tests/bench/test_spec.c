@@ -227,6 +227,8 @@ Test(bench_spec, command_line_errors_name_the_flag)
         {{"--warmup", "2", "--num-warmups", "3", NULL}, "not both"},
         {{"--metric-percentiles", "50,101", NULL}, "--metric-percentiles"},
         {{"--input-len", "0", NULL}, "--input-len"},
+        {{"--shared-prefix-tokens", "-1", NULL}, "--shared-prefix-tokens -1"},
+        {{"--class", "a,shared_prefix=1.5", NULL}, "class a: shared_prefix"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         sl_bench_config_dispose(&cfg);
@@ -341,4 +343,20 @@ Test(bench_spec, trace_lines_use_a_defined_class_when_tier_matches)
     cr_expect_eq(cfg.n_classes, 1);
     cr_expect_str_eq(cfg.classes[cfg.trace[0].cls].name, "bulk");
     unlink(path);
+}
+
+Test(bench_spec, shared_prefix_is_the_runs_unless_a_class_gives_its_own)
+{
+    const char *args[] = {
+        "--shared-prefix-tokens", "1000", "--class", "a", "--class", "b,shared_prefix=0", "--class",
+        "c,shared_prefix=30",     NULL};
+    cr_assert_eq(parse(args), SL_OK, "%s", err);
+    cr_expect_eq(cfg.classes[0].shared_prefix, 1000);
+    cr_expect_eq(cfg.classes[1].shared_prefix, 0, "0 opts a class out");
+    cr_expect_eq(cfg.classes[2].shared_prefix, 30);
+    sl_bench_config_dispose(&cfg);
+    sl_bench_config_init(&cfg);
+    const char *none[] = {"--num-requests", "1", NULL};
+    cr_assert_eq(parse(none), SL_OK, "%s", err);
+    cr_expect_eq(cfg.classes[0].shared_prefix, 0, "prompts share nothing by default");
 }

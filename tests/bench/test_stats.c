@@ -6,6 +6,7 @@
 #include "bench_impl.h"
 
 #include <math.h>
+#include <string.h>
 
 static void fill(struct sl_bench_samples *s, const double *v, size_t n)
 {
@@ -241,4 +242,42 @@ Test(bench, prompt_words_follow_calibration_when_measured)
     }
     cr_expect_eq(spaces, 4);
     sl_str_dispose(&s);
+}
+
+Test(bench, shared_prefix_is_one_text_when_seed_repeats)
+{
+    struct sl_str a, b, c;
+    sl_str_init(&a);
+    sl_str_init(&b);
+    sl_str_init(&c);
+    sl_bench_prefix_append(&a, 40, 7);
+    sl_bench_prefix_append(&b, 400, 7);
+    sl_bench_prefix_append(&c, 40, 8);
+    cr_assert_gt(a.len, 0);
+    cr_expect_eq(memcmp(a.p, b.p, a.len), 0, "a shorter prefix starts a longer one");
+    cr_expect_eq(b.p[a.len], ' ', "and ends at a word's end");
+    cr_expect(a.len != c.len || memcmp(a.p, c.p, a.len), "another seed, another prefix");
+    /* Not the words a request draws from the same seed. */
+    struct sl_str q;
+    sl_str_init(&q);
+    struct sl_bench_rng r;
+    sl_bench_rng_seed(&r, 7, 0x9000);
+    sl_bench_prompt_append(&q, 40, &r);
+    cr_expect(q.len != a.len || memcmp(q.p, a.p, a.len));
+    sl_str_dispose(&a);
+    sl_str_dispose(&b);
+    sl_str_dispose(&c);
+    sl_str_dispose(&q);
+}
+
+Test(bench, prefix_words_divide_by_the_slope_without_the_intercept)
+{
+    struct sl_bench_calib none = {.slope = 1, .intercept = 0};
+    cr_expect_eq(sl_bench_prefix_words(&none, 0), 0, "no prefix");
+    cr_expect_eq(sl_bench_prefix_words(&none, 1000), 1000);
+    struct sl_bench_calib k = {.slope = 2.5, .intercept = 6, .measured = true};
+    cr_expect_eq(sl_bench_prefix_words(&k, 1000), 400);
+    cr_expect_eq(sl_bench_prefix_words(&k, 1), 1, "at least one word");
+    /* prefix + prompt words aim at prefix + prompt tokens: 6 + 2.5 * (400 + 20) = 1056. */
+    cr_expect_eq(sl_bench_prompt_words(&k, 56), 20);
 }
