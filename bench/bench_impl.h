@@ -305,7 +305,8 @@ struct sl_bench_chunk {
     bool error;  /* an "error" object */
     bool finish; /* some choice has a finish_reason */
     uint32_t prompt_tokens, completion_tokens;
-    char message[160]; /* error.message when error */
+    uint32_t cached_tokens; /* usage.prompt_tokens_details.cached_tokens (OpenAI's), else 0 */
+    char message[160];      /* error.message when error */
 };
 
 /* Reads one chunk. Returns SL_EFORMAT when it is not JSON (out->message says why). */
@@ -451,6 +452,7 @@ struct sl_bench_record {
     double t_end;   /* the end of the last attempt */
     uint32_t prompt_target, output_target; /* what was asked for */
     uint32_t prompt_tokens, output_tokens; /* usage (or estimates, see `usage`) */
+    uint32_t cached_tokens;                /* of prompt_tokens, a prefix cache's (usage) */
     uint32_t chunks;                       /* text chunks received */
     double itl_sum;                        /* sum of gaps between text chunks */
 };
@@ -506,6 +508,7 @@ struct sl_bench_figures {
     uint64_t status_count[600];       /* rejected, by final status */
     uint64_t err_count[SL_BENCH_ERR_COUNT];
     uint64_t input_tokens, output_tokens, good, no_usage;
+    uint64_t cached_tokens; /* of input_tokens, those the server's prefix cache held */
     double duration_s;
     double request_throughput, output_throughput, total_token_throughput, request_goodput;
     struct sl_bench_samples ttft_ms, tpot_ms, itl_ms, e2el_ms;

@@ -78,6 +78,7 @@ void sl_bench_figures_compute(const struct sl_bench_config *c, struct sl_bench_r
         }
         f->completed++;
         f->input_tokens += q->prompt_tokens;
+        f->cached_tokens += q->cached_tokens;
         f->output_tokens += q->output_tokens;
         f->no_usage += !q->usage;
         double e2el = (q->t_end - q->t_sent) * 1000.0;
@@ -258,6 +259,10 @@ void sl_bench_report_text(const struct sl_bench_config *c, struct sl_bench_resul
         counts_row(o, c->classes[i].name, &f[i], class_has_slo(c, i));
     if (c->n_classes > 1)
         counts_row(o, "all", all, goodput);
+    if (all->cached_tokens)
+        fprintf(o, "cached prompt tokens (usage.prompt_tokens_details): %llu of %llu, %.1f %%\n",
+                (unsigned long long)all->cached_tokens, (unsigned long long)all->input_tokens,
+                100.0 * (double)all->cached_tokens / (double)all->input_tokens);
 
     fprintf(o, "\n%-16s %-4s %8s %9s", "latency (ms)", "", "n", "mean");
     for (size_t p = 0; p < c->n_percentiles; p++) {
@@ -347,6 +352,7 @@ static void put_block(json_t *o, const struct sl_bench_config *c, struct sl_benc
     json_object_set_new(o, "retries", json_integer((json_int_t)f->retries));
     json_object_set_new(o, "warmup_requests", json_integer((json_int_t)f->warmup));
     json_object_set_new(o, "total_input_tokens", json_integer((json_int_t)f->input_tokens));
+    json_object_set_new(o, "total_cached_input_tokens", json_integer((json_int_t)f->cached_tokens));
     json_object_set_new(o, "total_output_tokens", json_integer((json_int_t)f->output_tokens));
     json_object_set_new(o, "request_throughput", json_real(f->request_throughput));
     json_object_set_new(o, "request_goodput",
@@ -520,7 +526,7 @@ int sl_bench_report_csv(const struct sl_bench_config *c, const struct sl_bench_r
     }
     fprintf(f, "class,id,warmup,outcome,status,error,attempts,scheduled_s,ready_s,sent_s,"
                "first_token_s,end_s,ttft_ms,e2el_ms,tpot_ms,itl_mean_ms,prompt_target,"
-               "output_target,prompt_tokens,output_tokens,chunks,usage,reused\n");
+               "output_target,prompt_tokens,output_tokens,chunks,usage,reused,cached_tokens\n");
     static const char *const outcomes[] = {"ok", "rejected", "error"};
     for (size_t i = 0; i < r->n_recs; i++) {
         const struct sl_bench_record *q = &r->recs[i];
@@ -542,8 +548,9 @@ int sl_bench_report_csv(const struct sl_bench_config *c, const struct sl_bench_r
             fprintf(f, "%.3f,", q->itl_sum * 1000.0 / (q->chunks - 1));
         else
             fprintf(f, ",");
-        fprintf(f, "%u,%u,%u,%u,%u,%d,%d\n", q->prompt_target, q->output_target, q->prompt_tokens,
-                q->output_tokens, q->chunks, q->usage, q->reused);
+        fprintf(f, "%u,%u,%u,%u,%u,%d,%d,%u\n", q->prompt_target, q->output_target,
+                q->prompt_tokens, q->output_tokens, q->chunks, q->usage, q->reused,
+                q->cached_tokens);
     }
     if (fclose(f) != 0) {
         fprintf(stderr, "sluice-bench: --csv %s: cannot write the file\n", path);
@@ -568,12 +575,13 @@ static void summary_line(FILE *f, const struct sl_bench_config *c, const char *n
     else
         fprintf(f, "-");
     fprintf(
-        f, "\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%llu\n",
+        f, "\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%llu\t%llu\t%llu\n",
         sl_bench_samples_percentile(&x->ttft_ms, 50), sl_bench_samples_percentile(&x->ttft_ms, 99),
         sl_bench_samples_percentile(&x->tpot_ms, 50), sl_bench_samples_percentile(&x->tpot_ms, 99),
         sl_bench_samples_percentile(&x->itl_ms, 99), sl_bench_samples_percentile(&x->e2el_ms, 50),
         sl_bench_samples_percentile(&x->e2el_ms, 99),
-        (unsigned long long)x->rejected_no_retry_after);
+        (unsigned long long)x->rejected_no_retry_after, (unsigned long long)x->input_tokens,
+        (unsigned long long)x->cached_tokens);
 }
 
 int sl_bench_report_summary(const struct sl_bench_config *c, struct sl_bench_results *r,
@@ -587,7 +595,7 @@ int sl_bench_report_summary(const struct sl_bench_config *c, struct sl_bench_res
     if (ftell(f) == 0)
         fprintf(f, "label\tclass\tsent\tok\trejected\terrors\treq/s\tout_tok/s\tgoodput/s\t"
                    "ttft_p50\tttft_p99\ttpot_p50\ttpot_p99\titl_p99\te2el_p50\te2el_p99\t"
-                   "rej_no_retry\n");
+                   "rej_no_retry\tin_tok\tcached_tok\n");
     for (size_t i = 0; i <= c->n_classes; i++) {
         if (i == c->n_classes && c->n_classes == 1)
             break;

@@ -43,7 +43,7 @@ struct req {
     uint32_t chunks;
     struct sl_bench_samples gaps_ms;
     bool done_seen, finish_seen, usage_seen, stream_err;
-    uint32_t usage_prompt, usage_output;
+    uint32_t usage_prompt, usage_output, usage_cached;
     char msg[200];
     /* lists */
     struct req *prev, *next; /* in flight */
@@ -289,6 +289,7 @@ static void finish(struct req *q, enum sl_bench_outcome outcome, enum sl_bench_e
     rec->chunks = q->chunks;
     rec->usage = q->usage_seen;
     rec->prompt_tokens = q->usage_seen ? q->usage_prompt : 0;
+    rec->cached_tokens = q->usage_seen ? q->usage_cached : 0;
     rec->output_tokens = q->usage_seen ? q->usage_output : q->chunks;
     double sum = 0;
     for (size_t i = 0; i < q->gaps_ms.n; i++)
@@ -374,6 +375,7 @@ static int on_data(void *arg, const char *data, size_t len)
         q->usage_seen = true;
         q->usage_prompt = ch.prompt_tokens;
         q->usage_output = ch.completion_tokens;
+        q->usage_cached = ch.cached_tokens;
     }
     if (ch.text) {
         if (q->chunks == 0)
@@ -490,6 +492,7 @@ static void on_done(struct sl_bench_exchange *x, enum sl_bench_err err, const ch
         q->usage_seen = ch.usage;
         q->usage_prompt = ch.prompt_tokens;
         q->usage_output = ch.completion_tokens;
+        q->usage_cached = ch.cached_tokens;
         finish(q, SL_BENCH_OK, SL_BENCH_ERR_NONE, x->status, now);
         return;
     }

@@ -156,6 +156,11 @@ int sl_bench_chunk_read(const char *data, size_t len, struct sl_bench_chunk *out
             out->usage = true;
             out->prompt_tokens = (uint32_t)json_integer_value(pt);
             out->completion_tokens = (uint32_t)json_integer_value(ct);
+            json_t *cached =
+                json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens");
+            if (json_is_integer(cached) && json_integer_value(cached) >= 0 &&
+                json_integer_value(cached) <= json_integer_value(pt))
+                out->cached_tokens = (uint32_t)json_integer_value(cached);
         }
     }
     size_t i;

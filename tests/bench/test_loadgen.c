@@ -172,6 +172,7 @@ enum {
     C_CHUNKS,
     C_USAGE,
     C_REUSED,
+    C_CACHED,
     C_COUNT
 };
 

@@ -158,6 +158,20 @@ Test(bench, chunks_are_read_when_completions_or_chat)
     cr_expect_eq(sl_bench_chunk_read("[1]", 3, &bad), SL_EFORMAT);
 }
 
+Test(bench, cached_tokens_are_read_when_usage_details_give_them)
+{
+    struct sl_bench_chunk ch =
+        read_chunk("{\"choices\":[],\"usage\":{\"prompt_tokens\":1050,\"completion_tokens\":16,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":992}}}");
+    cr_expect(ch.usage);
+    cr_expect_eq(ch.cached_tokens, 992);
+    ch = read_chunk("{\"choices\":[],\"usage\":{\"prompt_tokens\":17,\"completion_tokens\":3}}");
+    cr_expect_eq(ch.cached_tokens, 0, "no details: nothing cached");
+    ch = read_chunk("{\"choices\":[],\"usage\":{\"prompt_tokens\":17,\"completion_tokens\":3,"
+                    "\"prompt_tokens_details\":{\"cached_tokens\":18}}}");
+    cr_expect_eq(ch.cached_tokens, 0, "more cached than prompt tokens is not believed");
+}
+
 Test(bench, chunk_text_counts_when_it_is_a_nul_byte)
 {
     /* A random-weight model emits the byte token <0x00>; the server escapes it as \u0000,
