@@ -236,6 +236,9 @@ enum sl_chat_template api_chat_template(const struct api_exchange *a, const stru
  * their tokens together. */
 int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_prompt,
                        struct sl_openai_error *err);
+/* The prefix cache's parameters (cache_prefix, cache_key) of a's requests to engine e, as the
+ * configuration a started with says, into p. */
+void api_cache_params(const struct api_exchange *a, int e, struct sl_req_params *p);
 /* Drops the exchange's references to its prompts' ids (the requests keep theirs). */
 void api_release_prompts(struct api_exchange *a);
 /* echo: the prompt's text into out, as sent, or its token ids through the detokenizer. */

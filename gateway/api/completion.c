@@ -319,6 +319,8 @@ static void submit(struct api_exchange *a)
         oc->params.sched_tier = sl_config_tenancy(a->cfg)->tiers[adm->tier].sched;
     }
     oc->params.max_tokens = adm->max_tokens;
+    /* Keyed for the model it runs on, under the configuration it started with. */
+    api_cache_params(a, a->engine, &oc->params);
     t->n_req++;
     a->stream = oc->stream;
     a->include_usage = oc->stream && oc->include_usage;

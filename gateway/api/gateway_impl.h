@@ -86,6 +86,10 @@ struct sl_openai_completion {
     const char *service_tier; /* OpenAI's service_tier ("auto", "default", "flex", "priority",
                                  …) as sent, or NULL; the gateway maps it to a tier */
     const char *user;         /* the end user's id as sent, or NULL */
+    /* The prefix cache's salts: OpenAI's prompt_cache_key and vLLM's cache_salt as sent (1 to
+     * SL_OPENAI_CACHE_SALT_MAX bytes, into root), or {NULL, 0}. Each narrows the cached prefixes
+     * the request may share to those of requests that sent the same (sl_api_cache_key). */
+    struct sl_strv prompt_cache_key, cache_salt;
     /* Chat only (prompt is then NULL): the messages in order, at least one. */
     struct sl_chat_msg *messages;
     int n_messages;
@@ -93,6 +97,9 @@ struct sl_openai_completion {
     float *bias;
     int32_t *stop_ids; /* stop_token_ids, owned: params.stop_ids points here */
 };
+
+/* The longest prompt_cache_key or cache_salt, in bytes. */
+#define SL_OPENAI_CACHE_SALT_MAX 256
 
 /* Decodes and validates a completion request. `model_id` is the served model: a different
  * `model` is a 404; NULL accepts any (the caller routes by c->model). Returns SL_OK, or a
@@ -151,6 +158,15 @@ int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_t
  * "max_tokens". */
 int sl_openai_check_context(int seq_len, long long n_prompt, bool at_least, long long max_tokens,
                             const char *prompt_param, struct sl_openai_error *err);
+
+/* The prefix cache's key of a request (struct sl_req_params' cache_key): the first 64 bits
+ * (big-endian) of the SHA-256 of a length-prefixed encoding of model (the served model's name),
+ * the scope's identity (tenant, the tenant's name, in SL_CONFIG_PREFIX_TENANT scope; a marker no
+ * name can equal in SL_CONFIG_PREFIX_GLOBAL scope, where tenant is not read) and each salt that
+ * was sent (prompt_cache_key and cache_salt, {NULL, 0} when not, told apart from each other and
+ * from absence). Requests share cached prefixes only under equal keys. Any thread. */
+uint64_t sl_api_cache_key(const char *model, enum sl_config_prefix_scope scope, const char *tenant,
+                          struct sl_strv prompt_cache_key, struct sl_strv cache_salt);
 
 /* Which API a response belongs to: the encoders below write its objects. */
 enum sl_openai_api {
