@@ -239,6 +239,10 @@ int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_pro
 /* The prefix cache's parameters (cache_prefix, cache_key) of a's requests to engine e, as the
  * configuration a started with says, into p. */
 void api_cache_params(const struct api_exchange *a, int e, struct sl_req_params *p);
+/* Of a's prompts as encoded for engine e (api_encode_prompts; 0 when they are not), the tokens
+ * that replica `replica`'s prefix cache is predicted to hold under a's cache key
+ * (sl_sched_prefix_match, nothing pinned): each prompt counted once, 0 with the cache off. */
+int api_predict_cached(struct api_exchange *a, int e, int replica);
 /* Drops the exchange's references to its prompts' ids (the requests keep theirs). */
 void api_release_prompts(struct api_exchange *a);
 /* echo: the prompt's text into out, as sent, or its token ids through the detokenizer. */

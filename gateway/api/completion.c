@@ -201,13 +201,19 @@ static void admit_env_stats(void *ctx, int model, struct sl_sched_stats *out)
         pick_replica(&api->engines[model], out);
 }
 
-static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt)
+/* The prompt's tokens for model i and what of them its prefix cache holds now, on the replica
+ * the request would go to now (which submit picks again: a prediction either way). */
+static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt, int *n_cached)
 {
     struct api_exchange *a = ctx;
     struct sl_openai_error err;
-    if (model < 0 || model >= a->t->api->n_engines || !a->t->api->engines[model].sched[0])
+    struct sl_api *api = a->t->api;
+    if (model < 0 || model >= api->n_engines || !api->engines[model].sched[0])
         return SL_ENOENT;
-    return api_encode_prompts(a, model, max_tokens, n_prompt, &err);
+    int st = api_encode_prompts(a, model, max_tokens, n_prompt, &err);
+    if (st == SL_OK)
+        *n_cached = api_predict_cached(a, model, pick_replica(&api->engines[model], NULL));
+    return st;
 }
 
 static const struct sl_usage_price *admit_env_price(void *ctx, int model)
@@ -508,6 +514,8 @@ static void run_decoded(struct api_exchange *a)
         api_send_error(a, &err, NULL);
         return;
     }
+    /* The guard predicts from what the engine will compute: the cached prefix is not. */
+    a->adm.n_cached = api_predict_cached(a, e, pick_replica(&api->engines[e], NULL));
     admission_decided(a, sl_admit_begin(&a->adm, &env, ten, a->tenant, a->tier, e, n_prompt,
                                         a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }

@@ -184,6 +184,20 @@ void api_cache_params(const struct api_exchange *a, int e, struct sl_req_params 
                                     a->oc.prompt_cache_key, a->oc.cache_salt);
 }
 
+int api_predict_cached(struct api_exchange *a, int e, int replica)
+{
+    struct sl_req_params p;
+    api_cache_params(a, e, &p);
+    struct sl_sched *s = a->t->api->engines[e].sched[replica];
+    if (!p.cache_prefix || !s || a->ids_engine != e)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < a->n_prompts; i++)
+        n += sl_sched_prefix_match(s, p.cache_key, sl_req_prompt_ids(a->prompts[i]),
+                                   sl_req_prompt_n(a->prompts[i]));
+    return n;
+}
+
 void api_echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,
                      const struct sl_tok *tok, const int32_t *ids, int n)
 {
