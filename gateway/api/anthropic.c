@@ -359,6 +359,20 @@ static void put_message_head(struct sl_str *out, const struct sl_openai_ident *i
     put_text(out, id->model, strlen(id->model));
 }
 
+/* Anthropic's input usage: input_tokens counts the prompt tokens not read from the cache, which
+ * cache_read_input_tokens counts (their sum is the prompt); nothing is written to a cache at a
+ * price of its own here (caching is automatic), so cache_creation_input_tokens is 0. */
+static void put_input_usage(struct sl_str *out, const struct sl_openai_ident *id, int prompt_tokens)
+{
+    int cached = id->cached_tokens < 0               ? 0
+                 : id->cached_tokens > prompt_tokens ? prompt_tokens
+                                                     : id->cached_tokens;
+    sl_str_appendf(out,
+                   "\"input_tokens\":%d,\"cache_creation_input_tokens\":0,"
+                   "\"cache_read_input_tokens\":%d",
+                   prompt_tokens - cached, cached);
+}
+
 void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
                                  const char *stop, int input_tokens, int output_tokens)
@@ -368,8 +382,8 @@ void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_iden
     put_text(out, text, len);
     put_lit(out, "}],");
     put_stop(out, finish, stop);
-    put_lit(out, ",\"usage\":{\"input_tokens\":");
-    sl_str_append_int(out, input_tokens);
+    put_lit(out, ",\"usage\":{");
+    put_input_usage(out, id, input_tokens);
     put_lit(out, ",\"output_tokens\":");
     sl_str_append_int(out, output_tokens);
     if (id->cost) {
@@ -384,9 +398,8 @@ void sl_anthropic_message_start_encode(struct sl_str *out, const struct sl_opena
 {
     put_lit(out, "{\"type\":\"message_start\",\"message\":");
     put_message_head(out, id);
-    put_lit(out, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
-                 "\"usage\":{\"input_tokens\":");
-    sl_str_append_int(out, input_tokens);
+    put_lit(out, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{");
+    put_input_usage(out, id, input_tokens);
     put_lit(out, ",\"output_tokens\":0}}}");
 }
 
@@ -403,16 +416,20 @@ void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len)
     put_lit(out, DELTA_POST);
 }
 
-void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,
-                                       int output_tokens, const char *cost)
+void sl_anthropic_message_delta_encode(struct sl_str *out, const struct sl_openai_ident *id,
+                                       enum sl_finish finish, const char *stop, int input_tokens,
+                                       int output_tokens)
 {
     put_lit(out, "{\"type\":\"message_delta\",\"delta\":{");
     put_stop(out, finish, stop);
-    put_lit(out, "},\"usage\":{\"output_tokens\":");
+    /* The usage so far, as Anthropic's final message_delta gives it (cumulative). */
+    put_lit(out, "},\"usage\":{");
+    put_input_usage(out, id, input_tokens);
+    put_lit(out, ",\"output_tokens\":");
     sl_str_append_int(out, output_tokens);
-    if (cost) {
+    if (id->cost) {
         put_lit(out, ",\"cost\":");
-        sl_str_append(out, cost, strlen(cost));
+        sl_str_append(out, id->cost, strlen(id->cost));
     }
     put_lit(out, "}}");
 }

@@ -184,6 +184,9 @@ struct sl_openai_ident {
     int index;          /* the choice a chunk or role chunk belongs to (0 .. n - 1) */
     const char *cost;   /* what the request cost (a decimal), or NULL: the usage objects of the
                            whole answer and of the final usage chunk add it as "cost" */
+    int cached_tokens;  /* of the prompt tokens, those the prefix cache gave: OpenAI's usage
+                           prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens
+                           (which its input_tokens leaves out) */
 };
 
 /* The log probabilities of the tokens a completion or chunk covers, written as the API's

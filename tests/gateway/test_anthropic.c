@@ -152,7 +152,7 @@ Test(gateway, anthropic_message_names_its_stop_when_encoded)
     } cases[] = {{SL_FINISH_STOP, NULL, "end_turn"}, {SL_FINISH_LENGTH, NULL, "max_tokens"}};
     for (size_t i = 0; i < 2; i++) {
         sl_str_clear(&out);
-        sl_anthropic_message_delta_encode(&out, cases[i].f, cases[i].stop, 7, NULL);
+        sl_anthropic_message_delta_encode(&out, &id, cases[i].f, cases[i].stop, 5, 7);
         j = parsed(&out);
         cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "message_delta");
         json_t *d = json_object_get(j, "delta");
@@ -184,6 +184,56 @@ Test(gateway, anthropic_message_names_its_stop_when_encoded)
     cr_assert_eq(json_array_size(json_object_get(m, "content")), 0);
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(m, "usage"), "input_tokens")),
                  11);
+    json_decref(j);
+    sl_str_dispose(&out);
+}
+
+/* Anthropic's input_tokens leaves out the tokens read from the cache, which
+ * cache_read_input_tokens counts; the stream's message_start and message_delta say the same. */
+Test(gateway, anthropic_usage_counts_cache_reads_apart_from_input_tokens)
+{
+    struct sl_openai_ident id = {
+        .id = "msg_1", .model = "m", .api = SL_OPENAI_API_CHAT, .cached_tokens = 96, .cost = "0.5"};
+    struct sl_str out;
+    sl_str_init(&out);
+    sl_anthropic_message_encode(&out, &id, "ok", 2, SL_FINISH_STOP, NULL, 100, 3);
+    json_t *j = parsed(&out);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 96);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_creation_input_tokens")), 0);
+    cr_assert_eq(json_integer_value(json_object_get(u, "output_tokens")), 3);
+    cr_assert_eq(json_number_value(json_object_get(u, "cost")), 0.5);
+    json_decref(j);
+
+    sl_str_clear(&out);
+    sl_anthropic_message_start_encode(&out, &id, 100);
+    j = parsed(&out);
+    u = json_object_get(json_object_get(j, "message"), "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 96);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_creation_input_tokens")), 0);
+    cr_assert_eq(json_integer_value(json_object_get(u, "output_tokens")), 0);
+    json_decref(j);
+
+    sl_str_clear(&out);
+    sl_anthropic_message_delta_encode(&out, &id, SL_FINISH_LENGTH, NULL, 100, 9);
+    j = parsed(&out);
+    u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 96);
+    cr_assert_eq(json_integer_value(json_object_get(u, "output_tokens")), 9);
+    cr_assert_eq(json_number_value(json_object_get(u, "cost")), 0.5);
+    json_decref(j);
+
+    /* Nothing cached: every prompt token is input. */
+    id.cached_tokens = 0;
+    sl_str_clear(&out);
+    sl_anthropic_message_encode(&out, &id, "ok", 2, SL_FINISH_STOP, NULL, 100, 3);
+    j = parsed(&out);
+    u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 100);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 0);
     json_decref(j);
     sl_str_dispose(&out);
 }

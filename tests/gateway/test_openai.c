@@ -1055,3 +1055,32 @@ Test(gateway, prefix_cache_key_differs_exactly_when_what_isolates_differs)
     cr_assert_neq(key("m", T, "a", big, NULL), key("m", T, "a", big + 1, NULL));
     cr_assert_eq(key("m", T, "a", big, NULL), key("m", T, "a", big, NULL));
 }
+
+Test(gateway, encodes_cached_tokens_in_the_usage_details_when_the_request_finished)
+{
+    struct sl_openai_ident id = ident;
+    id.cached_tokens = 64;
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_completion_encode(&s, &id, "ok", 2, SL_FINISH_STOP, 80, 2, NULL);
+    json_t *j = parse(&s);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 80);
+    cr_assert_eq(json_integer_value(
+                     json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")),
+                 64);
+    json_decref(j);
+    sl_str_clear(&s);
+    id.cached_tokens = 0;
+    id.api = SL_OPENAI_API_CHAT;
+    sl_openai_usage_chunk_encode(&s, &id, 3, 4);
+    j = parse(&s);
+    u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(
+                     json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")),
+                 0, "OpenAI's field is there when nothing was cached");
+    cr_assert(json_is_integer(
+        json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
+    json_decref(j);
+    sl_str_dispose(&s);
+}
