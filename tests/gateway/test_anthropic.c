@@ -188,6 +188,58 @@ Test(gateway, anthropic_message_names_its_stop_when_encoded)
     sl_str_dispose(&out);
 }
 
+/* Caching is automatic here: Anthropic's cache_control markers (on system and message blocks, and
+ * the request's own) are accepted and change nothing, but a malformed one is named. */
+Test(gateway, anthropic_accepts_cache_control_markers_and_names_a_malformed_one)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    const char *body =
+        "{\"model\":\"m\",\"max_tokens\":8,\"cache_control\":{\"type\":\"ephemeral\"},"
+        "\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\",\"cache_control\":{\"type\":"
+        "\"ephemeral\",\"ttl\":\"1h\"}}],\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+        "\"text\",\"text\":\"Long context\",\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":"
+        "\"5m\"}},{\"type\":\"text\",\"text\":\"Question\",\"cache_control\":null}]}]}";
+    cr_assert_eq(decode(&c, body, &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.n_messages, 2);
+    cr_assert_str_eq(c.messages[0].content, "Be brief.");
+    cr_assert_str_eq(c.messages[1].content, "Long context\nQuestion");
+    sl_openai_completion_dispose(&c);
+
+    static const struct {
+        const char *body, *param;
+    } cases[] = {
+        {"{\"model\":\"m\",\"max_tokens\":5,\"cache_control\":\"ephemeral\",\"messages\":[{"
+         "\"role\":"
+         "\"user\",\"content\":\"x\"}]}",
+         "cache_control"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"cache_control\":{\"type\":\"persistent\"},"
+         "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+         "cache_control.type"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"cache_control\":{},\"messages\":[{\"role\":\"user\","
+         "\"content\":\"x\"}]}",
+         "cache_control.type"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"s\","
+         "\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"2h\"}}],\"messages\":[{\"role\":"
+         "\"user\",\"content\":\"x\"}]}",
+         "system.0.cache_control.ttl"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{"
+         "\"type\":"
+         "\"text\",\"text\":\"x\",\"cache_control\":[1]}]}]}",
+         "messages.0.content.0.cache_control"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{"
+         "\"type\":"
+         "\"text\",\"text\":\"x\",\"cache_control\":{\"type\":\"ephemeral\",\"scope\":1}}]}]}",
+         "messages.0.content.0.cache_control.scope"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(decode(&c, cases[i].body, &err), SL_EINVAL, "%s", cases[i].body);
+        cr_assert_eq(err.http, 400);
+        cr_assert_str_eq(err.param, cases[i].param, "%s", err.message);
+        cr_assert(strstr(err.message, cases[i].param), "%s", err.message);
+    }
+}
+
 /* Anthropic's input_tokens leaves out the tokens read from the cache, which
  * cache_read_input_tokens counts; the stream's message_start and message_delta say the same. */
 Test(gateway, anthropic_usage_counts_cache_reads_apart_from_input_tokens)
