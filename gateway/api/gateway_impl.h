@@ -541,10 +541,11 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
  * replicas share its name), one series per model labelled model_name="NAME", its replicas summed:
  * vllm:num_requests_waiting and vllm:num_requests_running (requests), vllm:kv_cache_usage_perc
  * and vllm:gpu_cache_usage_perc (blocks used over blocks, a fraction in 0..1; 0 without blocks),
- * and vllm:cache_config_info{block_size, num_gpu_blocks, enable_prefix_caching} 1, each family
- * with # HELP and # TYPE gauge. Any thread. */
+ * and vllm:cache_config_info{block_size, num_gpu_blocks, enable_prefix_caching} 1
+ * (enable_prefix_caching "True" or "False" as prefix_caching says), each family with # HELP and
+ * # TYPE gauge. Any thread. */
 void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stats *st, int n,
-                            struct sl_str *out);
+                            bool prefix_caching, struct sl_str *out);
 /* GET /admin/slo's body: {"object": "slo", "windows": ["1m", "5m", "60m"], "tiers": [...]}, each
  * tier {"tier", "ttft_slo_ms", "tpot_slo_ms", "tenants": [...]} (the configuration ten's tiers in
  * its order, then any other with windows, its objectives null), each tenant with windows
