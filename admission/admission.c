@@ -41,13 +41,14 @@ struct cell {
     atomic_int queued[SL_ADMIT_MODELS_MAX];
     atomic_long queued_tokens[SL_ADMIT_MODELS_MAX];
     atomic_int parked;
+    /* A tier's: guards its table by tenant (tq, n_tq) and its calibration (cal, cal_n). */
+    pthread_mutex_t lock;
     /* A tier's queued prompt tokens by tenant, for the guard's prediction in a tier whose
      * tenants are served by virtual token counters: the tenants with requests counted in
-     * queued_tokens (at most TQ_MAX; more share the last entry, named ""). Under tq_lock. */
-    pthread_mutex_t tq_lock;
+     * queued_tokens (at most TQ_MAX; more share the last entry, named ""). Under lock. */
     struct tq_entry *tq; /* (TQ_MAX) made at the first use */
     int n_tq;
-    /* A tier's calibration (sl_admit_first_token), under tq_lock: actual ÷ predicted TTFT of its
+    /* A tier's calibration (sl_admit_first_token), under lock: actual ÷ predicted TTFT of its
      * recent requests, counted in CAL_BINS log-spaced bins from 1/4 to 4 (8 a doubling), halved
      * whenever they reach CAL_KEEP so that the recent count most. */
     int cal[32];
@@ -85,7 +86,7 @@ static struct cell *cell_new(const char *name, int64_t now)
         atomic_init(&c->queued_tokens[m], 0);
     }
     atomic_init(&c->parked, 0);
-    pthread_mutex_init(&c->tq_lock, NULL);
+    pthread_mutex_init(&c->lock, NULL);
     atomic_init(&c->spent, 0);
     atomic_init(&c->period_start, INT64_MAX);
     atomic_init(&c->warned, INT64_MIN);
@@ -101,7 +102,7 @@ static struct cell *cell_ref(struct cell *c)
 static void cell_unref(struct cell *c)
 {
     if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1) {
-        pthread_mutex_destroy(&c->tq_lock);
+        pthread_mutex_destroy(&c->lock);
         free(c->tq);
         free(c);
     }
@@ -365,7 +366,7 @@ static long prompt_work(const struct sl_admit *a)
 static void tq_count(struct cell *c, const struct sl_tenant *t, int m, long n, int sign)
 {
     const char *name = t ? t->name : sl_tenant_anonymous.name;
-    pthread_mutex_lock(&c->tq_lock);
+    pthread_mutex_lock(&c->lock);
     if (!c->tq)
         c->tq = sl_xcalloc(TQ_MAX, sizeof *c->tq);
     int i = 0, others = -1;
@@ -374,7 +375,7 @@ static void tq_count(struct cell *c, const struct sl_tenant *t, int m, long n, i
             others = i;
     if (i == c->n_tq && sign < 0) { /* counted among the others, if anywhere */
         if (others < 0) {
-            pthread_mutex_unlock(&c->tq_lock);
+            pthread_mutex_unlock(&c->lock);
             return;
         }
         i = others;
@@ -399,7 +400,7 @@ static void tq_count(struct cell *c, const struct sl_tenant *t, int m, long n, i
         c->tq[i] = c->tq[c->n_tq - 1];
         c->n_tq--;
     }
-    pthread_mutex_unlock(&c->tq_lock);
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* The prompt tokens ahead of a request of tenant t (n of its own, counted in the table when
@@ -413,7 +414,7 @@ static long tq_ahead(struct cell *c, const struct sl_tenant *t, int m, long n, b
 {
     const char *name = t ? t->name : sl_tenant_anonymous.name;
     double share = t && t->share > 0 ? t->share : 1;
-    pthread_mutex_lock(&c->tq_lock);
+    pthread_mutex_lock(&c->lock);
     long own = self ? -n : 0, all = 0;
     for (int i = 0; i < c->n_tq; i++) {
         all += c->tq[i].tokens[m];
@@ -425,7 +426,7 @@ static long tq_ahead(struct cell *c, const struct sl_tenant *t, int m, long n, b
     for (int i = 0; i < c->n_tq; i++)
         if (strcmp(c->tq[i].name, name) != 0)
             ahead += fmin((double)c->tq[i].tokens[m], (double)(own + n) * c->tq[i].share / share);
-    pthread_mutex_unlock(&c->tq_lock);
+    pthread_mutex_unlock(&c->lock);
     *total = all - (self ? n : 0);
     return (long)ceil(ahead);
 }
@@ -438,21 +439,21 @@ static void cal_observe(struct cell *c, double ratio)
 {
     int b = (int)floor(log2(ratio) * CAL_PER_DOUBLING) + CAL_BINS / 2;
     b = b < 0 ? 0 : b >= CAL_BINS ? CAL_BINS - 1 : b;
-    pthread_mutex_lock(&c->tq_lock);
+    pthread_mutex_lock(&c->lock);
     c->cal[b]++;
     if (++c->cal_n >= CAL_KEEP) {
         c->cal_n = 0;
         for (int i = 0; i < CAL_BINS; i++)
             c->cal_n += c->cal[i] /= 2;
     }
-    pthread_mutex_unlock(&c->tq_lock);
+    pthread_mutex_unlock(&c->lock);
 }
 
 /* The factor the tier's predictions are multiplied by: the upper edge of the bin holding the
  * SL_GUARD_CALIBRATION_Q quantile of actual ÷ predicted, at least 1; 1 until there are enough. */
 static double cal_factor(struct cell *c)
 {
-    pthread_mutex_lock(&c->tq_lock);
+    pthread_mutex_lock(&c->lock);
     double f = 1;
     if (c->cal_n >= SL_GUARD_CALIBRATION_MIN_OBS) {
         int want = (int)ceil(SL_GUARD_CALIBRATION_Q * c->cal_n), seen = 0, b = 0;
@@ -460,7 +461,7 @@ static double cal_factor(struct cell *c)
             b++;
         f = fmax(1, exp2((double)(b + 1 - CAL_BINS / 2) / CAL_PER_DOUBLING));
     }
-    pthread_mutex_unlock(&c->tq_lock);
+    pthread_mutex_unlock(&c->lock);
     return f;
 }
 

@@ -259,15 +259,34 @@ void sl_fleet_client_free(struct sl_fleet_client *c)
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
 
-static void call_finish(struct sl_fleet_call *call, enum sl_status st,
-                        const struct sl_fleet_take *t, const char *err)
+/* What a call answers its caller: st, and what its kind's callback takes besides. */
+struct answer {
+    enum sl_status st;
+    const char *err;                /* a take's and a usage read's; NULL with SL_OK */
+    const struct sl_fleet_take *t;  /* a take's, with SL_OK */
+    struct sl_usage_ledger *ledger; /* a usage read's, with SL_OK, and the budget's spent */
+    int64_t spent;
+    bool claimed; /* a once's */
+};
+
+/* Stops call's timer and answers its caller, if one still waits: the callback is cleared before
+ * it runs, so that it runs once. */
+static void call_answer(struct sl_fleet_call *call, const struct answer *a)
 {
     if (call->timer)
         evtimer_del(call->timer);
     sl_fleet_take_fn fn = call->fn;
+    sl_fleet_usage_fn ufn = call->ufn;
+    sl_fleet_once_fn ofn = call->ofn;
     call->fn = NULL;
+    call->ufn = NULL;
+    call->ofn = NULL;
     if (fn)
-        fn(call->arg, st, t, err);
+        fn(call->arg, a->st, a->t, a->err);
+    else if (ufn)
+        ufn(call->arg, a->st, a->ledger, a->spent, a->err);
+    else if (ofn)
+        ofn(call->arg, a->st, a->claimed);
 }
 
 static void call_free(struct sl_fleet_call *call)
@@ -361,12 +380,10 @@ static void usage_reply(struct sl_fleet_call *call, const redisReply *r)
             st = SL_OK;
         }
     }
-    if (call->timer)
-        evtimer_del(call->timer);
-    sl_fleet_usage_fn fn = call->ufn;
-    call->ufn = NULL;
-    fn(call->arg, st, st == SL_OK ? call->ledger : NULL, st == SL_OK ? call->spent : -1,
-       st == SL_OK ? NULL : err);
+    call_answer(call, &(struct answer){.st = st,
+                                       .err = st == SL_OK ? NULL : err,
+                                       .ledger = st == SL_OK ? call->ledger : NULL,
+                                       .spent = st == SL_OK ? call->spent : -1});
     call_free(call);
 }
 
@@ -400,16 +417,12 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         return;
     }
     if (call->kind == CALL_ONCE) {
-        sl_fleet_once_fn fn = call->ofn;
-        call->ofn = NULL;
-        if (call->timer)
-            evtimer_del(call->timer);
-        if (fn && !r)
-            fn(call->arg, c->freeing ? SL_ECANCELED : SL_EIO, false);
-        else if (fn)
-            fn(call->arg,
-               r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_NIL ? SL_OK : SL_EIO,
-               r->type == REDIS_REPLY_STATUS && r->str && strcmp(r->str, "OK") == 0);
+        struct answer a = {.st = c->freeing ? SL_ECANCELED : SL_EIO};
+        if (r) {
+            a.st = r->type == REDIS_REPLY_STATUS || r->type == REDIS_REPLY_NIL ? SL_OK : SL_EIO;
+            a.claimed = r->type == REDIS_REPLY_STATUS && r->str && strcmp(r->str, "OK") == 0;
+        }
+        call_answer(call, &a);
         call_free(call);
         return;
     }
@@ -423,7 +436,9 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         st = sl_fleet_take_parse(r, call->n, &t, err, sizeof err);
     }
     if (call->fn)
-        call_finish(call, st, st == SL_OK ? &t : NULL, st == SL_OK ? NULL : err);
+        call_answer(call, &(struct answer){.st = st,
+                                           .err = st == SL_OK ? NULL : err,
+                                           .t = st == SL_OK ? &t : NULL});
     else if (st == SL_OK && t.admitted && !c->freeing)
         sl_fleet_refund(c, call->b, call->n); /* its caller went on without it */
     call_free(call);
@@ -434,21 +449,17 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd, (void)what;
     struct sl_fleet_call *call = arg;
     if (call->kind == CALL_ONCE) {
-        sl_fleet_once_fn fn = call->ofn;
-        call->ofn = NULL;
-        if (fn)
-            fn(call->arg, SL_ETIMEDOUT, false);
+        call_answer(call, &(struct answer){.st = SL_ETIMEDOUT});
         return;
     }
     if (call->kind == CALL_USAGE) { /* a long read is no sign that Redis stalled */
-        sl_fleet_usage_fn fn = call->ufn;
-        call->ufn = NULL;
-        if (fn)
-            fn(call->arg, SL_ETIMEDOUT, NULL, -1, "the fleet's ledger was not read in time");
+        call_answer(call, &(struct answer){.st = SL_ETIMEDOUT,
+                                           .err = "the fleet's ledger was not read in time",
+                                           .spent = -1});
         return;
     }
     call->c->stalled = true;
-    call_finish(call, SL_ETIMEDOUT, NULL, "no answer within timeout_ms");
+    call_answer(call, &(struct answer){.st = SL_ETIMEDOUT, .err = "no answer within timeout_ms"});
 }
 
 /* Gives the caller of call an answer within ms at the latest (on_timeout). */
@@ -503,7 +514,7 @@ struct sl_fleet_call *sl_fleet_take(struct sl_fleet_client *c, const struct sl_f
     call->fn = fn;
     call->arg = arg;
     if (call_send(call) != REDIS_OK) {
-        call_finish(call, SL_EIO, NULL, "redis did not take the command");
+        call_answer(call, &(struct answer){.st = SL_EIO, .err = "redis did not take the command"});
         call_free(call);
         return NULL;
     }

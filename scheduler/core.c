@@ -140,6 +140,65 @@ static void t_unlink(struct sl_vtc *v, struct sl_seq *s)
     s->tprev = s->tnext = NULL;
 }
 
+/* ---- the prefix cache, as sequences use it ---- */
+
+/* Makes sure the identities of s's first k full blocks are known. */
+static void seq_hash(struct sl_sched_core *c, struct sl_seq *s, int k)
+{
+    int bs = c->lim.block_size;
+    for (; s->n_hashed < k; s->n_hashed++) {
+        int i = s->n_hashed;
+        struct sl_kv_hash parent =
+            i > 0 ? s->hashes[i - 1] : sl_sched_kv_root(s->req->params.cache_key);
+        s->hashes[i] = sl_sched_kv_chain(c->kv.seed, parent, s->tokens + (size_t)i * bs, bs);
+    }
+}
+
+/* The cached blocks s's known tokens start with, at most all but its last token (whose logits
+ * it needs): how many, their ids in out (when not NULL). Changes nothing in the pool. */
+static int seq_match(struct sl_sched_core *c, struct sl_seq *s, int32_t *out)
+{
+    if (!s->req->params.cache_prefix)
+        return 0;
+    int bs = c->lim.block_size, most = (s->n_tokens - 1) / bs, k = 0;
+    for (; k < most; k++) {
+        seq_hash(c, s, k + 1);
+        int32_t b = sl_sched_kv_find(&c->kv, s->hashes[k], s->tokens + (size_t)k * bs);
+        if (b < 0)
+            break;
+        if (out)
+            out[k] = b;
+    }
+    return k;
+}
+
+/* Offers s's full blocks whose KV is written to the cache (once each): a block whose identity
+ * another block has already stays private. */
+static void seq_offer(struct sl_sched_core *c, struct sl_seq *s)
+{
+    if (!s->req->params.cache_prefix)
+        return;
+    int bs = c->lim.block_size, full = s->n_computed / bs;
+    if (full > s->n_blocks)
+        full = s->n_blocks;
+    if (s->n_offered >= full)
+        return;
+    seq_hash(c, s, full);
+    for (; s->n_offered < full; s->n_offered++) {
+        int i = s->n_offered;
+        sl_sched_kv_register(&c->kv, s->blocks[i], s->hashes[i], s->tokens + (size_t)i * bs);
+    }
+}
+
+/* ---- queues ---- */
+
+/* Prompt work s puts in its tier's queue: its known tokens without KV, less, while it waits,
+ * what the cache is expected to give it. */
+static long queued_work(const struct sl_seq *s)
+{
+    return s->n_tokens - s->n_computed - (s->resident ? 0 : s->hint);
+}
+
 /* Puts s (not queued) into its tier's queue and counts it. */
 static void enqueue(struct sl_sched_core *c, struct sl_seq *s, bool front)
 {
@@ -148,9 +207,11 @@ static void enqueue(struct sl_sched_core *c, struct sl_seq *s, bool front)
     t_push(s->vt, s, front);
     s->queued = true;
     q->n_queued++;
-    if (!s->resident)
+    if (!s->resident) {
         q->n_waiting++;
-    q->prefill_tokens += s->n_tokens - s->n_computed;
+        s->hint = seq_match(c, s, NULL) * c->lim.block_size;
+    }
+    q->prefill_tokens += queued_work(s);
 }
 
 static void dequeue(struct sl_sched_core *c, struct sl_seq *s)
@@ -162,7 +223,7 @@ static void dequeue(struct sl_sched_core *c, struct sl_seq *s)
     q->n_queued--;
     if (!s->resident)
         q->n_waiting--;
-    q->prefill_tokens -= s->n_tokens - s->n_computed;
+    q->prefill_tokens -= queued_work(s);
 }
 
 /* ---- tenants: virtual token counters ---- */
@@ -255,6 +316,14 @@ static void vtc_charge_prompt(struct sl_sched_core *c, struct sl_seq *s, int p0,
         return;
     s->vt->counter += c->tiers[s->tier].t.w_in * (to - from) / s->vt->share;
     s->charged = to;
+}
+
+/* s's prompt positions below n came from the prefix cache: they are not service (not computed),
+ * and not charged if computed later. */
+static void vtc_skip_prompt(struct sl_seq *s, int n)
+{
+    if (n > s->charged)
+        s->charged = n;
 }
 
 static void vtc_charge_token(struct sl_sched_core *c, struct sl_seq *s)
@@ -394,11 +463,7 @@ struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
     c->sink = *sink;
     tiers_load(c, lim->tiers, lim->n_tiers);
     c->resident = sl_xcalloc((size_t)lim->max_seqs, sizeof *c->resident);
-    c->free_blocks = sl_xmalloc(sizeof(int32_t) * (size_t)lim->n_blocks);
-    /* Lowest ids on top of the stack: deterministic and cache-friendly at low load. */
-    for (int i = 0; i < lim->n_blocks; i++)
-        c->free_blocks[i] = lim->n_blocks - 1 - i;
-    c->n_free = lim->n_blocks;
+    sl_sched_kv_init(&c->kv, lim->n_blocks, lim->block_size, lim->cache_seed);
     c->watermark = lim->n_blocks / 100 > 1 ? lim->n_blocks / 100 : 1;
     size_t nt = (size_t)lim->max_batch_tokens, ns = (size_t)lim->max_seqs;
     c->plan = sl_xmalloc(sizeof *c->plan * 2 * ns);
@@ -428,11 +493,14 @@ struct sl_sched_core *sl_sched_core_new(const struct sl_sched_limits *lim,
     return c;
 }
 
+/* Drops s's blocks, its last first: of a sequence's blocks that stay cached, those further
+ * from the head, which fewer prompts can share, are evicted first. */
 static void blocks_release(struct sl_sched_core *c, struct sl_seq *s)
 {
-    for (int i = 0; i < s->n_blocks; i++)
-        c->free_blocks[c->n_free++] = s->blocks[i];
+    for (int i = s->n_blocks - 1; i >= 0; i--)
+        sl_sched_kv_drop(&c->kv, s->blocks[i]);
     s->n_blocks = 0;
+    s->n_offered = 0;
 }
 
 /* Takes s out of the step being built. */
@@ -496,6 +564,7 @@ static void seq_finish(struct sl_sched_core *c, struct sl_seq *s, enum sl_finish
     c->n_seqs--;
     r->seq = NULL;
     free(s->blocks);
+    free(s->hashes);
     free(s->tokens);
     free(s);
     c->sink.done(c->sink.ctx, r, why, status, n_generated);
@@ -514,7 +583,7 @@ void sl_sched_core_free(struct sl_sched_core *c)
     for (int t = 0; t < c->n_tiers; t++)
         vtc_free(&c->tiers[t]);
     free(c->resident);
-    free(c->free_blocks);
+    sl_sched_kv_free(&c->kv);
     free(c->plan);
     free(c->victims);
     free(c->b_tokens);
@@ -614,6 +683,7 @@ int sl_sched_core_submit(struct sl_sched_core *c, struct sl_req *r, uint64_t now
     memcpy(s->tokens, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
     s->n_tokens = r->n_prompt;
     s->blocks = sl_xmalloc(sizeof(int32_t) * (size_t)blocks_for(c, total));
+    s->hashes = sl_xmalloc(sizeof *s->hashes * (size_t)(total / c->lim.block_size + 1));
     sl_rng_seed(&s->rng, p->seed);
     r->seq = s;
     vtc_join(c, s, false);
@@ -766,7 +836,8 @@ static bool grow(struct sl_sched_core *c, struct sl_seq *s)
 {
     if (blocks_for(c, s->n_computed + 1) <= s->n_blocks)
         return true;
-    while (c->n_free == 0) {
+    /* A victim whose blocks are all shared frees none: go on to the next. */
+    while (sl_sched_kv_available(&c->kv) == 0) {
         struct sl_seq *v = c->resident[c->n_resident - 1];
         if (v == s) {
             preempt(c, s);
@@ -774,7 +845,7 @@ static bool grow(struct sl_sched_core *c, struct sl_seq *s)
         }
         preempt(c, v);
     }
-    s->blocks[s->n_blocks++] = c->free_blocks[--c->n_free];
+    s->blocks[s->n_blocks++] = sl_sched_kv_alloc(&c->kv);
     return true;
 }
 
@@ -805,18 +876,72 @@ static bool worth_preempting(const struct sl_sched_core *c, const struct sl_seq 
     return waited_us + fewest * c->ema_decode_us > patience_us;
 }
 
-/* Starts queued sequence s: a slot and the blocks of everything it knows, preempting running
- * sequences of strictly lower tiers that are above their guaranteed slots when that makes it
- * fit and waiting would cost s too much. False (and nothing changed) when it cannot start now. */
+static bool start_fit(struct sl_sched_core *c, struct sl_seq *s, int need);
+
+/* Blocks preempting v would make available to s, whose cached blocks (marked) are not counted:
+ * those only v holds. */
+static int blocks_freed(const struct sl_sched_core *c, const struct sl_seq *v)
+{
+    int n = 0;
+    for (int i = 0; i < v->n_blocks; i++)
+        n += c->kv.ref[v->blocks[i]] == 1 && !c->kv.mark[v->blocks[i]];
+    return n;
+}
+
+/* Starts queued sequence s: a slot, the cached blocks its known tokens start with, and fresh
+ * blocks for the rest, preempting running sequences of strictly lower tiers that are above their
+ * guaranteed slots when that makes it fit and waiting would cost s too much. False (and nothing
+ * changed) when it cannot start now. */
 static bool start(struct sl_sched_core *c, struct sl_seq *s)
 {
-    int need = blocks_for(c, s->n_tokens);
+    int hit = seq_match(c, s, s->blocks); /* candidates, held below */
+    int need = blocks_for(c, s->n_tokens) - hit;
+    int pinned = 0; /* cached blocks it takes out of the LRU */
+    for (int i = 0; i < hit; i++) {
+        pinned += c->kv.ref[s->blocks[i]] == 0;
+        c->kv.mark[s->blocks[i]] = true;
+    }
+    bool ok = start_fit(c, s, need + pinned);
+    for (int i = 0; i < hit; i++)
+        c->kv.mark[s->blocks[i]] = false;
+    if (!ok)
+        return false;
+    struct sl_tier_q *q = &c->tiers[s->tier];
+    q->prefill_tokens -= queued_work(s);
+    make_resident(c, s);
+    for (int i = 0; i < hit; i++)
+        sl_sched_kv_hold(&c->kv, s->blocks[i]);
+    s->n_blocks = hit;
+    for (int i = 0; i < need; i++)
+        s->blocks[s->n_blocks++] = sl_sched_kv_alloc(&c->kv);
+    s->n_computed = hit * c->lim.block_size;
+    s->n_offered = hit;
+    s->hint = 0;
+    q->prefill_tokens += queued_work(s);
+    vtc_skip_prompt(s, s->n_computed);
+    if (!s->started) {
+        s->started = true;
+        if (s->req->params.cache_prefix) {
+            int got = s->n_computed < s->req->n_prompt ? s->n_computed : s->req->n_prompt;
+            c->prefix_query_tokens += (uint64_t)s->req->n_prompt;
+            c->prefix_hit_tokens += (uint64_t)got;
+            atomic_store_explicit(&s->req->cached_tokens, got, memory_order_relaxed);
+        }
+    }
+    return true;
+}
+
+/* Whether s can take a slot and `need` blocks of the pool, after preempting running sequences of
+ * strictly lower tiers above their guaranteed slots when that makes it fit and waiting would
+ * cost s too much (done here). False, with nothing changed, when it cannot. */
+static bool start_fit(struct sl_sched_core *c, struct sl_seq *s, int need)
+{
     int spare = c->n_resident > 0 ? c->watermark : 0;
     int slots = c->lim.max_seqs - c->n_resident - slots_owed_below(c, s->tier);
     if (c->iso_on && c->tiers[s->tier].t.priority > c->iso_prio)
         slots -= SL_SCHED_ISOLATION_SLOTS; /* kept free for the isolated tier's arrivals */
     int want_slots = slots >= 1 ? 0 : 1 - slots;
-    int want_blocks = need + spare - c->n_free;
+    int want_blocks = need + spare - sl_sched_kv_available(&c->kv);
     if (want_slots > 0 || want_blocks > 0) {
         if (c->n_resident == 0 || c->resident[c->n_resident - 1]->prio <= s->prio ||
             !worth_preempting(c, s))
@@ -836,16 +961,13 @@ static bool start(struct sl_sched_core *c, struct sl_seq *s)
             q->victims++;
             c->victims[n_v++] = v;
             got_slots++;
-            got_blocks += v->n_blocks;
+            got_blocks += blocks_freed(c, v);
         }
         if (got_slots < want_slots || got_blocks < want_blocks)
             return false;
         for (int i = 0; i < n_v; i++)
             preempt(c, c->victims[i]);
     }
-    make_resident(c, s);
-    for (int i = 0; i < need; i++)
-        s->blocks[s->n_blocks++] = c->free_blocks[--c->n_free];
     return true;
 }
 
@@ -1392,6 +1514,7 @@ int sl_sched_core_step(struct sl_sched_core *c, uint64_t now_ns)
             c->tiers[s->tier].step_rows += c->b_rows[i];
         }
         s->n_computed = c->b_ctx[i];
+        seq_offer(c, s);
         if (s->queued && s->n_computed == s->n_tokens) {
             dequeue(c, s); /* prompt done: it decodes from now on */
             s->last_decode_ns = now_ns;
@@ -1445,7 +1568,7 @@ int sl_sched_core_running(const struct sl_sched_core *c)
 }
 int sl_sched_core_free_blocks(const struct sl_sched_core *c)
 {
-    return c->n_free;
+    return sl_sched_kv_available(&c->kv);
 }
 
 void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *out)
@@ -1468,7 +1591,11 @@ void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *o
         out->queued_requests += o->queued_requests;
         out->queued_prompt_tokens += o->queued_prompt_tokens;
     }
-    out->kv_blocks_used = c->lim.n_blocks - c->n_free;
+    out->kv_blocks_used = c->lim.n_blocks - sl_sched_kv_available(&c->kv);
+    out->kv_blocks_cached = c->kv.n_lru;
+    out->prefix_query_tokens = c->prefix_query_tokens;
+    out->prefix_hit_tokens = c->prefix_hit_tokens;
+    out->prefix_evictions = c->kv.evictions;
     out->kv_blocks_total = c->lim.n_blocks;
     out->preemptions = c->preemptions;
     out->last_step_rows = c->last_step_rows;
@@ -1503,6 +1630,5 @@ void sl_sched_core_stats(const struct sl_sched_core *c, struct sl_sched_stats *o
 int sl_sched_core_prefix_match(const struct sl_sched_core *c, uint64_t key, const int32_t *ids,
                                int n)
 {
-    (void)c, (void)key, (void)ids, (void)n;
-    return 0; /* TODO(prefix cache): being built */
+    return sl_sched_kv_match(&c->kv, key, ids, n, NULL, NULL) * c->lim.block_size;
 }

@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 enum msg_kind { MSG_SUBMIT, MSG_CANCEL, MSG_TIERS };
 
@@ -309,7 +310,14 @@ int sl_sched_new(struct sl_worker *w, const struct sl_sched_limits *lim, struct 
                                  .forward_ns = worker_forward_ns};
     struct sl_sched_sink sink = {
         .ctx = s, .token = sink_token, .logprobs = sink_logprobs, .done = sink_done};
-    s->core = sl_sched_core_new(lim, &wi, &sink);
+    struct sl_sched_limits l = *lim;
+    if (!(l.cache_seed[0] | l.cache_seed[1] | l.cache_seed[2] | l.cache_seed[3]) &&
+        getrandom(l.cache_seed, sizeof l.cache_seed, 0) != (ssize_t)sizeof l.cache_seed) {
+        /* No entropy (never on Linux after boot): the clock is a poor key, but better than 0. */
+        for (int i = 0; i < 4; i++)
+            l.cache_seed[i] = sl_clock_ns() * 0x9e3779b97f4a7c15ull + (uint64_t)i;
+    }
+    s->core = sl_sched_core_new(&l, &wi, &sink);
     if (!s->core) {
         free(s);
         return SL_EINVAL;
@@ -438,6 +446,5 @@ void sl_sched_stats(const struct sl_sched *s, struct sl_sched_stats *out)
 
 int sl_sched_prefix_match(const struct sl_sched *s, uint64_t key, const int32_t *ids, int n)
 {
-    (void)s, (void)key, (void)ids, (void)n;
-    return 0; /* TODO(prefix cache): being built */
+    return sl_sched_kv_published_match(&s->core->kv, key, ids, n);
 }

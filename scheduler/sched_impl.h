@@ -9,6 +9,70 @@
 
 struct sl_seq;
 
+/* ---- The KV block pool and its prefix cache (prefix.c) ---- */
+
+/* A full block's identity: a 128-bit keyed hash of its tokens and its parent's identity. */
+struct sl_kv_hash {
+    uint64_t lo, hi;
+};
+
+/* Blocks are free (in `free`, no content worth keeping), cached (no holder, content registered,
+ * in the LRU), or held (ref > 0, registered or private). Single-threaded (the core's owner),
+ * but for `pub`, which other threads read. */
+struct sl_kv_pool {
+    int n_blocks, block_size;
+    uint64_t seed[4]; /* two SipHash keys */
+    int32_t *free;    /* (n_blocks) stack of free block ids */
+    int n_free;
+    int32_t *ref;            /* (n_blocks) sequences holding each block */
+    bool *cached;            /* (n_blocks) registered: findable by hash */
+    bool *mark;              /* (n_blocks) scratch of the core, false between uses */
+    struct sl_kv_hash *hash; /* (n_blocks) of registered blocks */
+    int32_t *tokens;         /* (n_blocks, block_size) token ids of registered blocks */
+    int32_t *hnext;          /* (n_blocks) next registered block in the same bucket */
+    int32_t *bucket;         /* (bucket_mask + 1) first registered block, -1 when none */
+    uint32_t bucket_mask;
+    int32_t *lru_prev, *lru_next; /* (n_blocks) links of cached blocks, oldest at lru_head */
+    int32_t lru_head, lru_tail;
+    int n_lru;
+    _Atomic uint64_t *pub; /* ((pub_mask + 1) * 4) fingerprints of registered blocks, 0: empty */
+    uint32_t pub_mask;
+    uint64_t evictions;
+};
+
+void sl_sched_kv_init(struct sl_kv_pool *p, int n_blocks, int block_size, const uint64_t seed[4]);
+void sl_sched_kv_free(struct sl_kv_pool *p);
+/* Blocks an allocation can take: free or cached. */
+static inline int sl_sched_kv_available(const struct sl_kv_pool *p)
+{
+    return p->n_free + p->n_lru;
+}
+/* A block held once: a free one, else the least recently cached (evicted). Needs one available. */
+int32_t sl_sched_kv_alloc(struct sl_kv_pool *p);
+/* Holds block b once more (a cached one leaves the LRU). */
+void sl_sched_kv_hold(struct sl_kv_pool *p, int32_t b);
+/* Drops a hold on b; its last holder gone, a registered block is cached (LRU's newest), another
+ * freed. */
+void sl_sched_kv_drop(struct sl_kv_pool *p, int32_t b);
+/* The identity of the root of key's chains, and of a block of tokens (block_size) under parent. */
+struct sl_kv_hash sl_sched_kv_root(uint64_t cache_key);
+struct sl_kv_hash sl_sched_kv_chain(const uint64_t seed[4], struct sl_kv_hash parent,
+                                    const int32_t *tokens, int block_size);
+/* The registered block of identity h holding tokens (block_size), or -1. */
+int sl_sched_kv_find(const struct sl_kv_pool *p, struct sl_kv_hash h, const int32_t *tokens);
+/* Registers held block b as identity h with tokens (block_size). False (nothing changed) when b
+ * is registered already or another block holds that identity (b then stays private). */
+bool sl_sched_kv_register(struct sl_kv_pool *p, int32_t b, struct sl_kv_hash h,
+                          const int32_t *tokens);
+/* The longest chain of registered blocks under key matching ids (n), at most (n - 1) /
+ * block_size blocks: returns how many, with their ids in blocks and identities in hashes (either
+ * may be NULL). Changes nothing. */
+int sl_sched_kv_match(const struct sl_kv_pool *p, uint64_t key, const int32_t *ids, int n,
+                      int32_t *blocks, struct sl_kv_hash *hashes);
+/* As sl_sched_kv_match, in tokens, from the published fingerprints: any thread. */
+int sl_sched_kv_published_match(const struct sl_kv_pool *p, uint64_t key, const int32_t *ids,
+                                int n);
+
 struct sl_req_prompt {
     atomic_int refs;
     int n;
@@ -79,13 +143,22 @@ struct sl_seq {
     uint64_t order; /* submission order: ranks equal arrivals */
     bool queued;
     bool resident;
-    int plan;          /* index of its entry in the step being built, -1 when none */
-    int32_t *tokens;   /* (n_prompt + max_tokens) prompt then generated ids */
-    int n_tokens;      /* ids known so far */
-    int n_computed;    /* positions whose KV is written */
-    int n_generated;   /* sampled ids (the sink has seen them) */
-    int32_t *blocks;   /* (blocks_for(n_prompt + max_tokens)) KV block ids owned */
-    int n_blocks;      /* in use */
+    int plan;        /* index of its entry in the step being built, -1 when none */
+    int32_t *tokens; /* (n_prompt + max_tokens) prompt then generated ids */
+    int n_tokens;    /* ids known so far */
+    int n_computed;  /* positions whose KV is written */
+    int n_generated; /* sampled ids (the sink has seen them) */
+    int32_t *blocks; /* (blocks_for(n_prompt + max_tokens)) KV block ids held */
+    int n_blocks;    /* in use */
+    /* The prefix cache: identities of its first n_hashed full blocks of tokens (they never
+     * change), how many of its held blocks are registered or found duplicate (n_offered), and
+     * while waiting, the tokens the cache is expected to give it at its start (`hint`, counted
+     * off its tier's queued work; 0 while resident). */
+    struct sl_kv_hash *hashes; /* (n_prompt + max_tokens) / block_size */
+    int n_hashed;
+    int n_offered;
+    int hint;
+    bool started;      /* it has started once (the cache's queries count first starts only) */
     struct sl_rng rng; /* sampling state: survives preemption, so a resumed run samples the same */
     uint64_t last_decode_ns;   /* `now` of the step that last gave it a token (TPOT guard) */
     uint64_t last_decode_step; /* and that step's number */
@@ -161,9 +234,9 @@ struct sl_sched_core {
     int n_seqs; /* held: queued or resident */
     uint64_t next_order;
 
-    int32_t *free_blocks; /* (n_blocks) stack of free block ids */
-    int n_free;
+    struct sl_kv_pool kv;
     int watermark; /* blocks kept spare when a sequence starts while others run */
+    uint64_t prefix_query_tokens, prefix_hit_tokens; /* sl_sched_stats */
     /* The isolation of this step (see isolate() in core.c): tiers of a priority above iso_prio
      * have their prompt chunks cut and leave SL_SCHED_ISOLATION_SLOTS slots free. */
     bool iso_on;

@@ -62,10 +62,15 @@ static int32_t next_of(uint64_t h)
     return 3 + (int32_t)((h >> 17) % (SIM_VOCAB - 3));
 }
 
-/* Prompt token k of request i: BOS, then a pattern of its own. */
-static int32_t prompt_token(int i, int k)
+/* Prompt token k of request i: BOS, then its group's shared prefix, then a pattern of its own. */
+static int32_t prompt_token(const struct sl_sim_request *rq, int i, int k)
 {
-    return k == 0 ? 1 : 3 + (int32_t)(((uint64_t)i * 7919u + (uint64_t)k * 104729u) % 61u);
+    if (k == 0)
+        return 1;
+    if (rq->prefix_group > 0 && k <= rq->prefix_tokens)
+        return 3 +
+               (int32_t)(((uint64_t)rq->prefix_group * 15485863u + (uint64_t)k * 104729u) % 61u);
+    return 3 + (int32_t)(((uint64_t)i * 7919u + (uint64_t)k * 104729u) % 61u);
 }
 
 struct gaps {
@@ -168,6 +173,7 @@ static void sim_done(void *ctx, struct sl_req *r, enum sl_finish why, int status
     (void)n_generated;
     q->res.finish = why;
     q->res.status = status;
+    q->res.cached_tokens = sl_req_cached_tokens(r);
     q->res.done_at_s = (double)m->step_end_ns / 1e9;
 }
 
@@ -192,7 +198,7 @@ static int sim_submit(struct sim *m, struct sl_sched_core *core, int i)
     struct sl_req_prompt *prompt = sl_req_prompt_new(rq->prompt_tokens);
     int32_t *ids = sl_req_prompt_ids(prompt);
     for (int k = 0; k < rq->prompt_tokens; k++) {
-        ids[k] = prompt_token(i, k);
+        ids[k] = prompt_token(rq, i, k);
         q->expect = mix(q->expect, ids[k]);
     }
     struct sl_req_params p = {
@@ -202,6 +208,7 @@ static int sim_submit(struct sim *m, struct sl_sched_core *core, int i)
         .tier = rq->tier,
         .sched_tier = *t,
         .share = rq->share,
+        .cache_prefix = m->cfg->prefix_cache,
     };
     snprintf(p.tenant, sizeof p.tenant, "%s", rq->tenant_name ? rq->tenant_name : "");
     struct sl_req *r = sl_req_new(prompt, &p);
@@ -298,8 +305,11 @@ static void report(struct sim *m, int n, double makespan, struct sl_sim_report *
         o->output_tokens_per_s = makespan > 0 ? (double)tokens / makespan : 0;
         rep->output_tokens += tokens;
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         rep->mismatches += m->st[i].res.mismatches;
+        rep->prompt_tokens += m->reqs[i].prompt_tokens;
+        rep->cached_tokens += m->st[i].res.cached_tokens;
+    }
     free(ttft);
     free(tpot);
     free(e2e);
@@ -315,7 +325,8 @@ int sl_sim_run(const struct sl_sim_config *cfg, const struct sl_sim_request *req
     for (int i = 0; i < n; i++) {
         const struct sl_sim_request *r = &reqs[i];
         if (!(r->arrival_s >= 0) || !isfinite(r->arrival_s) || r->tier < 0 ||
-            r->tier >= lim->n_tiers || r->prompt_tokens < 1 || r->output_tokens < 1)
+            r->tier >= lim->n_tiers || r->prompt_tokens < 1 || r->output_tokens < 1 ||
+            r->prefix_group < 0 || (r->prefix_group > 0 && r->prefix_tokens < 0))
             return SL_EINVAL;
     }
     struct sim m = {.cfg = cfg, .reqs = reqs};

@@ -16,11 +16,7 @@ DUR=${1:-15}
 OBJECTIVE_MS=1000
 echo "== flood, admission on then off: batch at 3x capacity + interactive at 30 %; $(machine)"
 start_sluice "$SCEN/flood.json"
-if [ -z "${CAPACITY:-}" ]; then
-  bench --concurrency "${CAPACITY_USERS:-32}" --duration 10 --warmup 3 --prompt 128 --output 64 --ignore-eos \
-    --class "capacity,tier=batch" --label capacity --summary "$OUT/capacity.tsv" >/dev/null
-  CAPACITY=$(awk -F'\t' 'NR == 2 { print $7 }' "$OUT/capacity.tsv")
-fi
+measure_capacity 10 "capacity,tier=batch" "${CAPACITY_USERS:-32}"
 BATCH=$(awk -v c="$CAPACITY" 'BEGIN { printf "%.2f", 3 * c }')
 INTER=$(awk -v c="$CAPACITY" 'BEGIN { printf "%.2f", 0.3 * c }')
 echo "capacity ${CAPACITY} req/s (batch shape, ${CAPACITY_USERS:-32} users): batch at ${BATCH} req/s, interactive at ${INTER} req/s"

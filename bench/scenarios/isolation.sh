@@ -16,11 +16,7 @@ c = json.load(open(sys.argv[1]))
 c["tiers"]["interactive"]["isolation_ms"] = 0
 json.dump(c, open(sys.argv[2], "w"), indent=1)' "$SCEN/flood.json" "$OUT/flood-noiso.json"
 start_sluice "$SCEN/flood.json"
-if [ -z "${CAPACITY:-}" ]; then
-  bench --concurrency 32 --duration 10 --warmup 3 --prompt 128 --output 64 --ignore-eos \
-    --class "capacity,tier=batch" --label capacity --summary "$OUT/capacity.tsv" >/dev/null
-  CAPACITY=$(awk -F'\t' 'NR == 2 { print $7 }' "$OUT/capacity.tsv")
-fi
+measure_capacity 10 "capacity,tier=batch"
 BATCH=$(awk -v c="$CAPACITY" 'BEGIN { printf "%.2f", 3 * c }')
 INTER=$(awk -v c="$CAPACITY" 'BEGIN { printf "%.2f", 0.3 * c }')
 echo "capacity ${CAPACITY} req/s: batch at ${BATCH} req/s, interactive at ${INTER} req/s"

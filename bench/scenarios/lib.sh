@@ -60,6 +60,18 @@ bench() {
   "$BENCH" --url "$URL" --no-progress "$@" | tee -a "$OUT/bench.txt"
 }
 
+# measure_capacity DURATION_S CLASS [USERS]: sets CAPACITY to the req/s a closed loop of USERS
+# (32) users gets from the server sending 128-token prompts for 64 tokens each as class CLASS
+# (a sluice-bench --class spec), over DURATION_S after 3 s of warm-up; its summary goes to
+# $OUT/capacity.tsv. Does nothing when CAPACITY is set already (CAPACITY=R skips it).
+measure_capacity() {
+  if [ -z "${CAPACITY:-}" ]; then
+    bench --concurrency "${3:-32}" --duration "$1" --warmup 3 --prompt 128 --output 64 \
+      --ignore-eos --class "$2" --label capacity --summary "$OUT/capacity.tsv" >/dev/null
+    CAPACITY=$(awk -F'\t' 'NR == 2 { print $7 }' "$OUT/capacity.tsv")
+  fi
+}
+
 machine() {
   local cpu
   cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')

@@ -19,11 +19,7 @@ QUIET_CLASS="quiet,rate=2,tenant=quiet,key=$QUIET,endpoint=chat,prompt=lognormal
 echo "== noisy neighbour inside one tier, vtc then fcfs; $(machine)"
 sed 's/"fairness": "vtc"/"fairness": "fcfs"/' "$SCEN/noisy.json" >"$OUT/noisy-fcfs.json"
 start_sluice "$SCEN/noisy.json"
-if [ -z "${CAPACITY:-}" ]; then
-  bench --concurrency 32 --duration 15 --warmup 3 --prompt 128 --output 64 --ignore-eos \
-    --class "capacity,key=$NOISY" --label capacity --summary "$OUT/capacity.tsv" >/dev/null
-  CAPACITY=$(awk -F'\t' 'NR == 2 { print $7 }' "$OUT/capacity.tsv")
-fi
+measure_capacity 15 "capacity,key=$NOISY"
 FLOOD=$(awk -v c="$CAPACITY" 'BEGIN { printf "%.2f", 8 * c }')
 echo "capacity ${CAPACITY} req/s (128/64); noisy floods 200/16 at ${FLOOD} req/s"
 bench --duration "$DUR" --warmup 3 --ignore-eos --class "$QUIET_CLASS" \

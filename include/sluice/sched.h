@@ -291,6 +291,9 @@ struct sl_sched_limits {
     /* The tier table (copied; at most SL_SCHED_MAX_TIERS). None: one tier "default". */
     const struct sl_sched_tier *tiers;
     int n_tiers;
+    /* The keys of the prefix cache's hash: secret, so that clients cannot aim collisions
+     * (sl_sched_new draws them at random when all are 0). */
+    uint64_t cache_seed[4];
 };
 
 struct sl_sched_core;
@@ -437,6 +440,10 @@ struct sl_sim_request {
     int output_tokens;       /* >= 1: generated to the end (no stop token) */
     const char *tenant_name; /* for fairness inside its tier (NULL: ""), and its share */
     float share;
+    /* > 0: the requests of the same group start with the same prefix_tokens prompt tokens
+     * (after BOS), which the prefix cache may share when the simulation has it on. */
+    int prefix_group;
+    int prefix_tokens;
 };
 
 struct sl_sim_config {
@@ -445,6 +452,8 @@ struct sl_sim_config {
     /* The baseline: a batch of up to max_seqs queued requests starts only when the previous
      * batch has finished entirely (no joining between steps). */
     bool static_batching;
+    /* Requests use the prefix cache (one key for all: the cache's global scope). */
+    bool prefix_cache;
     /* Optional: called at each request's arrival (virtual time), just before it is submitted,
      * with the statistics the core publishes at that moment, so that a prediction made from them
      * (the admission guard's) can be checked against what the run then gives. */
@@ -459,6 +468,7 @@ struct sl_sim_result {
     int n_out;      /* tokens generated */
     int mismatches; /* generated tokens that differ from an uninterrupted run's (0: lossless) */
     int preemptions;
+    int cached_tokens;                  /* prompt tokens the prefix cache gave it */
     double ttft_s;                      /* to the first token; < 0 when none */
     double e2e_s;                       /* to the last token */
     double tpot_s;                      /* (e2e - ttft) / (n_out - 1); 0 with one token */
@@ -487,6 +497,7 @@ struct sl_sim_report {
     double busy_s; /* virtual time spent in steps */
     long output_tokens;
     long mismatches; /* over every request: 0 when every output is what a lone run gives */
+    long prompt_tokens, cached_tokens; /* over every request: the prefix cache's hits */
 };
 
 /* Runs reqs (any order; ties keep their order) to completion. results: (n) or NULL. Returns

@@ -88,16 +88,26 @@ int server_wait_log_any(struct server *s, const char *const *needles)
     }
 }
 
-void server_start(struct server *s, const char *const *args)
+static const char *sluice_bin(void)
 {
     const char *bin = getenv("SLUICE_BIN");
     cr_assert_not_null(bin, "SLUICE_BIN is not set (run through meson test)");
-    server_start_bin(s, bin, args);
+    return bin;
 }
 
-void server_start_bin(struct server *s, const char *bin, const char *const *args)
+/* Removes the config file server_start_config wrote, if any. */
+static void remove_config(struct server *s)
 {
-    memset(s, 0, sizeof *s);
+    if (s->config[0])
+        unlink(s->config);
+    s->config[0] = '\0';
+}
+
+/* server_start_bin on a cleared s, which keeps s->config. A start that fails leaves nothing
+ * behind: the server is killed and reaped (s->pid 0, so server_stop has nothing to do) and its
+ * config file removed. */
+static void spawn(struct server *s, const char *bin, const char *const *args)
+{
     int pipefd[2];
     cr_assert_eq(pipe(pipefd), 0);
     const char *argv[32];
@@ -123,10 +133,50 @@ void server_start_bin(struct server *s, const char *bin, const char *const *args
     close(pipefd[1]);
     s->pid = pid;
     s->err_fd = pipefd[0];
-    server_wait_log(s, "listening on http://127.0.0.1:");
-    const char *p = strstr(s->log, "listening on http://127.0.0.1:");
-    s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+    static const char listening[] = "listening on http://127.0.0.1:";
+    while (!strstr(s->log, listening))
+        if (!read_log(s, 120000)) {
+            kill(s->pid, SIGKILL);
+            waitpid(s->pid, NULL, 0);
+            close(s->err_fd);
+            s->pid = 0;
+            remove_config(s);
+            cr_assert_fail("server log ended before \"%s\":\n%s", listening, s->log);
+        }
+    s->port = atoi(strstr(s->log, listening) + strlen(listening));
     cr_assert_gt(s->port, 0);
+}
+
+void server_start(struct server *s, const char *const *args)
+{
+    server_start_bin(s, sluice_bin(), args);
+}
+
+void server_start_bin(struct server *s, const char *bin, const char *const *args)
+{
+    memset(s, 0, sizeof *s);
+    spawn(s, bin, args);
+}
+
+void server_start_config(struct server *s, const char *json)
+{
+    server_start_bin_config(s, sluice_bin(), json);
+}
+
+void server_start_bin_config(struct server *s, const char *bin, const char *json)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->config, sizeof s->config, "/tmp/sluice-config-XXXXXX.json");
+    int fd = mkstemps(s->config, 5);
+    cr_assert_geq(fd, 0, "mkstemps: %s", strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    bool written = f && fputs(json, f) >= 0;
+    if (!f || fclose(f) != 0 || !written) {
+        unlink(s->config);
+        cr_assert_fail("cannot write %s: %s", s->config, strerror(errno));
+    }
+    const char *args[] = {"--config", s->config, NULL};
+    spawn(s, bin, args);
 }
 
 int server_wait_exit(struct server *s)
@@ -138,6 +188,7 @@ int server_wait_exit(struct server *s)
     cr_assert_eq(waitpid(s->pid, &status, 0), s->pid);
     close(s->err_fd);
     s->pid = 0;
+    remove_config(s);
     return status;
 }
 
@@ -609,8 +660,7 @@ bool sanitized_build(void)
 
 int sluice_run(const char *args, char *out, size_t outlen)
 {
-    const char *bin = getenv("SLUICE_BIN");
-    cr_assert_not_null(bin, "SLUICE_BIN is not set (run through meson test)");
+    const char *bin = sluice_bin();
     char cmd[1024];
     cr_assert_lt((size_t)snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", bin, args), sizeof cmd);
     FILE *f = popen(cmd, "r");

@@ -21,10 +21,24 @@
     "\"tpot_slo_ms\":1000},\"batch\":{\"priority\":1,\"weight\":1,\"ttft_slo_ms\":600000,"         \
     "\"tpot_slo_ms\":1000}}"
 
+/* Tenant keys the tests send, each with the key_sha256 a config gives for it (`printf %s KEY |
+ * sha256sum`). */
+#define ALICE "sk-alice-0123456789abcdefXYZ"
+#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
+#define BOB "sk-bob-0123456789abcdefXYZ"
+#define BOB_SHA "ca94e0a18defaf16a73804c392e6898bd1b71c8a2fdf1ec61e574517dadbedca"
+#define CAROL "sk-carol-0123456789abcdefXYZ"
+#define CAROL_SHA "ce548d28bf71aa9d30cf3e8667a790d9244416b551883d5c1d8753b04686d643"
+#define ADMIN "admin-secret-key-0123456789"
+#define ADMIN_SHA "4863aec637069806d797219f620402072ed601f239fbc9cb3533c91cc53c1611"
+/* The header line that sends `key`. */
+#define AUTH(key) "Authorization: Bearer " key "\r\n"
+
 struct server {
     pid_t pid;
     int port;
     int err_fd;        /* read end of the server's stderr */
+    char config[64];   /* the config file server_start_config wrote, or "" */
     char log[1 << 16]; /* what it printed so far (truncated at the end if longer) */
     size_t log_len;
 };
@@ -34,10 +48,16 @@ struct server {
 bool sanitized_build(void);
 
 /* Starts build/sluice (SLUICE_BIN) with the given extra arguments and --listen 127.0.0.1:0, and
- * waits for its "listening on" line. Fails the test when it exits first. */
+ * waits for its "listening on" line. Fails the test when it exits first (or prints nothing for
+ * 120 s), leaving s->pid 0. */
 void server_start(struct server *s, const char *const *args);
 /* The same with another executable (a test build of sluice, such as SLUICE_FAULT_BIN). */
 void server_start_bin(struct server *s, const char *bin, const char *const *args);
+/* server_start with the arguments "--config FILE", FILE a new temporary file holding `json`. s
+ * owns FILE: server_wait_exit (server_stop with it) removes it, and so does a start that fails. */
+void server_start_config(struct server *s, const char *json);
+/* The same with another executable, as server_start_bin. */
+void server_start_bin_config(struct server *s, const char *bin, const char *json);
 /* A busy server writes an access line per request; while the test makes many requests without
  * looking at the log, a thread reads it so the server never blocks on a full pipe (the newest
  * part is kept in s->log). Between on and off the test must not call the other server_* log
@@ -52,10 +72,11 @@ int server_fd_count(const struct server *s);
  * status, or -1 when it did not exit. For commands that do not serve: --check-config, --help,
  * or a start that must fail. */
 int sluice_run(const char *args, char *out, size_t outlen);
-/* Sends SIGTERM, waits for the exit and asserts it was clean (status 0). */
+/* Sends SIGTERM, waits for the exit and asserts it was clean (status 0). Does nothing when s has
+ * no server (s->pid 0: not started, or reaped already). */
 void server_stop(struct server *s);
 /* Reads the server's log until it ends (keeping the server from blocking on a full pipe), then
- * reaps the server and returns its wait status. */
+ * reaps the server, removes its config file (server_start_config) and returns its wait status. */
 int server_wait_exit(struct server *s);
 /* Reads the server's log until a line contains `needle` (or the server exits, failing). */
 void server_wait_log(struct server *s, const char *needle);

@@ -23,12 +23,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define ALICE "sk-alice-0123456789abcdefXYZ"
-#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
-#define BOB "sk-bob-0123456789abcdefXYZ"
-#define BOB_SHA "ca94e0a18defaf16a73804c392e6898bd1b71c8a2fdf1ec61e574517dadbedca"
-#define AUTH(key) "Authorization: Bearer " key "\r\n"
-
 static struct server srv;
 static char cfg_path[64];
 

@@ -15,13 +15,8 @@
 #include <unistd.h>
 
 /* Keys and their SHA-256 from `printf %s KEY | sha256sum`. */
-#define ALICE "sk-alice-0123456789abcdefXYZ"
-#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
-#define ADMIN "admin-secret-key-0123456789"
-#define ADMIN_SHA "4863aec637069806d797219f620402072ed601f239fbc9cb3533c91cc53c1611"
 #define SCRAPER "metrics-scraper-key-0123456789"
 #define SCRAPER_SHA "b093567ef2ad809fe556a1e936c190a140f4f68a8f9132230557f2d12dc6f9e0"
-#define AUTH(key) "Authorization: Bearer " key "\r\n"
 
 /* header_timeout_ms is far past the client's 120 s receive timeout: an answer that waited for
  * the body (or for the timeout) fails the test instead of passing as a 408. */

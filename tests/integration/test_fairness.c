@@ -23,15 +23,10 @@
 #define SHA_B "794a2a3f845d4786e7a77db5718cab83bdfe53314f2f3ce5e091b4217f1c14f0"
 
 static struct server srv;
-static char cfg_path[64];
-static bool running;
 
 static void stop(void)
 {
-    if (running)
-        server_stop(&srv);
-    running = false;
-    unlink(cfg_path);
+    server_stop(&srv);
 }
 
 TestSuite(fairness, .fini = stop, .timeout = 300);
@@ -70,14 +65,7 @@ static int place_of_b(const char *fairness)
              "\"batch\"},{\"name\":\"b\",\"key_sha256\":\"%s\",\"tiers\":[\"batch\"],"
              "\"default_tier\":\"batch\"}]}",
              fairness, SHA_A, SHA_B);
-    snprintf(cfg_path, sizeof cfg_path, "/tmp/sluice-fairness-%d.json", (int)getpid());
-    FILE *f = fopen(cfg_path, "w");
-    cr_assert_not_null(f);
-    fputs(config, f);
-    cr_assert_eq(fclose(f), 0);
-    const char *args[] = {"--config", cfg_path, NULL};
-    server_start(&srv, args);
-    running = true;
+    server_start_config(&srv, config);
     atomic_store(&n_finished, 0);
     struct sender s[5];
     pthread_t th[5];
@@ -100,7 +88,6 @@ static int place_of_b(const char *fairness)
     for (int i = 0; i < 5; i++)
         cr_assert_eq(s[i].status, 200, "request %d answered %d", i, s[i].status);
     server_stop(&srv);
-    running = false;
     return s[4].finished;
 }
 

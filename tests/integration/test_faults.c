@@ -27,33 +27,12 @@
 #include <unistd.h>
 
 static struct server srv;
-static char dir[64];
 
-static void make_dir(void)
-{
-    snprintf(dir, sizeof dir, "/tmp/sluice-faults-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
-
-static void remove_dir(void)
+static void stop(void)
 {
     server_log_pump(&srv, false);
     if (srv.pid)
         server_stop(&srv);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
-
-static const char *write_config(const char *json)
-{
-    static char path[128];
-    snprintf(path, sizeof path, "%s/sluice.json", dir);
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f);
-    fputs(json, f);
-    cr_assert_eq(fclose(f), 0);
-    return path;
 }
 
 /* True under AddressSanitizer, whose redzones and quarantine make memory figures meaningless. */
@@ -204,13 +183,11 @@ static void *drip_main(void *arg)
 }
 
 Test(faults, normal_client_completes_when_2000_connections_send_headers_a_byte_at_a_time,
-     .init = make_dir, .fini = remove_dir, .timeout = 300)
+     .fini = stop, .timeout = 300)
 {
     cr_assert_geq(raise_nofile(SLOW_CONNS + 256), SLOW_CONNS + 256, "cannot open enough files");
     /* The slow heads must not hit the head timeout while the test runs. */
-    const char *cfg = write_config("{\"header_timeout_ms\": 600000}");
-    const char *args[] = {"--config", cfg, NULL};
-    server_start(&srv, args);
+    server_start_config(&srv, "{\"header_timeout_ms\": 600000}");
 
     struct drip d = {.n = SLOW_CONNS, .fds = calloc(SLOW_CONNS, sizeof(int))};
     atomic_init(&d.stop, false);
@@ -343,7 +320,7 @@ static void run_cuts(int port, int first, int count, long *answered)
 }
 
 Test(faults, kv_blocks_and_memory_return_to_baseline_when_1000_streams_are_cut_at_random_points,
-     .init = make_dir, .fini = remove_dir, .timeout = 300)
+     .fini = stop, .timeout = 300)
 {
     server_start(&srv, NULL);
     server_log_pump(&srv, true);
@@ -389,7 +366,7 @@ Test(faults, kv_blocks_and_memory_return_to_baseline_when_1000_streams_are_cut_a
 /* ---- a worker that fails a step ---- */
 
 Test(faults, failed_step_gets_500_or_error_event_and_server_stays_ready_when_worker_fails,
-     .init = make_dir, .fini = remove_dir, .timeout = 300)
+     .fini = stop, .timeout = 300)
 {
     /* One request at a time, so forward call n is a known step of a known request: call 1 is
      * the first request's prompt; calls 2 and 3 the second's prompt and first decode, call 4
@@ -454,20 +431,17 @@ Test(faults, failed_step_gets_500_or_error_event_and_server_stays_ready_when_wor
 
 /* What a failed request reserved of its tenant's budget (its worst case) is settled to what it
  * cost when the engine fails it, as for any other end: the budget's spend is the ledger's. */
-Test(faults, a_request_the_engine_fails_settles_its_budget_to_what_ran, .init = make_dir,
-     .fini = remove_dir, .timeout = 300)
+Test(faults, a_request_the_engine_fails_settles_its_budget_to_what_ran, .fini = stop,
+     .timeout = 300)
 {
     cr_assert_eq(setenv("SLUICE_FAULT_FORWARD", "3", 1), 0); /* the first's second decode */
     const char *bin = getenv("SLUICE_FAULT_BIN");
     cr_assert_not_null(bin, "SLUICE_FAULT_BIN is not set (run through meson test)");
-    const char *args[] = {
-        "--config",
-        write_config("{" HARNESS_TIERS_WITHOUT_GUARD ",\"price\":{\"input_per_mtok\":1,"
-                     "\"output_per_mtok\":2},\"tenants\":[{\"name\":\"f\",\"key_sha256\":"
-                     "\"" FAULT_SHA "\",\"tiers\":[\"interactive\"],\"default_tier\":"
-                     "\"interactive\",\"budget\":{\"amount\":1,\"period\":\"day\"}}]}"),
-        NULL};
-    server_start_bin(&srv, bin, args);
+    server_start_bin_config(&srv, bin,
+                            "{" HARNESS_TIERS_WITHOUT_GUARD ",\"price\":{\"input_per_mtok\":1,"
+                            "\"output_per_mtok\":2},\"tenants\":[{\"name\":\"f\",\"key_sha256\":"
+                            "\"" FAULT_SHA "\",\"tiers\":[\"interactive\"],\"default_tier\":"
+                            "\"interactive\",\"budget\":{\"amount\":1,\"period\":\"day\"}}]}");
     unsetenv("SLUICE_FAULT_FORWARD");
     char raw[16384];
     /* Greedy and past the model's stop tokens: exactly 100 tokens when it is not failed. */
@@ -493,8 +467,7 @@ Test(faults, a_request_the_engine_fails_settles_its_budget_to_what_ran, .init = 
 /* n choices are n sequences: when a step fails, the first choice it fails ends the answer (an
  * error event, then [DONE]) and the others are cancelled, so nothing is left running or holding
  * KV blocks; the next request of n choices is served whole. */
-Test(faults, failed_step_ends_every_choice_when_n_is_above_one, .init = make_dir,
-     .fini = remove_dir, .timeout = 300)
+Test(faults, failed_step_ends_every_choice_when_n_is_above_one, .fini = stop, .timeout = 300)
 {
     /* Call 3 is a decode step of the first request (its prompts take one or two calls). */
     cr_assert_eq(setenv("SLUICE_FAULT_FORWARD", "3", 1), 0);
@@ -526,8 +499,8 @@ Test(faults, failed_step_ends_every_choice_when_n_is_above_one, .init = make_dir
 }
 
 /* A client that leaves a stream of n choices cancels every one of them. */
-Test(faults, leaving_a_stream_cancels_every_choice_when_n_is_above_one, .init = make_dir,
-     .fini = remove_dir, .timeout = 300)
+Test(faults, leaving_a_stream_cancels_every_choice_when_n_is_above_one, .fini = stop,
+     .timeout = 300)
 {
     server_start(&srv, NULL);
     int fd = client_connect(srv.port);
@@ -542,8 +515,7 @@ Test(faults, leaving_a_stream_cancels_every_choice_when_n_is_above_one, .init = 
     wait_engine_idle(srv.port);
 }
 
-Test(faults, release_binary_ignores_the_fault_variable_when_it_is_set, .init = make_dir,
-     .fini = remove_dir)
+Test(faults, release_binary_ignores_the_fault_variable_when_it_is_set, .fini = stop)
 {
     cr_assert_eq(setenv("SLUICE_FAULT_FORWARD", "1,2,3,4", 1), 0);
     server_start(&srv, NULL);
@@ -582,15 +554,13 @@ static void open_idle(int port, int *fds, int n)
 }
 
 Test(faults, memory_per_connection_is_bounded_when_10000_idle_connections_are_kept_alive,
-     .init = make_dir, .fini = remove_dir, .timeout = 300)
+     .fini = stop, .timeout = 300)
 {
     long lim = raise_nofile(IDLE_CONNS + IDLE_WARM + 256);
     if (lim < IDLE_CONNS + IDLE_WARM + 256)
         cr_skip_test("RLIMIT_NOFILE allows %ld files, fewer than the %d this test opens", lim,
                      IDLE_CONNS + IDLE_WARM + 256);
-    const char *cfg = write_config("{\"max_connections\": 20000, \"idle_timeout_ms\": 600000}");
-    const char *args[] = {"--config", cfg, NULL};
-    server_start(&srv, args);
+    server_start_config(&srv, "{\"max_connections\": 20000, \"idle_timeout_ms\": 600000}");
     server_log_pump(&srv, true);
     int *fds = calloc(IDLE_CONNS + IDLE_WARM, sizeof *fds);
     open_idle(srv.port, fds, IDLE_WARM);

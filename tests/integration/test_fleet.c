@@ -16,9 +16,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define ALICE "sk-alice-0123456789abcdefXYZ"
-#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
-#define AUTH "Authorization: Bearer " ALICE "\r\n"
 #define BODY "{\"prompt\":\"Once upon a time\",\"max_tokens\":2}"
 
 static struct server srv;
@@ -65,7 +62,7 @@ TestSuite(fleet, .init = start, .fini = stop, .timeout = 300);
 static int send_waiting(void)
 {
     int fd = client_connect(srv.port);
-    client_request_h(fd, "POST", "/v1/completions", AUTH, BODY, true);
+    client_request_h(fd, "POST", "/v1/completions", AUTH(ALICE), BODY, true);
     double n;
     while ((n = metrics_fetch_sum(srv.port, "sluice:fleet_pending")) == 0)
         ;
@@ -76,7 +73,7 @@ static int send_waiting(void)
 Test(fleet, a_request_answered_by_redis_is_admitted_with_the_fleet_budget_in_its_headers)
 {
     int fd = client_connect(srv.port);
-    client_request_h(fd, "POST", "/v1/completions", AUTH, BODY, false);
+    client_request_h(fd, "POST", "/v1/completions", AUTH(ALICE), BODY, false);
     struct response r;
     cr_assert(client_read_response(fd, &r));
     cr_assert_eq(r.status, 200, "%s", r.body);
@@ -98,7 +95,7 @@ Test(fleet, a_client_that_leaves_while_redis_is_stopped_is_let_go_and_the_server
     kill(redis.pid, SIGCONT);
     /* The same thread's connection carries the late answer, then the next request. */
     fd = client_connect(srv.port);
-    client_request_h(fd, "POST", "/v1/completions", AUTH, BODY, false);
+    client_request_h(fd, "POST", "/v1/completions", AUTH(ALICE), BODY, false);
     struct response r;
     cr_assert(client_read_response(fd, &r));
     cr_assert_eq(r.status, 200, "%s", r.body);

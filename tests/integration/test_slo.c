@@ -21,16 +21,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define ALICE "sk-alice-0123456789abcdefXYZ"
-#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
-#define BOB "sk-bob-0123456789abcdefXYZ"
-#define BOB_SHA "ca94e0a18defaf16a73804c392e6898bd1b71c8a2fdf1ec61e574517dadbedca"
-#define CAROL "sk-carol-0123456789abcdefXYZ"
-#define CAROL_SHA "ce548d28bf71aa9d30cf3e8667a790d9244416b551883d5c1d8753b04686d643"
-#define ADMIN "admin-secret-key-0123456789"
-#define ADMIN_SHA "4863aec637069806d797219f620402072ed601f239fbc9cb3533c91cc53c1611"
-#define AUTH(key) "Authorization: Bearer " key "\r\n"
-
 /* relaxed: objectives of 10 minutes, always met. strict: a TTFT of 1 ms, never met here (every
  * step takes 5 ms or more). capped: relaxed objectives, and a token bucket of 20 whose overload
  * policy caps max_tokens at 2 rather than refuse. carol may send one request a minute. */
@@ -46,33 +36,21 @@
     "\"" CAROL_SHA "\",\"tiers\":[\"relaxed\"],\"default_tier\":\"relaxed\",\"rpm\":1}]}"
 
 static struct server srv;
-static char cfg_path[64];
-static bool running;
 
 static void stop(void)
 {
-    if (running)
-        server_stop(&srv);
-    running = false;
-    unlink(cfg_path);
+    server_stop(&srv);
 }
 
 TestSuite(slo, .fini = stop, .timeout = 300);
 
 static void start(void)
 {
-    snprintf(cfg_path, sizeof cfg_path, "/tmp/sluice-slo-%d.json", (int)getpid());
-    FILE *f = fopen(cfg_path, "w");
-    cr_assert_not_null(f);
-    fputs(CONFIG, f);
-    cr_assert_eq(fclose(f), 0);
     const char *bin = getenv("SLUICE_FAULT_BIN");
     cr_assert_not_null(bin, "SLUICE_FAULT_BIN is not set (run through meson test)");
     cr_assert_eq(setenv("SLUICE_FAULT_FORWARD", "1", 1), 0);
     cr_assert_eq(setenv("SLUICE_FAULT_FORWARD_MS", "5", 1), 0);
-    const char *args[] = {"--config", cfg_path, NULL};
-    server_start_bin(&srv, bin, args);
-    running = true;
+    server_start_bin_config(&srv, bin, CONFIG);
     unsetenv("SLUICE_FAULT_FORWARD");
     unsetenv("SLUICE_FAULT_FORWARD_MS");
 }

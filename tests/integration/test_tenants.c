@@ -14,19 +14,9 @@
 #include <unistd.h>
 
 /* Keys and their SHA-256 from `printf %s KEY | sha256sum`. */
-#define ALICE "sk-alice-0123456789abcdefXYZ"
-#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
-#define BOB "sk-bob-0123456789abcdefXYZ"
-#define BOB_SHA "ca94e0a18defaf16a73804c392e6898bd1b71c8a2fdf1ec61e574517dadbedca"
-#define CAROL "sk-carol-0123456789abcdefXYZ"
-#define CAROL_SHA "ce548d28bf71aa9d30cf3e8667a790d9244416b551883d5c1d8753b04686d643"
 #define DAVE "sk-dave-0123456789abcdefXYZ"
 #define DAVE_SHA "0a18f2c011ddd3fc084f68e5e1193ccb1ae971c9b0b7433cb0d4c2986b5aa0f7"
-#define ADMIN "admin-secret-key-0123456789"
-#define ADMIN_SHA "4863aec637069806d797219f620402072ed601f239fbc9cb3533c91cc53c1611"
 #define WRONG "sk-wrong-0123456789abcdef9999"
-
-#define AUTH(key) "Authorization: Bearer " key "\r\n"
 
 static struct server srv;
 static char cfg_path[64];

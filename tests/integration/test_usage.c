@@ -27,14 +27,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define ALICE "sk-alice-0123456789abcdefXYZ"
-#define ALICE_SHA "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe"
-#define BOB "sk-bob-0123456789abcdefXYZ"
-#define BOB_SHA "ca94e0a18defaf16a73804c392e6898bd1b71c8a2fdf1ec61e574517dadbedca"
-#define ADMIN "admin-secret-key-0123456789"
-#define ADMIN_SHA "4863aec637069806d797219f620402072ed601f239fbc9cb3533c91cc53c1611"
-#define AUTH(key) "Authorization: Bearer " key "\r\n"
-
 /* $1 and $2 a million tokens in and out: a token is 1,000 and 2,000 nano-units. */
 #define CONFIG(state)                                                                              \
     "{" HARNESS_TIERS_WITHOUT_GUARD ",\"threads\":1,\"currency\":\"credits\",\"price\":"           \
@@ -45,27 +37,11 @@
     "\"batch\"}]" state "}"
 
 static struct server srv;
-static char cfg_path[64], state_dir[64];
-static bool running;
-
-static void start_with(const char *config)
-{
-    snprintf(cfg_path, sizeof cfg_path, "/tmp/sluice-usage-%d.json", (int)getpid());
-    FILE *f = fopen(cfg_path, "w");
-    cr_assert_not_null(f);
-    fputs(config, f);
-    cr_assert_eq(fclose(f), 0);
-    const char *args[] = {"--config", cfg_path, NULL};
-    server_start(&srv, args);
-    running = true;
-}
+static char state_dir[64];
 
 static void stop(void)
 {
-    if (running)
-        server_stop(&srv);
-    running = false;
-    unlink(cfg_path);
+    server_stop(&srv);
     if (state_dir[0]) {
         char p[128];
         snprintf(p, sizeof p, "%s/usage.jsonl", state_dir);
@@ -101,7 +77,7 @@ static long long expect_cost(json_t *usage)
 
 Test(usage, every_response_says_what_it_cost_and_device_time_adds_up_to_the_worker_s)
 {
-    start_with(CONFIG(""));
+    server_start_config(&srv, CONFIG(""));
     long long sum = 0;
     const char *bodies[] = {
         "{\"prompt\":\"Once upon a time\",\"max_tokens\":5}",
@@ -156,7 +132,7 @@ Test(usage, every_response_says_what_it_cost_and_device_time_adds_up_to_the_work
 
 Test(usage, usage_routes_show_the_admin_everyone_and_a_tenant_only_itself)
 {
-    start_with(CONFIG(""));
+    server_start_config(&srv, CONFIG(""));
     char raw[16384];
     for (int i = 0; i < 2; i++)
         cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", AUTH(ALICE),
@@ -283,7 +259,7 @@ Test(usage, the_journal_keeps_every_answer_clients_received_across_a_kill_9)
     cr_assert_not_null(mkdtemp(state_dir));
     char config[4096];
     snprintf(config, sizeof config, CONFIG(",\"state_dir\":\"%s\""), state_dir);
-    start_with(config);
+    server_start_config(&srv, config);
     server_log_pump(&srv, true);
     struct load l = {.port = srv.port};
     pthread_t th[SENDERS];
@@ -296,13 +272,12 @@ Test(usage, the_journal_keeps_every_answer_clients_received_across_a_kill_9)
         pthread_join(th[i], NULL);
     server_log_pump(&srv, false);
     server_wait_exit(&srv);
-    running = false;
     int done = atomic_load(&l.done);
     cr_assert_lt(done, SENDERS * PER_SENDER, "the kill came before the end of the load");
 
     /* The restarted server has on record every answer the clients received whole, and at most
      * the requests in flight at the kill besides (ran, their answers cut off). */
-    start_with(config);
+    server_start_config(&srv, config);
     char raw[16384];
     cr_assert_eq(
         client_try_request(srv.port, "GET", "/admin/usage", AUTH(ADMIN), NULL, raw, sizeof raw),
@@ -335,10 +310,6 @@ Test(usage, the_journal_keeps_every_answer_clients_received_across_a_kill_9)
     json_decref(e);
 }
 
-/* A budget of 100,000 nano-units a day; each request's worst case is 5 prompt tokens at 1,000 and
- * 10 generated at 2,000: 25,000. */
-#define CAROL "sk-carol-0123456789abcdefXYZ"
-
 /* The key_sha256 a configuration gives for key. */
 static void key_hash(const char *key, char hex[65])
 {
@@ -348,6 +319,8 @@ static void key_hash(const char *key, char hex[65])
         snprintf(hex + 2 * i, 3, "%02x", h[i]);
 }
 
+/* A budget of 100,000 nano-units a day; each request's worst case is 5 prompt tokens at 1,000 and
+ * 10 generated at 2,000: 25,000. */
 Test(usage, a_budget_refuses_with_insufficient_quota_exactly_when_the_worst_case_would_not_fit)
 {
     char hex[65], config[4096];
@@ -358,7 +331,7 @@ Test(usage, a_budget_refuses_with_insufficient_quota_exactly_when_the_worst_case
              "\"tiers\":[\"interactive\"],\"default_tier\":\"interactive\",\"budget\":"
              "{\"amount\":0.0001,\"period\":\"day\",\"soft_pct\":50}}]}",
              hex);
-    start_with(config);
+    server_start_config(&srv, config);
     long long spent = 0, worst = 5 * 1000 + 10 * 2000;
     int admitted = 0, refused = 0;
     for (int i = 0; i < 8; i++) {
@@ -497,7 +470,7 @@ Test(usage, passing_the_soft_threshold_posts_the_webhook_and_retries_it)
              "\"key_sha256\":\"%s\",\"tiers\":[\"interactive\"],\"default_tier\":\"interactive\","
              "\"budget\":{\"amount\":0.0001,\"period\":\"day\",\"soft_pct\":50}}]}",
              r.port, hex);
-    start_with(config);
+    server_start_config(&srv, config);
     /* Two worst cases of 25,000 make 50 % of 100,000: the second crosses. */
     char raw[16384];
     for (int i = 0; i < 2; i++)
@@ -601,7 +574,7 @@ Test(usage, an_https_webhook_sends_only_to_a_server_whose_certificate_it_trusts)
              "\"interactive\",\"budget\":{\"amount\":0.0001,\"period\":\"day\","
              "\"soft_pct\":20}}]}",
              ntohs(a.sin_port), hex);
-    start_with(config);
+    server_start_config(&srv, config);
     char raw[16384];
     cr_assert_eq(client_try_request(srv.port, "POST", "/v1/completions", AUTH(CAROL),
                                     "{\"prompt\":\"Once upon a time\",\"max_tokens\":10}", raw,
@@ -645,7 +618,7 @@ static const char *const reloads[] = {"SIGHUP: configuration reloaded",
 
 Test(usage, a_client_that_leaves_pays_for_what_ran_and_a_reload_changes_prices_not_usage)
 {
-    start_with(CONFIG(""));
+    server_start_config(&srv, CONFIG(""));
     /* A stream of up to 200 tokens; the client leaves after the first text. */
     int fd = client_connect(srv.port);
     client_request_h(fd, "POST", "/v1/completions", AUTH(ALICE),
@@ -664,7 +637,7 @@ Test(usage, a_client_that_leaves_pays_for_what_ran_and_a_reload_changes_prices_n
     double metric = metrics_fetch_sum(srv.port, "sluice:tenant_cost_total");
     cr_assert(fabs(metric * 1e9 - (double)cost) < 1, "%f against %lld", metric, cost);
     /* Prices ten times higher from the reload on; usage stays. */
-    FILE *f = fopen(cfg_path, "w");
+    FILE *f = fopen(srv.config, "w");
     cr_assert_not_null(f);
     char cfg[4096];
     snprintf(cfg, sizeof cfg, "%s", CONFIG(""));

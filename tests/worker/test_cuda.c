@@ -239,6 +239,54 @@ Test(worker, cuda_rows_agree_within_rounding_when_prefill_is_chunked_or_decoded_
     sl_model_free(m);
 }
 
+/* The prefix cache's use of a backend: two sequences whose block tables share the four blocks
+ * that hold wt_seq_a's first 16 positions (written once, by a third sequence) compute its last 4
+ * in one batch, each into blocks of its own, reading the shared ones. Their rows equal the
+ * reference's within rel (0: bit for bit). The CPU's case is tests/sched/test_prefix_models.c's,
+ * over the real models. */
+static void shared_prefix_rows(const struct sl_backend_ops *ops, double rel)
+{
+    struct sl_model *m = wt_load("synthetic", NULL);
+    int V = sl_model_config(m)->vocab_size;
+    float *ref = reference_a(m, ops);
+    float *logits = malloc((size_t)48 * V * sizeof(float));
+    struct sl_worker *w = new_worker(m, ops, true);
+    int32_t owner[4] = {20, 21, 22, 23}, t1[5] = {20, 21, 22, 23, 30}, t2[5] = {20, 21, 22, 23, 40};
+    const int32_t *tables[2] = {owner, NULL};
+    int32_t ctx[2] = {16, 0};
+    struct wt_step s = {0};
+    for (int i = 0; i < 16; i++)
+        wt_step_add(&s, 0, wt_seq_a[i], i);
+    wt_run_step(w, &s, 1, tables, ctx, logits);
+    tables[0] = t1;
+    tables[1] = t2;
+    ctx[0] = ctx[1] = 20;
+    s = (struct wt_step){0};
+    for (int q = 0; q < 2; q++)
+        for (int i = 16; i < 20; i++)
+            wt_step_add(&s, q, wt_seq_a[i], i);
+    wt_run_step(w, &s, 2, tables, ctx, logits);
+    for (int q = 0; q < 2; q++)
+        for (int i = 16; i < 20; i++) {
+            const float *row = logits + (size_t)(q * 4 + i - 16) * V, *want = ref + (size_t)i * V;
+            if (rel == 0)
+                cr_assert_arr_eq(row, want, sizeof(float) * (size_t)V, "%s: seq %d row %d",
+                                 ops->name, q, i);
+            else
+                assert_rows_close(row, want, V, rel, "shared prefix", i);
+        }
+    sl_worker_free(w);
+    free(logits);
+    free(ref);
+    sl_model_free(m);
+}
+
+Test(worker, cuda_rows_agree_within_rounding_when_sequences_share_prefix_blocks)
+{
+    REQUIRE_CUDA();
+    shared_prefix_rows(&sl_cuda_backend_ops, 1e-4);
+}
+
 /* Decode steps of one shape: the first runs eagerly, the second is captured as a graph, the
  * rest replay it. Each equals an eager worker's step: a replay is the same kernels on new data
  * (1e-5 leaves room for cuBLAS choosing another algorithm under capture, nothing more). */
