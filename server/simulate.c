@@ -112,6 +112,7 @@ static int parse_line(const struct sl_tenancy *ten, struct trace *tr, const char
         snprintf(err, errlen, "must be a JSON object");
         goto out;
     }
+    *out = (struct sl_sim_request){0};
     json_t *v = json_object_get(j, "arrival");
     if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0) {
         snprintf(err, errlen, "\"arrival\": must be a number of seconds, 0 or more");
