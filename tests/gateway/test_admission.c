@@ -1402,8 +1402,14 @@ Test(gateway, fairness_keys_load_with_their_defaults_and_errors_name_the_path)
                  "tiers.batch.vtc_weights: input and output cannot both be 0");
     expect_error(FAIR_TIER(",\"vtc_weights\":{\"input\":-1}"),
                  "tiers.batch.vtc_weights.input: must be a number from 0 and at most 1000");
-    expect_error(FAIR_TIER(",\"vtc_weights\":{\"cached\":0}"),
-                 "tiers.batch.vtc_weights.cached: unknown key");
+    expect_error(FAIR_TIER(",\"vtc_weights\":{\"cache\":0}"),
+                 "tiers.batch.vtc_weights.cache: unknown key (input, output, cached)");
+    expect_error(FAIR_TIER(",\"vtc_weights\":{\"cached\":-0.5}"),
+                 "tiers.batch.vtc_weights.cached: must be a number from 0 and at most 1000");
+    load_ok(&c, FAIR_TIER(",\"vtc_weights\":{\"cached\":0.25}"));
+    cr_assert_eq(c.tenancy.tiers[0].sched.w_cached, 0.25f);
+    cr_assert_eq(c.tenancy.tiers[0].sched.w_in, 1, "the others keep their defaults");
+    sl_config_dispose(&c);
     expect_error(FAIR_TIER(",\"vtc_weights\":[1,2]"), "tiers.batch.vtc_weights: must be an object");
     expect_error(FAIR_TIER(",\"isolation_ms\":-1"),
                  "tiers.batch.isolation_ms: must be a number from 0 and at most 10000");
