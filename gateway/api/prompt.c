@@ -120,7 +120,7 @@ int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_pro
 
 /* ---- the prefix cache's key ---- */
 
-/* Field i of the key's input at b + at (when b is not NULL): a tag, then a 4-byte big-endian
+/* One field of the key's input, at b + at (when b is not NULL): a tag, then a 4-byte big-endian
  * length and the bytes; returns the end. The tag and the length make every input one sequence
  * of fields only: "ab" + "c" never hashes as "a" + "bc", nor a salt as the other salt. */
 static size_t put_field(unsigned char *b, size_t at, unsigned char tag, const void *p, size_t n)
