@@ -351,10 +351,14 @@ static int64_t charge(const struct sl_admit *a)
     return choices(a) * ((int64_t)a->n_prompt + prompts(a) * a->max_tokens);
 }
 
-/* Prompt tokens it puts in the queue: each choice prefills the prompt. */
+/* Prompt tokens it puts in the queue: each choice prefills the prompt, less what the prefix
+ * cache is predicted to give it. The guard predicts a TTFT from this: a long prompt that is mostly
+ * cached waits only for the part it computes. Choices of one prompt started together each compute
+ * what was not cached before them (the scheduler shares only blocks already written). */
 static long prompt_work(const struct sl_admit *a)
 {
-    return (long)(choices(a) * a->n_prompt);
+    int cached = a->n_cached < 0 ? 0 : a->n_cached > a->n_prompt ? a->n_prompt : a->n_cached;
+    return (long)(choices(a) * (a->n_prompt - cached));
 }
 
 /* Counts (sign +1) or uncounts (-1) a request of tenant t with n prompt tokens for model m in
@@ -1012,12 +1016,13 @@ static enum sl_admit_verdict walk(struct sl_admit *a, const struct sl_admit_env 
             break;
         case SL_OVERLOAD_MODEL: {
             int m = model_find(env, s->model);
-            int n = 0;
+            int n = 0, cached = 0;
             if (m < 0 || m == a->model || m >= SL_ADMIT_MODELS_MAX ||
-                env->encode(env->ctx, m, a->max_tokens, &n) != SL_OK)
+                env->encode(env->ctx, m, a->max_tokens, &n, &cached) != SL_OK)
                 continue; /* not served, or the prompt does not fit it */
             a->model = m;
             a->n_prompt = n;
+            a->n_cached = cached; /* that model's cache, not the first's */
             a->degraded_by |= 1u << SL_OVERLOAD_MODEL;
             note_add(a, "model=%s", s->model);
             break;

@@ -246,8 +246,9 @@ static int opt_num(json_t *obj, const char *path, const char *key, double min, b
 }
 
 /* A tier's fairness between its tenants: "fairness" ("vtc", the default, or "fcfs") and
- * "vtc_weights" ({"input", "output"}: a prompt token's and a generated token's weight in the
- * counters, 1 and 2 by default, not both 0). */
+ * "vtc_weights" ({"input", "output", "cached"}: a prompt token's, a generated token's and a
+ * prompt token the prefix cache gave's weight in the counters, 1, 2 and 0 by default; input and
+ * output not both 0). */
 static int load_fairness(struct sl_tier *tr, json_t *tv, char *err, size_t errlen)
 {
     char path[64], b[48];
@@ -255,6 +256,7 @@ static int load_fairness(struct sl_tier *tr, json_t *tv, char *err, size_t errle
     tr->sched.fairness = SL_SCHED_VTC;
     tr->sched.w_in = 1;
     tr->sched.w_out = 2;
+    tr->sched.w_cached = 0;
     json_t *f = json_object_get(tv, "fairness");
     if (f) {
         const char *s = json_is_string(f) ? json_string_value(f) : "";
@@ -272,17 +274,19 @@ static int load_fairness(struct sl_tier *tr, json_t *tv, char *err, size_t errle
         return SL_OK;
     snprintf(path, sizeof path, "tiers.%s.vtc_weights", name);
     if (!json_is_object(w))
-        FAIL("%s: must be an object {\"input\": 1, \"output\": 2}", path);
+        FAIL("%s: must be an object {\"input\": 1, \"output\": 2, \"cached\": 0}", path);
     const char *k;
     json_t *kv;
     json_object_foreach(w, k, kv)
     {
-        if (!is_comment(k) && strcmp(k, "input") != 0 && strcmp(k, "output") != 0)
-            FAIL("%s.%s: unknown key (input, output)", path, shown(k, b));
+        if (!is_comment(k) && strcmp(k, "input") != 0 && strcmp(k, "output") != 0 &&
+            strcmp(k, "cached") != 0)
+            FAIL("%s.%s: unknown key (input, output, cached)", path, shown(k, b));
     }
     int st;
     if ((st = opt_num(w, path, "input", 0, true, 1000, &tr->sched.w_in, err, errlen)) ||
-        (st = opt_num(w, path, "output", 0, true, 1000, &tr->sched.w_out, err, errlen)))
+        (st = opt_num(w, path, "output", 0, true, 1000, &tr->sched.w_out, err, errlen)) ||
+        (st = opt_num(w, path, "cached", 0, true, 1000, &tr->sched.w_cached, err, errlen)))
         return st;
     if (tr->sched.w_in == 0 && tr->sched.w_out == 0)
         FAIL("%s: input and output cannot both be 0 (nothing would be counted)", path);
@@ -1011,8 +1015,8 @@ void sl_tenancy_to_json(const struct sl_tenancy *c, json_t *root)
         json_object_set_new(o, "fairness",
                             json_string(t->sched.fairness == SL_SCHED_FCFS ? "fcfs" : "vtc"));
         json_object_set_new(o, "vtc_weights",
-                            json_pack("{s:f,s:f}", "input", (double)t->sched.w_in, "output",
-                                      (double)t->sched.w_out));
+                            json_pack("{s:f,s:f,s:f}", "input", (double)t->sched.w_in, "output",
+                                      (double)t->sched.w_out, "cached", (double)t->sched.w_cached));
         json_object_set_new(tiers, t->sched.name, o);
     }
     json_object_set_new(root, "tiers", tiers);

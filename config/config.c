@@ -49,6 +49,8 @@ void sl_config_init(struct sl_config *c)
     c->engine.kv_dtype = SL_KV_F16; /* as llama.cpp's default cache type; f32 on request */
     c->api.default_max_tokens = 16;
     c->api.default_max_tokens_chat = 0;
+    c->api.prefix_cache.enabled = true;
+    c->api.prefix_cache.scope = SL_CONFIG_PREFIX_TENANT;
     c->fleet.key_prefix = sl_xstrdup("sluice:");
     c->fleet.timeout_ms = 20;
     c->fleet.password_env = sl_xstrdup("SLUICE_REDIS_PASSWORD");
@@ -252,12 +254,13 @@ enum key_type {
     K_MODELS,
     K_DEVICES,
     K_KV_DTYPE,
-    K_KEY_SHA256, /* 64 hex digits or null: a struct sl_key_sha256 */
-    K_MODEL_NAME, /* a model id (valid_model_name) or null */
-    K_PRICE,      /* {"input_per_mtok", "cached_input_per_mtok", "output_per_mtok",
-                     "device_second"}: a struct sl_usage_price */
-    K_CURRENCY,   /* 1 to 16 printable ASCII characters */
-    K_WEBHOOK,    /* null or an http:// or https:// URL with a host */
+    K_KEY_SHA256,   /* 64 hex digits or null: a struct sl_key_sha256 */
+    K_MODEL_NAME,   /* a model id (valid_model_name) or null */
+    K_PRICE,        /* {"input_per_mtok", "cached_input_per_mtok", "output_per_mtok",
+                       "device_second"}: a struct sl_usage_price */
+    K_CURRENCY,     /* 1 to 16 printable ASCII characters */
+    K_WEBHOOK,      /* null or an http:// or https:// URL with a host */
+    K_PREFIX_CACHE, /* {"enabled", "scope"}: a struct sl_config_prefix_cache */
 };
 
 struct key {
@@ -304,6 +307,7 @@ static const struct key keys[] = {
     {"admission", K_BOOL, OFF(tenancy.admission), 0, 0},
     {"metrics_key_sha256", K_KEY_SHA256, OFF(tenancy.metrics_key), 0, 0},
     {"vllm_metrics", K_BOOL, OFF(api.vllm_metrics), 0, 0},
+    {"prefix_cache", K_PREFIX_CACHE, OFF(api.prefix_cache), 0, 0},
     {"redis", K_REDIS, 0, 0, 0},
     {"currency", K_CURRENCY, OFF(metering.currency), 0, 0},
     {"price", K_PRICE, OFF(metering.price), 0, 0},
@@ -365,6 +369,61 @@ static json_t *price_json(const struct sl_usage_price *p)
     return json_pack("{s:f,s:f,s:f,s:f}", "input_per_mtok", p->input_per_mtok,
                      "cached_input_per_mtok", p->cached_input_per_mtok, "output_per_mtok",
                      p->output_per_mtok, "device_second", p->device_second);
+}
+
+static const char *const prefix_scopes[] = {
+    [SL_CONFIG_PREFIX_TENANT] = "tenant",
+    [SL_CONFIG_PREFIX_GLOBAL] = "global",
+};
+
+/* "prefix_cache": {"enabled": true|false, "scope": "tenant"|"global"}, keys starting with "//"
+ * being comments. A key left out keeps its value, as every top-level key does when a file leaves
+ * it out; nothing changes unless the whole object is valid. */
+static int parse_prefix_cache(struct sl_config_prefix_cache *out, json_t *v, char *err,
+                              size_t errlen, const char *where)
+{
+    if (!json_is_object(v)) {
+        snprintf(err, errlen,
+                 "%s: \"prefix_cache\" must be an object {\"enabled\": true or false, "
+                 "\"scope\": \"tenant\" or \"global\"}",
+                 where);
+        return SL_EINVAL;
+    }
+    struct sl_config_prefix_cache p = *out;
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x)
+    {
+        if (strncmp(k, "//", 2) == 0)
+            continue;
+        if (strcmp(k, "enabled") == 0) {
+            if (!json_is_boolean(x)) {
+                snprintf(err, errlen, "%s: \"prefix_cache\".\"enabled\" must be true or false",
+                         where);
+                return SL_EINVAL;
+            }
+            p.enabled = json_is_true(x);
+        } else if (strcmp(k, "scope") == 0) {
+            const char *s = json_is_string(x) ? json_string_value(x) : "";
+            int i = 0;
+            while (i < 2 && strcmp(s, prefix_scopes[i]) != 0)
+                i++;
+            if (i == 2) {
+                snprintf(err, errlen,
+                         "%s: \"prefix_cache\".\"scope\" must be \"tenant\" (each tenant's "
+                         "requests share only their own cached prefixes) or \"global\"",
+                         where);
+                return SL_EINVAL;
+            }
+            p.scope = (enum sl_config_prefix_scope)i;
+        } else {
+            snprintf(err, errlen, "%s: unknown key \"prefix_cache\".\"%.40s\" (enabled, scope)",
+                     where, k);
+            return SL_EINVAL;
+        }
+    }
+    *out = p;
+    return SL_OK;
 }
 
 /* "tls": null (no TLS listener) or {"listen": "HOST:PORT", "cert": FILE, "key": FILE}, keys
@@ -873,6 +932,9 @@ static int apply_key(struct sl_config *c, const struct key *k, json_t *v, char *
                             errlen, what);
     }
     case K_TLS: return parse_tls(c, v, err, errlen, where);
+    case K_PREFIX_CACHE:
+        return parse_prefix_cache((struct sl_config_prefix_cache *)(base + k->off), v, err, errlen,
+                                  where);
     case K_REDIS: return parse_redis(c, v, err, errlen, where);
     case K_PRICE:
         return parse_price((struct sl_usage_price *)(base + k->off), v, err, errlen, where,
@@ -1177,6 +1239,12 @@ struct json_t *sl_config_to_json(const struct sl_config *c)
         }
         case K_BOOL: v = json_boolean(*(const bool *)(base + k->off)); break;
         case K_PRICE: v = price_json((const struct sl_usage_price *)(base + k->off)); break;
+        case K_PREFIX_CACHE: {
+            const struct sl_config_prefix_cache *p =
+                (const struct sl_config_prefix_cache *)(base + k->off);
+            v = json_pack("{s:b,s:s}", "enabled", p->enabled, "scope", prefix_scopes[p->scope]);
+            break;
+        }
         case K_KEY_SHA256:
             v = ((const struct sl_key_sha256 *)(base + k->off))->set ? json_string("<redacted>")
                                                                      : json_null();

@@ -318,12 +318,15 @@ static void vtc_charge_prompt(struct sl_sched_core *c, struct sl_seq *s, int p0,
     s->charged = to;
 }
 
-/* s's prompt positions below n came from the prefix cache: they are not service (not computed),
- * and not charged if computed later. */
-static void vtc_skip_prompt(struct sl_seq *s, int n)
+/* s's prompt positions below n came from the prefix cache: service at the tier's w_cached (0 by
+ * default: they were not computed), and not charged again if computed later. */
+static void vtc_charge_cached(struct sl_sched_core *c, struct sl_seq *s, int n)
 {
-    if (n > s->charged)
-        s->charged = n;
+    int to = n < s->req->n_prompt ? n : s->req->n_prompt;
+    if (to > s->charged) {
+        s->vt->counter += c->tiers[s->tier].t.w_cached * (to - s->charged) / s->vt->share;
+        s->charged = to;
+    }
 }
 
 static void vtc_charge_token(struct sl_sched_core *c, struct sl_seq *s)
@@ -918,7 +921,7 @@ static bool start(struct sl_sched_core *c, struct sl_seq *s)
     s->n_offered = hit;
     s->hint = 0;
     q->prefill_tokens += queued_work(s);
-    vtc_skip_prompt(s, s->n_computed);
+    vtc_charge_cached(c, s, s->n_computed);
     if (!s->started) {
         s->started = true;
         if (s->req->params.cache_prefix) {

@@ -37,7 +37,10 @@ static const char usage[] =
     "  arrival: seconds from the trace's start; tier: a tier of the configuration (optional when\n"
     "  tenant names a configured tenant: its default tier); tenant: optional; when the\n"
     "  configuration has tenants it must be one of them and may use the tier. Every request\n"
-    "  generates exactly output_tokens tokens.\n"
+    "  generates exactly output_tokens tokens. \"prefix\": \"NAME\", \"prefix_tokens\": N "
+    "(optional):\n"
+    "  the requests of the same NAME start with the same N prompt tokens (a system prompt),\n"
+    "  which the prefix cache shares when the configuration has it on (prefix_cache).\n"
     "--context N: the model's context length in tokens (default 8192); longer requests are\n"
     "  refused, as the server refuses them.\n"
     "--static-batching: the baseline, a batch of up to max_seqs requests starts only when the\n"
@@ -53,16 +56,26 @@ struct trace {
      * appearance. */
     char **names;
     int n_names;
+    char **prefixes; /* the shared prefixes' names: r[i].prefix_group is an index + 1 */
+    int n_prefixes;
 };
+
+/* The index of name in (*names)[n], added when new. */
+static int intern_in(char ***names, int *n, const char *name)
+{
+    for (int i = 0; i < *n; i++)
+        if (strcmp((*names)[i], name) == 0)
+            return i;
+    *names = sl_xrealloc(*names, sizeof **names * (size_t)(*n + 1));
+    (*names)[*n] = sl_xstrdup(name);
+    return (*n)++;
+}
 
 /* name, interned in tr's tenants. */
 static const char *intern(struct trace *tr, const char *name)
 {
-    for (int i = 0; i < tr->n_names; i++)
-        if (strcmp(tr->names[i], name) == 0)
-            return tr->names[i];
-    tr->names = sl_xrealloc(tr->names, sizeof *tr->names * (size_t)(tr->n_names + 1));
-    return tr->names[tr->n_names++] = sl_xstrdup(name);
+    int i = intern_in(&tr->names, &tr->n_names, name); /* before reading tr->names: it moves */
+    return tr->names[i];
 }
 
 static void trace_free(struct trace *tr)
@@ -70,6 +83,9 @@ static void trace_free(struct trace *tr)
     for (int i = 0; i < tr->n_names; i++)
         free(tr->names[i]);
     free(tr->names);
+    for (int i = 0; i < tr->n_prefixes; i++)
+        free(tr->prefixes[i]);
+    free(tr->prefixes);
     free(tr->r);
 }
 
@@ -96,6 +112,7 @@ static int parse_line(const struct sl_tenancy *ten, struct trace *tr, const char
         snprintf(err, errlen, "must be a JSON object");
         goto out;
     }
+    *out = (struct sl_sim_request){0};
     json_t *v = json_object_get(j, "arrival");
     if (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0) {
         snprintf(err, errlen, "\"arrival\": must be a number of seconds, 0 or more");
@@ -142,6 +159,21 @@ static int parse_line(const struct sl_tenancy *ten, struct trace *tr, const char
                                   : v && json_is_string(v) ? json_string_value(v)
                                                            : t->name);
     out->share = t->share;
+    v = json_object_get(j, "prefix");
+    json_t *pt = json_object_get(j, "prefix_tokens");
+    if ((v && !json_is_null(v)) || pt) {
+        if (!json_is_string(v) || json_string_length(v) == 0) {
+            snprintf(err, errlen, "\"prefix\": must be a name (with prefix_tokens)");
+            goto out;
+        }
+        if (!json_is_integer(pt) || json_integer_value(pt) < 1 ||
+            json_integer_value(pt) > out->prompt_tokens) {
+            snprintf(err, errlen, "\"prefix_tokens\": must be an integer from 1 to prompt_tokens");
+            goto out;
+        }
+        out->prefix_group = 1 + intern_in(&tr->prefixes, &tr->n_prefixes, json_string_value(v));
+        out->prefix_tokens = (int)json_integer_value(pt);
+    }
     v = json_object_get(j, "tier");
     if (!v || json_is_null(v)) {
         out->tier = t->default_tier;
@@ -346,6 +378,8 @@ static void print_json(FILE *out, const struct sl_config *cfg, const struct sl_s
     json_object_set_new(root, "busy_s", num(rep->busy_s));
     json_object_set_new(root, "steps", json_integer(rep->steps));
     json_object_set_new(root, "output_tokens", json_integer(rep->output_tokens));
+    json_object_set_new(root, "prompt_tokens", json_integer(rep->prompt_tokens));
+    json_object_set_new(root, "cached_prompt_tokens", json_integer(rep->cached_tokens));
     json_object_set_new(root, "cost_model", json_string("stories15M-cpu"));
     json_object_set_new(root, "context", json_integer(lv->max_ctx));
     json_object_set_new(root, "kv_blocks", json_integer(lv->n_blocks));
@@ -390,6 +424,10 @@ static void print_table(FILE *out, const struct sl_config *cfg, const struct sl_
         fprintf(out, "%s%s %d/%d ms", t ? ", " : "", ct[t].sched.name, ct[t].sched.ttft_slo_ms,
                 ct[t].sched.tpot_slo_ms);
     fprintf(out, "); refused requests count as missed.\n");
+    if (rep->cached_tokens > 0)
+        fprintf(out, "Prefix cache: %ld of %ld prompt tokens cached (%.1f%%).\n",
+                rep->cached_tokens, rep->prompt_tokens,
+                100.0 * (double)rep->cached_tokens / (double)rep->prompt_tokens);
     if (tr->n_names < 2)
         return;
     fprintf(out, "\n%-24s %7s %7s %10s %10s %12s  %-14s\n", "tenant", "reqs", "done", "prompt tok",
@@ -471,6 +509,7 @@ int sl_simulate_main(int argc, char **argv, FILE *out, FILE *errf)
                 .n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS)},
         .cost = sl_sim_cost_stories15m_cpu,
         .static_batching = static_batching,
+        .prefix_cache = true, /* TODO: the configuration's prefix_cache.enabled */
     };
     sc.lim.n_blocks = pool_blocks(ec, &sc.cost, max_ctx);
     struct sim_machine lv = {max_ctx, sc.lim.n_blocks, static_batching};

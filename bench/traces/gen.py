@@ -75,6 +75,21 @@ def main():
     poisson(rng, reqs, 0, 60, 1.0, ("batch", 32, 96, 16, 32), "chat-co")
     write("noisy.jsonl", reqs)
 
+    # Chat with a shared system prompt: 16 users of chat-co in a closed-loop-like pattern (one
+    # question every 2-4 s each), each request a 1,000-token system prompt then a 50-token
+    # question, 32-token answers, for 30 s. With the prefix cache on, every request after the
+    # first finds the system prompt's full blocks.
+    rng = random.Random(5)
+    reqs = []
+    for u in range(16):
+        t = rng.uniform(0, 2)
+        while t < 30:
+            reqs.append({"arrival": round(t, 4), "tier": "interactive", "tenant": "chat-co",
+                         "prompt_tokens": 1050, "output_tokens": 32,
+                         "prefix": "system", "prefix_tokens": 1000})
+            t += rng.uniform(2, 4)
+    write("shared_prefix.jsonl", reqs)
+
 
 if __name__ == "__main__":
     main()

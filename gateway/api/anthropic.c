@@ -86,7 +86,49 @@ static int missing(struct sl_openai_error *err, const char *param)
     return SL_EINVAL;
 }
 
-/* Text content: a string, or an array of {"type": "text", "text"} blocks (joined with "\n"). */
+/* A cache_control marker (on a content block, or the request's own): accepted and ignored, since
+ * the prefix cache is automatic here (every full block of every prompt is cached, no breakpoint
+ * needed), but checked as Anthropic checks it, so a malformed one is not taken silently:
+ * {"type": "ephemeral", "ttl": "5m" or "1h" (optional)}, or null. */
+static int check_cache_control(json_t *holder, const char *param, struct sl_openai_error *err)
+{
+    json_t *v = json_object_get(holder, "cache_control");
+    if (!v || json_is_null(v))
+        return SL_OK;
+    char at[96];
+    if (!json_is_object(v))
+        return bad(err, param, "an object {\"type\": \"ephemeral\"}", v);
+    json_t *type = json_object_get(v, "type"), *ttl = json_object_get(v, "ttl");
+    snprintf(at, sizeof at, "%s.type", param);
+    if (!type)
+        return missing(err, at);
+    if (!json_is_string(type) || strcmp(json_string_value(type), "ephemeral") != 0) {
+        sl_openai_error_set(err, 400, at, "invalid_value", "%s: Input should be 'ephemeral'.", at);
+        return SL_EINVAL;
+    }
+    snprintf(at, sizeof at, "%s.ttl", param);
+    if (ttl && !json_is_null(ttl) &&
+        !(json_is_string(ttl) && (strcmp(json_string_value(ttl), "5m") == 0 ||
+                                  strcmp(json_string_value(ttl), "1h") == 0))) {
+        sl_openai_error_set(err, 400, at, "invalid_value", "%s: Input should be '5m' or '1h'.", at);
+        return SL_EINVAL;
+    }
+    const char *k;
+    json_t *x;
+    json_object_foreach(v, k, x)
+    {
+        if (strcmp(k, "type") != 0 && strcmp(k, "ttl") != 0) {
+            snprintf(at, sizeof at, "%s.%.40s", param, k);
+            sl_openai_error_set(err, 400, at, "unsupported_parameter",
+                                "%s: Extra inputs are not permitted.", at);
+            return SL_EINVAL;
+        }
+    }
+    return SL_OK;
+}
+
+/* Text content: a string, or an array of {"type": "text", "text"} blocks (joined with "\n"),
+ * each with an optional cache_control. */
 static int decode_content(struct sl_chat_msg *m, json_t *v, const char *param,
                           struct sl_openai_error *err)
 {
@@ -124,6 +166,10 @@ static int decode_content(struct sl_chat_msg *m, json_t *v, const char *param,
             return missing(err, at);
         if (!json_is_string(t))
             return bad(err, at, "a string", t);
+        snprintf(at, sizeof at, "%s.%u.cache_control", param, (unsigned)j);
+        int st = check_cache_control(b, at, err);
+        if (st != SL_OK)
+            return st;
     }
     sl_chat_msg_join(m, v);
     return SL_OK;
@@ -204,10 +250,12 @@ static int decode_unit(json_t *root, const char *key, float *out, struct sl_open
 }
 
 /* The body's keys this server reads; any other is refused, as Anthropic refuses extra inputs,
- * so that nothing a client asks for is silently ignored. */
+ * so that nothing a client asks for is silently ignored. cache_control (automatic caching's
+ * marker) asks for what this server does anyway. */
 static const char *const known_keys[] = {
-    "model", "max_tokens", "messages", "system",       "stop_sequences", "temperature", "top_p",
-    "top_k", "stream",     "metadata", "service_tier", "tools",          "tool_choice",
+    "model",        "max_tokens", "messages",    "system",        "stop_sequences",
+    "temperature",  "top_p",      "top_k",       "stream",        "metadata",
+    "service_tier", "tools",      "tool_choice", "cache_control",
 };
 
 static int decode_fields(struct sl_openai_completion *c, struct sl_openai_error *err)
@@ -225,6 +273,9 @@ static int decode_fields(struct sl_openai_completion *c, struct sl_openai_error 
             return SL_EINVAL;
         }
     }
+    int st = check_cache_control(root, "cache_control", err);
+    if (st != SL_OK)
+        return st;
     if (!(v = json_object_get(root, "model")))
         return missing(err, "model");
     if (!json_is_string(v))
@@ -243,8 +294,7 @@ static int decode_fields(struct sl_openai_completion *c, struct sl_openai_error 
     json_int_t mt = json_integer_value(v);
     c->params.max_tokens = mt > INT_MAX ? INT_MAX : (int)mt;
 
-    int st = decode_messages(c, err);
-    if (st != SL_OK)
+    if ((st = decode_messages(c, err)) != SL_OK)
         return st;
 
     c->params.temperature = 1.0f;
@@ -359,6 +409,20 @@ static void put_message_head(struct sl_str *out, const struct sl_openai_ident *i
     put_text(out, id->model, strlen(id->model));
 }
 
+/* Anthropic's input usage: input_tokens counts the prompt tokens not read from the cache, which
+ * cache_read_input_tokens counts (their sum is the prompt); nothing is written to a cache at a
+ * price of its own here (caching is automatic), so cache_creation_input_tokens is 0. */
+static void put_input_usage(struct sl_str *out, const struct sl_openai_ident *id, int prompt_tokens)
+{
+    int cached = id->cached_tokens < 0               ? 0
+                 : id->cached_tokens > prompt_tokens ? prompt_tokens
+                                                     : id->cached_tokens;
+    sl_str_appendf(out,
+                   "\"input_tokens\":%d,\"cache_creation_input_tokens\":0,"
+                   "\"cache_read_input_tokens\":%d",
+                   prompt_tokens - cached, cached);
+}
+
 void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
                                  const char *stop, int input_tokens, int output_tokens)
@@ -368,8 +432,8 @@ void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_iden
     put_text(out, text, len);
     put_lit(out, "}],");
     put_stop(out, finish, stop);
-    put_lit(out, ",\"usage\":{\"input_tokens\":");
-    sl_str_append_int(out, input_tokens);
+    put_lit(out, ",\"usage\":{");
+    put_input_usage(out, id, input_tokens);
     put_lit(out, ",\"output_tokens\":");
     sl_str_append_int(out, output_tokens);
     if (id->cost) {
@@ -384,9 +448,8 @@ void sl_anthropic_message_start_encode(struct sl_str *out, const struct sl_opena
 {
     put_lit(out, "{\"type\":\"message_start\",\"message\":");
     put_message_head(out, id);
-    put_lit(out, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,"
-                 "\"usage\":{\"input_tokens\":");
-    sl_str_append_int(out, input_tokens);
+    put_lit(out, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{");
+    put_input_usage(out, id, input_tokens);
     put_lit(out, ",\"output_tokens\":0}}}");
 }
 
@@ -403,16 +466,20 @@ void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len)
     put_lit(out, DELTA_POST);
 }
 
-void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,
-                                       int output_tokens, const char *cost)
+void sl_anthropic_message_delta_encode(struct sl_str *out, const struct sl_openai_ident *id,
+                                       enum sl_finish finish, const char *stop, int input_tokens,
+                                       int output_tokens)
 {
     put_lit(out, "{\"type\":\"message_delta\",\"delta\":{");
     put_stop(out, finish, stop);
-    put_lit(out, "},\"usage\":{\"output_tokens\":");
+    /* The usage so far, as Anthropic's final message_delta gives it (cumulative). */
+    put_lit(out, "},\"usage\":{");
+    put_input_usage(out, id, input_tokens);
+    put_lit(out, ",\"output_tokens\":");
     sl_str_append_int(out, output_tokens);
-    if (cost) {
+    if (id->cost) {
         put_lit(out, ",\"cost\":");
-        sl_str_append(out, cost, strlen(cost));
+        sl_str_append(out, id->cost, strlen(id->cost));
     }
     put_lit(out, "}}");
 }

@@ -134,6 +134,7 @@ struct api_exchange {
      * sequence of its own on replica `replica` of engines[engine], n_live of them not done. */
     struct choice *ch;
     int n_ch, n_live;
+    int per_prompt; /* choices of each prompt (OpenAI's n): ch[p · per_prompt ..] are prompt p's */
     struct sl_openai_ident ident;
     int n_prompt;
     bool stream, include_usage;
@@ -236,6 +237,13 @@ enum sl_chat_template api_chat_template(const struct api_exchange *a, const stru
  * their tokens together. */
 int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_prompt,
                        struct sl_openai_error *err);
+/* The prefix cache's parameters (cache_prefix, cache_key) of a's requests to engine e, as the
+ * configuration a started with says, into p. */
+void api_cache_params(const struct api_exchange *a, int e, struct sl_req_params *p);
+/* Of a's prompts as encoded for engine e (api_encode_prompts; 0 when they are not), the tokens
+ * that replica `replica`'s prefix cache is predicted to hold under a's cache key
+ * (sl_sched_prefix_match, nothing pinned): each prompt counted once, 0 with the cache off. */
+int api_predict_cached(struct api_exchange *a, int e, int replica);
 /* Drops the exchange's references to its prompts' ids (the requests keep theirs). */
 void api_release_prompts(struct api_exchange *a);
 /* echo: the prompt's text into out, as sent, or its token ids through the detokenizer. */
@@ -246,6 +254,10 @@ void api_echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,
 
 /* POST /v1/completions, /v1/chat/completions. */
 void api_serve_completion(struct api_exchange *a);
+/* The prompt tokens of a's completion that the prefix cache gave it (usage's cached_tokens, at
+ * most its prompt_tokens): of each prompt, the least any of its choices was given. Final once each
+ * choice has a token; read while a holds its choices (meter keeps it in a->usage). */
+int api_cached_tokens(const struct api_exchange *a);
 /* usage.c: GET /admin/usage (every tenant's) and GET /v1/usage (the caller's). Query: from, to
  * (unix seconds, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ: hours starting in [from, to)), group_by
  * (tenant, model, tier, hour), and for the admin's, tenant. */
@@ -296,19 +308,23 @@ int sl_anthropic_messages_decode(struct sl_openai_completion *c, const char *bod
                                  struct sl_openai_error *err);
 /* {"type":"error","error":{"type","message"}}, the type from e->http. */
 void sl_anthropic_error_encode(struct sl_str *out, const struct sl_openai_error *e);
-/* The `message` object of a whole answer; stop: the stop sequence that ended it, or NULL; its
- * usage has "cost" when id->cost is set (and message_delta's when cost is not NULL). */
+/* The `message` object of a whole answer; stop: the stop sequence that ended it, or NULL;
+ * input_tokens: all its prompt tokens, written as Anthropic counts them: id->cached_tokens of them
+ * as cache_read_input_tokens, the rest as input_tokens (and cache_creation_input_tokens 0). Its
+ * usage has "cost" when id->cost is set (and message_delta's too). */
 void sl_anthropic_message_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                  const char *text, size_t len, enum sl_finish finish,
                                  const char *stop, int input_tokens, int output_tokens);
-/* The stream's events' data: message_start, a text_delta, message_delta. */
+/* The stream's events' data: message_start, a text_delta, message_delta (whose usage is the
+ * whole request's, as in the message object). */
 void sl_anthropic_message_start_encode(struct sl_str *out, const struct sl_openai_ident *id,
                                        int input_tokens);
 void sl_anthropic_delta_encode(struct sl_str *out, const char *text, size_t len);
 /* What a text_delta's data has around a text that is valid UTF-8 (then written by
  * sl_json_escape): the same bytes as sl_anthropic_delta_encode. */
 extern const struct sl_strv sl_anthropic_delta_pre, sl_anthropic_delta_post;
-void sl_anthropic_message_delta_encode(struct sl_str *out, enum sl_finish finish, const char *stop,
-                                       int output_tokens, const char *cost);
+void sl_anthropic_message_delta_encode(struct sl_str *out, const struct sl_openai_ident *id,
+                                       enum sl_finish finish, const char *stop, int input_tokens,
+                                       int output_tokens);
 
 #endif

@@ -81,6 +81,23 @@ static void release_choices(struct api_exchange *a, bool cancel)
     a->n_live = 0;
 }
 
+int api_cached_tokens(const struct api_exchange *a)
+{
+    /* usage.prompt_tokens counts each prompt once, though each of its n choices prefills it: of
+     * each prompt, the tokens every one of its choices found cached (choices started together
+     * each compute what was not cached before them, so they mostly agree). */
+    int total = 0, n = a->per_prompt > 0 ? a->per_prompt : 1;
+    for (int p = 0; p * n < a->n_ch; p++) {
+        int least = -1;
+        for (int j = p * n; j < (p + 1) * n && j < a->n_ch; j++) {
+            int c = a->ch[j].req ? sl_req_cached_tokens(a->ch[j].req) : 0;
+            least = least < 0 || c < least ? c : least;
+        }
+        total += least > 0 ? least : 0;
+    }
+    return total;
+}
+
 /* The request ended after reaching an engine (finished, failed, or its client left): its usage,
  * priced as the configuration it started with says, goes to the ledger, to this thread's batch
  * for the journal (written before any response of the batch reaches a socket) and, through
@@ -95,6 +112,8 @@ static void meter(struct api_exchange *a, int n_completion)
     memset(u, 0, sizeof *u);
     u->requests = 1;
     u->prompt_tokens = a->n_prompt;
+    u->cached_tokens = api_cached_tokens(a);
+    a->ident.cached_tokens = (int)u->cached_tokens;
     u->completion_tokens = n_completion;
     for (int i = 0; i < a->n_ch; i++)
         if (a->ch[i].req)
@@ -201,13 +220,19 @@ static void admit_env_stats(void *ctx, int model, struct sl_sched_stats *out)
         pick_replica(&api->engines[model], out);
 }
 
-static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt)
+/* The prompt's tokens for model i and what of them its prefix cache holds now, on the replica
+ * the request would go to now (which submit picks again: a prediction either way). */
+static int admit_env_encode(void *ctx, int model, int max_tokens, int *n_prompt, int *n_cached)
 {
     struct api_exchange *a = ctx;
     struct sl_openai_error err;
-    if (model < 0 || model >= a->t->api->n_engines || !a->t->api->engines[model].sched[0])
+    struct sl_api *api = a->t->api;
+    if (model < 0 || model >= api->n_engines || !api->engines[model].sched[0])
         return SL_ENOENT;
-    return api_encode_prompts(a, model, max_tokens, n_prompt, &err);
+    int st = api_encode_prompts(a, model, max_tokens, n_prompt, &err);
+    if (st == SL_OK)
+        *n_cached = api_predict_cached(a, model, pick_replica(&api->engines[model], NULL));
+    return st;
 }
 
 static const struct sl_usage_price *admit_env_price(void *ctx, int model)
@@ -319,6 +344,8 @@ static void submit(struct api_exchange *a)
         oc->params.sched_tier = sl_config_tenancy(a->cfg)->tiers[adm->tier].sched;
     }
     oc->params.max_tokens = adm->max_tokens;
+    /* Keyed for the model it runs on, under the configuration it started with. */
+    api_cache_params(a, a->engine, &oc->params);
     t->n_req++;
     a->stream = oc->stream;
     a->include_usage = oc->stream && oc->include_usage;
@@ -326,6 +353,7 @@ static void submit(struct api_exchange *a)
     /* Choices in OpenAI's order: prompt p's choice j has index p · n + j. */
     int n = oc->n > 1 ? oc->n : 1, total = n_prompts * n;
     a->ch = sl_arena_calloc(&a->x->arena, (size_t)total, sizeof *a->ch);
+    a->per_prompt = n;
     /* Choice j's seed is the request's plus j: the same seed gives the same n answers, and
      * choice 0 the answer of the same request with n = 1 (and with this prompt alone). */
     uint64_t seed = oc->has_seed ? oc->params.seed : 0;
@@ -506,6 +534,8 @@ static void run_decoded(struct api_exchange *a)
         api_send_error(a, &err, NULL);
         return;
     }
+    /* The guard predicts from what the engine will compute: the cached prefix is not. */
+    a->adm.n_cached = api_predict_cached(a, e, pick_replica(&api->engines[e], NULL));
     admission_decided(a, sl_admit_begin(&a->adm, &env, ten, a->tenant, a->tier, e, n_prompt,
                                         a->oc.params.max_tokens, (int64_t)sl_clock_ns()));
 }

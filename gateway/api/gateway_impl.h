@@ -86,6 +86,10 @@ struct sl_openai_completion {
     const char *service_tier; /* OpenAI's service_tier ("auto", "default", "flex", "priority",
                                  …) as sent, or NULL; the gateway maps it to a tier */
     const char *user;         /* the end user's id as sent, or NULL */
+    /* The prefix cache's salts: OpenAI's prompt_cache_key and vLLM's cache_salt as sent (1 to
+     * SL_OPENAI_CACHE_SALT_MAX bytes, into root), or {NULL, 0}. Each narrows the cached prefixes
+     * the request may share to those of requests that sent the same (sl_api_cache_key). */
+    struct sl_strv prompt_cache_key, cache_salt;
     /* Chat only (prompt is then NULL): the messages in order, at least one. */
     struct sl_chat_msg *messages;
     int n_messages;
@@ -93,6 +97,9 @@ struct sl_openai_completion {
     float *bias;
     int32_t *stop_ids; /* stop_token_ids, owned: params.stop_ids points here */
 };
+
+/* The longest prompt_cache_key or cache_salt, in bytes. */
+#define SL_OPENAI_CACHE_SALT_MAX 256
 
 /* Decodes and validates a completion request. `model_id` is the served model: a different
  * `model` is a 404; NULL accepts any (the caller routes by c->model). Returns SL_OK, or a
@@ -152,6 +159,15 @@ int sl_openai_prompt_ids(const struct sl_openai_completion *c, const struct sl_t
 int sl_openai_check_context(int seq_len, long long n_prompt, bool at_least, long long max_tokens,
                             const char *prompt_param, struct sl_openai_error *err);
 
+/* The prefix cache's key of a request (struct sl_req_params' cache_key): the first 64 bits
+ * (big-endian) of the SHA-256 of a length-prefixed encoding of model (the served model's name),
+ * the scope's identity (tenant, the tenant's name, in SL_CONFIG_PREFIX_TENANT scope; a marker no
+ * name can equal in SL_CONFIG_PREFIX_GLOBAL scope, where tenant is not read) and each salt that
+ * was sent (prompt_cache_key and cache_salt, {NULL, 0} when not, told apart from each other and
+ * from absence). Requests share cached prefixes only under equal keys. Any thread. */
+uint64_t sl_api_cache_key(const char *model, enum sl_config_prefix_scope scope, const char *tenant,
+                          struct sl_strv prompt_cache_key, struct sl_strv cache_salt);
+
 /* Which API a response belongs to: the encoders below write its objects. */
 enum sl_openai_api {
     SL_OPENAI_API_COMPLETIONS, /* "text_completion" objects and chunks */
@@ -168,6 +184,9 @@ struct sl_openai_ident {
     int index;          /* the choice a chunk or role chunk belongs to (0 .. n - 1) */
     const char *cost;   /* what the request cost (a decimal), or NULL: the usage objects of the
                            whole answer and of the final usage chunk add it as "cost" */
+    int cached_tokens;  /* of the prompt tokens, those the prefix cache gave: OpenAI's usage
+                           prompt_tokens_details.cached_tokens, Anthropic's cache_read_input_tokens
+                           (which its input_tokens leaves out) */
 };
 
 /* The log probabilities of the tokens a completion or chunk covers, written as the API's
@@ -522,10 +541,11 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
  * replicas share its name), one series per model labelled model_name="NAME", its replicas summed:
  * vllm:num_requests_waiting and vllm:num_requests_running (requests), vllm:kv_cache_usage_perc
  * and vllm:gpu_cache_usage_perc (blocks used over blocks, a fraction in 0..1; 0 without blocks),
- * and vllm:cache_config_info{block_size, num_gpu_blocks, enable_prefix_caching} 1, each family
- * with # HELP and # TYPE gauge. Any thread. */
+ * and vllm:cache_config_info{block_size, num_gpu_blocks, enable_prefix_caching} 1
+ * (enable_prefix_caching "True" or "False" as prefix_caching says), each family with # HELP and
+ * # TYPE gauge. Any thread. */
 void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stats *st, int n,
-                            struct sl_str *out);
+                            bool prefix_caching, struct sl_str *out);
 /* GET /admin/slo's body: {"object": "slo", "windows": ["1m", "5m", "60m"], "tiers": [...]}, each
  * tier {"tier", "ttft_slo_ms", "tpot_slo_ms", "tenants": [...]} (the configuration ten's tiers in
  * its order, then any other with windows, its objectives null), each tenant with windows

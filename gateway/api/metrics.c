@@ -593,6 +593,10 @@ enum sched_field {
     F_PREEMPTIONS,
     F_KV_USED,
     F_KV_TOTAL,
+    F_KV_CACHED,
+    F_PREFIX_QUERIES,
+    F_PREFIX_HITS,
+    F_PREFIX_EVICTIONS,
     F_STEP_TOKENS,
     F_STEP_SEQS,
     F_STEP_SECONDS,
@@ -619,9 +623,27 @@ static const struct {
     [F_PREEMPTIONS] = {"sluice:num_preemptions_total", "counter",
                        "Sequences preempted (their KV blocks freed, to be recomputed), by tier.",
                        true},
-    [F_KV_USED] = {"sluice:kv_blocks_used", "gauge", "KV cache blocks owned by sequences.", false},
+    [F_KV_USED] = {"sluice:kv_blocks_used", "gauge",
+                   "KV cache blocks held by sequences (a block shared by several counts once).",
+                   false},
     [F_KV_TOTAL] = {"sluice:kv_blocks_capacity", "gauge", "KV cache blocks in the worker's pool.",
                     false},
+    [F_KV_CACHED] = {"sluice:kv_blocks_cached", "gauge",
+                     "KV cache blocks no sequence holds that keep a prompt prefix for reuse: free "
+                     "for allocation, evicted least recently used first when needed.",
+                     false},
+    [F_PREFIX_QUERIES] = {"sluice:prefix_cache_queries_total", "counter",
+                          "Prompt tokens looked up in the prefix cache (requests with it on, at "
+                          "their first start), as vLLM counts them.",
+                          false},
+    [F_PREFIX_HITS] = {"sluice:prefix_cache_hits_total", "counter",
+                       "Prompt tokens found in the prefix cache (their KV reused, not computed); "
+                       "over sluice:prefix_cache_queries_total, the hit rate.",
+                       false},
+    [F_PREFIX_EVICTIONS] = {"sluice:prefix_cache_evictions_total", "counter",
+                            "Cached KV blocks evicted: reused for other content because no free "
+                            "block was left.",
+                            false},
     [F_STEP_TOKENS] = {"sluice:step_batch_tokens", "gauge",
                        "Tokens (decodes and prompt chunks) in the latest scheduler step.", false},
     [F_STEP_SEQS] = {"sluice:step_batch_sequences", "gauge",
@@ -659,6 +681,10 @@ static void field_value(const struct sl_sched_stats *st, enum sched_field f, int
     case F_PREEMPTIONS: snprintf(v, n, "%" PRIu64, t->preemptions); break;
     case F_KV_USED: snprintf(v, n, "%d", st->kv_blocks_used); break;
     case F_KV_TOTAL: snprintf(v, n, "%d", st->kv_blocks_total); break;
+    case F_KV_CACHED: snprintf(v, n, "%d", st->kv_blocks_cached); break;
+    case F_PREFIX_QUERIES: snprintf(v, n, "%" PRIu64, st->prefix_query_tokens); break;
+    case F_PREFIX_HITS: snprintf(v, n, "%" PRIu64, st->prefix_hit_tokens); break;
+    case F_PREFIX_EVICTIONS: snprintf(v, n, "%" PRIu64, st->prefix_evictions); break;
     case F_STEP_TOKENS: snprintf(v, n, "%d", st->last_step_rows); break;
     case F_STEP_SEQS: snprintf(v, n, "%d", st->last_step_seqs); break;
     case F_STEP_SECONDS: snprintf(v, n, "%.6f", st->last_step_seconds); break;
@@ -722,7 +748,7 @@ static bool same_name(const char *a, const char *b)
 }
 
 void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stats *st, int n,
-                            struct sl_str *out)
+                            bool prefix_caching, struct sl_str *out)
 {
     enum { WAITING, RUNNING, KV_USAGE, GPU_USAGE, CACHE_INFO, N_FAMILIES };
     static const char *const fam[N_FAMILIES][2] = {
@@ -740,7 +766,8 @@ void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stat
                        "vllm:kv_cache_usage_perc, which endpoint pickers up to v1.2 read."},
         [CACHE_INFO] = {"vllm:cache_config_info",
                         "Information of the KV cache: block_size in positions, num_gpu_blocks "
-                        "in the pools over replicas (on whatever device), no prefix caching."},
+                        "in the pools over replicas (on whatever device), and whether new "
+                        "requests use the prefix cache."},
     };
     for (int f = 0; f < N_FAMILIES; f++) {
         family(out, fam[f][0], "gauge", fam[f][1]);
@@ -771,8 +798,8 @@ void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stat
             case CACHE_INFO:
                 sl_str_appendf(out,
                                ",block_size=\"%d\",num_gpu_blocks=\"%ld\","
-                               "enable_prefix_caching=\"False\"} 1\n",
-                               st[k].block_size, total);
+                               "enable_prefix_caching=\"%s\"} 1\n",
+                               st[k].block_size, total, prefix_caching ? "True" : "False");
                 break;
             }
         }

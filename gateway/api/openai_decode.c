@@ -556,6 +556,36 @@ static int decode_refusals(struct sl_openai_completion *c, bool chat, struct sl_
     return SL_OK;
 }
 
+/* A prefix cache salt (prompt_cache_key, cache_salt): a string of 1 to SL_OPENAI_CACHE_SALT_MAX
+ * bytes. It goes into a hash, so any bytes do; the bound keeps that hash's input bounded, and an
+ * empty salt is refused (as vLLM refuses one) rather than read as none. */
+static int decode_salt(json_t *root, const char *key, struct sl_strv *out,
+                       struct sl_openai_error *err)
+{
+    json_t *v = member(root, key);
+    if (!v)
+        return SL_OK;
+    if (!json_is_string(v))
+        return bad_type(err, key, "a string", v);
+    size_t n = json_string_length(v);
+    if (n == 0) {
+        sl_openai_error_set(err, 400, key, "empty_string",
+                            "Invalid '%s': string too short. Expected a non-empty string, or leave "
+                            "it out.",
+                            key);
+        return SL_EINVAL;
+    }
+    if (n > SL_OPENAI_CACHE_SALT_MAX) {
+        sl_openai_error_set(err, 400, key, "string_above_max_length",
+                            "Invalid '%s': string too long. Expected a string with maximum length "
+                            "%d, but got a string with length %zu instead.",
+                            key, SL_OPENAI_CACHE_SALT_MAX, n);
+        return SL_EINVAL;
+    }
+    *out = (struct sl_strv){json_string_value(v), n};
+    return SL_OK;
+}
+
 /* The fields completions and chat share, after model and prompt/messages. */
 static int decode_options(struct sl_openai_completion *c, int default_max_tokens, bool chat,
                           struct sl_openai_error *err)
@@ -640,6 +670,10 @@ static int decode_options(struct sl_openai_completion *c, int default_max_tokens
             return bad_type(err, "user", "a string", v);
         c->user = json_string_value(v);
     }
+
+    if ((st = decode_salt(root, "prompt_cache_key", &c->prompt_cache_key, err)) ||
+        (st = decode_salt(root, "cache_salt", &c->cache_salt, err)))
+        return st;
 
     /* n choices, each generated as its own sequence (the prompt is prefilled for each). */
     c->n = 1;

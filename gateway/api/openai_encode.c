@@ -213,8 +213,10 @@ static void put_usage(struct sl_str *out, const struct sl_openai_ident *id, int 
                       int completion_tokens)
 {
     sl_str_appendf(out,
-                   "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d",
-                   prompt_tokens, completion_tokens, prompt_tokens + completion_tokens);
+                   "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+                   "\"prompt_tokens_details\":{\"cached_tokens\":%d}",
+                   prompt_tokens, completion_tokens, prompt_tokens + completion_tokens,
+                   id->cached_tokens);
     if (id->cost) {
         put_lit(out, ",\"cost\":");
         sl_str_append(out, id->cost, strlen(id->cost));

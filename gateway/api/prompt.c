@@ -5,6 +5,7 @@
 #include "api_impl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 bool api_engine_is(const struct engine *e, const char *id, size_t n)
@@ -115,6 +116,86 @@ int api_encode_prompts(struct api_exchange *a, int e, int max_tokens, int *n_pro
     a->ids_engine = e;
     *n_prompt = total;
     return SL_OK;
+}
+
+/* ---- the prefix cache's key ---- */
+
+/* One field of the key's input, at b + at (when b is not NULL): a tag, then a 4-byte big-endian
+ * length and the bytes; returns the end. The tag and the length make every input one sequence
+ * of fields only: "ab" + "c" never hashes as "a" + "bc", nor a salt as the other salt. */
+static size_t put_field(unsigned char *b, size_t at, unsigned char tag, const void *p, size_t n)
+{
+    if (b) {
+        b[at] = tag;
+        for (int i = 0; i < 4; i++)
+            b[at + 1 + (size_t)i] = (unsigned char)(n >> (24 - 8 * i));
+        if (n)
+            memcpy(b + at + 5, p, n);
+    }
+    return at + 5 + n;
+}
+
+/* What the key hashes, into b (NULL: only its size is computed). */
+static size_t key_input(unsigned char *b, const char *model, enum sl_config_prefix_scope scope,
+                        const char *tenant, struct sl_strv pck, struct sl_strv salt)
+{
+    static const char version[] = "sluice prefix cache 1";
+    size_t at = put_field(b, 0, 'v', version, sizeof version - 1);
+    at = put_field(b, at, 'm', model, strlen(model));
+    /* Global scope's identity is its tag alone: no tenant's name, whatever it is, makes it. */
+    if (scope == SL_CONFIG_PREFIX_GLOBAL)
+        at = put_field(b, at, 'g', NULL, 0);
+    else
+        at = put_field(b, at, 't', tenant, strlen(tenant));
+    if (pck.p)
+        at = put_field(b, at, 'k', pck.p, pck.len);
+    if (salt.p)
+        at = put_field(b, at, 's', salt.p, salt.len);
+    return at;
+}
+
+uint64_t sl_api_cache_key(const char *model, enum sl_config_prefix_scope scope, const char *tenant,
+                          struct sl_strv prompt_cache_key, struct sl_strv cache_salt)
+{
+    /* Names are at most 64 bytes and salts 256 (both bounded where they are read): the stack
+     * buffer holds every input the server makes; a larger one still hashes, from the heap. */
+    unsigned char buf[1024], h[32];
+    size_t n = key_input(NULL, model, scope, tenant, prompt_cache_key, cache_salt);
+    unsigned char *b = n <= sizeof buf ? buf : sl_xmalloc(n);
+    key_input(b, model, scope, tenant, prompt_cache_key, cache_salt);
+    sl_tenant_sha256(b, n, h);
+    if (b != buf)
+        free(b);
+    uint64_t k = 0;
+    for (int i = 0; i < 8; i++)
+        k = k << 8 | h[i];
+    return k;
+}
+
+void api_cache_params(const struct api_exchange *a, int e, struct sl_req_params *p)
+{
+    const struct sl_config_prefix_cache *pc = &sl_config_api(a->cfg)->prefix_cache;
+    p->cache_prefix = pc->enabled;
+    p->cache_key = 0;
+    if (!pc->enabled)
+        return;
+    const struct sl_tenant *t = a->tenant ? a->tenant : &sl_tenant_anonymous;
+    p->cache_key = sl_api_cache_key(a->t->api->engines[e].name, pc->scope, t->name,
+                                    a->oc.prompt_cache_key, a->oc.cache_salt);
+}
+
+int api_predict_cached(struct api_exchange *a, int e, int replica)
+{
+    struct sl_req_params p;
+    api_cache_params(a, e, &p);
+    struct sl_sched *s = a->t->api->engines[e].sched[replica];
+    if (!p.cache_prefix || !s || a->ids_engine != e)
+        return 0;
+    int n = 0;
+    for (int i = 0; i < a->n_prompts; i++)
+        n += sl_sched_prefix_match(s, p.cache_key, sl_req_prompt_ids(a->prompts[i]),
+                                   sl_req_prompt_n(a->prompts[i]));
+    return n;
 }
 
 void api_echo_prompt(struct sl_str *out, const struct sl_openai_completion *oc,

@@ -227,7 +227,8 @@ static void serve_metrics(struct api_exchange *a)
     sl_str_clear(b);
     sl_metrics_render_models(api->metrics, names, several ? replicas : NULL, st, n, b);
     if (sl_config_api(a->cfg)->vllm_metrics)
-        sl_metrics_render_vllm(names, st, n, b); /* from the same snapshot as sluice's gauges */
+        sl_metrics_render_vllm(names, st, n, sl_config_api(a->cfg)->prefix_cache.enabled,
+                               b); /* from the same snapshot as sluice's gauges */
     sl_admit_render(sl_config_tenancy(a->cfg), b);
     if (api->fleet)
         sl_str_appendf(

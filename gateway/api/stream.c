@@ -121,6 +121,8 @@ void api_stream_head(struct api_exchange *a)
     struct sl_str *b = &a->t->out;
     if (a->kind == API_ANTHROPIC) {
         sl_str_clear(b);
+        /* Its first token is out: the prefix cache's part of the prompt is final. */
+        a->ident.cached_tokens = api_cached_tokens(a);
         sl_anthropic_message_start_encode(b, &a->ident, a->n_prompt);
         send_payload(a, "message_start", b);
         sl_str_clear(b);
@@ -176,8 +178,8 @@ void api_stream_end(struct api_exchange *a, const struct sl_openai_error *err)
             send_payload(a, "error", b);
         } else {
             send_fixed(a, "content_block_stop", "{\"type\":\"content_block_stop\",\"index\":0}");
-            sl_anthropic_message_delta_encode(b, a->ch[0].finish, api_stop_sequence(a), a->n_gen,
-                                              a->metered ? a->cost : NULL);
+            sl_anthropic_message_delta_encode(b, &a->ident, a->ch[0].finish, api_stop_sequence(a),
+                                              a->n_prompt, a->n_gen);
             send_payload(a, "message_delta", b);
             send_fixed(a, "message_stop", "{\"type\":\"message_stop\"}");
         }

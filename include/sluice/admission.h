@@ -309,8 +309,10 @@ struct sl_admit_env {
     /* The statistics of model i's scheduler; leaves *out zeroed when it has none. */
     void (*stats)(void *ctx, int model, struct sl_sched_stats *out);
     /* Tokenizes the request's prompt for model i (a "model:NAME" step), checking the context
-     * for max_tokens; SL_OK with *n_prompt, or an error (the step is then skipped). */
-    int (*encode)(void *ctx, int model, int max_tokens, int *n_prompt);
+     * for max_tokens; SL_OK with *n_prompt, and in *n_cached how many of those tokens model i's
+     * prefix cache is predicted to hold for the request (sl_sched_prefix_match: 0 when none or
+     * unknown), or an error (the step is then skipped). */
+    int (*encode)(void *ctx, int model, int max_tokens, int *n_prompt, int *n_cached);
     /* Money budgets (optional: without them no budget is checked). The prices of model i; what
      * tenant has spent in the hours of [from, to) (unix seconds) as the usage ledger says; and
      * the wall clock now (unix seconds), which budget periods follow. */
@@ -331,11 +333,18 @@ struct sl_admit {
     int policy_tier; /* the tier it was classified into, whose overload policy applies */
     int model;
     int n_prompt;   /* tokens of its prompts, all of them together */
+    int n_cached;   /* of them, those its model's prefix cache is predicted to hold (set by the
+                     * caller before sl_admit_begin, and by env's encode at a model step; 0 when
+                     * none). The guard and the tier's queue count the n_prompt - n_cached tokens
+                     * it will compute; buckets, budgets and charges count all n_prompt (a
+                     * prediction: the blocks may be evicted before it starts, when it computes
+                     * them after all and the scheduler's figures say so) */
     int max_tokens; /* of each choice */
     int n;          /* choices of each prompt (OpenAI's n; 0 reads as 1) */
     int prompts;    /* prompts (a completion's array of them; 0 reads as 1): each choice of
                      * each prompt is a sequence, so the request may use n · (n_prompt +
-                     * prompts · max_tokens) tokens and queues n · n_prompt prompt tokens */
+                     * prompts · max_tokens) tokens and queues n · (n_prompt - n_cached) prompt
+                     * tokens */
     /* The decision. */
     enum sl_admit_verdict verdict;
     enum sl_admit_reason reason; /* what refused or degraded it */

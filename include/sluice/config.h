@@ -89,6 +89,21 @@ struct sl_config_engine {
     enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f16) */
 };
 
+/* The prefix cache's scope: whose requests may reuse each other's cached KV blocks. */
+enum sl_config_prefix_scope {
+    SL_CONFIG_PREFIX_TENANT, /* one tenant's requests only (the default): a cache shared between
+                                tenants tells each, through timing, which prefixes the others
+                                sent */
+    SL_CONFIG_PREFIX_GLOBAL, /* every tenant's requests to the same model */
+};
+
+/* "prefix_cache": {"enabled", "scope"} (reloadable: each request carries what the configuration
+ * it started with says, as its sl_req_params' cache_prefix and cache_key). */
+struct sl_config_prefix_cache {
+    bool enabled; /* default true */
+    enum sl_config_prefix_scope scope;
+};
+
 /* The API's section (gateway/api): what a request gets when it does not say, and what /metrics
  * shows. */
 struct sl_config_api {
@@ -98,6 +113,7 @@ struct sl_config_api {
     bool vllm_metrics;           /* /metrics also has the gauges the Gateway API Inference
                                     Extension's endpoint picker reads, under vLLM's names
                                     (default false; reloadable: read at each scrape) */
+    struct sl_config_prefix_cache prefix_cache;
 };
 
 /* The fleet's section: where the budgets every replica shares are kept (issue 28). Start-only. */

@@ -63,6 +63,8 @@ struct sl_sched_tier {
     int fairness; /* enum sl_sched_fairness */
     float w_in;   /* VTC's weights of a prompt token and a generated one (both 0: 1 and 2) */
     float w_out;
+    float w_cached; /* and of a prompt token the prefix cache gave (0: not counted; it was not
+                       computed) */
     /* Isolation from lower tiers: while this tier has requests (or had, within
      * SL_SCHED_ISOLATION_HOLD_S), the prompt chunks of lower-priority tiers may add at most this
      * much to a step, as the step-time fit predicts (at least SL_SCHED_ISOLATION_MIN_ROWS rows a

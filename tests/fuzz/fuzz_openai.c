@@ -147,6 +147,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_check(c.best_of == 0 || c.best_of == c.n, "best_of %d with n %d", c.best_of, c.n);
     fuzz_check(!c.max_tokens_open || (chat && default_max_tokens == 0),
                "max_tokens left open without a chat default of 0");
+    /* The prefix cache's salts: absent, or 1 to SL_OPENAI_CACHE_SALT_MAX bytes that key it. */
+    const struct sl_strv *salts[2] = {&c.prompt_cache_key, &c.cache_salt};
+    for (int k = 0; k < 2; k++)
+        fuzz_check(salts[k]->p ? salts[k]->len >= 1 && salts[k]->len <= SL_OPENAI_CACHE_SALT_MAX
+                               : salts[k]->len == 0,
+                   "salt %d of %zu bytes", k, salts[k]->len);
+    (void)sl_api_cache_key(sl_model_id(model), SL_CONFIG_PREFIX_TENANT, "fuzz", c.prompt_cache_key,
+                           c.cache_salt);
     if (sl_openai_check_vocab(&c, mc->vocab_size, &err) != SL_OK)
         check_error(&err, true);
     int32_t *ids = malloc(sizeof *ids * (size_t)mc->seq_len);

@@ -138,6 +138,8 @@ def gen_openai():
         "null_fields": (0, '{"prompt":"x","max_tokens":null,"temperature":null,"stop":null}'),
         "big_numbers": (0, '{"prompt":"x","max_tokens":1e400,"seed":-1,"top_k":99999999999}'),
         "prompt_array": (0, '{"prompt":["a","b"]}'),
+        "salts": (0, '{"prompt":"x","prompt_cache_key":"user-1","cache_salt":"s\\u00e9"}'),
+        "chat_salt": (1, '{"messages":[{"role":"user","content":"hi"}],"cache_salt":"c"}'),
         "chat": (1, CHAT),
         "chat_min": (1, '{"messages":[{"role":"user","content":"hi"}]}'),
         "chat_tool": (1, '{"messages":[{"role":"tool","content":"x"}]}'),

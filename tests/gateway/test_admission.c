@@ -201,6 +201,7 @@ Test(gateway, model_flag_sets_the_first_model_when_given)
 struct fake {
     struct sl_sched_stats st[2];
     int n_prompt_of[2]; /* what a re-encode for each model gives; < 0: does not fit */
+    int n_cached_of[2]; /* of them, what each model's prefix cache is predicted to hold */
     int encodes;
 };
 
@@ -210,7 +211,7 @@ static void fake_stats(void *ctx, int model, struct sl_sched_stats *out)
     *out = f->st[model];
 }
 
-static int fake_encode(void *ctx, int model, int max_tokens, int *n_prompt)
+static int fake_encode(void *ctx, int model, int max_tokens, int *n_prompt, int *n_cached)
 {
     (void)max_tokens;
     struct fake *f = ctx;
@@ -218,6 +219,7 @@ static int fake_encode(void *ctx, int model, int max_tokens, int *n_prompt)
     if (f->n_prompt_of[model] < 0)
         return SL_ERANGE;
     *n_prompt = f->n_prompt_of[model];
+    *n_cached = f->n_cached_of[model];
     return SL_OK;
 }
 
@@ -563,6 +565,50 @@ Test(gateway, admission_guard_rejects_with_the_drain_time_when_the_objective_wou
     sl_config_dispose(&c);
 }
 
+/* The guard predicts from the prompt tokens a request will compute: a long prompt whose prefix the
+ * engine has cached waits for its uncached tail only. Charges still count every prompt token. */
+Test(gateway, admission_guard_admits_a_long_prompt_when_most_of_it_is_cached)
+{
+    struct sl_config c;
+    world(&c, "", "", ",\"tpm\":100000");
+    struct fake f;
+    fake_init(&f, 10000);
+    f.st[0].tiers[0].queued_prompt_tokens = 5000; /* 0.5 s ahead */
+    struct sl_admit_env env = env_of(&f);
+    struct sl_admit a;
+    /* 8,000 tokens computed: (5,000 + 8,000) / 10,000 = 1.3 s, over the 1 s objective. */
+    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 8000, 10, 0), SL_ADMIT_OVERLOADED);
+    cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
+    cr_assert_float_eq(a.predicted_ttft_s, 1.3, 1e-9);
+    /* The same prompt with 7,936 of its tokens (496 blocks of 16) in the prefix cache. */
+    sl_admit_init(&a);
+    a.n_cached = 7936;
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 8000, 10, 0),
+                 SL_ADMIT_OK, "%s", a.why);
+    cr_assert_float_eq(a.predicted_ttft_s, 0.5064, 1e-9, "(5,000 + 64) / 10,000");
+    int n;
+    long tok;
+    sl_admit_queue(&c.tenancy, 0, 0, &n, &tok);
+    cr_assert_eq(tok, 64, "the tier's queue counts what it will compute");
+    char h[64];
+    cr_assert_str_eq(
+        header(&a, &c, &c.tenancy.tenants[0], 0, "x-ratelimit-remaining-tokens", h, sizeof h),
+        "91990", "the tenant is charged every prompt token and max_tokens");
+    sl_admit_end(&a, 10, 0);
+    sl_admit_queue(&c.tenancy, 0, 0, &n, &tok);
+    cr_assert_eq(tok, 0, "and it all leaves the queue");
+    /* Two choices each compute the uncached tail; a figure past the prompt is the prompt. */
+    sl_admit_init(&a);
+    a.n = 2;
+    a.n_cached = 9000;
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 8000, 10, 0),
+                 SL_ADMIT_OK, "%s", a.why);
+    sl_admit_queue(&c.tenancy, 0, 0, &n, &tok);
+    cr_assert_eq(tok, 0, "nothing to compute but what the scheduler always computes");
+    sl_admit_end(&a, 10, 0);
+    sl_config_dispose(&c);
+}
+
 Test(gateway, admission_guard_admits_a_prompt_with_nothing_queued_ahead_whatever_its_prediction)
 {
     struct sl_config c;
@@ -726,10 +772,16 @@ Test(gateway, overload_model_step_moves_to_the_cheaper_model_when_it_has_room)
     fake_init(&f, 10000);
     f.st[0].tiers[0].queued_prompt_tokens = 20000; /* big: 2 s of prompts queued */
     f.n_prompt_of[1] = 120;                        /* small's tokenizer makes 120 of them */
+    f.n_cached_of[1] = 32;                         /* and small's cache holds 32 */
     struct sl_admit a;
-    cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OK);
+    struct sl_admit_env env = env_of(&f);
+    sl_admit_init(&a);
+    a.n_cached = 96; /* of big's cache: not small's */
+    cr_assert_eq(sl_admit_begin(&a, &env, &c.tenancy, &c.tenancy.tenants[0], 0, 0, 100, 10, 0),
+                 SL_ADMIT_OK);
     cr_assert_eq(a.model, 1);
     cr_assert_eq(a.n_prompt, 120);
+    cr_assert_eq(a.n_cached, 32);
     cr_assert_str_eq(a.note, "degraded; model=small");
     cr_assert_eq(a.degraded_by, 1u << SL_OVERLOAD_MODEL);
     cr_assert_eq(a.reason, SL_ADMIT_REASON_TIER_TTFT_SLO);
@@ -737,8 +789,9 @@ Test(gateway, overload_model_step_moves_to_the_cheaper_model_when_it_has_room)
     long tok;
     sl_admit_queue(&c.tenancy, 0, 1, &n, &tok);
     cr_assert_eq(n, 1);
-    cr_assert_eq(tok, 120, "queued on small's scheduler, in small's tokens");
+    cr_assert_eq(tok, 88, "queued on small's scheduler, in small's uncached tokens");
     sl_admit_end(&a, 1, 0);
+    f.n_cached_of[1] = 0;
     /* A prompt that does not fit the cheaper model skips the step. */
     f.n_prompt_of[1] = -1;
     cr_assert_eq(begin(&a, &f, &c, 0, 0, 0, 100, 10, 0), SL_ADMIT_OVERLOADED);
@@ -1349,8 +1402,14 @@ Test(gateway, fairness_keys_load_with_their_defaults_and_errors_name_the_path)
                  "tiers.batch.vtc_weights: input and output cannot both be 0");
     expect_error(FAIR_TIER(",\"vtc_weights\":{\"input\":-1}"),
                  "tiers.batch.vtc_weights.input: must be a number from 0 and at most 1000");
-    expect_error(FAIR_TIER(",\"vtc_weights\":{\"cached\":0}"),
-                 "tiers.batch.vtc_weights.cached: unknown key");
+    expect_error(FAIR_TIER(",\"vtc_weights\":{\"cache\":0}"),
+                 "tiers.batch.vtc_weights.cache: unknown key (input, output, cached)");
+    expect_error(FAIR_TIER(",\"vtc_weights\":{\"cached\":-0.5}"),
+                 "tiers.batch.vtc_weights.cached: must be a number from 0 and at most 1000");
+    load_ok(&c, FAIR_TIER(",\"vtc_weights\":{\"cached\":0.25}"));
+    cr_assert_eq(c.tenancy.tiers[0].sched.w_cached, 0.25f);
+    cr_assert_eq(c.tenancy.tiers[0].sched.w_in, 1, "the others keep their defaults");
+    sl_config_dispose(&c);
     expect_error(FAIR_TIER(",\"vtc_weights\":[1,2]"), "tiers.batch.vtc_weights: must be an object");
     expect_error(FAIR_TIER(",\"isolation_ms\":-1"),
                  "tiers.batch.isolation_ms: must be a number from 0 and at most 10000");

@@ -152,7 +152,7 @@ Test(gateway, anthropic_message_names_its_stop_when_encoded)
     } cases[] = {{SL_FINISH_STOP, NULL, "end_turn"}, {SL_FINISH_LENGTH, NULL, "max_tokens"}};
     for (size_t i = 0; i < 2; i++) {
         sl_str_clear(&out);
-        sl_anthropic_message_delta_encode(&out, cases[i].f, cases[i].stop, 7, NULL);
+        sl_anthropic_message_delta_encode(&out, &id, cases[i].f, cases[i].stop, 5, 7);
         j = parsed(&out);
         cr_assert_str_eq(json_string_value(json_object_get(j, "type")), "message_delta");
         json_t *d = json_object_get(j, "delta");
@@ -184,6 +184,108 @@ Test(gateway, anthropic_message_names_its_stop_when_encoded)
     cr_assert_eq(json_array_size(json_object_get(m, "content")), 0);
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(m, "usage"), "input_tokens")),
                  11);
+    json_decref(j);
+    sl_str_dispose(&out);
+}
+
+/* Caching is automatic here: Anthropic's cache_control markers (on system and message blocks, and
+ * the request's own) are accepted and change nothing, but a malformed one is named. */
+Test(gateway, anthropic_accepts_cache_control_markers_and_names_a_malformed_one)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    const char *body =
+        "{\"model\":\"m\",\"max_tokens\":8,\"cache_control\":{\"type\":\"ephemeral\"},"
+        "\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\",\"cache_control\":{\"type\":"
+        "\"ephemeral\",\"ttl\":\"1h\"}}],\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":"
+        "\"text\",\"text\":\"Long context\",\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":"
+        "\"5m\"}},{\"type\":\"text\",\"text\":\"Question\",\"cache_control\":null}]}]}";
+    cr_assert_eq(decode(&c, body, &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.n_messages, 2);
+    cr_assert_str_eq(c.messages[0].content, "Be brief.");
+    cr_assert_str_eq(c.messages[1].content, "Long context\nQuestion");
+    sl_openai_completion_dispose(&c);
+
+    static const struct {
+        const char *body, *param;
+    } cases[] = {
+        {"{\"model\":\"m\",\"max_tokens\":5,\"cache_control\":\"ephemeral\",\"messages\":[{"
+         "\"role\":"
+         "\"user\",\"content\":\"x\"}]}",
+         "cache_control"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"cache_control\":{\"type\":\"persistent\"},"
+         "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}",
+         "cache_control.type"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"cache_control\":{},\"messages\":[{\"role\":\"user\","
+         "\"content\":\"x\"}]}",
+         "cache_control.type"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"system\":[{\"type\":\"text\",\"text\":\"s\","
+         "\"cache_control\":{\"type\":\"ephemeral\",\"ttl\":\"2h\"}}],\"messages\":[{\"role\":"
+         "\"user\",\"content\":\"x\"}]}",
+         "system.0.cache_control.ttl"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{"
+         "\"type\":"
+         "\"text\",\"text\":\"x\",\"cache_control\":[1]}]}]}",
+         "messages.0.content.0.cache_control"},
+        {"{\"model\":\"m\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":[{"
+         "\"type\":"
+         "\"text\",\"text\":\"x\",\"cache_control\":{\"type\":\"ephemeral\",\"scope\":1}}]}]}",
+         "messages.0.content.0.cache_control.scope"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(decode(&c, cases[i].body, &err), SL_EINVAL, "%s", cases[i].body);
+        cr_assert_eq(err.http, 400);
+        cr_assert_str_eq(err.param, cases[i].param, "%s", err.message);
+        cr_assert(strstr(err.message, cases[i].param), "%s", err.message);
+    }
+}
+
+/* Anthropic's input_tokens leaves out the tokens read from the cache, which
+ * cache_read_input_tokens counts; the stream's message_start and message_delta say the same. */
+Test(gateway, anthropic_usage_counts_cache_reads_apart_from_input_tokens)
+{
+    struct sl_openai_ident id = {
+        .id = "msg_1", .model = "m", .api = SL_OPENAI_API_CHAT, .cached_tokens = 96, .cost = "0.5"};
+    struct sl_str out;
+    sl_str_init(&out);
+    sl_anthropic_message_encode(&out, &id, "ok", 2, SL_FINISH_STOP, NULL, 100, 3);
+    json_t *j = parsed(&out);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 96);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_creation_input_tokens")), 0);
+    cr_assert_eq(json_integer_value(json_object_get(u, "output_tokens")), 3);
+    cr_assert_eq(json_number_value(json_object_get(u, "cost")), 0.5);
+    json_decref(j);
+
+    sl_str_clear(&out);
+    sl_anthropic_message_start_encode(&out, &id, 100);
+    j = parsed(&out);
+    u = json_object_get(json_object_get(j, "message"), "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 96);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_creation_input_tokens")), 0);
+    cr_assert_eq(json_integer_value(json_object_get(u, "output_tokens")), 0);
+    json_decref(j);
+
+    sl_str_clear(&out);
+    sl_anthropic_message_delta_encode(&out, &id, SL_FINISH_LENGTH, NULL, 100, 9);
+    j = parsed(&out);
+    u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 4);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 96);
+    cr_assert_eq(json_integer_value(json_object_get(u, "output_tokens")), 9);
+    cr_assert_eq(json_number_value(json_object_get(u, "cost")), 0.5);
+    json_decref(j);
+
+    /* Nothing cached: every prompt token is input. */
+    id.cached_tokens = 0;
+    sl_str_clear(&out);
+    sl_anthropic_message_encode(&out, &id, "ok", 2, SL_FINISH_STOP, NULL, 100, 3);
+    j = parsed(&out);
+    u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "input_tokens")), 100);
+    cr_assert_eq(json_integer_value(json_object_get(u, "cache_read_input_tokens")), 0);
     json_decref(j);
     sl_str_dispose(&out);
 }

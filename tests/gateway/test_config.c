@@ -676,3 +676,90 @@ Test(gateway, reload_changes_prices_but_keeps_the_state_dir)
     sl_config_dispose(&cur);
     sl_config_dispose(&next);
 }
+
+Test(gateway, prefix_cache_defaults_to_tenant_scope_and_loads_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    const struct sl_config_prefix_cache *p = &sl_config_api(&c)->prefix_cache;
+    cr_assert(p->enabled, "on unless turned off");
+    cr_assert_eq(p->scope, SL_CONFIG_PREFIX_TENANT, "a tenant's prefixes are its own by default");
+    json_t *j = sl_config_to_json(&c);
+    json_t *o = json_object_get(j, "prefix_cache");
+    cr_assert(json_is_true(json_object_get(o, "enabled")), "/admin/config shows it");
+    cr_assert_str_eq(json_string_value(json_object_get(o, "scope")), "tenant");
+    json_decref(j);
+
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"prefix_cache\":{\"scope\":\"global\",\"// why\":\"one tenant\"}}",
+                      err, sizeof err),
+                 SL_OK, "%s", err);
+    cr_assert(p->enabled, "a key left out keeps its value");
+    cr_assert_eq(p->scope, SL_CONFIG_PREFIX_GLOBAL);
+    cr_assert_eq(load(&c, "{\"prefix_cache\":{\"enabled\":false}}", err, sizeof err), SL_OK, "%s",
+                 err);
+    cr_assert(!p->enabled);
+    cr_assert_eq(p->scope, SL_CONFIG_PREFIX_GLOBAL);
+    j = sl_config_to_json(&c);
+    o = json_object_get(j, "prefix_cache");
+    cr_assert(json_is_false(json_object_get(o, "enabled")));
+    cr_assert_str_eq(json_string_value(json_object_get(o, "scope")), "global");
+    json_decref(j);
+    cr_assert_eq(
+        load(&c, "{\"prefix_cache\":{\"enabled\":true,\"scope\":\"tenant\"}}", err, sizeof err),
+        SL_OK, "%s", err);
+    cr_assert(p->enabled);
+    cr_assert_eq(p->scope, SL_CONFIG_PREFIX_TENANT);
+    sl_config_dispose(&c);
+}
+
+Test(gateway, prefix_cache_error_names_the_field_when_wrong)
+{
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
+        {"{\"prefix_cache\":true}", "\"prefix_cache\" must be an object {\"enabled\""},
+        {"{\"prefix_cache\":null}", "\"prefix_cache\" must be an object"},
+        {"{\"prefix_cache\":[]}", "\"prefix_cache\" must be an object"},
+        {"{\"prefix_cache\":{\"enabled\":1}}",
+         "\"prefix_cache\".\"enabled\" must be true or false"},
+        {"{\"prefix_cache\":{\"enabled\":\"yes\"}}",
+         "\"prefix_cache\".\"enabled\" must be true or false"},
+        {"{\"prefix_cache\":{\"scope\":\"tenants\"}}",
+         "\"prefix_cache\".\"scope\" must be \"tenant\""},
+        {"{\"prefix_cache\":{\"scope\":null}}", "\"prefix_cache\".\"scope\" must be \"tenant\""},
+        {"{\"prefix_cache\":{\"scope\":\"\"}}", "\"prefix_cache\".\"scope\" must be \"tenant\""},
+        {"{\"prefix_cache\":{\"enable\":true}}",
+         "unknown key \"prefix_cache\".\"enable\" (enabled, scope)"},
+        {"{\"prefix_cache\":{\"enabled\":true,\"scope\":\"global\",\"salt\":\"x\"}}",
+         "unknown key \"prefix_cache\".\"salt\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct sl_config c;
+        sl_config_init(&c);
+        char err[512] = "";
+        cr_assert_eq(load(&c, cases[i].json, err, sizeof err), SL_EINVAL, "%s", cases[i].json);
+        cr_assert(strstr(err, cases[i].want), "\"%s\" lacks \"%s\"", err, cases[i].want);
+        cr_assert(strstr(err, "/tmp/sluice-config-"), "names the file: %s", err);
+        const struct sl_config_prefix_cache *p = &sl_config_api(&c)->prefix_cache;
+        cr_assert(p->enabled && p->scope == SL_CONFIG_PREFIX_TENANT,
+                  "a refused object changes nothing: %s", cases[i].json);
+        sl_config_dispose(&c);
+    }
+}
+
+Test(gateway, reload_changes_the_prefix_cache_when_the_file_does)
+{
+    struct sl_config cur, next;
+    sl_config_init(&cur);
+    sl_config_init(&next);
+    char err[256] = "";
+    cr_assert_eq(
+        load(&next, "{\"prefix_cache\":{\"enabled\":false,\"scope\":\"global\"}}", err, sizeof err),
+        SL_OK, "%s", err);
+    sl_config_keep_start_keys(&next, &cur);
+    cr_assert(!sl_config_api(&next)->prefix_cache.enabled, "not a start-only key");
+    cr_assert_eq(sl_config_api(&next)->prefix_cache.scope, SL_CONFIG_PREFIX_GLOBAL);
+    sl_config_dispose(&cur);
+    sl_config_dispose(&next);
+}

@@ -492,6 +492,10 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
                                 .queued_prompt_tokens = 940,
                                 .kv_blocks_used = 12,
                                 .kv_blocks_total = 100,
+                                .kv_blocks_cached = 5,
+                                .prefix_query_tokens = 4096,
+                                .prefix_hit_tokens = 1024,
+                                .prefix_evictions = 3,
                                 .last_step_rows = 17,
                                 .last_step_seqs = 4,
                                 .steps = 1234,
@@ -527,6 +531,10 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
         {"sluice:num_preemptions_total", "counter"},
         {"sluice:kv_blocks_used", "gauge"},
         {"sluice:kv_blocks_capacity", "gauge"},
+        {"sluice:kv_blocks_cached", "gauge"},
+        {"sluice:prefix_cache_queries_total", "counter"},
+        {"sluice:prefix_cache_hits_total", "counter"},
+        {"sluice:prefix_cache_evictions_total", "counter"},
         {"sluice:step_batch_tokens", "gauge"},
         {"sluice:step_batch_sequences", "gauge"},
         {"sluice:step_duration_seconds", "gauge"},
@@ -560,6 +568,10 @@ Test(gateway, rendering_parses_back_with_escaped_labels_when_names_are_hostile)
     cr_assert_eq(value(&x, "sluice:num_prompt_tokens_waiting{tier=ba\"tch}"), 900);
     cr_assert_eq(value(&x, "sluice:kv_blocks_used{}"), 12);
     cr_assert_eq(value(&x, "sluice:kv_blocks_capacity{}"), 100);
+    cr_assert_eq(value(&x, "sluice:kv_blocks_cached{}"), 5);
+    cr_assert_eq(value(&x, "sluice:prefix_cache_queries_total{}"), 4096);
+    cr_assert_eq(value(&x, "sluice:prefix_cache_hits_total{}"), 1024);
+    cr_assert_eq(value(&x, "sluice:prefix_cache_evictions_total{}"), 3);
     cr_assert_eq(value(&x, "sluice:step_batch_tokens{}"), 17);
     cr_assert_eq(value(&x, "sluice:step_batch_sequences{}"), 4);
     cr_assert_eq(value(&x, "sluice:scheduler_steps_total{}"), 1234);
@@ -626,6 +638,7 @@ Test(gateway, vllm_gauges_sum_a_models_replicas_into_one_series_when_rendered)
          .queued_requests = 1,
          .kv_blocks_used = 20,
          .kv_blocks_total = 100,
+         .prefix_hit_tokens = 48,
          .block_size = 16},
         {.n_tiers = 2,
          .tiers = {{"interactive", 0, 0, 0}, {"batch", 0, 0, 0}},
@@ -636,7 +649,7 @@ Test(gateway, vllm_gauges_sum_a_models_replicas_into_one_series_when_rendered)
     struct sl_str text;
     sl_str_init(&text);
     sl_metrics_render_models(m, names, replicas, st, 3, &text);
-    sl_metrics_render_vllm(names, st, 3, &text);
+    sl_metrics_render_vllm(names, st, 3, false, &text);
     struct expo x;
     expo_parse(&x, text.p); /* every family with HELP and TYPE, no series twice */
 
@@ -660,6 +673,10 @@ Test(gateway, vllm_gauges_sum_a_models_replicas_into_one_series_when_rendered)
     cr_assert_eq(value(&x, "vllm:cache_config_info{model_name=big,block_size=16,"
                            "num_gpu_blocks=200,enable_prefix_caching=False}"),
                  1, "%s", text.p);
+    /* sluice's own series are per replica, the prefix cache's too (each replica has its own). */
+    cr_assert_eq(value(&x, "sluice:prefix_cache_hits_total{model=big,replica=1}"), 48, "%s",
+                 text.p);
+    cr_assert_eq(value(&x, "sluice:prefix_cache_hits_total{model=big,replica=0}"), 0);
     /* The same snapshot as sluice's own gauges. */
     cr_assert_eq(value(&x, "vllm:num_requests_waiting{model_name=big}"),
                  tier_sum(&x, "sluice:num_requests_waiting", "big"));
@@ -691,7 +708,7 @@ Test(gateway, vllm_gauges_label_even_a_lone_model_when_one_scheduler_serves)
     struct sl_str text;
     sl_str_init(&text);
     sl_metrics_render_models(m, names, NULL, &st, 1, &text);
-    sl_metrics_render_vllm(names, &st, 1, &text);
+    sl_metrics_render_vllm(names, &st, 1, true, &text);
     struct expo x;
     expo_parse(&x, text.p);
     cr_assert_eq(value(&x, "sluice:num_requests_waiting{tier=interactive}"), 2);
@@ -699,7 +716,7 @@ Test(gateway, vllm_gauges_label_even_a_lone_model_when_one_scheduler_serves)
     cr_assert_eq(value(&x, "vllm:num_requests_running{model_name=we\"ird\\id}"), 1);
     cr_assert_eq(value(&x, "vllm:kv_cache_usage_perc{model_name=we\"ird\\id}"), 0);
     cr_assert_eq(value(&x, "vllm:cache_config_info{model_name=we\"ird\\id,block_size=32,"
-                           "num_gpu_blocks=0,enable_prefix_caching=False}"),
+                           "num_gpu_blocks=0,enable_prefix_caching=True}"),
                  1);
     cr_assert(strstr(text.p, "model_name=\"we\\\"ird\\\\id\""), "escaped on the wire");
     expo_dispose(&x);

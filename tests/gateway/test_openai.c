@@ -961,3 +961,126 @@ Test(gateway, admission_refusals_become_openai_errors_with_their_status_when_con
     cr_assert(strstr(s.p, "\"param\":null") && strstr(s.p, "\"code\":\"invalid_tier\""), "%s", s.p);
     sl_str_dispose(&s);
 }
+
+/* ---- the prefix cache ---- */
+
+Test(gateway, decodes_the_prefix_cache_salts_when_openai_or_vllm_sends_them)
+{
+    struct sl_openai_completion c;
+    struct sl_openai_error err;
+    cr_assert_eq(decode(&c, "{\"prompt\":\"x\"}", &err), SL_OK, "%s", err.message);
+    cr_assert_null(c.prompt_cache_key.p, "none unless sent");
+    cr_assert_null(c.cache_salt.p);
+    sl_openai_completion_dispose(&c);
+    cr_assert_eq(decode(&c,
+                        "{\"prompt\":\"x\",\"prompt_cache_key\":\"user-42\",\"cache_salt\":"
+                        "\"s\\u00e9l\"}",
+                        &err),
+                 SL_OK, "%s", err.message);
+    cr_assert_eq(c.prompt_cache_key.len, 7);
+    cr_assert_eq(memcmp(c.prompt_cache_key.p, "user-42", 7), 0);
+    cr_assert_eq(c.cache_salt.len, 4, "bytes, not characters");
+    sl_openai_completion_dispose(&c);
+    cr_assert_eq(
+        decode(&c, "{\"prompt\":\"x\",\"prompt_cache_key\":null,\"cache_salt\":null}", &err), SL_OK,
+        "%s", err.message);
+    cr_assert_null(c.prompt_cache_key.p, "null is absent");
+    sl_openai_completion_dispose(&c);
+    /* Chat takes them too. */
+    const char *chat =
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"cache_salt\":\"t\"}";
+    cr_assert_eq(sl_openai_chat_decode(&c, chat, strlen(chat), NULL, 0, &err), SL_OK, "%s",
+                 err.message);
+    cr_assert_eq(c.cache_salt.len, 1);
+    sl_openai_completion_dispose(&c);
+    /* At the bound: 256 bytes. */
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"x\",\"cache_salt\":\"%0256d\"}", 0);
+    cr_assert_eq(decode(&c, body, &err), SL_OK, "%s", err.message);
+    cr_assert_eq(c.cache_salt.len, 256);
+    sl_openai_completion_dispose(&c);
+}
+
+Test(gateway, refuses_a_prefix_cache_salt_naming_it_when_not_a_short_string)
+{
+    expect_error("{\"prompt\":\"x\",\"prompt_cache_key\":7}", 400, "prompt_cache_key",
+                 "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"cache_salt\":{\"a\":1}}", 400, "cache_salt", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"cache_salt\":[\"a\"]}", 400, "cache_salt", "invalid_type");
+    expect_error("{\"prompt\":\"x\",\"cache_salt\":\"\"}", 400, "cache_salt", "empty_string");
+    expect_error("{\"prompt\":\"x\",\"prompt_cache_key\":\"\"}", 400, "prompt_cache_key",
+                 "empty_string");
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"x\",\"prompt_cache_key\":\"%0257d\"}", 0);
+    expect_error(body, 400, "prompt_cache_key", "string_above_max_length");
+    snprintf(body, sizeof body, "{\"prompt\":\"x\",\"cache_salt\":\"%0257d\"}", 0);
+    expect_error(body, 400, "cache_salt", "string_above_max_length");
+}
+
+static uint64_t key(const char *model, enum sl_config_prefix_scope scope, const char *tenant,
+                    const char *pck, const char *salt)
+{
+    struct sl_strv k = {pck, pck ? strlen(pck) : 0}, s = {salt, salt ? strlen(salt) : 0};
+    return sl_api_cache_key(model, scope, tenant, k, s);
+}
+
+/* The key isolates what must not share: models, tenants (in tenant scope), salts, and which
+ * field a salt came in; and it is the same for equal inputs, whatever the process. */
+Test(gateway, prefix_cache_key_differs_exactly_when_what_isolates_differs)
+{
+    const enum sl_config_prefix_scope T = SL_CONFIG_PREFIX_TENANT, G = SL_CONFIG_PREFIX_GLOBAL;
+    uint64_t base = key("m", T, "a", NULL, NULL);
+    cr_assert_eq(base, key("m", T, "a", NULL, NULL), "deterministic");
+    cr_assert_neq(base, 0);
+    cr_assert_neq(base, key("m", T, "b", NULL, NULL), "another tenant");
+    cr_assert_neq(base, key("n", T, "a", NULL, NULL), "another model");
+    cr_assert_neq(base, key("m", G, "a", NULL, NULL), "global scope is no tenant's");
+    cr_assert_eq(key("m", G, "a", NULL, NULL), key("m", G, "b", NULL, NULL),
+                 "global scope: every tenant alike");
+    cr_assert_neq(key("m", G, "", NULL, NULL), key("m", T, "", NULL, NULL),
+                  "not even a tenant with an empty name is global");
+    cr_assert_neq(base, key("m", T, "a", "k", NULL), "a prompt_cache_key narrows it");
+    cr_assert_neq(base, key("m", T, "a", NULL, "k"), "so does a cache_salt");
+    cr_assert_neq(key("m", T, "a", "k", NULL), key("m", T, "a", NULL, "k"),
+                  "the same salt in the other field is another key");
+    cr_assert_neq(key("m", T, "a", "k", "s"), key("m", T, "a", "s", "k"));
+    cr_assert_neq(key("m", T, "a", "k", "s"), key("m", T, "a", "k", NULL), "both go in");
+    cr_assert_eq(key("m", T, "a", "k", "s"), key("m", T, "a", "k", "s"));
+    cr_assert_neq(key("ab", T, "c", NULL, NULL), key("a", T, "bc", NULL, NULL),
+                  "fields are length-prefixed");
+    cr_assert_neq(key("m", T, "a", "bc", NULL), key("m", T, "ab", "c", NULL));
+    /* A salt of any size still hashes (the heap path past the stack buffer). */
+    static char big[2000];
+    memset(big, 'x', sizeof big - 1);
+    cr_assert_neq(key("m", T, "a", big, NULL), key("m", T, "a", big + 1, NULL));
+    cr_assert_eq(key("m", T, "a", big, NULL), key("m", T, "a", big, NULL));
+}
+
+Test(gateway, encodes_cached_tokens_in_the_usage_details_when_the_request_finished)
+{
+    struct sl_openai_ident id = ident;
+    id.cached_tokens = 64;
+    struct sl_str s;
+    sl_str_init(&s);
+    sl_openai_completion_encode(&s, &id, "ok", 2, SL_FINISH_STOP, 80, 2, NULL);
+    json_t *j = parse(&s);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 80);
+    cr_assert_eq(json_integer_value(
+                     json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")),
+                 64);
+    json_decref(j);
+    sl_str_clear(&s);
+    id.cached_tokens = 0;
+    id.api = SL_OPENAI_API_CHAT;
+    sl_openai_usage_chunk_encode(&s, &id, 3, 4);
+    j = parse(&s);
+    u = json_object_get(j, "usage");
+    cr_assert_eq(json_integer_value(
+                     json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")),
+                 0, "OpenAI's field is there when nothing was cached");
+    cr_assert(json_is_integer(
+        json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")));
+    json_decref(j);
+    sl_str_dispose(&s);
+}

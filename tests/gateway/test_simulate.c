@@ -118,6 +118,26 @@ Test(gateway, simulate_json_report_has_every_tier_and_figure_when_trace_is_valid
     json_decref(j);
 }
 
+/* Requests naming the same prefix share it through the prefix cache; another prefix's requests
+ * find nothing of it. */
+Test(gateway, simulate_shared_prefixes_are_cached_when_requests_name_them, .init = setup,
+     .fini = teardown)
+{
+    json_t *j = report_json(
+        "{\"arrival\": 0, \"tier\": \"batch\", \"prompt_tokens\": 300, \"output_tokens\": 4, "
+        "\"prefix\": \"a\", \"prefix_tokens\": 200}\n"
+        "{\"arrival\": 5, \"tier\": \"batch\", \"prompt_tokens\": 300, \"output_tokens\": 4, "
+        "\"prefix\": \"a\", \"prefix_tokens\": 200}\n"
+        "{\"arrival\": 10, \"tier\": \"batch\", \"prompt_tokens\": 300, \"output_tokens\": 4, "
+        "\"prefix\": \"b\", \"prefix_tokens\": 200}\n",
+        NULL);
+    cr_assert_eq(json_integer_value(json_object_get(j, "prompt_tokens")), 900);
+    /* The second request finds the first's 12 full blocks of 16 within the 201 shared tokens
+     * (BOS and 200); the third, another prefix, nothing. */
+    cr_assert_eq(json_integer_value(json_object_get(j, "cached_prompt_tokens")), 192);
+    json_decref(j);
+}
+
 Test(gateway, simulate_table_names_each_tier_when_not_json, .init = setup, .fini = teardown)
 {
     write_file(trace_path, "{\"arrival\": 0, \"tier\": \"batch\", \"prompt_tokens\": 9, "
@@ -153,6 +173,15 @@ Test(gateway, simulate_bad_trace_line_is_an_error_naming_its_line_when_read, .in
         {"{\"arrival\": 0, \"tier\": \"batch\", \"tenant\": 7, \"prompt_tokens\": 1, "
          "\"output_tokens\": 1}",
          "\"tenant\""},
+        {"{\"arrival\": 0, \"tier\": \"batch\", \"prompt_tokens\": 9, \"output_tokens\": 1, "
+         "\"prefix\": \"sys\"}",
+         "\"prefix_tokens\""},
+        {"{\"arrival\": 0, \"tier\": \"batch\", \"prompt_tokens\": 9, \"output_tokens\": 1, "
+         "\"prefix\": \"sys\", \"prefix_tokens\": 10}",
+         "\"prefix_tokens\""},
+        {"{\"arrival\": 0, \"tier\": \"batch\", \"prompt_tokens\": 9, \"output_tokens\": 1, "
+         "\"prefix_tokens\": 4}",
+         "\"prefix\""},
         {"[1, 2]", "JSON object"},
         {"{\"arrival\": 0, \"tier\": ", "not JSON"},
     };

@@ -277,8 +277,8 @@ static void write_config(const char *path, const char *content)
 }
 
 /* Within one scrape, the vLLM gauges of the lone model "m1" agree with sluice's own (one
- * snapshot of the scheduler feeds both). */
-static void check_vllm_agrees(const char *m)
+ * snapshot of the scheduler feeds both); enable_prefix_caching is caching ("True", "False"). */
+static void check_vllm_agrees(const char *m, const char *caching)
 {
     cr_assert_eq(metric(m, "vllm:num_requests_waiting{model_name=\"m1\"}"),
                  metrics_sum(m, "sluice:num_requests_waiting"), "%s", m);
@@ -294,8 +294,8 @@ static void check_vllm_agrees(const char *m)
     char info[256];
     snprintf(info, sizeof info,
              "vllm:cache_config_info{model_name=\"m1\",block_size=\"16\",num_gpu_blocks=\"%.0f\","
-             "enable_prefix_caching=\"False\"}",
-             total);
+             "enable_prefix_caching=\"%s\"}",
+             total, caching);
     cr_assert_eq(metric(m, info), 1, "%s", m);
 }
 
@@ -313,7 +313,7 @@ Test(metrics, vllm_gauges_follow_the_switch_and_sluices_gauges_when_on_and_reloa
     cr_assert_eq(metric(m, "vllm:num_requests_waiting{model_name=\"m1\"}"), 0, "%s", m);
     cr_assert_eq(metric(m, "vllm:num_requests_running{model_name=\"m1\"}"), 0);
     cr_assert_eq(metric(m, "vllm:kv_cache_usage_perc{model_name=\"m1\"}"), 0);
-    check_vllm_agrees(m);
+    check_vllm_agrees(m, "True");
     cr_assert_gt(metric(m, "sluice:kv_blocks_capacity"), 0, "sluice's own names stay");
     free(m);
 
@@ -325,7 +325,7 @@ Test(metrics, vllm_gauges_follow_the_switch_and_sluices_gauges_when_on_and_reloa
     char buf[8192];
     cr_assert(client_read_until(fd, "data: {", buf, sizeof buf), "a first chunk arrives");
     m = scrape(srv.port);
-    check_vllm_agrees(m);
+    check_vllm_agrees(m, "True");
     free(m);
     close(fd);
     static const char *const ends[] = {"\"finish\":\"cancelled\"", "\"finish\":\"length\"",
@@ -338,15 +338,25 @@ Test(metrics, vllm_gauges_follow_the_switch_and_sluices_gauges_when_on_and_reloa
     cr_assert_eq(metric(m, "vllm:num_requests_waiting{model_name=\"m1\"}"), 0, "%s", m);
     cr_assert_eq(metric(m, "vllm:num_requests_running{model_name=\"m1\"}"), 0);
     cr_assert_eq(metric(m, "vllm:kv_cache_usage_perc{model_name=\"m1\"}"), 0, "every block back");
-    check_vllm_agrees(m);
+    check_vllm_agrees(m, "True");
+    free(m);
+
+    /* The prefix cache turned off by a reload: the picker is told so at the next scrape. */
+    static const char *const reload[] = {"SIGHUP: configuration reloaded",
+                                         "SIGHUP: configuration refused", NULL};
+    write_config(path, "{\"served_model_name\":\"m1\",\"vllm_metrics\":true,"
+                       "\"prefix_cache\":{\"enabled\":false}}");
+    server_log_clear(&srv);
+    cr_assert_eq(kill(srv.pid, SIGHUP), 0);
+    cr_assert_eq(server_wait_log_any(&srv, reload), 0, "%s", srv.log);
+    m = scrape(srv.port);
+    check_vllm_agrees(m, "False");
     free(m);
 
     /* Switched off by a reload: gone from the next scrape, sluice's own names unchanged. */
     write_config(path, "{\"served_model_name\":\"m1\"}");
     server_log_clear(&srv);
     cr_assert_eq(kill(srv.pid, SIGHUP), 0);
-    static const char *const reload[] = {"SIGHUP: configuration reloaded",
-                                         "SIGHUP: configuration refused", NULL};
     cr_assert_eq(server_wait_log_any(&srv, reload), 0, "%s", srv.log);
     m = scrape(srv.port);
     cr_assert_null(strstr(m, "vllm:"), "%s", m);

@@ -158,7 +158,8 @@ static void fake_done(void *ctx, struct sl_req *r, enum sl_finish why, int st, i
     F->done++;
 }
 
-static void fake_init(struct fake *f, int max_seqs, int n_blocks)
+static void fake_init_tier(struct fake *f, int max_seqs, int n_blocks,
+                           const struct sl_sched_tier *tier)
 {
     memset(f, 0, sizeof *f);
     F = f;
@@ -168,11 +169,18 @@ static void fake_init(struct fake *f, int max_seqs, int n_blocks)
                                   .max_batch_tokens = 64,
                                   .n_blocks = n_blocks,
                                   .block_size = BS,
+                                  .tiers = tier,
+                                  .n_tiers = tier ? 1 : 0,
                                   .cache_seed = {9, 8, 7, 6}};
     struct sl_sched_worker w = {.forward = fake_forward};
     struct sl_sched_sink s = {.token = fake_token, .done = fake_done};
     f->core = sl_sched_core_new(&lim, &w, &s);
     cr_assert_not_null(f->core);
+}
+
+static void fake_init(struct fake *f, int max_seqs, int n_blocks)
+{
+    fake_init_tier(f, max_seqs, n_blocks, NULL);
 }
 
 /* Submits a request of n prompt tokens (BOS, then `from`, from + 1, ...) under key, caching or
@@ -329,6 +337,30 @@ Test(prefix, a_full_pool_evicts_cached_blocks_oldest_first)
     sl_req_unref(b);
     sl_req_unref(c);
     sl_sched_core_free(f.core);
+}
+
+/* Cached prompt tokens are service at the tier's w_cached (0 by default), not at w_in. */
+Test(prefix, cached_prompt_tokens_count_at_their_own_vtc_weight)
+{
+    static const float weights[2] = {0, 0.5f};
+    for (int k = 0; k < 2; k++) {
+        struct sl_sched_tier tier = {.name = "t", .w_in = 1, .w_out = 2, .w_cached = weights[k]};
+        struct fake f;
+        fake_init_tier(&f, 4, 64, &tier);
+        struct sl_req *a = submit(&f, 22, 100, 1, true, 3);
+        drain(&f);
+        struct sl_vtc *v = f.core->tiers[0].vtc;
+        cr_assert_not_null(v);
+        cr_assert_float_eq(v->counter, 22 + 2 * 3, 1e-9, "22 prompt tokens, 3 generated");
+        struct sl_req *b = submit(&f, 22, 100, 1, true, 3);
+        drain(&f);
+        cr_assert_eq(sl_req_cached_tokens(b), 20);
+        cr_assert_float_eq(v->counter, 28 + weights[k] * 20 + 2 + 2 * 3, 1e-9,
+                           "w_cached %g: 20 cached, 2 computed, 3 generated", weights[k]);
+        sl_req_unref(a);
+        sl_req_unref(b);
+        sl_sched_core_free(f.core);
+    }
 }
 
 /* ---- the simulator's checking worker ---- */
