@@ -62,15 +62,19 @@ static int32_t next_of(uint64_t h)
     return 3 + (int32_t)((h >> 17) % (SIM_VOCAB - 3));
 }
 
-/* Prompt token k of request i: BOS, then its group's shared prefix, then a pattern of its own. */
+/* Prompt token k of request i: BOS, then its group's shared prefix, then tokens of its own (a
+ * hash of (i, k): no two requests share a block of them, so only groups meet in the cache). */
 static int32_t prompt_token(const struct sl_sim_request *rq, int i, int k)
 {
     if (k == 0)
         return 1;
-    if (rq->prefix_group > 0 && k <= rq->prefix_tokens)
-        return 3 +
-               (int32_t)(((uint64_t)rq->prefix_group * 15485863u + (uint64_t)k * 104729u) % 61u);
-    return 3 + (int32_t)(((uint64_t)i * 7919u + (uint64_t)k * 104729u) % 61u);
+    bool shared = rq->prefix_group > 0 && k <= rq->prefix_tokens;
+    /* splitmix64's finaliser of (whose, k): mix() is too weak for that, its tokens repeat. */
+    uint64_t x = ((uint64_t)(uint32_t)(shared ? -rq->prefix_group : i) << 32 | (uint32_t)k) +
+                 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return 3 + (int32_t)((x ^ (x >> 31)) % (SIM_VOCAB - 3));
 }
 
 struct gaps {

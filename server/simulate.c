@@ -40,7 +40,8 @@ static const char usage[] =
     "  generates exactly output_tokens tokens. \"prefix\": \"NAME\", \"prefix_tokens\": N "
     "(optional):\n"
     "  the requests of the same NAME start with the same N prompt tokens (a system prompt),\n"
-    "  which the prefix cache shares when the configuration has it on (prefix_cache).\n"
+    "  which the prefix cache shares when the configuration has it on (prefix_cache.enabled,\n"
+    "  the default; the simulation's requests all share one cache key).\n"
     "--context N: the model's context length in tokens (default 8192); longer requests are\n"
     "  refused, as the server refuses them.\n"
     "--static-batching: the baseline, a batch of up to max_seqs requests starts only when the\n"
@@ -509,7 +510,7 @@ int sl_simulate_main(int argc, char **argv, FILE *out, FILE *errf)
                 .n_tiers = sl_config_sched_tiers(cfg, tiers, SL_SCHED_MAX_TIERS)},
         .cost = sl_sim_cost_stories15m_cpu,
         .static_batching = static_batching,
-        .prefix_cache = true, /* TODO: the configuration's prefix_cache.enabled */
+        .prefix_cache = sl_config_api(cfg)->prefix_cache.enabled,
     };
     sc.lim.n_blocks = pool_blocks(ec, &sc.cost, max_ctx);
     struct sim_machine lv = {max_ctx, sc.lim.n_blocks, static_batching};

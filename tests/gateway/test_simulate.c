@@ -136,6 +136,16 @@ Test(gateway, simulate_shared_prefixes_are_cached_when_requests_name_them, .init
      * (BOS and 200); the third, another prefix, nothing. */
     cr_assert_eq(json_integer_value(json_object_get(j, "cached_prompt_tokens")), 192);
     json_decref(j);
+    write_file(config_path, "{\"prefix_cache\": {\"enabled\": false}}");
+    j = report_json(
+        "{\"arrival\": 0, \"tier\": \"batch\", \"prompt_tokens\": 300, \"output_tokens\": 4, "
+        "\"prefix\": \"a\", \"prefix_tokens\": 200}\n"
+        "{\"arrival\": 5, \"tier\": \"batch\", \"prompt_tokens\": 300, \"output_tokens\": 4, "
+        "\"prefix\": \"a\", \"prefix_tokens\": 200}\n",
+        config_path);
+    cr_assert_eq(json_integer_value(json_object_get(j, "cached_prompt_tokens")), 0,
+                 "the configuration turned the cache off");
+    json_decref(j);
 }
 
 Test(gateway, simulate_table_names_each_tier_when_not_json, .init = setup, .fini = teardown)
