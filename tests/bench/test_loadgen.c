@@ -817,10 +817,18 @@ Test(loadgen, shared_prefix_tokens_match_the_servers_tokenizer_when_calibrated)
                           "text,endpoint=completions",
                           "--csv",
                           tmp("r.csv"),
+                          "--json",
+                          tmp("r.json"),
                           NULL};
     cr_assert_eq(bench(args, output, sizeof output), 0, "%s", output);
     server_stop(&srv);
     cr_assert_eq(csv_rows(tmp("r.csv"), prompt_near_220, NULL), 6);
+    /* The prefix probes (and with two users, each class's earlier requests) leave the prefix in
+     * sluice's cache, on by default: requests find it there, and their usage says so. */
+    json_t *j = load_json(tmp("r.json"));
+    cr_assert_gt(jint(j, "total_cached_input_tokens"), 0);
+    cr_assert_lt(jint(j, "total_cached_input_tokens"), jint(j, "total_input_tokens"));
+    json_decref(j);
 }
 
 #define GOOD_KEY "sk-bench-good-0123456789"
