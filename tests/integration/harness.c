@@ -670,3 +670,18 @@ int sluice_run(const char *args, char *out, size_t outlen)
     int st = pclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
+
+long long nano_of(const char *s)
+{
+    long long whole = 0, frac = 0;
+    int digits = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9'; p++)
+        whole = whole * 10 + (*p - '0');
+    if (*p == '.')
+        for (p++; *p >= '0' && *p <= '9'; p++, digits++)
+            frac = frac * 10 + (*p - '0');
+    while (digits++ < 9)
+        frac *= 10;
+    return whole * 1000000000LL + frac;
+}

@@ -136,6 +136,8 @@ double metrics_sum(const char *text, const char *name);
 /* GET /metrics on a new connection: the sum of `name` as metrics_sum says, or -1 on failure. No
  * criterion assertion: any thread may call it. */
 double metrics_fetch_sum(int port, const char *name);
+/* A cost as sluice writes it (a decimal, "0.000021") in nano-units. */
+long long nano_of(const char *s);
 /* Raises the soft RLIMIT_NOFILE to at least `want` (up to the hard limit). Returns the limit now
  * in effect. */
 long raise_nofile(long want);

@@ -66,22 +66,6 @@ struct answer {
     char body[4096]; /* the start of the raw body, for messages */
 };
 
-/* nano-units of a decimal ("0.000021"). */
-static long long nano_of(const char *s)
-{
-    long long whole = 0, frac = 0;
-    int digits = 0;
-    const char *p = s;
-    for (; *p >= '0' && *p <= '9'; p++)
-        whole = whole * 10 + (*p - '0');
-    if (*p == '.')
-        for (p++; *p >= '0' && *p <= '9'; p++, digits++)
-            frac = frac * 10 + (*p - '0');
-    while (digits++ < 9)
-        frac *= 10;
-    return whole * 1000000000LL + frac;
-}
-
 static void post(struct answer *a, const char *path, const char *headers, const char *body)
 {
     int fd = client_connect(srv.port);

@@ -53,22 +53,6 @@ static void stop(void)
 
 TestSuite(usage, .fini = stop, .timeout = 300);
 
-/* cost in nano-units from a decimal ("0.000021"). */
-static long long nano_of(const char *s)
-{
-    long long whole = 0, frac = 0;
-    int digits = 0;
-    const char *p = s;
-    for (; *p >= '0' && *p <= '9'; p++)
-        whole = whole * 10 + (*p - '0');
-    if (*p == '.')
-        for (p++; *p >= '0' && *p <= '9'; p++, digits++)
-            frac = frac * 10 + (*p - '0');
-    while (digits++ < 9)
-        frac *= 10;
-    return whole * 1000000000LL + frac;
-}
-
 static long long expect_cost(json_t *usage)
 {
     return json_integer_value(json_object_get(usage, "prompt_tokens")) * 1000 +
