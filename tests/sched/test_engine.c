@@ -2,8 +2,9 @@
  * outputs in ../shared/models): greedy outputs are llama2.c's token for token whether a request
  * runs alone, in a full batch, with its prompt chunked, or preempted and resumed. The CPU kernels
  * give a row the same bits whatever else is in the batch, so recomputing a preempted sequence's
- * prompt and generated tokens in one prefill reproduces its KV exactly. Skips, saying so, when
- * the models folder is absent. */
+ * prompt and generated tokens in one prefill reproduces its KV exactly; and every real model
+ * gives the same tokens with the prefix cache on and off. Skips, saying so, when the models
+ * folder is absent. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <sluice/sched.h>
@@ -122,14 +123,13 @@ static const struct sl_sched_tier tiers[2] = {
     {.name = "batch", .priority = 1, .weight = 1, .ttft_slo_ms = 60000, .tpot_slo_ms = 1000},
 };
 
-static void engine_init(struct engine *e, const char *dir, int max_seqs, int max_batch_tokens,
-                        int n_blocks, int block_size)
+/* An engine over the model spec (with tokenizer tok, NULL: in the file or folder). */
+static void engine_init_model(struct engine *e, const char *spec, const char *tok, int max_seqs,
+                              int max_batch_tokens, int n_blocks, int block_size)
 {
     memset(e, 0, sizeof *e);
-    char model[1024], tok[1024], err[256];
-    snprintf(model, sizeof model, "%s/stories260K.bin", dir);
-    snprintf(tok, sizeof tok, "%s/tok512.bin", dir);
-    cr_assert_eq(sl_model_load(model, tok, &e->model, err, sizeof err), SL_OK, "%s", err);
+    char err[256];
+    cr_assert_eq(sl_model_load(spec, tok, &e->model, err, sizeof err), SL_OK, "%s: %s", spec, err);
     const struct sl_model_config *mc = sl_model_config(e->model);
     struct sl_backend_opts bo = {.n_kv_blocks = n_blocks,
                                  .block_size = block_size,
@@ -144,12 +144,23 @@ static void engine_init(struct engine *e, const char *dir, int max_seqs, int max
                                   .n_blocks = n_blocks,
                                   .block_size = block_size,
                                   .tiers = tiers,
-                                  .n_tiers = 2};
+                                  .n_tiers = 2,
+                                  .cache_seed = {1, 2, 3, 4}};
     struct sl_sched_worker w = {.ctx = e, .forward = forward, .is_stop_token = is_stop};
     struct sl_sched_sink s = {
         .ctx = e, .token = on_token, .done = on_done, .preempted = on_preempted};
     e->core = sl_sched_core_new(&lim, &w, &s);
     cr_assert_not_null(e->core);
+}
+
+/* An engine over stories260K, the model of the llama2.c goldens. */
+static void engine_init(struct engine *e, const char *dir, int max_seqs, int max_batch_tokens,
+                        int n_blocks, int block_size)
+{
+    char model[1024], tok[1024];
+    snprintf(model, sizeof model, "%s/stories260K.bin", dir);
+    snprintf(tok, sizeof tok, "%s/tok512.bin", dir);
+    engine_init_model(e, model, tok, max_seqs, max_batch_tokens, n_blocks, block_size);
 }
 
 static void engine_dispose(struct engine *e)
@@ -310,4 +321,202 @@ Test(sched, real_model_sampled_output_is_unchanged_when_preempted_and_resumed)
         engine_dispose(&e);
     }
     cr_assert_gt(n_alone, 0);
+}
+
+/* ---- the prefix cache ----
+ *
+ * Every real model of ../shared/models gives the same greedy and seeded tokens with the cache on
+ * and off, for requests that share none, some and all of their full blocks, one after another,
+ * all at once (a prefix still being prefilled by another request), and in a pool so small that
+ * cached blocks are evicted and sequences preempted: a block computed for one request is the
+ * block another would compute, the CPU kernels giving a row the same bits whatever the batch. */
+
+/* The model files: spec and tokenizer (NULL: in the file or folder). */
+struct model_files {
+    const char *spec, *tok;
+};
+static const struct model_files models[] = {
+    {"stories260K.bin", "tok512.bin"},
+    {"stories260K.gguf", NULL},
+    {"tinystories-656K/hf", NULL},
+    {"tinystories-656K/llama2c/model.bin", "tinystories-656K/llama2c/tokenizer.bin"},
+};
+#define N_MODELS (int)(sizeof models / sizeof models[0])
+#define N_REQS 8 /* of the prefix cache test */
+#define PREFIX_OUT 24
+#define PREFIX_BS 8
+
+/* An engine over model m of `models`, for the prefix cache test. */
+static void prefix_engine(struct engine *e, const char *dir, int m, int max_seqs, int n_blocks)
+{
+    char spec[1024], tok[1024];
+    snprintf(spec, sizeof spec, "%s/%s", dir, models[m].spec);
+    if (models[m].tok)
+        snprintf(tok, sizeof tok, "%s/%s", dir, models[m].tok);
+    engine_init_model(e, spec, models[m].tok ? tok : NULL, max_seqs, 64, n_blocks, PREFIX_BS);
+}
+
+static int preempted_total(const struct engine *e)
+{
+    int n = 0;
+    for (int i = 0; i < MAX_REQS; i++)
+        n += e->preempted[i];
+    return n;
+}
+
+/* The prompts: a shared 70-token head (8 full blocks and 6 tokens) that requests 0-2 and 4-5
+ * continue differently or not at all, and 3 and 6-7 that share nothing. Ids from a fixed
+ * sequence over the vocabulary, BOS first. */
+struct prompts {
+    int32_t ids[N_REQS][128];
+    int n[N_REQS];
+};
+
+static void make_prompts(struct prompts *p, int vocab)
+{
+    uint64_t x = 12345;
+    int32_t head[70], own[N_REQS][40];
+    for (int k = 0; k < 70; k++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        head[k] = k == 0 ? 1 : 3 + (int32_t)((x >> 33) % (uint64_t)(vocab - 3));
+    }
+    for (int i = 0; i < N_REQS; i++)
+        for (int k = 0; k < 40; k++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            own[i][k] =
+                k == 0 && (i == 3 || i >= 6) ? 1 : 3 + (int32_t)((x >> 33) % (uint64_t)(vocab - 3));
+        }
+    /* 0, 1: the head and a question of their own; 2: 0's prompt again (all its full blocks);
+     * 4: the head's first 64 tokens (all full blocks, all cached: the last is computed again);
+     * 5: 0's prompt and more (a conversation that grows); 3, 6, 7: nothing shared. */
+    static const int own_n[N_REQS] = {10, 17, 10, 30, 0, 25, 40, 21};
+    for (int i = 0; i < N_REQS; i++) {
+        int n = 0;
+        if (i == 3 || i >= 6) {
+            memcpy(p->ids[i], own[i], sizeof(int32_t) * (size_t)own_n[i]);
+            n = own_n[i];
+        } else if (i == 4) {
+            memcpy(p->ids[i], head, sizeof(int32_t) * 64);
+            n = 64;
+        } else {
+            memcpy(p->ids[i], head, sizeof head);
+            n = 70;
+            const int32_t *tail = own[i == 2 || i == 5 ? 0 : i];
+            int m = i == 2 ? own_n[0] : own_n[i == 5 ? 0 : i];
+            memcpy(p->ids[i] + n, tail, sizeof(int32_t) * (size_t)m);
+            n += m;
+            if (i == 5) {
+                memcpy(p->ids[i] + n, own[5], sizeof(int32_t) * (size_t)own_n[5]);
+                n += own_n[5];
+            }
+        }
+        p->n[i] = n;
+    }
+}
+
+/* Request i: greedy when even, sampled with a seed of its own when odd. */
+static void prefix_submit(struct engine *r, const struct prompts *p, int i, bool cache,
+                          uint64_t now)
+{
+    struct sl_req_params q = {.max_tokens = PREFIX_OUT,
+                              .temperature = i % 2 ? 0.9f : 0.f,
+                              .top_p = 0.95f,
+                              .seed = 1000 + (uint64_t)i,
+                              .ignore_eos = true,
+                              .cache_prefix = cache,
+                              .cache_key = 77};
+    r->reqs[i] = sl_req_new(sl_req_prompt_copy(p->ids[i], p->n[i]), &q);
+    cr_assert_eq(sl_sched_core_submit(r->core, r->reqs[i], now), SL_OK);
+}
+
+static void assert_same(const struct engine *r, int32_t want[N_REQS][PREFIX_OUT], const char *model,
+                        const char *how)
+{
+    for (int i = 0; i < N_REQS; i++) {
+        cr_assert_eq(r->finish[i], SL_FINISH_LENGTH, "%s, %s: request %d", model, how, i);
+        cr_assert_eq(r->n_out[i], PREFIX_OUT, "%s, %s: request %d", model, how, i);
+        for (int k = 0; k < PREFIX_OUT; k++)
+            cr_assert_eq(r->out[i][k], want[i][k],
+                         "%s, %s: request %d token %d is %d, uncached alone %d", model, how, i, k,
+                         r->out[i][k], want[i][k]);
+    }
+}
+
+static int cached_total(const struct engine *r)
+{
+    int n = 0;
+    for (int i = 0; i < N_REQS; i++)
+        n += sl_req_cached_tokens(r->reqs[i]);
+    return n;
+}
+
+Test(sched, real_models_give_the_same_tokens_with_the_prefix_cache_on_and_off)
+{
+    const char *dir = models_dir();
+    for (int m = 0; m < N_MODELS; m++) {
+        const char *name = models[m].spec;
+        struct prompts p;
+        int32_t want[N_REQS][PREFIX_OUT];
+        uint64_t now = 0;
+        /* The reference: each request alone, without the cache. */
+        for (int i = 0; i < N_REQS; i++) {
+            struct engine r;
+            prefix_engine(&r, dir, m, 4, 64);
+            if (i == 0)
+                make_prompts(&p, sl_model_config(r.model)->vocab_size);
+            prefix_submit(&r, &p, i, false, now);
+            run(&r, &now);
+            memcpy(want[i], r.out[i], sizeof want[i]);
+            engine_dispose(&r);
+        }
+        /* One after another: each finds what the earlier ones left. */
+        struct engine r;
+        prefix_engine(&r, dir, m, 4, 64);
+        for (int i = 0; i < N_REQS; i++) {
+            prefix_submit(&r, &p, i, true, now);
+            run(&r, &now);
+        }
+        assert_same(&r, want, name, "one after another");
+        cr_assert_eq(sl_req_cached_tokens(r.reqs[0]), 0);
+        cr_assert_eq(sl_req_cached_tokens(r.reqs[1]), 64, "%s: the head's 8 full blocks", name);
+        cr_assert_eq(sl_req_cached_tokens(r.reqs[2]), 72, "%s: all of 0's full blocks", name);
+        cr_assert_eq(sl_req_cached_tokens(r.reqs[3]), 0);
+        cr_assert_eq(sl_req_cached_tokens(r.reqs[4]), 56, "%s: the last block recomputed", name);
+        cr_assert_eq(sl_req_cached_tokens(r.reqs[5]), 80, "%s: all of 0's prompt", name);
+        engine_dispose(&r);
+        /* All at once: a prefix still being prefilled is computed again, not waited for. */
+        prefix_engine(&r, dir, m, N_REQS, 128);
+        for (int i = 0; i < N_REQS; i++)
+            prefix_submit(&r, &p, i, true, now);
+        run(&r, &now);
+        assert_same(&r, want, name, "all at once");
+        engine_dispose(&r);
+        /* A pool of 24 blocks: 8 sequences of up to 16 blocks each evict and preempt; then all
+         * again, finding what survived. */
+        prefix_engine(&r, dir, m, N_REQS, 24);
+        for (int i = 0; i < N_REQS; i++)
+            prefix_submit(&r, &p, i, true, now + (uint64_t)i);
+        run(&r, &now);
+        assert_same(&r, want, name, "a small pool");
+        struct sl_sched_stats st;
+        sl_sched_core_stats(r.core, &st);
+        cr_assert_gt(preempted_total(&r), 0, "%s: the small pool preempted", name);
+        cr_assert_gt(st.prefix_evictions, 0, "%s: and evicted", name);
+        int first = cached_total(&r);
+        for (int i = 0; i < N_REQS; i++) {
+            sl_req_unref(r.reqs[i]);
+            r.reqs[i] = NULL;
+            r.n_out[i] = 0;
+        }
+        for (int i = 0; i < N_REQS; i++)
+            prefix_submit(&r, &p, i, true, now + (uint64_t)i);
+        run(&r, &now);
+        assert_same(&r, want, name, "a small pool, again");
+        cr_assert_gt(cached_total(&r), 0, "%s: the second wave found cached blocks", name);
+        cr_log_info("%s: identical with the cache on and off; small pool: %d preemptions, %llu "
+                    "evictions, %d then %d tokens cached",
+                    name, preempted_total(&r), (unsigned long long)st.prefix_evictions, first,
+                    cached_total(&r));
+        engine_dispose(&r);
+    }
 }

@@ -242,7 +242,7 @@ Test(worker, cuda_rows_agree_within_rounding_when_prefill_is_chunked_or_decoded_
 /* The prefix cache's use of a backend: two sequences whose block tables share the four blocks
  * that hold wt_seq_a's first 16 positions (written once, by a third sequence) compute its last 4
  * in one batch, each into blocks of its own, reading the shared ones. Their rows equal the
- * reference's within rel (0: bit for bit). The CPU's case is tests/sched/test_prefix_models.c's,
+ * reference's within rel (0: bit for bit). The CPU's case is tests/sched/test_engine.c's,
  * over the real models. */
 static void shared_prefix_rows(const struct sl_backend_ops *ops, double rel)
 {
