@@ -179,6 +179,20 @@ void server_start_bin_config(struct server *s, const char *bin, const char *json
     spawn(s, bin, args);
 }
 
+bool server_reload_config(struct server *s, const char *json)
+{
+    cr_assert(s->config[0], "server_reload_config: not started by server_start_config");
+    FILE *f = fopen(s->config, "w");
+    cr_assert_not_null(f, "%s: %s", s->config, strerror(errno));
+    bool written = fputs(json, f) >= 0;
+    cr_assert(fclose(f) == 0 && written, "cannot write %s", s->config);
+    static const char *const outcomes[] = {"SIGHUP: configuration reloaded",
+                                           "SIGHUP: configuration refused", NULL};
+    server_log_clear(s);
+    cr_assert_eq(kill(s->pid, SIGHUP), 0);
+    return server_wait_log_any(s, outcomes) == 0;
+}
+
 int server_wait_exit(struct server *s)
 {
     /* Drain the log so the server never blocks on a full pipe while shutting down. */

@@ -56,6 +56,9 @@ void server_start_bin(struct server *s, const char *bin, const char *const *args
 /* server_start with the arguments "--config FILE", FILE a new temporary file holding `json`. s
  * owns FILE: server_wait_exit (server_stop with it) removes it, and so does a start that fails. */
 void server_start_config(struct server *s, const char *json);
+/* Rewrites the config file of a server started by server_start_config with json, sends it SIGHUP
+ * and waits for its verdict: true when it reloaded, false when it refused (the log says why). */
+bool server_reload_config(struct server *s, const char *json);
 /* The same with another executable, as server_start_bin. */
 void server_start_bin_config(struct server *s, const char *bin, const char *json);
 /* A busy server writes an access line per request; while the test makes many requests without

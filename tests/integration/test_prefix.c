@@ -126,6 +126,16 @@ static void complete(struct answer *a, const char *key_header, const char *promp
     cr_assert_eq(a->status, 200, "%s", a->body);
 }
 
+/* The cached tokens of a completion of prompt by key_header's tenant, with extra fields. */
+static long long cached_after(const char *key_header, const char *prompt, const char *extra)
+{
+    struct answer a;
+    complete(&a, key_header, prompt, extra);
+    long long n = cached_of(&a);
+    answer_dispose(&a);
+    return n;
+}
+
 /* Cached figures the scheduler may give a prompt of n tokens: whole blocks, never the last
  * token (its logits are computed). */
 static void assert_cached_blocks(long long cached, int n)
@@ -192,38 +202,19 @@ Test(prefix, a_tenant_never_reads_another_s_blocks_in_tenant_scope)
     server_start_config(&srv, CONFIG(""));
     const int n = 80;
     char *p = prompt_ids(n, 2);
-    struct answer a;
-    complete(&a, AUTH(ALICE), p, "");
-    cr_assert_eq(cached_of(&a), 0);
-    answer_dispose(&a);
-    complete(&a, AUTH(BOB), p, "");
-    cr_assert_eq(cached_of(&a), 0, "bob computes alice's prompt again");
-    answer_dispose(&a);
-    complete(&a, AUTH(ALICE), p, "");
-    assert_cached_blocks(cached_of(&a), n);
-    answer_dispose(&a);
-    complete(&a, AUTH(BOB), p, "");
-    assert_cached_blocks(cached_of(&a), n); /* his own blocks, from his first request */
-    answer_dispose(&a);
+    cr_assert_eq(cached_after(AUTH(ALICE), p, ""), 0);
+    cr_assert_eq(cached_after(AUTH(BOB), p, ""), 0, "bob computes alice's prompt again");
+    assert_cached_blocks(cached_after(AUTH(ALICE), p, ""), n);
+    /* His own blocks, from his first request. */
+    assert_cached_blocks(cached_after(AUTH(BOB), p, ""), n);
     free(p);
 
     /* A reload to the global scope takes effect for the requests that start after it. */
-    FILE *f = fopen(srv.config, "w");
-    cr_assert_not_null(f);
-    fputs(CONFIG(",\"prefix_cache\":{\"scope\":\"global\"}"), f);
-    cr_assert_eq(fclose(f), 0);
-    static const char *const outcomes[] = {"SIGHUP: configuration reloaded",
-                                           "SIGHUP: configuration refused", NULL};
-    server_log_clear(&srv);
-    cr_assert_eq(kill(srv.pid, SIGHUP), 0);
-    cr_assert_eq(server_wait_log_any(&srv, outcomes), 0);
+    cr_assert(server_reload_config(&srv, CONFIG(",\"prefix_cache\":{\"scope\":\"global\"}")), "%s",
+              srv.log);
     p = prompt_ids(n, 3);
-    complete(&a, AUTH(ALICE), p, "");
-    cr_assert_eq(cached_of(&a), 0);
-    answer_dispose(&a);
-    complete(&a, AUTH(BOB), p, "");
-    assert_cached_blocks(cached_of(&a), n);
-    answer_dispose(&a);
+    cr_assert_eq(cached_after(AUTH(ALICE), p, ""), 0);
+    assert_cached_blocks(cached_after(AUTH(BOB), p, ""), n);
     free(p);
 }
 
@@ -233,9 +224,7 @@ Test(prefix, every_tenant_shares_the_cache_in_global_scope)
     const int n = 64;
     char *p = prompt_ids(n, 4);
     struct answer a;
-    complete(&a, AUTH(ALICE), p, "");
-    cr_assert_eq(cached_of(&a), 0);
-    answer_dispose(&a);
+    cr_assert_eq(cached_after(AUTH(ALICE), p, ""), 0);
     complete(&a, AUTH(BOB), p, "");
     assert_cached_blocks(cached_of(&a), n);
     cr_assert_eq(cached_of(&a), 48, "3 of the 4 blocks: the last token is computed");
@@ -249,25 +238,17 @@ Test(prefix, a_salt_keeps_its_requests_apart_from_the_rest)
     const int n = 50;
     char *p = prompt_ids(n, 5);
     struct answer a;
-    complete(&a, AUTH(ALICE), p, "");
-    cr_assert_eq(cached_of(&a), 0);
-    answer_dispose(&a);
-    complete(&a, AUTH(ALICE), p, ",\"cache_salt\":\"conversation-7\"");
-    cr_assert_eq(cached_of(&a), 0, "another salt, another cache");
-    answer_dispose(&a);
-    complete(&a, AUTH(ALICE), p, ",\"cache_salt\":\"conversation-7\"");
-    assert_cached_blocks(cached_of(&a), n);
-    answer_dispose(&a);
-    complete(&a, AUTH(ALICE), p, ",\"prompt_cache_key\":\"conversation-7\"");
-    cr_assert_eq(cached_of(&a), 0, "the same string as OpenAI's key is another key");
-    answer_dispose(&a);
-    complete(&a, AUTH(ALICE), p,
-             ",\"prompt_cache_key\":\"conversation-7\",\"cache_salt\":\"conversation-7\"");
-    cr_assert_eq(cached_of(&a), 0, "both together, yet another");
-    answer_dispose(&a);
-    complete(&a, AUTH(ALICE), p, "");
-    assert_cached_blocks(cached_of(&a), n);
-    answer_dispose(&a);
+    cr_assert_eq(cached_after(AUTH(ALICE), p, ""), 0);
+    cr_assert_eq(cached_after(AUTH(ALICE), p, ",\"cache_salt\":\"conversation-7\""), 0,
+                 "another salt, another cache");
+    assert_cached_blocks(cached_after(AUTH(ALICE), p, ",\"cache_salt\":\"conversation-7\""), n);
+    cr_assert_eq(cached_after(AUTH(ALICE), p, ",\"prompt_cache_key\":\"conversation-7\""), 0,
+                 "the same string as OpenAI's key is another key");
+    cr_assert_eq(
+        cached_after(AUTH(ALICE), p,
+                     ",\"prompt_cache_key\":\"conversation-7\",\"cache_salt\":\"conversation-7\""),
+        0, "both together, yet another");
+    assert_cached_blocks(cached_after(AUTH(ALICE), p, ""), n);
     /* A salt that is not a short string is refused, by name. */
     char *body = malloc(strlen(p) + 512);
     sprintf(body, "{\"prompt\":%s,\"max_tokens\":2,\"cache_salt\":7}", p);
@@ -424,12 +405,8 @@ Test(prefix, nothing_is_cached_when_the_cache_is_off)
 {
     server_start_config(&srv, CONFIG(",\"prefix_cache\":{\"enabled\":false}"));
     char *p = prompt_ids(64, 8);
-    struct answer a;
-    for (int k = 0; k < 2; k++) {
-        complete(&a, AUTH(ALICE), p, "");
-        cr_assert_eq(cached_of(&a), 0, "request %d", k);
-        answer_dispose(&a);
-    }
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(cached_after(AUTH(ALICE), p, ""), 0, "request %d", k);
     free(p);
     cr_assert_eq(metric("sluice:prefix_cache_queries_total"), 0, "nothing looked up");
     cr_assert_eq(metric("sluice:kv_blocks_cached"), 0);
