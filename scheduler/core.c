@@ -879,8 +879,6 @@ static bool worth_preempting(const struct sl_sched_core *c, const struct sl_seq 
     return waited_us + fewest * c->ema_decode_us > patience_us;
 }
 
-static bool start_fit(struct sl_sched_core *c, struct sl_seq *s, int need);
-
 /* Blocks preempting v would make available to s, whose cached blocks (marked) are not counted:
  * those only v holds. */
 static int blocks_freed(const struct sl_sched_core *c, const struct sl_seq *v)
@@ -889,6 +887,46 @@ static int blocks_freed(const struct sl_sched_core *c, const struct sl_seq *v)
     for (int i = 0; i < v->n_blocks; i++)
         n += c->kv.ref[v->blocks[i]] == 1 && !c->kv.mark[v->blocks[i]];
     return n;
+}
+
+/* Whether s can take a slot and `need` blocks of the pool, after preempting running sequences of
+ * strictly lower tiers above their guaranteed slots when that makes it fit and waiting would
+ * cost s too much (done here). False, with nothing changed, when it cannot. */
+static bool start_fit(struct sl_sched_core *c, struct sl_seq *s, int need)
+{
+    int spare = c->n_resident > 0 ? c->watermark : 0;
+    int slots = c->lim.max_seqs - c->n_resident - slots_owed_below(c, s->tier);
+    if (c->iso_on && c->tiers[s->tier].t.priority > c->iso_prio)
+        slots -= SL_SCHED_ISOLATION_SLOTS; /* kept free for the isolated tier's arrivals */
+    int want_slots = slots >= 1 ? 0 : 1 - slots;
+    int want_blocks = need + spare - sl_sched_kv_available(&c->kv);
+    if (want_slots > 0 || want_blocks > 0) {
+        if (c->n_resident == 0 || c->resident[c->n_resident - 1]->prio <= s->prio ||
+            !worth_preempting(c, s))
+            return false;
+        int n_v = 0, got_slots = 0, got_blocks = 0;
+        for (int t = 0; t < c->n_tiers; t++)
+            c->tiers[t].victims = 0;
+        for (int i = c->n_resident - 1; i >= 0; i--) {
+            if (got_slots >= want_slots && got_blocks >= want_blocks)
+                break;
+            struct sl_seq *v = c->resident[i];
+            if (v->prio <= s->prio)
+                break; /* sorted: nothing of a lower tier is left */
+            struct sl_tier_q *q = &c->tiers[v->tier];
+            if (v->tier == s->tier || q->n_resident - q->victims <= q->guaranteed)
+                continue;
+            q->victims++;
+            c->victims[n_v++] = v;
+            got_slots++;
+            got_blocks += blocks_freed(c, v);
+        }
+        if (got_slots < want_slots || got_blocks < want_blocks)
+            return false;
+        for (int i = 0; i < n_v; i++)
+            preempt(c, c->victims[i]);
+    }
+    return true;
 }
 
 /* Starts queued sequence s: a slot, the cached blocks its known tokens start with, and fresh
@@ -930,46 +968,6 @@ static bool start(struct sl_sched_core *c, struct sl_seq *s)
             c->prefix_hit_tokens += (uint64_t)got;
             atomic_store_explicit(&s->req->cached_tokens, got, memory_order_relaxed);
         }
-    }
-    return true;
-}
-
-/* Whether s can take a slot and `need` blocks of the pool, after preempting running sequences of
- * strictly lower tiers above their guaranteed slots when that makes it fit and waiting would
- * cost s too much (done here). False, with nothing changed, when it cannot. */
-static bool start_fit(struct sl_sched_core *c, struct sl_seq *s, int need)
-{
-    int spare = c->n_resident > 0 ? c->watermark : 0;
-    int slots = c->lim.max_seqs - c->n_resident - slots_owed_below(c, s->tier);
-    if (c->iso_on && c->tiers[s->tier].t.priority > c->iso_prio)
-        slots -= SL_SCHED_ISOLATION_SLOTS; /* kept free for the isolated tier's arrivals */
-    int want_slots = slots >= 1 ? 0 : 1 - slots;
-    int want_blocks = need + spare - sl_sched_kv_available(&c->kv);
-    if (want_slots > 0 || want_blocks > 0) {
-        if (c->n_resident == 0 || c->resident[c->n_resident - 1]->prio <= s->prio ||
-            !worth_preempting(c, s))
-            return false;
-        int n_v = 0, got_slots = 0, got_blocks = 0;
-        for (int t = 0; t < c->n_tiers; t++)
-            c->tiers[t].victims = 0;
-        for (int i = c->n_resident - 1; i >= 0; i--) {
-            if (got_slots >= want_slots && got_blocks >= want_blocks)
-                break;
-            struct sl_seq *v = c->resident[i];
-            if (v->prio <= s->prio)
-                break; /* sorted: nothing of a lower tier is left */
-            struct sl_tier_q *q = &c->tiers[v->tier];
-            if (v->tier == s->tier || q->n_resident - q->victims <= q->guaranteed)
-                continue;
-            q->victims++;
-            c->victims[n_v++] = v;
-            got_slots++;
-            got_blocks += blocks_freed(c, v);
-        }
-        if (got_slots < want_slots || got_blocks < want_blocks)
-            return false;
-        for (int i = 0; i < n_v; i++)
-            preempt(c, c->victims[i]);
     }
     return true;
 }
