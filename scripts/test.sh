@@ -53,4 +53,11 @@ awk '/Synthesis: Tested:/ {
      /\[SKIP\] [^ ]+::/ && !/: Test is disabled/ { s++ }
      END { printf "criterion: %d passed, %d failed, %d skipped\n", p, f + c, s }' \
   build/meson-logs/testlog.txt build-asan/meson-logs/testlog.txt
+# CI keeps only the tail of a long log: name what failed there, with criterion's assertion lines
+# (file:line and message) and meson's failed suites, so a failure can be found without the log.
+for log in build/meson-logs/testlog.txt build-asan/meson-logs/testlog.txt; do
+  awk -v f="$log" '/^test: / { t = $0 }
+    /^result: / && !/exit status 0/ { print f ": " t " " $0 }
+    /^\[FAIL\] |^\[----\] [^ ]+:[0-9]+: / { if (n++ < 40) print f ": " $0 }' "$log"
+done
 exit $rc
