@@ -46,7 +46,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: engine-bench [--model SPEC] [--device cpu|cuda[:N]] [--threads N]\n"
             "                    [--prompt N] [--ctx N] [--isa scalar|avx2|avx512] [--reps N]\n"
-            "                    [--kv-dtype f32|f16] [--no-pin]\n"
+            "                    [--kv-dtype f32|f16] [--no-pin] [--fp32-activations]\n"
             "  --model   model spec (default synthetic:stories15M)\n"
             "  --device  cpu (default) or a CUDA device: decode at batch 1, 16, 64, 256\n"
             "            against the device's copy bandwidth and BF16 GEMM ceilings\n"
@@ -57,6 +57,8 @@ static void usage(void)
             "            machine's: the FMA peak is measured at its widest vectors;\n"
             "            isa_fma_gflops and the *_vs_isa_fma ratios are the forced one's)\n"
             "  --kv-dtype how the CPU backend stores K and V (default f16, the server's default)\n"
+            "  --fp32-activations  quantized weights in the exact fp32 matmul, not 8-bit\n"
+            "            activations (the server's cpu_int8_activations false)\n"
             "  --no-pin  leave the kernel threads unpinned (the server's pin_threads false)\n"
             "  --reps    timed repetitions per figure, best reported (default 5)\n"
             "  --only-decode B  run only decode at batch B (1, 4, 16, 32 or 64; on CUDA 1, 16,\n"
@@ -410,7 +412,7 @@ int main(int argc, char **argv)
     const char *spec = "synthetic:stories15M", *device = "cpu";
     int threads = 0, prompt = 0, ctx = 128, reps = 5, only = 0, only_prefill = 0;
     enum sl_kv_dtype kv_dtype = SL_KV_F16;
-    bool pin = true, only_ceilings = false, profile = false;
+    bool pin = true, only_ceilings = false, profile = false, fp32_act = false;
     const char *batch_list = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -424,6 +426,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--profile") == 0) {
             profile = true;
+            continue;
+        }
+        if (strcmp(a, "--fp32-activations") == 0) {
+            fp32_act = true;
             continue;
         }
         if (!v)
@@ -561,7 +567,8 @@ int main(int argc, char **argv)
                                 .no_pin = !pin,
                                 .device = dev.index,
                                 .profile = profile,
-                                .kv_dtype = kv_dtype};
+                                .kv_dtype = kv_dtype,
+                                .float_activations = fp32_act};
     sl_worker_bench_opts(bench, &o);
     struct sl_worker *w = NULL;
     int rc = sl_worker_new(m, dev.ops, &o, &w);
@@ -753,6 +760,7 @@ int main(int argc, char **argv)
         printf("  \"isa\": \"%s\",\n", sl_cpu_isa_name(sl_cpu_isa()));
         printf("  \"threads\": %d,\n", nth);
         printf("  \"kv_dtype\": \"%s\",\n", sl_kv_dtype_name(kv_dtype));
+        printf("  \"int8_activations\": %s,\n", fp32_act ? "false" : "true");
         print_runs(t_load, prompt, ctx, prefill, prefill_worst, batches, dec, dec_worst, NB);
         printf("  \"mem_bw_gbs\": %.2f,\n", bw);
         printf("  \"step_bytes_bw_gbs\": %.2f,\n", ws_bw);

@@ -47,6 +47,7 @@ void sl_config_init(struct sl_config *c)
     c->engine.block_size = 16;
     c->engine.kv_cache_mib = 512;
     c->engine.kv_dtype = SL_KV_F16; /* as llama.cpp's default cache type; f32 on request */
+    c->engine.cpu_int8_activations = true; /* integer dot products, as llama.cpp's CPU backend */
     c->api.default_max_tokens = 16;
     c->api.default_max_tokens_chat = 0;
     c->api.prefix_cache.enabled = true;
@@ -290,6 +291,7 @@ static const struct key keys[] = {
     {"kv_cache_mib", K_INT, OFF(engine.kv_cache_mib), 1, 1 << 24},
     {"kv_cache_fraction", K_FRACTION, OFF(engine.kv_cache_fraction), 0, 0},
     {"kv_dtype", K_KV_DTYPE, OFF(engine.kv_dtype), 0, 0},
+    {"cpu_int8_activations", K_BOOL, OFF(engine.cpu_int8_activations), 0, 0},
     {"default_max_tokens", K_INT, OFF(api.default_max_tokens), 1, 1 << 20},
     {"default_max_tokens_chat", K_INT, OFF(api.default_max_tokens_chat), 0, 1 << 20},
     {"max_body_bytes", K_SIZE, OFF(http.max_body_bytes), 64, 1L << 30},
@@ -819,6 +821,7 @@ void sl_config_keep_start_keys(struct sl_config *next, const struct sl_config *c
     KEEP_NUM(http.io_threads, "io_threads")
     KEEP_NUM(engine.threads, "threads")
     KEEP_NUM(engine.pin_threads, "pin_threads")
+    KEEP_NUM(engine.cpu_int8_activations, "cpu_int8_activations")
     KEEP_STR(engine.cpu_isa, "cpu_isa")
     KEEP_NUM(engine.max_seqs, "max_seqs")
     KEEP_NUM(engine.max_batch_tokens, "max_batch_tokens")

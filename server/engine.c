@@ -99,6 +99,7 @@ static int replica_start(const struct sl_config *cfg, const struct sl_config_mod
         .no_pin = !ec->pin_threads,
         .device = dev.index,
         .kv_dtype = ec->kv_dtype,
+        .float_activations = !ec->cpu_int8_activations,
     };
     if ((st = sl_worker_new(e->model, dev.ops, &bo, &e->worker[r])) != SL_OK) {
         snprintf(err, errlen, "worker on %s: %s", e->device[r], sl_status_str(st));

@@ -108,6 +108,7 @@ static int cpu_init(const struct sl_model *m, const struct sl_backend_opts *o, v
         return SL_EBACKEND;
     }
     c->n_threads = sl_cpu_pool_threads(c->pool);
+    sl_cpu_pool_set_int8(c->pool, !o->float_activations);
     int pinned = sl_cpu_pool_pinned(c->pool);
     if (c->n_threads > 1)
         sl_log(SL_LOG_INFO, "cpu backend: %d kernel threads, %s", c->n_threads,

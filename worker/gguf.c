@@ -1,9 +1,9 @@
 /* GGUF v3 models (llama architecture).
  *
  * The file is mmap'd and every weight points into the mapping in its own type (F32, F16, BF16,
- * Q8_0): nothing is expanded at load. Only norm weights that are not fp32 are converted. Every
- * count, length and offset is checked against the bytes that remain before it is used, so a
- * truncated or corrupt file is an error message, never a read past the end.
+ * Q8_0, Q4_0, Q4_K, Q5_K, Q6_K): nothing is expanded at load. Only norm weights that are not fp32
+ * are converted. Every count, length and offset is checked against the bytes that remain before it
+ * is used, so a truncated or corrupt file is an error message, never a read past the end.
  *
  * q/k rows are used as stored: GGUF llama files carry them in llama2.c's interleaved RoPE layout
  * (llama.cpp's converter permutes HF weights into it; stories260K.gguf is byte-identical to the
@@ -45,13 +45,36 @@ enum gguf_type {
 static const uint8_t gt_size[GT_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
 /* GGML tensor types sluice reads, and the names of the others for messages. */
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q8_0 = 8, GGML_BF16 = 30 };
+enum {
+    GGML_F32 = 0,
+    GGML_F16 = 1,
+    GGML_Q4_0 = 2,
+    GGML_Q8_0 = 8,
+    GGML_Q4_K = 12,
+    GGML_Q5_K = 13,
+    GGML_Q6_K = 14,
+    GGML_BF16 = 30
+};
 static const char *const ggml_names[] = {
     "F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
     "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
     "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
     "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16",
 };
+
+static enum sl_dtype to_dtype(uint32_t t)
+{
+    switch (t) {
+    case GGML_F16: return SL_DTYPE_F16;
+    case GGML_BF16: return SL_DTYPE_BF16;
+    case GGML_Q8_0: return SL_DTYPE_Q8_0;
+    case GGML_Q4_0: return SL_DTYPE_Q4_0;
+    case GGML_Q4_K: return SL_DTYPE_Q4_K;
+    case GGML_Q5_K: return SL_DTYPE_Q5_K;
+    case GGML_Q6_K: return SL_DTYPE_Q6_K;
+    default: return SL_DTYPE_F32;
+    }
+}
 
 static const char *ggml_name(uint32_t t)
 {
@@ -374,16 +397,25 @@ static bool parse_tensors(struct gguf *g)
         case GGML_F16:
         case GGML_BF16: t->bytes = elems * 2; break;
         case GGML_Q8_0:
-            if (t->ne[0] % SL_Q8_0_BLOCK)
+        case GGML_Q4_0:
+        case GGML_Q4_K:
+        case GGML_Q5_K:
+        case GGML_Q6_K: {
+            enum sl_dtype dt = to_dtype(t->type);
+            int blk = sl_dtype_block(dt);
+            if (t->ne[0] % (uint64_t)blk)
                 return fail(g,
-                            "tensor %.*s is Q8_0 with rows of %llu values (not a multiple of "
+                            "tensor %.*s is %s with rows of %llu values (not a multiple of "
                             "%d)",
-                            nl, t->name, (unsigned long long)t->ne[0], SL_Q8_0_BLOCK);
-            t->bytes = elems / SL_Q8_0_BLOCK * (2 + SL_Q8_0_BLOCK);
+                            nl, t->name, ggml_name(t->type), (unsigned long long)t->ne[0], blk);
+            t->bytes = elems / (uint64_t)blk * sl_dtype_row_bytes(dt, blk);
             break;
+        }
         default:
-            return fail(g, "tensor %.*s has type %s (%u); sluice reads F32, F16, BF16 and Q8_0", nl,
-                        t->name, ggml_name(t->type), t->type);
+            return fail(g,
+                        "tensor %.*s has type %s (%u); sluice reads F32, F16, BF16, Q8_0, Q4_0, "
+                        "Q4_K, Q5_K and Q6_K",
+                        nl, t->name, ggml_name(t->type), t->type);
         }
         if (t->off % align)
             return fail(g, "tensor %.*s: offset %llu is not a multiple of the alignment %llu", nl,
@@ -433,16 +465,6 @@ static const struct tinfo *find_tensor(const struct gguf *g, const char *name)
             hi = mid;
     }
     return NULL;
-}
-
-static enum sl_dtype to_dtype(uint32_t t)
-{
-    switch (t) {
-    case GGML_F16: return SL_DTYPE_F16;
-    case GGML_BF16: return SL_DTYPE_BF16;
-    case GGML_Q8_0: return SL_DTYPE_Q8_0;
-    default: return SL_DTYPE_F32;
-    }
 }
 
 /* The tensor `name` with GGML shape [cols, rows] (rows 0: a vector of cols), or NULL after fail.

@@ -367,6 +367,8 @@ static const struct {
     /* stories15M's width with a 4,096-token context, for prompts longer than 256 tokens
      * (bench/scenarios/prefix.sh's 1,050-token chats). */
     {"stories15M-4k", {288, 768, 6, 6, 6, 32000, 4096, 1e-5f, 10000.0f, true}},
+    /* TinyLlama-1.1B's shape (issue 32's peer comparison with llama.cpp). */
+    {"tinyllama", {2048, 5632, 22, 32, 4, 32000, 2048, 1e-5f, 10000.0f, false}},
     /* Llama-3.2-1B-like width and depth with a llama2-sized vocabulary, for scale tests. */
     {"llama-1b", {2048, 8192, 16, 32, 8, 32000, 2048, 1e-5f, 10000.0f, true}},
     /* Llama-3-8B's shape (its vocabulary and RoPE base; tied here, which changes no step's
@@ -380,9 +382,9 @@ const char *sl_model_synthetic_shape(int i)
                                                                               : NULL;
 }
 
-/* name is "SHAPE" or "SHAPE:TYPE" with TYPE one of f32 (default), f16, bf16, q8_0: projections,
- * embedding and classifier are stored in TYPE (the fp32 model's values, rounded); norms stay
- * fp32. */
+/* name is "SHAPE" or "SHAPE:TYPE" with TYPE one of f32 (default), f16, bf16, q8_0, q4_0, q4_k,
+ * q5_k, q6_k: projections, embedding and classifier are stored in TYPE (the fp32 model's values,
+ * rounded by sl_cpu_quantize_row); norms stay fp32. */
 static int synthetic_shape(const char *name, struct sl_model_config *c, enum sl_dtype *type,
                            char *err, size_t errlen)
 {
@@ -390,8 +392,9 @@ static int synthetic_shape(const char *name, struct sl_model_config *c, enum sl_
     size_t shape_len = colon ? (size_t)(colon - name) : strlen(name);
     enum sl_dtype t = SL_DTYPE_F32;
     if (colon) {
-        static const enum sl_dtype types[] = {SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16,
-                                              SL_DTYPE_Q8_0};
+        static const enum sl_dtype types[] = {SL_DTYPE_F32,  SL_DTYPE_F16,  SL_DTYPE_BF16,
+                                              SL_DTYPE_Q8_0, SL_DTYPE_Q4_0, SL_DTYPE_Q4_K,
+                                              SL_DTYPE_Q5_K, SL_DTYPE_Q6_K};
         bool found = false;
         for (size_t i = 0; i < sizeof types / sizeof types[0] && !found; i++)
             if (strcmp(colon + 1, sl_dtype_name(types[i])) == 0) {
@@ -399,7 +402,9 @@ static int synthetic_shape(const char *name, struct sl_model_config *c, enum sl_
                 found = true;
             }
         if (!found) {
-            set_err(err, errlen, "synthetic:%s: unknown weight type (known: f32, f16, bf16, q8_0)",
+            set_err(err, errlen,
+                    "synthetic:%s: unknown weight type (known: f32, f16, bf16, q8_0, q4_0, q4_k, "
+                    "q5_k, q6_k)",
                     name);
             return SL_EINVAL;
         }
@@ -421,9 +426,10 @@ static int synthetic_shape(const char *name, struct sl_model_config *c, enum sl_
         set_err(err, errlen, "synthetic:%s: unknown synthetic model (known: %s)", name, names);
         return SL_EINVAL;
     }
-    if (t == SL_DTYPE_Q8_0 && (c->dim % SL_Q8_0_BLOCK || c->hidden_dim % SL_Q8_0_BLOCK)) {
-        set_err(err, errlen, "synthetic:%s: q8_0 needs dim and hidden_dim multiples of %d", name,
-                SL_Q8_0_BLOCK);
+    int blk = sl_dtype_block(t);
+    if (c->dim % blk || c->hidden_dim % blk) {
+        set_err(err, errlen, "synthetic:%s: %s needs dim and hidden_dim multiples of %d", name,
+                sl_dtype_name(t), blk);
         return SL_EINVAL;
     }
     *type = t;

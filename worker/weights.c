@@ -39,36 +39,12 @@ float sl_model_bf16_to_f32(uint16_t h)
 
 void sl_model_row_to_f32(enum sl_dtype t, const void *row, float *out, int cols)
 {
-    const unsigned char *p = row;
-    uint16_t h;
-    switch (t) {
-    case SL_DTYPE_F32: memcpy(out, p, (size_t)cols * 4); break;
-    case SL_DTYPE_F16:
-        for (int i = 0; i < cols; i++) {
-            memcpy(&h, p + 2 * (size_t)i, 2);
-            out[i] = sl_model_f16_to_f32(h);
-        }
-        break;
-    case SL_DTYPE_BF16:
-        for (int i = 0; i < cols; i++) {
-            memcpy(&h, p + 2 * (size_t)i, 2);
-            out[i] = sl_model_bf16_to_f32(h);
-        }
-        break;
-    case SL_DTYPE_Q8_0:
-        for (int b = 0; b < cols / SL_Q8_0_BLOCK; b++) {
-            const unsigned char *blk = p + (size_t)b * (2 + SL_Q8_0_BLOCK);
-            memcpy(&h, blk, 2);
-            float d = sl_model_f16_to_f32(h);
-            for (int i = 0; i < SL_Q8_0_BLOCK; i++)
-                out[b * SL_Q8_0_BLOCK + i] = d * (float)(int8_t)blk[2 + i];
-        }
-        break;
-    }
+    struct sl_mat m = {t, row, 1, cols};
+    sl_cpu_mat_row(out, &m, 0);
 }
 
-/* Alignment a kernel may assume for a row of type t. Q8_0 blocks are 34 bytes, so their fp16
- * scales are only ever 2-aligned. */
+/* Alignment a kernel may assume for a row of type t. Q8_0 blocks are 34 bytes (Q4_0's 18, Q6_K's
+ * 210), so their fp16 scales are only ever 2-aligned. */
 static uintptr_t type_align(enum sl_dtype t)
 {
     return t == SL_DTYPE_F32 ? 4 : 2;

@@ -87,6 +87,7 @@ struct sl_config_engine {
     int kv_cache_mib;          /* KV pool size cap in MiB */
     double kv_cache_fraction;  /* when > 0: the cap is this fraction of available memory instead */
     enum sl_kv_dtype kv_dtype; /* how the CPU backend stores K and V (default f16) */
+    bool cpu_int8_activations; /* quantized weights × 8-bit activations (default true) */
 };
 
 /* The prefix cache's scope: whose requests may reuse each other's cached KV blocks. */

@@ -44,10 +44,40 @@ enum sl_dtype {
     SL_DTYPE_BF16, /* bfloat16 */
     SL_DTYPE_Q8_0, /* GGML Q8_0: blocks of 32 values, each an fp16 scale d then 32 int8 q;
                     * value = d * q. A row of `cols` values is cols / 32 blocks (34 bytes each). */
+    /* GGML Q4_0: blocks of 32 values (18 bytes): an fp16 scale d, then 16 bytes qs; value j < 16
+     * is d * ((qs[j] & 15) - 8), value j + 16 is d * ((qs[j] >> 4) - 8). */
+    SL_DTYPE_Q4_0,
+    /* The K-quants: super-blocks of 256 values (rows are whole super-blocks), as GGML defines
+     * them (ggml-common.h). All fp16 are little-endian IEEE half.
+     * Q4_K (144 bytes): fp16 d, fp16 dmin, scales[12], qs[128]. Eight sub-blocks of 32, each
+     *   with a 6-bit scale sc and min m packed in scales[] (sub-block s < 4: sc = scales[s] & 63,
+     *   m = scales[s + 4] & 63; s >= 4: sc = (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4,
+     *   m = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4). The 64 values of chunk c (0..3) take
+     *   the low nibbles of qs[32c .. 32c + 32) (sub-block 2c), then the high ones (2c + 1);
+     *   value = (d * sc) * q - (dmin * m).
+     * Q5_K (176 bytes): fp16 d, fp16 dmin, scales[12], qh[32], qs[128]: Q4_K's layout with a
+     *   fifth bit: value i of sub-block s adds 16 when bit s of qh[i] is set.
+     * Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], fp16 d; sixteen sub-blocks of 16 with
+     *   signed 8-bit scales. In half h (0..1) of 128 values, position l < 32 holds
+     *   q0 = ql[64h + l] & 15 | (qh[32h + l] & 3) << 4 (value 128h + l),
+     *   q1 = ql[64h + 32 + l] & 15 | (qh[32h + l] >> 2 & 3) << 4 (value 128h + 32 + l),
+     *   q2 = ql[64h + l] >> 4 | (qh[32h + l] >> 4 & 3) << 4 (value 128h + 64 + l),
+     *   q3 = ql[64h + 32 + l] >> 4 | (qh[32h + l] >> 6) << 4 (value 128h + 96 + l);
+     *   value v = (d * scales[v / 16]) * (q - 32). */
+    SL_DTYPE_Q4_K,
+    SL_DTYPE_Q5_K,
+    SL_DTYPE_Q6_K,
 };
+
+#define SL_DTYPE_COUNT 8
 
 #define SL_Q8_0_BLOCK 32
 #define SL_Q8_0_BYTES 34 /* 2-byte fp16 scale + 32 int8 */
+#define SL_Q4_0_BYTES 18 /* 2-byte fp16 scale + 16 bytes of nibbles, 32 values */
+#define SL_QK_BLOCK 256  /* values per K-quant super-block */
+#define SL_Q4_K_BYTES 144
+#define SL_Q5_K_BYTES 176
+#define SL_Q6_K_BYTES 210
 
 /* A weight matrix (rows, cols), row-major, stored (out, in): row i holds the weights of output
  * feature i. Transparent value type; data is borrowed (mmap'd file or the model's buffers). */
@@ -60,7 +90,12 @@ struct sl_mat {
 
 /* Bytes one row of `cols` values takes in type t (0 when cols is not valid for t). */
 size_t sl_dtype_row_bytes(enum sl_dtype t, int cols);
-/* "f32", "f16", "bf16", "q8_0". */
+/* Values per block of t: 1 (F32, F16, BF16), 32 (Q8_0, Q4_0) or 256 (the K-quants); a row's
+ * length must be a multiple of it. */
+int sl_dtype_block(enum sl_dtype t);
+/* Whether t is one of the block-quantized types (Q8_0, Q4_0, the K-quants). */
+bool sl_dtype_quantized(enum sl_dtype t);
+/* "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k". */
 const char *sl_dtype_name(enum sl_dtype t);
 
 /* ---------------------------------------------------------------------------------------------
@@ -116,7 +151,10 @@ uint16_t sl_cpu_f32_to_bf16(float f); /* round to nearest even */
 void sl_cpu_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 
 /* dst (sl_dtype_row_bytes(t, cols) bytes) = src (cols) in type t. Q8_0 uses GGML's rule:
- * d = max|v| / 127 (stored fp16), q = round(v / d). cols must be valid for t. */
+ * d = max|v| / 127 (stored fp16), q = round(v / d). Q4_0 and the K-quants take each block's
+ * scales from its extremes and round to nearest (kernels/cpu/quant.c): valid files, for
+ * synthetic models and tests, not llama-quantize's error-minimising choices. cols must be valid
+ * for t. */
 void sl_cpu_quantize_row(enum sl_dtype t, void *dst, const float *src, int cols);
 /* out (w->cols) = row `row` of w as fp32 (token embedding lookup). */
 void sl_cpu_mat_row(float *out, const struct sl_mat *w, int row);
@@ -133,6 +171,45 @@ void sl_cpu_matmul(float *out, const float *x, const struct sl_mat *w, int n);
 
 /* Only the output columns [d0, d1) of sl_cpu_matmul; out keeps its full (n, w->rows) layout. */
 void sl_cpu_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1);
+
+/* ---------------------------------------------------------------------------------------------
+ * Integer matmul of quantized weights (8-bit activations)
+ *
+ * Weights in Q8_0, Q4_0 or a K-quant can be multiplied with integer dot products: each row of x
+ * is rounded once to 8-bit blocks, SL_QACT_32 for Q8_0 and Q4_0 (blocks of 32, an fp32 scale
+ * each) or SL_QACT_256 for the K-quants (blocks of 256, an fp32 scale and the sum of each 16
+ * quants). In a block whose largest magnitude is a: d = a / 127, q = round-half-even(v · (127 /
+ * a)) (all 0 when a is 0). This changes results (the activations lose precision: a relative
+ * error of about 1/254 per value); the fp32 matmul above stays exact.
+ *
+ * Arithmetic, the same bits on every path (scalar, AVX2), batch, tile and thread count: an
+ * output is the sum, left to right in fp32 from 0, of one term per unit of its row:
+ *  - K-quants, a unit is a super-block: with exact integers I = Σ_s sc_s Σ_i q_i x_i (Q6_K: its
+ *    sixteen signed scales and q - 32) and M = Σ_s m_s Σ_i x_i (Q4_K, Q5_K; Q6_K: 0), the term
+ *    is (d · dx) · I − (dmin · dx) · M, each product rounded (no fused multiply-add);
+ *  - Q8_0 and Q4_0, a unit is 8 blocks (fewer at the row's end, the missing ones 0): with exact
+ *    I_b = Σ q x of block b and p_b = (d_b · dx_b) · I_b, the term is
+ *    ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)).
+ * The buffer of n quantized rows holds each in sl_cpu_qact_row_bytes(kind, cols) bytes.
+ */
+
+enum sl_qact {
+    SL_QACT_NONE, /* not a quantized type: the fp32 matmul */
+    SL_QACT_32,   /* Q8_0, Q4_0 weights */
+    SL_QACT_256,  /* Q4_K, Q5_K, Q6_K weights */
+};
+
+/* The activation blocks weights of type t take. */
+enum sl_qact sl_cpu_qact_kind(enum sl_dtype t);
+/* Bytes of one quantized row of cols values (a multiple of 32); 0 when cols is not a multiple of
+ * the kind's block. */
+size_t sl_cpu_qact_row_bytes(enum sl_qact kind, int cols);
+/* qa (n rows of sl_cpu_qact_row_bytes) = x (n, cols) quantized as `kind`. */
+void sl_cpu_qact_quantize(enum sl_qact kind, void *qa, const float *x, int n, int cols);
+/* Only the output columns [d0, d1) of out (n, w->rows) = qa (n rows quantized as
+ * sl_cpu_qact_kind(w->type), w->cols values each) · Wᵀ, by the arithmetic above. */
+void sl_cpu_matmul_q_cols(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                          int d1);
 
 /* ---------------------------------------------------------------------------------------------
  * Row-wise ops
@@ -254,8 +331,14 @@ void sl_cpu_pool_run(struct sl_cpu_pool *p, void (*fn)(void *arg, int ith, int n
 int sl_cpu_grab(_Atomic int *next, int total, int nth, int min_chunk, int *end);
 #endif
 
-/* sl_cpu_matmul split over the pool by weight rows. Identical results whatever the thread
- * count. */
+/* Whether the pool's matmuls of Q8_0, Q4_0 and K-quant weights take 8-bit activations (the
+ * integer matmul above; the config's cpu_int8_activations) or stay exact fp32 (the default).
+ * Process-local to the pool; not to be changed while a job runs. */
+void sl_cpu_pool_set_int8(struct sl_cpu_pool *p, bool on);
+bool sl_cpu_pool_int8(const struct sl_cpu_pool *p);
+
+/* sl_cpu_matmul split over the pool by weight rows (with the pool's int8 choice: integer for
+ * quantized weights when on). Identical results whatever the thread count and batch. */
 void sl_cpu_matmul_mt(struct sl_cpu_pool *p, float *out, const float *x, const struct sl_mat *w,
                       int n);
 

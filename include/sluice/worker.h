@@ -274,6 +274,10 @@ struct sl_backend_opts {
     bool profile;         /* CUDA: time every launch of every step (eagerly; see
                            * sl_worker_bench_profile) */
     enum sl_kv_dtype kv_dtype; /* K and V storage (see enum sl_kv_dtype) */
+    /* CPU: multiply Q8_0, Q4_0 and K-quant weights in exact fp32 instead of with 8-bit
+     * activations and integer dot products (the config's cpu_int8_activations false; see
+     * "Integer matmul" in kernels.h). */
+    bool float_activations;
 };
 
 /* A backend: a static table of functions over an opaque context (ggml-backend style). */

@@ -45,7 +45,7 @@ INLINE __m256 load_w(const enum sl_dtype t, const unsigned char *row, int j)
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)j)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
     }
-    case SL_DTYPE_Q8_0: break; /* handled block-wise in tile() */
+    default: break; /* the quantized types: block-wise in tile() */
     }
     return _mm256_setzero_ps();
 }
@@ -58,7 +58,7 @@ INLINE float scalar_w(const enum sl_dtype t, const unsigned char *row, int j)
     case SL_DTYPE_F32: return ((const float *)row)[j];
     case SL_DTYPE_F16: memcpy(&h, row + 2 * (size_t)j, 2); return _cvtsh_ss(h);
     case SL_DTYPE_BF16: memcpy(&h, row + 2 * (size_t)j, 2); return sl_cpu_bf16_to_f32(h);
-    case SL_DTYPE_Q8_0: break;
+    default: break;
     }
     return 0.0f;
 }
@@ -168,6 +168,23 @@ INLINE void tile(const enum sl_dtype t, const int RM, const int RN, float *out, 
                     wv[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d[c]);
                 }
                 fma_tile(RM, RN, acc, wv, x, ldx, j);
+            }
+        }
+    } else if (t != SL_DTYPE_F32 && t != SL_DTYPE_F16 && t != SL_DTYPE_BF16) {
+        /* Q4_0 and the K-quants: each 32 columns decoded by quant.c (the values
+         * sl_cpu_mat_row gives), then as Q8_0's. */
+        for (int j = j0; j < j1; j += 32) {
+            _Alignas(32) float buf[4][32];
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++)
+                sl_cpu_dequant32(t, w + (size_t)c * wrb, j, buf[c]);
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++) {
+                __m256 wv[4];
+#pragma GCC unroll 4
+                for (int c = 0; c < RN; c++)
+                    wv[c] = _mm256_load_ps(buf[c] + 8 * s);
+                fma_tile(RM, RN, acc, wv, x, ldx, j + 8 * s);
             }
         }
     } else if (RM * RN + RN + 1 <= 16) {
@@ -410,6 +427,30 @@ TARGET static void matmul_q8_0(float *out, const float *x, const struct sl_mat *
     matmul_t(SL_DTYPE_Q8_0, out, x, m, n, d0, d1);
 }
 
+TARGET static void matmul_q4_0(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_Q4_0, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_q4_k(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_Q4_K, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_q5_k(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_Q5_K, out, x, m, n, d0, d1);
+}
+
+TARGET static void matmul_q6_k(float *out, const float *x, const struct sl_mat *m, int n, int d0,
+                               int d1)
+{
+    matmul_t(SL_DTYPE_Q6_K, out, x, m, n, d0, d1);
+}
+
 void sl_cpu_avx2_matmul_cols(float *out, const float *x, const struct sl_mat *w, int n, int d0,
                              int d1)
 {
@@ -418,6 +459,10 @@ void sl_cpu_avx2_matmul_cols(float *out, const float *x, const struct sl_mat *w,
     case SL_DTYPE_F16: matmul_f16(out, x, w, n, d0, d1); break;
     case SL_DTYPE_BF16: matmul_bf16(out, x, w, n, d0, d1); break;
     case SL_DTYPE_Q8_0: matmul_q8_0(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_Q4_0: matmul_q4_0(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_Q4_K: matmul_q4_k(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_Q5_K: matmul_q5_k(out, x, w, n, d0, d1); break;
+    case SL_DTYPE_Q6_K: matmul_q6_k(out, x, w, n, d0, d1); break;
     }
 }
 

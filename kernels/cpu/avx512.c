@@ -65,7 +65,7 @@ INLINE __m512 load_w(const enum sl_dtype t, const unsigned char *row, int j)
             _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(row + 2 * (size_t)j)));
         return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
-    case SL_DTYPE_Q8_0: break; /* block-wise in tile() */
+    default: break; /* Q8_0: block-wise in tile() */
     }
     return _mm512_setzero_ps();
 }
@@ -529,6 +529,7 @@ TARGET void sl_cpu_avx512_matmul_cols(float *out, const float *x, const float *x
     case SL_DTYPE_F16: matmul_t(SL_DTYPE_F16, out, x, xp, w, n, d0, d1); break;
     case SL_DTYPE_BF16: matmul_t(SL_DTYPE_BF16, out, x, xp, w, n, d0, d1); break;
     case SL_DTYPE_Q8_0: matmul_t(SL_DTYPE_Q8_0, out, x, xp, w, n, d0, d1); break;
+    default: sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1); break; /* ops.c sends none */
     }
 }
 

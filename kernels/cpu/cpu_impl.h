@@ -6,6 +6,25 @@
 
 #include <sluice/kernels.h>
 
+/* quant.c: the block-quantized layouts (kernels.h). */
+/* Bytes of one block of t (one value for F32, F16, BF16). */
+size_t sl_cpu_block_bytes(enum sl_dtype t);
+/* The 6-bit scale and min of sub-block s (0..7) from a Q4_K or Q5_K block's scales[12]. */
+void sl_cpu_k_scale_min(const unsigned char *scales, int s, int *sc, int *m);
+/* out (32) = values [j, j + 32) of a row of type t (any type), j a multiple of 32. */
+void sl_cpu_dequant32(enum sl_dtype t, const unsigned char *row, int j, float *out);
+/* dst = src (cols) in Q4_0 or a K-quant (sl_cpu_quantize_row's rules). */
+void sl_cpu_quantize_blocks(enum sl_dtype t, unsigned char *dst, const float *src, int cols);
+/* One quantized activation row: q (cols), d (one per block), s (SL_QACT_256: one sum per 16). */
+struct sl_cpu_qrow {
+    const int8_t *q;
+    const float *d;
+    const int16_t *s;
+};
+struct sl_cpu_qrow sl_cpu_qrow(enum sl_qact kind, const void *qa, int cols, int r);
+/* q (bs), d = one activation block quantized (kernels.h's rule). */
+void sl_cpu_qact_block_scalar(const float *x, int bs, int8_t *q, float *d);
+
 /* SL_CPU_NO_AVX2: the scalar kernels only (the libFuzzer build, whose targets run no forward
  * pass, and where the sanitized compile of avx2.c alone takes about five minutes). */
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(SL_CPU_NO_AVX2)
@@ -37,6 +56,10 @@ void sl_cpu_avx2_attention_row(float *out, const float *q, int n_heads, int n_kv
                                int n_ctx, int hs, float *att, size_t att_stride);
 void sl_cpu_avx2_f32_to_f16_row(uint16_t *dst, const float *src, int n);
 float sl_cpu_avx2_bench_read(const float *buf, size_t n);
+/* avx2q.c: the integer matmul and the activation quantizer, quant.c's bits. */
+void sl_cpu_avx2_qact_quantize(enum sl_qact kind, void *qa, const float *x, int n, int cols);
+void sl_cpu_avx2_matmul_q_cols(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                               int d1);
 double sl_cpu_avx2_bench_fma(long iters);
 
 /* The AVX-512 kernels (avx512.c): AVX-512F and VL on top of the AVX2 set. The matmul of three

@@ -22,18 +22,29 @@
  * Types and conversions
  */
 
+int sl_dtype_block(enum sl_dtype t)
+{
+    switch (t) {
+    case SL_DTYPE_Q8_0:
+    case SL_DTYPE_Q4_0: return 32;
+    case SL_DTYPE_Q4_K:
+    case SL_DTYPE_Q5_K:
+    case SL_DTYPE_Q6_K: return SL_QK_BLOCK;
+    default: return 1;
+    }
+}
+
+bool sl_dtype_quantized(enum sl_dtype t)
+{
+    return sl_dtype_block(t) > 1;
+}
+
 size_t sl_dtype_row_bytes(enum sl_dtype t, int cols)
 {
-    if (cols < 1)
+    int blk = sl_dtype_block(t);
+    if (cols < 1 || cols % blk || (unsigned)t >= SL_DTYPE_COUNT)
         return 0;
-    switch (t) {
-    case SL_DTYPE_F32: return (size_t)cols * 4;
-    case SL_DTYPE_F16:
-    case SL_DTYPE_BF16: return (size_t)cols * 2;
-    case SL_DTYPE_Q8_0:
-        return cols % SL_Q8_0_BLOCK ? 0 : (size_t)(cols / SL_Q8_0_BLOCK) * SL_Q8_0_BYTES;
-    }
-    return 0;
+    return (size_t)(cols / blk) * sl_cpu_block_bytes(t);
 }
 
 const char *sl_dtype_name(enum sl_dtype t)
@@ -43,6 +54,10 @@ const char *sl_dtype_name(enum sl_dtype t)
     case SL_DTYPE_F16: return "f16";
     case SL_DTYPE_BF16: return "bf16";
     case SL_DTYPE_Q8_0: return "q8_0";
+    case SL_DTYPE_Q4_0: return "q4_0";
+    case SL_DTYPE_Q4_K: return "q4_k";
+    case SL_DTYPE_Q5_K: return "q5_k";
+    case SL_DTYPE_Q6_K: return "q6_k";
     }
     return "?";
 }
@@ -142,10 +157,12 @@ void sl_cpu_quantize_row(enum sl_dtype t, void *dst, const float *src, int cols)
                 o[2 + j] = (unsigned char)(int8_t)lrintf(s[j] * inv);
         }
         return;
+    default: sl_cpu_quantize_blocks(t, d, src, cols); return;
     }
 }
 
-/* Values [j0, j0 + len) of one typed row as fp32; for Q8_0 j0 and len are multiples of 32. */
+/* Values [j0, j0 + len) of one typed row as fp32; for the quantized types j0 and len are
+ * multiples of 32. */
 static void dequant(enum sl_dtype t, float *out, const unsigned char *row, int j0, int len)
 {
     switch (t) {
@@ -165,6 +182,10 @@ static void dequant(enum sl_dtype t, float *out, const unsigned char *row, int j
             for (int j = 0; j < SL_Q8_0_BLOCK; j++)
                 out[b * SL_Q8_0_BLOCK + j] = scale * (float)(int8_t)blk[2 + j];
         }
+        return;
+    default:
+        for (int j = 0; j < len; j += 32)
+            sl_cpu_dequant32(t, row, j0 + j, out + j);
         return;
     }
 }
@@ -357,12 +378,16 @@ static void matmul_cols_p(float *out, const float *x, const float *xp, const str
     if (n < 1 || d0 >= d1)
         return;
 #if SL_CPU_HAVE_AVX2
-    if (AVX512()) {
+    /* The AVX-512 matmul and a paired build's old side know the types up to Q8_0. */
+    if (AVX512() && w->type <= SL_DTYPE_Q8_0) {
         sl_cpu_avx512_matmul_cols(out, x, xp, w, n, d0, d1);
         return;
     }
     if (AVX2()) {
-        PAIRED(matmul_cols)(out, x, w, n, d0, d1);
+        if (w->type <= SL_DTYPE_Q8_0)
+            PAIRED(matmul_cols)(out, x, w, n, d0, d1);
+        else
+            sl_cpu_avx2_matmul_cols(out, x, w, n, d0, d1);
         return;
     }
 #endif
@@ -654,6 +679,11 @@ struct sl_cpu_pool {
      * rows are many, by each thread into its own own[ith] when they are few. */
     float *pack, **own;
     size_t pack_floats, own_floats;
+    /* Quantized weights with 8-bit activations (sl_cpu_pool_set_int8), and room for a job's x
+     * quantized once, in up to two kinds of blocks (sl_cpu_pool_reserve). */
+    bool int8;
+    void *qbuf[2];
+    size_t qbuf_bytes;
 };
 
 struct pool_arg {
@@ -797,6 +827,8 @@ void sl_cpu_pool_free(struct sl_cpu_pool *p)
     pthread_mutex_destroy(&p->mu);
     free(p->tids);
     free(p->pack);
+    free(p->qbuf[0]);
+    free(p->qbuf[1]);
     for (int i = 0; p->own && i < p->n_threads; i++)
         free(p->own[i]);
     free(p->own);
@@ -819,10 +851,39 @@ static bool grow(float **buf, size_t *have, size_t floats)
 }
 #endif
 
+/* Bytes of rows quantized activations of cols values, enough for either kind. */
+static size_t qbuf_need(int rows, int cols)
+{
+    size_t c = (size_t)cols;
+    return (size_t)rows * (c + 4 * (c / 32 + 1) + 2 * (c / 16 + 1) + 32);
+}
+
+void sl_cpu_pool_set_int8(struct sl_cpu_pool *p, bool on)
+{
+    if (p)
+        p->int8 = on;
+}
+
+bool sl_cpu_pool_int8(const struct sl_cpu_pool *p)
+{
+    return p && p->int8;
+}
+
 enum sl_status sl_cpu_pool_reserve(struct sl_cpu_pool *p, int rows, int cols)
 {
     if (!p || rows < 1 || cols < 1)
         return SL_EINVAL;
+    size_t qneed = qbuf_need(rows, cols);
+    if (qneed > p->qbuf_bytes) {
+        for (int i = 0; i < 2; i++) {
+            void *m = NULL;
+            if (posix_memalign(&m, 64, qneed) != 0)
+                return SL_ENOMEM; /* both still hold qbuf_bytes */
+            free(p->qbuf[i]);
+            p->qbuf[i] = m;
+        }
+        p->qbuf_bytes = qneed;
+    }
 #if SL_CPU_HAVE_AVX512
     int few = rows < SL_CPU_AVX512_ROWS ? rows : SL_CPU_AVX512_ROWS;
     size_t own = sl_cpu_avx512_pack_floats(few, cols);
@@ -933,7 +994,12 @@ struct mm_job {
     const float *x;
     int n;
     float *gate_h; /* swiglu: h (n, rows) gated by outs[1] after both are computed */
-    int total;     /* rows to compute: all matrices end to end, or the gated width */
+    /* With int8 (the pool's choice), each quantized matrix m multiplies 8-bit activations: x
+     * quantized once into qa[m] (shared by the matrices of one kind), or by each call for the
+     * rows it uses where the pool has no room (qa[m] NULL). */
+    bool int8;
+    const void *qa[4];
+    int total; /* rows to compute: all matrices end to end, or the gated width */
     /* x packed whole (AVX-512, see cpu_impl.h), in units: into xp by all threads together, or
      * (own, not NULL) by each thread into own[ith]; neither: each call packs what it uses. */
     float *xp, *const *own;
@@ -942,13 +1008,54 @@ struct mm_job {
     _Atomic int next;                 /* next unit to hand out */
 };
 
+/* Integer matmul of rows [0, n) of x against columns [d0, d1) of w, quantizing each row here:
+ * the same bits as quantizing x whole first (a row's quantization depends on the row alone). */
+static void matmul_q_rows(float *out, const float *x, const struct sl_mat *w, int n, int d0, int d1)
+{
+    enum sl_qact kind = sl_cpu_qact_kind(w->type);
+    size_t rb = sl_cpu_qact_row_bytes(kind, w->cols);
+    _Alignas(64) unsigned char buf[16384 + 4096];
+    int per = rb <= sizeof buf ? (int)(sizeof buf / rb) : 0;
+    if (per == 0) {
+        /* A row longer than the stack buffer: the heap, once per call. */
+        void *m = NULL;
+        if (posix_memalign(&m, 64, rb) != 0)
+            abort();
+        for (int r = 0; r < n; r++) {
+            sl_cpu_qact_quantize(kind, m, x + (size_t)r * w->cols, 1, w->cols);
+            sl_cpu_matmul_q_cols(out + (size_t)r * w->rows, m, w, 1, d0, d1);
+        }
+        free(m);
+        return;
+    }
+    for (int r = 0; r < n; r += per) {
+        int c = n - r < per ? n - r : per;
+        sl_cpu_qact_quantize(kind, buf, x + (size_t)r * w->cols, c, w->cols);
+        sl_cpu_matmul_q_cols(out + (size_t)r * w->rows, buf, w, c, d0, d1);
+    }
+}
+
+/* Columns [a, b) of matrix m of job j. */
+static void mm_cols(const struct mm_job *j, const float *xp, int m, float *out, int a, int b)
+{
+    const struct sl_mat *w = &j->ws[m];
+    if (j->int8 && sl_dtype_quantized(w->type)) {
+        if (j->qa[m])
+            sl_cpu_matmul_q_cols(out, j->qa[m], w, j->n, a, b);
+        else
+            matmul_q_rows(out, j->x, w, j->n, a, b);
+        return;
+    }
+    matmul_cols_p(out, j->x, xp, w, j->n, a, b);
+}
+
 static void mm_range(const struct mm_job *j, const float *xp, int lo, int hi)
 {
     if (j->gate_h) {
         /* Both matrices have the same rows: take the same columns of each, then gate them. */
         int hid = j->ws[0].rows;
-        matmul_cols_p(j->gate_h, j->x, xp, &j->ws[0], j->n, lo, hi);
-        matmul_cols_p(j->outs[1], j->x, xp, &j->ws[1], j->n, lo, hi);
+        mm_cols(j, xp, 0, j->gate_h, lo, hi);
+        mm_cols(j, xp, 1, j->outs[1], lo, hi);
         for (int r = 0; r < j->n; r++)
             sl_cpu_swiglu(j->gate_h + (size_t)r * hid + lo, j->outs[1] + (size_t)r * hid + lo,
                           hi - lo);
@@ -959,7 +1066,7 @@ static void mm_range(const struct mm_job *j, const float *xp, int lo, int hi)
         int rows = j->ws[m].rows;
         int a = lo > off ? lo - off : 0, b = hi - off < rows ? hi - off : rows;
         if (a < b)
-            matmul_cols_p(j->outs[m], j->x, xp, &j->ws[m], j->n, a, b);
+            mm_cols(j, xp, m, j->outs[m], a, b);
         off += rows;
     }
 }
@@ -1008,10 +1115,37 @@ static void mm_task(void *arg, int ith, int nth)
     }
 }
 
+/* With the pool's int8: x quantized once for each kind of block the job's matrices take, into
+ * the pool's room when it has enough. */
+static void mm_quantize(struct sl_cpu_pool *p, struct mm_job *j)
+{
+    j->int8 = p && p->int8;
+    if (!j->int8)
+        return;
+    int count = j->gate_h ? 2 : j->count, k = j->ws[0].cols, used = 0;
+    enum sl_qact kinds[2] = {SL_QACT_NONE, SL_QACT_NONE};
+    for (int m = 0; m < count; m++) {
+        enum sl_qact kind = sl_cpu_qact_kind(j->ws[m].type);
+        if (kind == SL_QACT_NONE)
+            continue;
+        int slot = 0;
+        while (slot < used && kinds[slot] != kind)
+            slot++;
+        if (slot == used) {
+            if (qbuf_need(j->n, k) > p->qbuf_bytes)
+                continue; /* quantized call by call */
+            kinds[used++] = kind;
+            sl_cpu_qact_quantize(kind, p->qbuf[slot], j->x, j->n, k);
+        }
+        j->qa[m] = p->qbuf[slot];
+    }
+}
+
 static void mm_dispatch(struct sl_cpu_pool *p, struct mm_job *j, int rows_work, int k)
 {
     int units = (j->total + ROW_ALIGN - 1) / ROW_ALIGN;
     int nth = sl_cpu_pool_threads(p);
+    mm_quantize(p, j);
 #if SL_CPU_HAVE_AVX512
     /* x packed once for the job rather than by each call (each chunk a thread takes, each
      * matrix) for the rows it uses. A decode batch (one row block) is packed by every thread

@@ -1,0 +1,315 @@
+/* AVX2 integer matmul of quantized weights against 8-bit activations, and the activation
+ * quantizer: quant.c's arithmetic (kernels.h, "Integer matmul"), bit for bit. Integer sums are
+ * exact whatever their order, so the vector code may add them in any order; every float
+ * operation is quant.c's, in its order.
+ *
+ * Products of unsigned weights by signed activations use vpmaddubsw directly (the K-quants'
+ * quants are unsigned; Q6_K's offset of 32 is taken out through the activations' sums of 16).
+ * Signed weights (Q8_0, Q4_0 after its offset of 8) move their sign onto the activation
+ * (vpsignb) first. No intermediate can saturate: a pair of products is at most 2 · 128 · 127.
+ */
+#include "cpu_impl.h"
+
+#if SL_CPU_HAVE_AVX2
+
+#include <immintrin.h>
+#include <string.h>
+
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline)) TARGET
+
+INLINE float h2f(const unsigned char *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+INLINE __m256i loadu(const void *p)
+{
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+INLINE int32_t hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)), as quant.c's unit32 adds them. */
+INLINE float tree8(__m256 p)
+{
+    __m256 a = _mm256_hadd_ps(p, p);
+    a = _mm256_hadd_ps(a, a);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+}
+
+/* [total of v0, ..., total of v7]: eight vectors' lane sums in one (exact integers). */
+INLINE __m256i totals8(const __m256i v[8])
+{
+    __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+    __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+    /* ab: [v0 lo, v1 lo, v2 lo, v3 lo | v0 hi, v1 hi, v2 hi, v3 hi], cd likewise for v4..v7. */
+    __m256i lo = _mm256_permute2x128_si256(ab, cd, 0x20),
+            hi = _mm256_permute2x128_si256(ab, cd, 0x31);
+    return _mm256_add_epi32(lo, hi);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Units
+ */
+
+/* 32 signed weights of block b of a Q8_0 or Q4_0 row. */
+INLINE __m256i w32(const enum sl_dtype t, const unsigned char *blk)
+{
+    if (t == SL_DTYPE_Q8_0)
+        return loadu(blk + 2);
+    __m128i v = _mm_loadu_si128((const __m128i *)(blk + 2)), m4 = _mm_set1_epi8(15);
+    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+
+/* Blocks [b, b + nb) (nb <= 8) of a Q8_0 or Q4_0 row against x's. */
+INLINE float unit32(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int b,
+                    int nb)
+{
+    const size_t bytes = t == SL_DTYPE_Q8_0 ? SL_Q8_0_BYTES : SL_Q4_0_BYTES;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i iv[8];
+    _Alignas(32) float dw[8], dx[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) {
+        if (i < nb) {
+            const unsigned char *blk = row + (size_t)(b + i) * bytes;
+            __m256i wv = w32(t, blk), xv = loadu(x.q + 32 * (size_t)(b + i));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+            iv[i] = _mm256_madd_epi16(p, ones);
+            dw[i] = h2f(blk);
+            dx[i] = x.d[b + i];
+        } else {
+            iv[i] = _mm256_setzero_si256();
+            dw[i] = 0.0f;
+            dx[i] = 0.0f;
+        }
+    }
+    __m256 dd = _mm256_mul_ps(_mm256_load_ps(dw), _mm256_load_ps(dx));
+    return tree8(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(totals8(iv))));
+}
+
+/* Sub-block scales and mins of a Q4_K or Q5_K block: sc[s] and m[s], s < 8. */
+INLINE void k_scales(const unsigned char *scales, uint8_t sc[8], uint8_t m[8])
+{
+    uint32_t u[3], o[4];
+    memcpy(u, scales, 12);
+    o[0] = u[0] & 0x3f3f3f3fu;                                             /* sc 0..3 */
+    o[2] = u[1] & 0x3f3f3f3fu;                                             /* m 0..3 */
+    o[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;        /* sc 4..7 */
+    o[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4; /* m 4..7 */
+    memcpy(sc, o, 8);
+    memcpy(m, o + 2, 8);
+}
+
+/* Super-block b of a Q4_K or Q5_K row against x's. */
+INLINE float unit_k45(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int b)
+{
+    const unsigned char *w = row + (size_t)b * (t == SL_DTYPE_Q4_K ? SL_Q4_K_BYTES : SL_Q5_K_BYTES);
+    const int8_t *xq = x.q + (size_t)b * SL_QK_BLOCK;
+    const int16_t *xs = x.s + (size_t)b * 16;
+    const unsigned char *qs = w + (t == SL_DTYPE_Q4_K ? 16 : 48);
+    uint8_t sc[8], m[8];
+    k_scales(w + 4, sc, m);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    __m256i qh = t == SL_DTYPE_Q5_K ? loadu(w + 16) : _mm256_setzero_si256();
+    __m256i acc = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m256i q = loadu(qs + 32 * c);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (t == SL_DTYPE_Q5_K) {
+            __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
+            __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+        }
+        __m256i p0 = _mm256_maddubs_epi16(lo, loadu(xq + 64 * c));
+        __m256i p1 = _mm256_maddubs_epi16(hi, loadu(xq + 64 * c + 32));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * c])));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * c + 1])));
+    }
+    int32_t msum = 0;
+    for (int s = 0; s < 8; s++)
+        msum += m[s] * (xs[2 * s] + xs[2 * s + 1]);
+    float dx = x.d[b];
+    return (h2f(w) * dx) * (float)hsum_i32(acc) - (h2f(w + 2) * dx) * (float)msum;
+}
+
+/* Super-block b of a Q6_K row against x's. */
+INLINE float unit_q6k(const unsigned char *row, struct sl_cpu_qrow x, int b)
+{
+    const unsigned char *w = row + (size_t)b * SL_Q6_K_BYTES;
+    const int8_t *xq = x.q + (size_t)b * SL_QK_BLOCK;
+    const int8_t *sc = (const int8_t *)(w + 192);
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+    /* The offset: I -= 32 · Σ_g sc_g · (sum of x's group g). */
+    __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
+                                     loadu(x.s + (size_t)b * 16));
+    __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m256i ql0 = loadu(w + 64 * h), ql1 = loadu(w + 64 * h + 32), qh = loadu(w + 128 + 32 * h);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+        q[1] =
+            _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+        q[2] =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+        q[3] =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            int s = 4 * h + j;
+            __m256i p = _mm256_maddubs_epi16(q[j], loadu(xq + 32 * s));
+            __m256i scv =
+                _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scv));
+        }
+    }
+    return (h2f(w + 208) * x.d[b]) * (float)hsum_i32(acc);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The matmul
+ */
+
+/* One output: row `row` of W against activation row x, unit by unit from 0. */
+INLINE float dot_row(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int k)
+{
+    float acc = 0.0f;
+    if (t == SL_DTYPE_Q8_0 || t == SL_DTYPE_Q4_0) {
+        int nb = k / 32;
+        for (int b = 0; b < nb; b += 8)
+            acc += unit32(t, row, x, b, nb - b < 8 ? nb - b : 8);
+    } else {
+        for (int b = 0; b < k / SL_QK_BLOCK; b++)
+            acc += t == SL_DTYPE_Q6_K ? unit_q6k(row, x, b) : unit_k45(t, row, x, b);
+    }
+    return acc;
+}
+
+/* Weight rows are read once each, in address order and ahead of use (their bytes come from
+ * memory in decode); every activation row meets a weight row while it is in L1. */
+INLINE void matmul_qt(const enum sl_dtype t, float *out, const void *qa, const struct sl_mat *w,
+                      int n, int d0, int d1)
+{
+    int k = w->cols;
+    enum sl_qact kind = sl_cpu_qact_kind(t);
+    size_t rb = sl_dtype_row_bytes(t, k);
+    const unsigned char *base = w->data, *end = base + (size_t)d1 * rb;
+    for (int i = d0; i < d1; i++) {
+        const unsigned char *row = base + (size_t)i * rb;
+        for (const unsigned char *pf = row + 8192; pf < row + 8192 + rb && pf < end; pf += 64)
+            _mm_prefetch((const char *)pf, _MM_HINT_T0);
+        for (int r = 0; r < n; r++)
+            out[(size_t)r * w->rows + i] = dot_row(t, row, sl_cpu_qrow(kind, qa, k, r), k);
+    }
+}
+
+TARGET static void matmul_q8_0(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                               int d1)
+{
+    matmul_qt(SL_DTYPE_Q8_0, out, qa, w, n, d0, d1);
+}
+
+TARGET static void matmul_q4_0(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                               int d1)
+{
+    matmul_qt(SL_DTYPE_Q4_0, out, qa, w, n, d0, d1);
+}
+
+TARGET static void matmul_q4_k(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                               int d1)
+{
+    matmul_qt(SL_DTYPE_Q4_K, out, qa, w, n, d0, d1);
+}
+
+TARGET static void matmul_q5_k(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                               int d1)
+{
+    matmul_qt(SL_DTYPE_Q5_K, out, qa, w, n, d0, d1);
+}
+
+TARGET static void matmul_q6_k(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                               int d1)
+{
+    matmul_qt(SL_DTYPE_Q6_K, out, qa, w, n, d0, d1);
+}
+
+void sl_cpu_avx2_matmul_q_cols(float *out, const void *qa, const struct sl_mat *w, int n, int d0,
+                               int d1)
+{
+    switch (w->type) {
+    case SL_DTYPE_Q8_0: matmul_q8_0(out, qa, w, n, d0, d1); break;
+    case SL_DTYPE_Q4_0: matmul_q4_0(out, qa, w, n, d0, d1); break;
+    case SL_DTYPE_Q4_K: matmul_q4_k(out, qa, w, n, d0, d1); break;
+    case SL_DTYPE_Q5_K: matmul_q5_k(out, qa, w, n, d0, d1); break;
+    case SL_DTYPE_Q6_K: matmul_q6_k(out, qa, w, n, d0, d1); break;
+    default: break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Activations
+ */
+
+/* One block of bs (a multiple of 32) values: quant.c's sl_cpu_qact_block_scalar. */
+TARGET static void qblock(const float *x, int bs, int8_t *q, float *d)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    /* max(|x|, mx) returns mx for a NaN x, as fmaxf ignores one. */
+    for (int i = 0; i < bs; i += 8)
+        mx = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), mx);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    float amax = _mm_cvtss_f32(m);
+    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int i = 0; i < bs; i += 32) {
+        __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), vid));
+        __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vid));
+        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 16), vid));
+        __m256i e = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 24), vid));
+        __m256i v = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, e));
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(v, perm));
+    }
+}
+
+void sl_cpu_avx2_qact_quantize(enum sl_qact kind, void *qa, const float *x, int n, int cols)
+{
+    int bs = kind == SL_QACT_256 ? SL_QK_BLOCK : 32;
+    for (int r = 0; r < n; r++) {
+        struct sl_cpu_qrow q = sl_cpu_qrow(kind, qa, cols, r);
+        const float *xr = x + (size_t)r * cols;
+        for (int b = 0; b < cols / bs; b++)
+            qblock(xr + (size_t)b * bs, bs, (int8_t *)q.q + (size_t)b * bs, (float *)q.d + b);
+        if (kind == SL_QACT_256)
+            for (int g = 0; g < cols / 16; g++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++)
+                    s += q.q[16 * g + i];
+                ((int16_t *)q.s)[g] = (int16_t)s;
+            }
+    }
+}
+
+#endif
