@@ -367,8 +367,11 @@ static const struct {
     /* stories15M's width with a 4,096-token context, for prompts longer than 256 tokens
      * (bench/scenarios/prefix.sh's 1,050-token chats). */
     {"stories15M-4k", {288, 768, 6, 6, 6, 32000, 4096, 1e-5f, 10000.0f, true}},
-    /* TinyLlama-1.1B's shape (issue 32's peer comparison with llama.cpp). */
-    {"tinyllama", {2048, 5632, 22, 32, 4, 32000, 2048, 1e-5f, 10000.0f, false}},
+    /* Small, with widths of whole 256-value super-blocks: the K-quants' tests. */
+    {"tiny256", {256, 512, 2, 4, 2, 512, 256, 1e-5f, 10000.0f, true}},
+    /* TinyLlama-1.1B's shape (tied here, like every synthetic model: the classifier's work per
+     * step is the same), for the comparison with llama.cpp (bench/scenarios/peer.sh). */
+    {"tinyllama", {2048, 5632, 22, 32, 4, 32000, 2048, 1e-5f, 10000.0f, true}},
     /* Llama-3.2-1B-like width and depth with a llama2-sized vocabulary, for scale tests. */
     {"llama-1b", {2048, 8192, 16, 32, 8, 32000, 2048, 1e-5f, 10000.0f, true}},
     /* Llama-3-8B's shape (its vocabulary and RoPE base; tied here, which changes no step's
