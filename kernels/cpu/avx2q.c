@@ -203,6 +203,204 @@ INLINE float dot_row(const enum sl_dtype t, const unsigned char *row, struct sl_
     return acc;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Several activation rows: each unit of four weight rows is decoded once, into registers' worth
+ * of vectors in L1, and every activation row then meets all four (the x vector loaded once for
+ * them). The integer sums are the units' above; the four rows' float terms are computed side by
+ * side in the lanes of one vector, each lane by the same operations as unit32 and unit_k45 /
+ * unit_q6k, and added to the outputs in unit order: the same bits as dot_row.
+ */
+
+#define RN 4
+
+/* A K-quant unit of one weight row, decoded. */
+struct kdec {
+    __m256i q[8];  /* the quants of slice s (32 values), unsigned */
+    __m256i sc[8]; /* slice s's scales as 16 int16: its sub-block's, or (Q6_K) each half's */
+    __m256i cv;    /* per group of 16 values: Q4_K, Q5_K its sub-block's min; Q6_K its scale */
+};
+
+INLINE void decode_k45(const enum sl_dtype t, const unsigned char *w, struct kdec *o)
+{
+    const unsigned char *qs = w + (t == SL_DTYPE_Q4_K ? 16 : 48);
+    uint8_t sc[8], m[8];
+    k_scales(w + 4, sc, m);
+    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+    __m256i qh = t == SL_DTYPE_Q5_K ? loadu(w + 16) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m256i q = loadu(qs + 32 * c);
+        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if (t == SL_DTYPE_Q5_K) {
+            __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
+            __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+        }
+        o->q[2 * c] = lo;
+        o->q[2 * c + 1] = hi;
+        o->sc[2 * c] = _mm256_set1_epi16(sc[2 * c]);
+        o->sc[2 * c + 1] = _mm256_set1_epi16(sc[2 * c + 1]);
+    }
+    /* [m0, m0, m1, m1, ..., m7, m7]: group g of 16 is half of sub-block g / 2. */
+    __m128i mv = _mm_loadl_epi64((const __m128i *)m);
+    o->cv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mv, mv));
+}
+
+INLINE void decode_q6k(const unsigned char *w, struct kdec *o)
+{
+    const int8_t *sc = (const int8_t *)(w + 192);
+    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        __m256i ql0 = loadu(w + 64 * h), ql1 = loadu(w + 64 * h + 32), qh = loadu(w + 128 + 32 * h);
+        o->q[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
+                                      _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+        o->q[4 * h + 1] =
+            _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+        o->q[4 * h + 2] =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+        o->q[4 * h + 3] =
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; s++)
+        o->sc[s] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
+    o->cv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+}
+
+/* [total of a, total of b, total of c, total of d] (exact integers). */
+INLINE __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+    __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
+    __m256i t = _mm256_hadd_epi32(ab, cd);
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* [((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)) of a, of b, of c, of d]: tree8's order, lane by lane. */
+INLINE __m128 trees4(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+    __m256 t = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* out[r][i .. i + 4) for all n rows, K-quant weight rows i .. i + 4 from w0 (rb bytes apart). */
+INLINE void tile_k(const enum sl_dtype t, float *out, size_t ldo, const void *qa, int n, int k,
+                   const unsigned char *w0, size_t rb)
+{
+    const enum sl_qact kind = SL_QACT_256;
+    const size_t bb = t == SL_DTYPE_Q4_K   ? SL_Q4_K_BYTES
+                      : t == SL_DTYPE_Q5_K ? SL_Q5_K_BYTES
+                                           : SL_Q6_K_BYTES;
+    struct kdec dec[RN];
+    for (int b = 0; b < k / SL_QK_BLOCK; b++) {
+        _Alignas(16) float d[RN], dmin[RN];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const unsigned char *w = w0 + (size_t)c * rb + (size_t)b * bb;
+            if (t == SL_DTYPE_Q6_K) {
+                decode_q6k(w, &dec[c]);
+                d[c] = h2f(w + 208);
+                dmin[c] = 0.0f;
+            } else {
+                decode_k45(t, w, &dec[c]);
+                d[c] = h2f(w);
+                dmin[c] = h2f(w + 2);
+            }
+        }
+        const __m128 d4 = _mm_load_ps(d), dmin4 = _mm_load_ps(dmin);
+        for (int r = 0; r < n; r++) {
+            struct sl_cpu_qrow x = sl_cpu_qrow(kind, qa, k, r);
+            const int8_t *xq = x.q + (size_t)b * SL_QK_BLOCK;
+            __m256i acc[RN];
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++)
+                acc[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int s = 0; s < 8; s++) {
+                __m256i xv = loadu(xq + 32 * s);
+#pragma GCC unroll 4
+                for (int c = 0; c < RN; c++)
+                    acc[c] = _mm256_add_epi32(
+                        acc[c],
+                        _mm256_madd_epi16(_mm256_maddubs_epi16(dec[c].q[s], xv), dec[c].sc[s]));
+            }
+            __m256i xs = loadu(x.s + (size_t)b * 16), mv[RN];
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                mv[c] = _mm256_madd_epi16(dec[c].cv, xs);
+                if (t == SL_DTYPE_Q6_K)
+                    acc[c] = _mm256_sub_epi32(acc[c], _mm256_slli_epi32(mv[c], 5));
+            }
+            __m128 dx = _mm_set1_ps(x.d[b]);
+            __m128 term = _mm_mul_ps(_mm_mul_ps(d4, dx),
+                                     _mm_cvtepi32_ps(totals4(acc[0], acc[1], acc[2], acc[3])));
+            if (t != SL_DTYPE_Q6_K)
+                term = _mm_sub_ps(term,
+                                  _mm_mul_ps(_mm_mul_ps(dmin4, dx),
+                                             _mm_cvtepi32_ps(totals4(mv[0], mv[1], mv[2], mv[3]))));
+            float *o = out + (size_t)r * ldo;
+            __m128 prev = b ? _mm_loadu_ps(o) : _mm_setzero_ps();
+            _mm_storeu_ps(o, _mm_add_ps(prev, term));
+        }
+    }
+}
+
+/* The same for Q8_0 and Q4_0 weight rows: unit32 for each of four rows. */
+INLINE void tile_32(const enum sl_dtype t, float *out, size_t ldo, const void *qa, int n, int k,
+                    const unsigned char *w0, size_t rb)
+{
+    const enum sl_qact kind = SL_QACT_32;
+    const size_t bytes = t == SL_DTYPE_Q8_0 ? SL_Q8_0_BYTES : SL_Q4_0_BYTES;
+    const __m256i ones = _mm256_set1_epi16(1);
+    int nbk = k / 32;
+    __m256i aw[RN][8], sw[RN][8];
+    for (int b = 0; b < nbk; b += 8) {
+        int nb = nbk - b < 8 ? nbk - b : 8;
+        _Alignas(32) float dw[RN][8];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++)
+            for (int i = 0; i < 8; i++) {
+                if (i < nb) {
+                    const unsigned char *blk = w0 + (size_t)c * rb + (size_t)(b + i) * bytes;
+                    sw[c][i] = w32(t, blk);
+                    aw[c][i] = _mm256_sign_epi8(sw[c][i], sw[c][i]);
+                    dw[c][i] = h2f(blk);
+                } else {
+                    sw[c][i] = aw[c][i] = _mm256_setzero_si256();
+                    dw[c][i] = 0.0f;
+                }
+            }
+        for (int r = 0; r < n; r++) {
+            struct sl_cpu_qrow x = sl_cpu_qrow(kind, qa, k, r);
+            _Alignas(32) float dx[8];
+            for (int i = 0; i < 8; i++)
+                dx[i] = i < nb ? x.d[b + i] : 0.0f;
+            __m256 dxv = _mm256_load_ps(dx), p[RN];
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++) {
+                __m256i iv[8];
+#pragma GCC unroll 8
+                for (int i = 0; i < 8; i++) {
+                    __m256i xv =
+                        i < nb ? loadu(x.q + 32 * (size_t)(b + i)) : _mm256_setzero_si256();
+                    iv[i] = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(aw[c][i], _mm256_sign_epi8(xv, sw[c][i])), ones);
+                }
+                __m256 dd = _mm256_mul_ps(_mm256_load_ps(dw[c]), dxv);
+                p[c] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(totals8(iv)));
+            }
+            float *o = out + (size_t)r * ldo;
+            __m128 prev = b ? _mm_loadu_ps(o) : _mm_setzero_ps();
+            _mm_storeu_ps(o, _mm_add_ps(prev, trees4(p[0], p[1], p[2], p[3])));
+        }
+    }
+}
+
 /* Weight rows are read once each, in address order and ahead of use (their bytes come from
  * memory in decode); every activation row meets a weight row while it is in L1. */
 INLINE void matmul_qt(const enum sl_dtype t, float *out, const void *qa, const struct sl_mat *w,
@@ -210,14 +408,23 @@ INLINE void matmul_qt(const enum sl_dtype t, float *out, const void *qa, const s
 {
     int k = w->cols;
     enum sl_qact kind = sl_cpu_qact_kind(t);
-    size_t rb = sl_dtype_row_bytes(t, k);
+    size_t rb = sl_dtype_row_bytes(t, k), ldo = (size_t)w->rows;
     const unsigned char *base = w->data, *end = base + (size_t)d1 * rb;
-    for (int i = d0; i < d1; i++) {
+    int i = d0;
+    if (n > 1)
+        for (; i + RN <= d1; i += RN) {
+            const unsigned char *w0 = base + (size_t)i * rb;
+            if (t == SL_DTYPE_Q8_0 || t == SL_DTYPE_Q4_0)
+                tile_32(t, out + i, ldo, qa, n, k, w0, rb);
+            else
+                tile_k(t, out + i, ldo, qa, n, k, w0, rb);
+        }
+    for (; i < d1; i++) {
         const unsigned char *row = base + (size_t)i * rb;
         for (const unsigned char *pf = row + 8192; pf < row + 8192 + rb && pf < end; pf += 64)
             _mm_prefetch((const char *)pf, _MM_HINT_T0);
         for (int r = 0; r < n; r++)
-            out[(size_t)r * w->rows + i] = dot_row(t, row, sl_cpu_qrow(kind, qa, k, r), k);
+            out[(size_t)r * ldo + i] = dot_row(t, row, sl_cpu_qrow(kind, qa, k, r), k);
     }
 }
 
