@@ -139,7 +139,7 @@ static size_t dtype_size(enum sl_dtype t)
 
 /* The type every projection is converted to: F32 when all sources are F32, BF16 when any is
  * BF16 (its range is fp32's), else F16 (F16 and Q8_0 sources: Q8_0's d·q fits F16's 11 bits
- * better than BF16's 8). */
+ * better than BF16's 8; Q4_0 and the K-quants are rounded to it). */
 static enum sl_dtype compute_type(const struct sl_model *m)
 {
     const struct sl_model_weights *w = &m->w;

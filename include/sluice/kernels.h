@@ -393,8 +393,9 @@ double sl_cpu_bench_fma(struct sl_cpu_pool *p, long iters);
 const char *sl_cuda_last_error(void);
 
 /* dst (rows, cols) in type dt (F32, F16 or BF16) = src (rows, cols) in type st (any sl_dtype,
- * rows of sl_dtype_row_bytes(st, cols) bytes), rounded to nearest even: the values
- * sl_cpu_mat_row then sl_cpu_f32_to_f16/bf16 give. src is device memory, 4-byte aligned. */
+ * rows of sl_dtype_row_bytes(st, cols) bytes; the block-quantized ones decoded by the formulas
+ * of their layouts above), rounded to nearest even: the values sl_cpu_mat_row then
+ * sl_cpu_f32_to_f16/bf16 give. src is device memory, 4-byte aligned. */
 int sl_cuda_convert(void *dst, enum sl_dtype dt, const void *src, enum sl_dtype st, size_t rows,
                     int cols, void *stream);
 

@@ -29,6 +29,56 @@ extern "C" int sl_cuda_invalid(const char *what)
  * Conversions
  */
 
+__device__ static float ld_half(const unsigned char *p)
+{
+    return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+
+/* Value c of a row of a block-quantized type (kernels.h's layouts), as sl_cpu_mat_row gives it:
+ * read byte by byte, since the blocks leave their fp16 fields only 2-aligned. */
+__device__ static float dequant_value(int st, const unsigned char *row, int c)
+{
+    switch (st) {
+    case SL_DTYPE_Q8_0: {
+        const unsigned char *b = row + (size_t)(c / 32) * SL_Q8_0_BYTES;
+        return ld_half(b) * (float)(signed char)b[2 + c % 32];
+    }
+    case SL_DTYPE_Q4_0: {
+        const unsigned char *b = row + (size_t)(c / 32) * SL_Q4_0_BYTES;
+        int i = c % 32, q = i < 16 ? b[2 + i] & 15 : b[2 + i - 16] >> 4;
+        return ld_half(b) * (float)(q - 8);
+    }
+    case SL_DTYPE_Q4_K:
+    case SL_DTYPE_Q5_K: {
+        size_t bb = st == SL_DTYPE_Q4_K ? SL_Q4_K_BYTES : SL_Q5_K_BYTES;
+        const unsigned char *b = row + (size_t)(c / SL_QK_BLOCK) * bb, *sc = b + 4;
+        const unsigned char *qs = b + (st == SL_DTYPE_Q4_K ? 16 : 48);
+        int i = c % SL_QK_BLOCK, chunk = i / 64, upper = (i % 64) >= 32, l = i % 32;
+        int s = 2 * chunk + upper, scale, min;
+        if (s < 4) {
+            scale = sc[s] & 63;
+            min = sc[s + 4] & 63;
+        } else {
+            scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+            min = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+        }
+        int q = upper ? qs[32 * chunk + l] >> 4 : qs[32 * chunk + l] & 15;
+        if (st == SL_DTYPE_Q5_K && ((b[16 + l] >> s) & 1))
+            q += 16;
+        return __fmul_rn(__fmul_rn(ld_half(b), (float)scale), (float)q) -
+               __fmul_rn(ld_half(b + 2), (float)min);
+    }
+    default: { /* Q6_K */
+        const unsigned char *b = row + (size_t)(c / SL_QK_BLOCK) * SL_Q6_K_BYTES;
+        int i = c % SL_QK_BLOCK, h = i / 128, j = (i % 128) / 32, l = i % 32;
+        int lo = j % 2 ? b[64 * h + 32 + l] : b[64 * h + l];
+        lo = j < 2 ? lo & 15 : lo >> 4;
+        int q = lo | ((b[128 + 32 * h + l] >> (2 * j)) & 3) << 4;
+        return __fmul_rn(ld_half(b + 208) * (float)(signed char)b[192 + i / 16], (float)(q - 32));
+    }
+    }
+}
+
 template <typename D>
 __global__ void convert_kernel(D *dst, const unsigned char *src, int st, size_t rows, int cols,
                                size_t row_bytes)
@@ -46,13 +96,7 @@ __global__ void convert_kernel(D *dst, const unsigned char *src, int st, size_t 
         } else if (st == SL_DTYPE_BF16) {
             v = __bfloat162float(((const __nv_bfloat16 *)src)[i]);
         } else {
-            /* Q8_0: an fp16 scale (2 bytes, little-endian) then 32 int8 values per block; read
-             * byte by byte, since a 34-byte block leaves the scale only 2-aligned. */
-            const unsigned char *b =
-                src + r * row_bytes + (size_t)(c / SL_Q8_0_BLOCK) * SL_Q8_0_BYTES;
-            unsigned short bits = (unsigned short)(b[0] | (b[1] << 8));
-            float d = __half2float(__ushort_as_half(bits));
-            v = d * (float)(signed char)b[2 + c % SL_Q8_0_BLOCK];
+            v = dequant_value(st, src + r * row_bytes, c);
         }
         sl_st(dst, i, v);
     }

@@ -148,8 +148,9 @@ static const enum sl_dtype out_types[] = {SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_B
 Test(cuda, convert_equals_cpu_conversion_bit_for_bit_when_types_and_shapes_vary)
 {
     REQUIRE_CUDA();
-    const enum sl_dtype srcs[] = {SL_DTYPE_F32, SL_DTYPE_F16, SL_DTYPE_BF16, SL_DTYPE_Q8_0};
-    const int shapes[][2] = {{1, 32}, {3, 64}, {7, 96}, {2, 33}, {5, 1}, {64, 288}};
+    const enum sl_dtype srcs[] = {SL_DTYPE_F32,  SL_DTYPE_F16,  SL_DTYPE_BF16, SL_DTYPE_Q8_0,
+                                  SL_DTYPE_Q4_0, SL_DTYPE_Q4_K, SL_DTYPE_Q5_K, SL_DTYPE_Q6_K};
+    const int shapes[][2] = {{1, 32}, {3, 64}, {7, 96}, {2, 33}, {5, 1}, {64, 288}, {9, 768}};
     for (int si = 0; si < LEN(srcs); si++)
         for (int di = 0; di < LEN(out_types); di++)
             for (int k = 0; k < LEN(shapes); k++) {
@@ -157,7 +158,7 @@ Test(cuda, convert_equals_cpu_conversion_bit_for_bit_when_types_and_shapes_vary)
                 int rows = shapes[k][0], cols = shapes[k][1];
                 size_t rb = sl_dtype_row_bytes(st, cols);
                 if (rb == 0)
-                    continue; /* Q8_0 needs whole blocks */
+                    continue; /* the quantized types need whole blocks */
                 float *v = rand_vec((size_t)rows * cols, 3.0f);
                 unsigned char *src = malloc(rb * rows);
                 for (int r = 0; r < rows; r++)
