@@ -201,6 +201,22 @@ Test(gateway, kv_dtype_defaults_to_f16_and_is_checked_when_given)
     sl_config_dispose(&c);
 }
 
+Test(gateway, cpu_int8_activations_defaults_to_true_and_is_checked_when_given)
+{
+    struct sl_config c;
+    sl_config_init(&c);
+    cr_assert(c.engine.cpu_int8_activations);
+    char err[256] = "";
+    cr_assert_eq(load(&c, "{\"cpu_int8_activations\":false}", err, sizeof err), SL_OK, "%s", err);
+    cr_assert(!c.engine.cpu_int8_activations);
+    json_t *j = sl_config_to_json(&c);
+    cr_assert(json_is_false(json_object_get(j, "cpu_int8_activations")));
+    json_decref(j);
+    cr_assert_eq(load(&c, "{\"cpu_int8_activations\":1}", err, sizeof err), SL_EINVAL);
+    cr_assert(strstr(err, "cpu_int8_activations"), "%s", err);
+    sl_config_dispose(&c);
+}
+
 Test(gateway, pin_threads_defaults_to_true_and_is_checked_when_given)
 {
     struct sl_config c;
