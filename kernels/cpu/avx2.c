@@ -50,6 +50,70 @@ INLINE __m256 load_w(const enum sl_dtype t, const unsigned char *row, int j)
     return _mm256_setzero_ps();
 }
 
+/* 32 weights of a Q4_0 or K-quant row from column j (a multiple of 32) as fp32, into w[0..3]:
+ * the values sl_cpu_dequant32 gives, by the same operations. */
+INLINE void load_w32(const enum sl_dtype t, const unsigned char *row, int j, __m256 w[4])
+{
+    __m256i q; /* 32 quants, as bytes */
+    __m256 scale[2], min = _mm256_setzero_ps();
+    const __m128i m4 = _mm_set1_epi8(15);
+    uint16_t h;
+    if (t == SL_DTYPE_Q4_0) {
+        const unsigned char *b = row + (size_t)(j / 32) * SL_Q4_0_BYTES;
+        __m128i v = _mm_loadu_si128((const __m128i *)(b + 2));
+        q = _mm256_sub_epi8(
+            _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4)),
+            _mm256_set1_epi8(8));
+        memcpy(&h, b, 2);
+        scale[0] = scale[1] = _mm256_set1_ps(_cvtsh_ss(h));
+    } else if (t == SL_DTYPE_Q6_K) {
+        const unsigned char *b = row + (size_t)(j / SL_QK_BLOCK) * SL_Q6_K_BYTES;
+        int sl = (j % SL_QK_BLOCK) / 32, hf = sl / 4, part = sl % 4;
+        __m256i ql = _mm256_loadu_si256((const __m256i *)(b + 64 * hf + (part % 2) * 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * hf));
+        if (part >= 2)
+            ql = _mm256_srli_epi16(ql, 4);
+        qh = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part));
+        q = _mm256_or_si256(_mm256_and_si256(ql, _mm256_set1_epi8(15)),
+                            _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
+        q = _mm256_sub_epi8(q, _mm256_set1_epi8(32));
+        memcpy(&h, b + 208, 2);
+        float d = _cvtsh_ss(h);
+        scale[0] = _mm256_set1_ps(d * (float)(int8_t)b[192 + 2 * sl]);
+        scale[1] = _mm256_set1_ps(d * (float)(int8_t)b[193 + 2 * sl]);
+    } else { /* Q4_K, Q5_K */
+        const unsigned char *b =
+            row + (size_t)(j / SL_QK_BLOCK) * (t == SL_DTYPE_Q4_K ? SL_Q4_K_BYTES : SL_Q5_K_BYTES);
+        int s = (j % SL_QK_BLOCK) / 32, sc, m;
+        sl_cpu_k_scale_min(b + 4, s, &sc, &m);
+        __m256i v = _mm256_loadu_si256(
+            (const __m256i *)(b + (t == SL_DTYPE_Q4_K ? 16 : 48) + 32 * (s / 2)));
+        if (s % 2)
+            v = _mm256_srli_epi16(v, 4);
+        q = _mm256_and_si256(v, _mm256_set1_epi8(15));
+        if (t == SL_DTYPE_Q5_K) {
+            __m256i qh = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + 16)),
+                                          _mm_cvtsi32_si128(s));
+            q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(1)), 4));
+        }
+        memcpy(&h, b, 2);
+        float d1 = _cvtsh_ss(h) * (float)sc;
+        memcpy(&h, b + 2, 2);
+        float m1 = _cvtsh_ss(h) * (float)m;
+        scale[0] = scale[1] = _mm256_set1_ps(d1);
+        min = _mm256_set1_ps(m1);
+    }
+    __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[i]));
+        w[i] = _mm256_mul_ps(scale[i / 2], f);
+        if (t == SL_DTYPE_Q4_K || t == SL_DTYPE_Q5_K)
+            w[i] = _mm256_sub_ps(w[i], min);
+    }
+}
+
 /* One weight as fp32 (the k % 8 tail; never Q8_0, whose rows are whole blocks). */
 INLINE float scalar_w(const enum sl_dtype t, const unsigned char *row, int j)
 {
@@ -171,21 +235,21 @@ INLINE void tile(const enum sl_dtype t, const int RM, const int RN, float *out, 
             }
         }
     } else if (t != SL_DTYPE_F32 && t != SL_DTYPE_F16 && t != SL_DTYPE_BF16) {
-        /* Q4_0 and the K-quants: each 32 columns decoded by quant.c (the values
-         * sl_cpu_mat_row gives), then as Q8_0's. */
+        /* Q4_0 and the K-quants: each 32 columns decoded (the values sl_cpu_mat_row gives),
+         * then as Q8_0's. */
         for (int j = j0; j < j1; j += 32) {
-            _Alignas(32) float buf[4][32];
+            __m256 wv[4][4]; /* [column group][weight row] */
 #pragma GCC unroll 4
-            for (int c = 0; c < RN; c++)
-                sl_cpu_dequant32(t, w + (size_t)c * wrb, j, buf[c]);
+            for (int c = 0; c < RN; c++) {
+                __m256 v[4];
+                load_w32(t, w + (size_t)c * wrb, j, v);
 #pragma GCC unroll 4
-            for (int s = 0; s < 4; s++) {
-                __m256 wv[4];
-#pragma GCC unroll 4
-                for (int c = 0; c < RN; c++)
-                    wv[c] = _mm256_load_ps(buf[c] + 8 * s);
-                fma_tile(RM, RN, acc, wv, x, ldx, j + 8 * s);
+                for (int s = 0; s < 4; s++)
+                    wv[s][c] = v[s];
             }
+#pragma GCC unroll 4
+            for (int s = 0; s < 4; s++)
+                fma_tile(RM, RN, acc, wv[s], x, ldx, j + 8 * s);
         }
     } else if (RM * RN + RN + 1 <= 16) {
         /* Unrolled four steps: a k block is only 36-48 steps, and the loop's own branches
