@@ -3,7 +3,17 @@
  * past its end). */
 #include "fmt_test.h"
 
-enum { GT_F32 = 0, GT_F16 = 1, GT_Q8_0 = 8, GT_Q4_K = 12, GT_BF16 = 30 };
+enum {
+    GT_F32 = 0,
+    GT_F16 = 1,
+    GT_Q4_0 = 2,
+    GT_Q8_0 = 8,
+    GT_Q3_K = 11,
+    GT_Q4_K = 12,
+    GT_Q5_K = 13,
+    GT_Q6_K = 14,
+    GT_BF16 = 30
+};
 
 /* ---------------------------------------------------------------------------------------------
  * A small GGUF writer
@@ -140,6 +150,8 @@ struct spec {
     const char *arch;
     const char *drop;     /* tensor left out */
     const char *q4k;      /* tensor stored as Q4_K */
+    const char *q3k;      /* tensor stored as Q3_K (not read by sluice) */
+    bool kquants;         /* widths of whole super-blocks (256, 512, 128) and the K-quant types */
     const char *wide;     /* tensor stored with ne0 doubled */
     bool dup;             /* token_embd twice */
     bool output;          /* explicit F32 output.weight */
@@ -182,6 +194,17 @@ static void fill_bytes(unsigned char *p, size_t n, uint32_t type, uint64_t *s)
             for (int i = 0; i < 32; i++)
                 p[b + 2 + i] = (unsigned char)ft_rand(s);
         }
+    } else if (type == GT_Q4_0 || type == GT_Q4_K || type == GT_Q5_K || type == GT_Q6_K) {
+        /* Random bytes with finite fp16 scales where each block keeps them. */
+        size_t bb = type == GT_Q4_0 ? 18 : type == GT_Q4_K ? 144 : type == GT_Q5_K ? 176 : 210;
+        for (size_t i = 0; i < n; i++)
+            p[i] = (unsigned char)ft_rand(s);
+        for (size_t b = 0; b + bb <= n; b += bb) {
+            uint16_t d[2] = {(uint16_t)(ft_rand_half(s) & 0x3bff), /* below 1: sane logits */
+                             (uint16_t)(ft_rand_half(s) & 0x3bff)};
+            memcpy(p + b + (type == GT_Q6_K ? 208 : 0), d,
+                   type == GT_Q4_K || type == GT_Q5_K ? 4 : 2);
+        }
     } else {
         for (size_t i = 0; i < n; i++)
             p[i] = (unsigned char)ft_rand(s);
@@ -196,6 +219,10 @@ static size_t tbytes(uint32_t type, uint64_t ne0, uint64_t ne1)
     case GT_F16:
     case GT_BF16: return (size_t)e * 2;
     case GT_Q8_0: return (size_t)e / 32 * 34;
+    case GT_Q4_0: return (size_t)e / 32 * 18;
+    case GT_Q3_K: return (size_t)e / 256 * 110;
+    case GT_Q5_K: return (size_t)e / 256 * 176;
+    case GT_Q6_K: return (size_t)e / 256 * 210;
     default: return (size_t)e / 256 * 144; /* Q4_K */
     }
 }
@@ -207,6 +234,8 @@ static void add_t(struct built *b, const struct spec *sp, const char *name, uint
         return;
     if (sp->q4k && strcmp(sp->q4k, name) == 0)
         type = GT_Q4_K;
+    if (sp->q3k && strcmp(sp->q3k, name) == 0)
+        type = GT_Q3_K;
     if (sp->wide && strcmp(sp->wide, name) == 0)
         ne0 *= 2;
     size_t n = tbytes(type, ne0, ne1);
@@ -226,6 +255,12 @@ static void build(struct built *b, const struct spec *sp)
     struct gw *g = &b->g;
     gw_init(g, sp->align ? sp->align : 32);
     uint64_t s = 42;
+    /* Widths, and for kquants a Q4_K_M-like mix of every type. */
+    uint64_t D = sp->kquants ? 256 : SD, H = sp->kquants ? 512 : SH, KV = sp->kquants ? 128 : SKV;
+    uint32_t t_emb = sp->kquants ? GT_Q4_K : GT_Q8_0, t_q = sp->kquants ? GT_Q4_K : GT_F16;
+    uint32_t t_k = sp->kquants ? GT_Q4_0 : GT_Q8_0, t_v = sp->kquants ? GT_Q6_K : GT_F32;
+    uint32_t t_o = sp->kquants ? GT_Q5_K : GT_F16, t_gate = sp->kquants ? GT_Q4_K : GT_Q8_0;
+    uint32_t t_down = sp->kquants ? GT_Q6_K : GT_Q8_0, t_up = sp->kquants ? GT_Q8_0 : GT_BF16;
     kv_str(g, "general.architecture", sp->arch ? sp->arch : "llama");
     if (sp->align)
         kv_u32(g, "general.alignment", sp->align);
@@ -253,13 +288,14 @@ static void build(struct built *b, const struct spec *sp)
         put(&g->kv, "\0\0\0\0\0\0\xf0?\0\0\0\0\0\0\0@\0\0\0\0\0\0\x08@", 24);
     }
     kv_u32(g, "llama.context_length", 128);
-    kv_u32(g, "llama.embedding_length", sp->embedding_length ? (uint32_t)sp->embedding_length : SD);
-    kv_u32(g, "llama.feed_forward_length", SH);
+    kv_u32(g, "llama.embedding_length",
+           sp->embedding_length ? (uint32_t)sp->embedding_length : (uint32_t)D);
+    kv_u32(g, "llama.feed_forward_length", (uint32_t)H);
     kv_u32(g, "llama.block_count", SL);
     kv_u32(g, "llama.attention.head_count", 4);
     kv_u32(g, "llama.attention.head_count_kv", 2);
     kv_u32(g, "llama.rope.dimension_count",
-           (sp->embedding_length ? (uint32_t)sp->embedding_length : SD) / 4);
+           (sp->embedding_length ? (uint32_t)sp->embedding_length : (uint32_t)D) / 4);
     if (sp->eps_type == 8)
         kv_str(g, "llama.attention.layer_norm_rms_epsilon", "1e-5");
     else
@@ -298,26 +334,26 @@ static void build(struct built *b, const struct spec *sp)
     if (sp->chat_template_not_string)
         kv_u32(g, "tokenizer.chat_template", 7);
 
-    add_t(b, sp, "token_embd.weight", GT_Q8_0, SD, SV, &s);
+    add_t(b, sp, "token_embd.weight", t_emb, D, SV, &s);
     if (sp->dup)
-        add_t(b, sp, "token_embd.weight", GT_Q8_0, SD, SV, &s);
-    add_t(b, sp, "output_norm.weight", GT_F16, SD, 0, &s);
+        add_t(b, sp, "token_embd.weight", t_emb, D, SV, &s);
+    add_t(b, sp, "output_norm.weight", GT_F16, D, 0, &s);
     if (sp->output)
-        add_t(b, sp, "output.weight", GT_F32, SD, SV, &s);
+        add_t(b, sp, "output.weight", sp->kquants ? GT_Q6_K : GT_F32, D, SV, &s);
     for (int l = 0; l < SL; l++) {
         char n[64];
 #define T(part, type, ne0, ne1)                                                                    \
     snprintf(n, sizeof(n), "blk.%d." part ".weight", l);                                           \
     add_t(b, sp, n, type, ne0, ne1, &s)
-        T("attn_norm", GT_F32, SD, 0);
-        T("ffn_norm", GT_BF16, SD, 0);
-        T("attn_q", GT_F16, SD, SD);
-        T("attn_k", GT_Q8_0, SD, SKV);
-        T("attn_v", GT_F32, SD, SKV);
-        T("attn_output", GT_F16, SD, SD);
-        T("ffn_gate", GT_Q8_0, SD, SH);
-        T("ffn_down", GT_Q8_0, SH, SD);
-        T("ffn_up", GT_BF16, SD, SH);
+        T("attn_norm", GT_F32, D, 0);
+        T("ffn_norm", GT_BF16, D, 0);
+        T("attn_q", t_q, D, D);
+        T("attn_k", t_k, D, KV);
+        T("attn_v", t_v, D, KV);
+        T("attn_output", t_o, D, D);
+        T("ffn_gate", t_gate, D, H);
+        T("ffn_down", t_down, H, D);
+        T("ffn_up", t_up, D, H);
 #undef T
     }
     b->p = gw_finish(g, sp->version ? sp->version : 3, &b->len, &b->ti_at, &b->data_at);
@@ -495,6 +531,63 @@ Test(worker, gguf_keeps_f16_bf16_q8_0_in_the_mapping_when_loaded)
     cr_assert(sl_model_is_stop_token(m, 2));
     cr_assert(sl_model_is_stop_token(m, 1));
     cr_assert(!sl_model_is_stop_token(m, 0));
+    sl_model_free(m);
+    unlink(path);
+    free(path);
+    built_dispose(&b);
+}
+
+/* A Q4_K_M-like mix (Q4_K, Q4_0, Q5_K, Q6_K, Q8_0): every tensor in place in the mapping, typed,
+ * and a forward pass over it gives finite logits with either kind of activations. */
+Test(worker, gguf_keeps_k_quant_tensors_in_the_mapping_and_runs_them)
+{
+    struct built b;
+    build(&b, &(struct spec){.kquants = true, .output = true});
+    char *path = write_gguf(b.p, b.len);
+    struct sl_model *m = wt_load(path, NULL);
+    const struct sl_model_config *c = sl_model_config(m);
+    cr_assert_eq(c->dim, 256);
+    cr_assert_eq(c->hidden_dim, 512);
+    check_mat(m, &b, &m->w.token_embedding, "token_embd.weight", SL_DTYPE_Q4_K, SV, 256);
+    check_mat(m, &b, &m->w.wcls, "output.weight", SL_DTYPE_Q6_K, SV, 256);
+    for (int l = 0; l < SL; l++) {
+        const struct sl_layer_weights *L = &m->w.layers[l];
+        char n[64];
+#define M(field, part, type, rows, cols)                                                           \
+    snprintf(n, sizeof(n), "blk.%d." part ".weight", l);                                           \
+    check_mat(m, &b, &L->field, n, type, rows, cols)
+        M(wq, "attn_q", SL_DTYPE_Q4_K, 256, 256);
+        M(wk, "attn_k", SL_DTYPE_Q4_0, 128, 256);
+        M(wv, "attn_v", SL_DTYPE_Q6_K, 128, 256);
+        M(wo, "attn_output", SL_DTYPE_Q5_K, 256, 256);
+        M(w1, "ffn_gate", SL_DTYPE_Q4_K, 512, 256);
+        M(w2, "ffn_down", SL_DTYPE_Q6_K, 256, 512);
+        M(w3, "ffn_up", SL_DTYPE_Q8_0, 512, 256);
+#undef M
+    }
+    for (int f = 0; f < 2; f++) {
+        struct sl_backend_opts o = {.n_kv_blocks = 8,
+                                    .block_size = 16,
+                                    .max_batch_tokens = 8,
+                                    .max_seqs = 1,
+                                    .threads = 2,
+                                    .float_activations = f == 1};
+        struct sl_worker *w = NULL;
+        cr_assert_eq(sl_worker_new(m, &sl_cpu_backend_ops, &o, &w), SL_OK);
+        int32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+        const int32_t *tables[1] = {table};
+        int32_t ctx[1] = {4};
+        struct wt_step st = {0};
+        for (int i = 0; i < 4; i++)
+            wt_step_add(&st, 0, 259 + i, i);
+        float *l = malloc((size_t)4 * SV * sizeof(float));
+        wt_run_step(w, &st, 1, tables, ctx, l);
+        for (int i = 0; i < 4 * SV; i++)
+            cr_assert(isfinite(l[i]), "%s activations: logit %d is %g", f ? "fp32" : "int8", i,
+                      l[i]);
+        free(l);
+        sl_worker_free(w);
+    }
     sl_model_free(m);
     unlink(path);
     free(path);
@@ -690,7 +783,8 @@ Test(worker, gguf_rejects_file_when_header_or_tensor_info_is_corrupt)
         {{.drop = "output_norm.weight"}, "output_norm.weight"},
         {{.wide = "blk.0.attn_k.weight"}, "shape"},
         {{.wide = "token_embd.weight"}, "shape"},
-        {{.q4k = "blk.0.ffn_down.weight"}, "Q4_K"},
+        {{.q4k = "blk.0.ffn_down.weight"}, "Q4_K with rows of 96 values (not a multiple of 256)"},
+        {{.q3k = "blk.0.ffn_down.weight"}, "type Q3_K (11)"},
         {{.dup = true}, "twice"},
         {{.arch = "gpt2"}, "llama"},
         {{.align = 3}, "alignment"},
