@@ -72,6 +72,39 @@ INLINE __m256i w32(const enum sl_dtype t, const unsigned char *blk)
     return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
 }
 
+INLINE short rd16s(const unsigned char *p)
+{
+    short v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* The fp16 scales of blocks [b, b + nb) of a Q8_0 or Q4_0 row as 8 floats (0 past nb), and x's
+ * scales of the same blocks. */
+INLINE __m256 w_scales8(const unsigned char *row, size_t bytes, int b, int nb)
+{
+    const unsigned char *p = row + (size_t)b * bytes;
+    if (nb == 8)
+        return _mm256_cvtph_ps(_mm_setr_epi16(rd16s(p), rd16s(p + bytes), rd16s(p + 2 * bytes),
+                                              rd16s(p + 3 * bytes), rd16s(p + 4 * bytes),
+                                              rd16s(p + 5 * bytes), rd16s(p + 6 * bytes),
+                                              rd16s(p + 7 * bytes)));
+    _Alignas(16) short h[8] = {0};
+    for (int i = 0; i < nb; i++)
+        h[i] = rd16s(p + (size_t)i * bytes);
+    return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)h));
+}
+
+INLINE __m256 x_scales8(const float *d, int nb)
+{
+    if (nb == 8)
+        return _mm256_loadu_ps(d);
+    _Alignas(32) float v[8] = {0};
+    for (int i = 0; i < nb; i++)
+        v[i] = d[i];
+    return _mm256_load_ps(v);
+}
+
 /* Blocks [b, b + nb) (nb <= 8) of a Q8_0 or Q4_0 row against x's. */
 INLINE float unit32(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int b,
                     int nb)
@@ -79,7 +112,6 @@ INLINE float unit32(const enum sl_dtype t, const unsigned char *row, struct sl_c
     const size_t bytes = t == SL_DTYPE_Q8_0 ? SL_Q8_0_BYTES : SL_Q4_0_BYTES;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i iv[8];
-    _Alignas(32) float dw[8], dx[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++) {
         if (i < nb) {
@@ -87,15 +119,11 @@ INLINE float unit32(const enum sl_dtype t, const unsigned char *row, struct sl_c
             __m256i wv = w32(t, blk), xv = loadu(x.q + 32 * (size_t)(b + i));
             __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
             iv[i] = _mm256_madd_epi16(p, ones);
-            dw[i] = h2f(blk);
-            dx[i] = x.d[b + i];
         } else {
             iv[i] = _mm256_setzero_si256();
-            dw[i] = 0.0f;
-            dx[i] = 0.0f;
         }
     }
-    __m256 dd = _mm256_mul_ps(_mm256_load_ps(dw), _mm256_load_ps(dx));
+    __m256 dd = _mm256_mul_ps(w_scales8(row, bytes, b, nb), x_scales8(x.d + b, nb));
     return tree8(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(totals8(iv))));
 }
 
@@ -361,26 +389,23 @@ INLINE void tile_32(const enum sl_dtype t, float *out, size_t ldo, const void *q
     __m256i aw[RN][8], sw[RN][8];
     for (int b = 0; b < nbk; b += 8) {
         int nb = nbk - b < 8 ? nbk - b : 8;
-        _Alignas(32) float dw[RN][8];
+        __m256 dw[RN];
 #pragma GCC unroll 4
-        for (int c = 0; c < RN; c++)
+        for (int c = 0; c < RN; c++) {
             for (int i = 0; i < 8; i++) {
                 if (i < nb) {
                     const unsigned char *blk = w0 + (size_t)c * rb + (size_t)(b + i) * bytes;
                     sw[c][i] = w32(t, blk);
                     aw[c][i] = _mm256_sign_epi8(sw[c][i], sw[c][i]);
-                    dw[c][i] = h2f(blk);
                 } else {
                     sw[c][i] = aw[c][i] = _mm256_setzero_si256();
-                    dw[c][i] = 0.0f;
                 }
             }
+            dw[c] = w_scales8(w0 + (size_t)c * rb, bytes, b, nb);
+        }
         for (int r = 0; r < n; r++) {
             struct sl_cpu_qrow x = sl_cpu_qrow(kind, qa, k, r);
-            _Alignas(32) float dx[8];
-            for (int i = 0; i < 8; i++)
-                dx[i] = i < nb ? x.d[b + i] : 0.0f;
-            __m256 dxv = _mm256_load_ps(dx), p[RN];
+            __m256 dxv = x_scales8(x.d + b, nb), p[RN];
 #pragma GCC unroll 4
             for (int c = 0; c < RN; c++) {
                 __m256i iv[8];
@@ -391,7 +416,7 @@ INLINE void tile_32(const enum sl_dtype t, float *out, size_t ldo, const void *q
                     iv[i] = _mm256_madd_epi16(
                         _mm256_maddubs_epi16(aw[c][i], _mm256_sign_epi8(xv, sw[c][i])), ones);
                 }
-                __m256 dd = _mm256_mul_ps(_mm256_load_ps(dw[c]), dxv);
+                __m256 dd = _mm256_mul_ps(dw[c], dxv);
                 p[c] = _mm256_mul_ps(dd, _mm256_cvtepi32_ps(totals8(iv)));
             }
             float *o = out + (size_t)r * ldo;
