@@ -21,7 +21,8 @@ done
 SLUICE_PID=
 URL=
 
-# start_sluice CONFIG: starts sluice on a free loopback port and waits until it listens.
+# start_sluice CONFIG: starts sluice on a free loopback port and waits until it listens. Returns 1
+# (the script's end under set -e) when sluice exits or does not listen, with its log on stderr.
 start_sluice() {
   local log=$OUT/sluice.log
   # shellcheck disable=SC2086
@@ -34,13 +35,16 @@ start_sluice() {
     if ! kill -0 "$SLUICE_PID" 2>/dev/null; then
       echo "scenario: sluice exited:" >&2
       cat "$log" >&2
-      exit 1
+      wait "$SLUICE_PID" 2>/dev/null || true
+      SLUICE_PID=
+      return 1
     fi
     sleep 0.2
   done
   if [ -z "$port" ]; then
     echo "scenario: sluice did not start listening within 120 s" >&2
-    exit 1
+    stop_sluice
+    return 1
   fi
   URL=http://127.0.0.1:$port
   echo "sluice: $(grep -m1 'model .*: dim' "$log" | sed 's/^[^ ]* [a-z]* //')"
