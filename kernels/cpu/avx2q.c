@@ -140,109 +140,6 @@ INLINE void k_scales(const unsigned char *scales, uint8_t sc[8], uint8_t m[8])
     memcpy(m, o + 2, 8);
 }
 
-/* Super-block b of a Q4_K or Q5_K row against x's. */
-INLINE float unit_k45(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int b)
-{
-    const unsigned char *w = row + (size_t)b * (t == SL_DTYPE_Q4_K ? SL_Q4_K_BYTES : SL_Q5_K_BYTES);
-    const int8_t *xq = x.q + (size_t)b * SL_QK_BLOCK;
-    const int16_t *xs = x.s + (size_t)b * 16;
-    const unsigned char *qs = w + (t == SL_DTYPE_Q4_K ? 16 : 48);
-    uint8_t sc[8], m[8];
-    k_scales(w + 4, sc, m);
-    const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-    __m256i qh = t == SL_DTYPE_Q5_K ? loadu(w + 16) : _mm256_setzero_si256();
-    __m256i acc = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        __m256i q = loadu(qs + 32 * c);
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if (t == SL_DTYPE_Q5_K) {
-            __m256i b0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-            __m256i b1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-            lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
-            hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
-        }
-        __m256i p0 = _mm256_maddubs_epi16(lo, loadu(xq + 64 * c));
-        __m256i p1 = _mm256_maddubs_epi16(hi, loadu(xq + 64 * c + 32));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * c])));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * c + 1])));
-    }
-    int32_t msum = 0;
-    for (int s = 0; s < 8; s++)
-        msum += m[s] * (xs[2 * s] + xs[2 * s + 1]);
-    float dx = x.d[b];
-    return (h2f(w) * dx) * (float)hsum_i32(acc) - (h2f(w + 2) * dx) * (float)msum;
-}
-
-/* Super-block b of a Q6_K row against x's. */
-INLINE float unit_q6k(const unsigned char *row, struct sl_cpu_qrow x, int b)
-{
-    const unsigned char *w = row + (size_t)b * SL_Q6_K_BYTES;
-    const int8_t *xq = x.q + (size_t)b * SL_QK_BLOCK;
-    const int8_t *sc = (const int8_t *)(w + 192);
-    const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
-    /* The offset: I -= 32 · Σ_g sc_g · (sum of x's group g). */
-    __m256i corr = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
-                                     loadu(x.s + (size_t)b * 16));
-    __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(corr, 5));
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; h++) {
-        __m256i ql0 = loadu(w + 64 * h), ql1 = loadu(w + 64 * h + 32), qh = loadu(w + 128 + 32 * h);
-        __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4),
-                               _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-        q[1] =
-            _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-        q[2] =
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-        q[3] =
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            int s = 4 * h + j;
-            __m256i p = _mm256_maddubs_epi16(q[j], loadu(xq + 32 * s));
-            __m256i scv =
-                _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scv));
-        }
-    }
-    return (h2f(w + 208) * x.d[b]) * (float)hsum_i32(acc);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * The matmul
- */
-
-/* One output: row `row` of W against activation row x, unit by unit from 0. */
-INLINE float dot_row(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int k)
-{
-    float acc = 0.0f;
-    if (t == SL_DTYPE_Q8_0 || t == SL_DTYPE_Q4_0) {
-        int nb = k / 32, b = 0;
-        for (; b + 8 <= nb; b += 8)
-            acc += unit32(t, row, x, b, 8); /* a constant 8: no tests, no spills */
-        if (b < nb)
-            acc += unit32(t, row, x, b, nb - b);
-    } else {
-        for (int b = 0; b < k / SL_QK_BLOCK; b++)
-            acc += t == SL_DTYPE_Q6_K ? unit_q6k(row, x, b) : unit_k45(t, row, x, b);
-    }
-    return acc;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Several activation rows: each unit of four weight rows is decoded once, into registers' worth
- * of vectors in L1, and every activation row then meets all four (the x vector loaded once for
- * them). The integer sums are the units' above; the four rows' float terms are computed side by
- * side in the lanes of one vector, each lane by the same operations as unit32 and unit_k45 /
- * unit_q6k, and added to the outputs in unit order: the same bits as dot_row.
- */
-
-#define RN 4
-
 /* A K-quant unit of one weight row, decoded. */
 struct kdec {
     __m256i q[8];  /* the quants of slice s (32 values), unsigned */
@@ -301,6 +198,63 @@ INLINE void decode_q6k(const unsigned char *w, struct kdec *o)
         o->sc[s] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * s + 1]), _mm_set1_epi16(sc[2 * s]));
     o->cv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
 }
+
+/* Super-block b of a K-quant row against x's: I and M exact, then quant.c's float term. */
+INLINE float unit_k(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int b)
+{
+    const size_t bb = t == SL_DTYPE_Q4_K   ? SL_Q4_K_BYTES
+                      : t == SL_DTYPE_Q5_K ? SL_Q5_K_BYTES
+                                           : SL_Q6_K_BYTES;
+    const unsigned char *w = row + (size_t)b * bb;
+    const int8_t *xq = x.q + (size_t)b * SL_QK_BLOCK;
+    struct kdec d;
+    if (t == SL_DTYPE_Q6_K)
+        decode_q6k(w, &d);
+    else
+        decode_k45(t, w, &d);
+    __m256i acc = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; s++)
+        acc = _mm256_add_epi32(
+            acc, _mm256_madd_epi16(_mm256_maddubs_epi16(d.q[s], loadu(xq + 32 * s)), d.sc[s]));
+    __m256i mv = _mm256_madd_epi16(d.cv, loadu(x.s + (size_t)b * 16));
+    float dx = x.d[b];
+    if (t == SL_DTYPE_Q6_K) /* the offset: I -= 32 · Σ_g sc_g · (sum of x's group g) */
+        return (h2f(w + 208) * dx) *
+               (float)hsum_i32(_mm256_sub_epi32(acc, _mm256_slli_epi32(mv, 5)));
+    return (h2f(w) * dx) * (float)hsum_i32(acc) - (h2f(w + 2) * dx) * (float)hsum_i32(mv);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The matmul
+ */
+
+/* One output: row `row` of W against activation row x, unit by unit from 0. */
+INLINE float dot_row(const enum sl_dtype t, const unsigned char *row, struct sl_cpu_qrow x, int k)
+{
+    float acc = 0.0f;
+    if (t == SL_DTYPE_Q8_0 || t == SL_DTYPE_Q4_0) {
+        int nb = k / 32, b = 0;
+        for (; b + 8 <= nb; b += 8)
+            acc += unit32(t, row, x, b, 8); /* a constant 8: no tests, no spills */
+        if (b < nb)
+            acc += unit32(t, row, x, b, nb - b);
+    } else {
+        for (int b = 0; b < k / SL_QK_BLOCK; b++)
+            acc += unit_k(t, row, x, b);
+    }
+    return acc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Several activation rows: each unit of four weight rows is decoded once, into registers' worth
+ * of vectors in L1, and every activation row then meets all four (the x vector loaded once for
+ * them). The integer sums are the units' above; the four rows' float terms are computed side by
+ * side in the lanes of one vector, each lane by the same operations as unit32 and unit_k, and
+ * added to the outputs in unit order: the same bits as dot_row.
+ */
+
+#define RN 4
 
 /* [total of a, total of b, total of c, total of d] (exact integers). */
 INLINE __m128i totals4(__m256i a, __m256i b, __m256i c, __m256i d)
@@ -542,12 +496,7 @@ void sl_cpu_avx2_qact_quantize(enum sl_qact kind, void *qa, const float *x, int 
         for (int b = 0; b < cols / bs; b++)
             qblock(xr + (size_t)b * bs, bs, (int8_t *)q.q + (size_t)b * bs, (float *)q.d + b);
         if (kind == SL_QACT_256)
-            for (int g = 0; g < cols / 16; g++) {
-                int s = 0;
-                for (int i = 0; i < 16; i++)
-                    s += q.q[16 * g + i];
-                ((int16_t *)q.s)[g] = (int16_t)s;
-            }
+            sl_cpu_qact_sums(q.q, (int16_t *)q.s, cols);
     }
 }
 

@@ -24,6 +24,8 @@ struct sl_cpu_qrow {
 struct sl_cpu_qrow sl_cpu_qrow(enum sl_qact kind, const void *qa, int cols, int r);
 /* q (bs), d = one activation block quantized (kernels.h's rule). */
 void sl_cpu_qact_block_scalar(const float *x, int bs, int8_t *q, float *d);
+/* s (cols / 16) = the sums of each 16 of q (cols). */
+void sl_cpu_qact_sums(const int8_t *q, int16_t *s, int cols);
 
 /* SL_CPU_NO_AVX2: the scalar kernels only (the libFuzzer build, whose targets run no forward
  * pass, and where the sanitized compile of avx2.c alone takes about five minutes). */

@@ -316,6 +316,16 @@ void sl_cpu_qact_block_scalar(const float *x, int bs, int8_t *q, float *d)
         q[i] = (int8_t)lrintf(x[i] * id);
 }
 
+void sl_cpu_qact_sums(const int8_t *q, int16_t *s, int cols)
+{
+    for (int g = 0; g < cols / 16; g++) {
+        int sum = 0;
+        for (int i = 0; i < 16; i++)
+            sum += q[16 * g + i];
+        s[g] = (int16_t)sum;
+    }
+}
+
 void sl_cpu_qact_quantize(enum sl_qact kind, void *qa, const float *x, int n, int cols)
 {
 #if SL_CPU_HAVE_AVX2
@@ -332,12 +342,7 @@ void sl_cpu_qact_quantize(enum sl_qact kind, void *qa, const float *x, int n, in
             sl_cpu_qact_block_scalar(xr + (size_t)b * bs, bs, (int8_t *)q.q + (size_t)b * bs,
                                      (float *)q.d + b);
         if (kind == SL_QACT_256)
-            for (int g = 0; g < cols / 16; g++) {
-                int s = 0;
-                for (int i = 0; i < 16; i++)
-                    s += q.q[16 * g + i];
-                ((int16_t *)q.s)[g] = (int16_t)s;
-            }
+            sl_cpu_qact_sums(q.q, (int16_t *)q.s, cols);
     }
 }
 
