@@ -46,7 +46,7 @@ void sl_config_init(struct sl_config *c)
     c->engine.max_batch_tokens = 512;
     c->engine.block_size = 16;
     c->engine.kv_cache_mib = 512;
-    c->engine.kv_dtype = SL_KV_F16; /* as llama.cpp's default cache type; f32 on request */
+    c->engine.kv_dtype = SL_KV_F16;        /* as llama.cpp's default cache type; f32 on request */
     c->engine.cpu_int8_activations = true; /* integer dot products, as llama.cpp's CPU backend */
     c->api.default_max_tokens = 16;
     c->api.default_max_tokens_chat = 0;
