@@ -249,9 +249,14 @@ INLINE float dot_row(const enum sl_dtype t, const unsigned char *row, struct sl_
 /* ---------------------------------------------------------------------------------------------
  * Several activation rows: each unit of four weight rows is decoded once, into registers' worth
  * of vectors in L1, and every activation row then meets all four (the x vector loaded once for
- * them). The integer sums are the units' above; the four rows' float terms are computed side by
- * side in the lanes of one vector, each lane by the same operations as unit32 and unit_k, and
+ * them; K-quants take activation rows two at a time, so each slice of weights is also loaded once
+ * for two). The integer sums are the units' above; the four rows' float terms are computed side
+ * by side in the lanes of one vector, each lane by the same operations as unit32 and unit_k, and
  * added to the outputs in unit order: the same bits as dot_row.
+ *
+ * On the 2-vCPU EPYC VM (CPUID family 23: 256-bit integer multiplies at half rate), the K-quant
+ * tile runs at about 16-17 G multiply-adds/s a thread against 13 with one row at a time: near the
+ * two multiplies (vpmaddubsw, vpmaddwd) each 32 products need in GGML's layout.
  */
 
 #define RN 4
@@ -272,14 +277,79 @@ INLINE __m128 trees4(__m256 a, __m256 b, __m256 c, __m256 d)
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+/* Super-block b of R activation rows (R = 1 or 2, x's rows from xr, xb bytes apart) against the
+ * four decoded weight rows: the integer sums of a register tile of R × 4 accumulators, each
+ * slice's weights loaded once for the R rows, then each row's float term as unit_k's, added to
+ * out[r][0 .. 4). */
+INLINE void tile_k_rows(const enum sl_dtype t, const struct kdec dec[RN], __m128 d4, __m128 dmin4,
+                        const int R, const unsigned char *xr, size_t xb, int k, int b, float *out,
+                        size_t ldo)
+{
+    __m256i acc[2][RN];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++)
+            acc[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; s++) {
+        __m256i xv[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++)
+            xv[r] = loadu(xr + (size_t)r * xb + (size_t)b * SL_QK_BLOCK + 32 * (size_t)s);
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            const __m256i q = dec[c].q[s], sc = dec[c].sc[s];
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++)
+                acc[r][c] = _mm256_add_epi32(acc[r][c],
+                                             _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv[r]), sc));
+        }
+        /* Keep the accumulators in registers, slice after slice: left free, GCC reassociates
+         * the integer sums into a tree and spills every product first. */
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+            for (int c = 0; c < RN; c++)
+                __asm__("" : "+x"(acc[r][c]));
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) {
+        /* x's row: k quants, k / 256 scales, then the sums of 16 (sl_cpu_qrow, inline here). */
+        const unsigned char *x = xr + (size_t)r * xb;
+        const float dx = ((const float *)(x + k))[b];
+        const __m256i xs =
+            loadu(x + k + sizeof(float) * (size_t)(k / SL_QK_BLOCK) + 32 * (size_t)b);
+        __m256i mv[RN];
+#pragma GCC unroll 4
+        for (int c = 0; c < RN; c++) {
+            mv[c] = _mm256_madd_epi16(dec[c].cv, xs);
+            if (t == SL_DTYPE_Q6_K)
+                acc[r][c] = _mm256_sub_epi32(acc[r][c], _mm256_slli_epi32(mv[c], 5));
+        }
+        __m128 dxv = _mm_set1_ps(dx);
+        __m128 term =
+            _mm_mul_ps(_mm_mul_ps(d4, dxv),
+                       _mm_cvtepi32_ps(totals4(acc[r][0], acc[r][1], acc[r][2], acc[r][3])));
+        if (t != SL_DTYPE_Q6_K)
+            term =
+                _mm_sub_ps(term, _mm_mul_ps(_mm_mul_ps(dmin4, dxv),
+                                            _mm_cvtepi32_ps(totals4(mv[0], mv[1], mv[2], mv[3]))));
+        float *o = out + (size_t)r * ldo;
+        __m128 prev = b ? _mm_loadu_ps(o) : _mm_setzero_ps();
+        _mm_storeu_ps(o, _mm_add_ps(prev, term));
+    }
+}
+
 /* out[r][i .. i + 4) for all n rows, K-quant weight rows i .. i + 4 from w0 (rb bytes apart). */
 INLINE void tile_k(const enum sl_dtype t, float *out, size_t ldo, const void *qa, int n, int k,
                    const unsigned char *w0, size_t rb)
 {
-    const enum sl_qact kind = SL_QACT_256;
     const size_t bb = t == SL_DTYPE_Q4_K   ? SL_Q4_K_BYTES
                       : t == SL_DTYPE_Q5_K ? SL_Q5_K_BYTES
                                            : SL_Q6_K_BYTES;
+    const size_t xb = sl_cpu_qact_row_bytes(SL_QACT_256, k);
+    const unsigned char *xa = qa;
     struct kdec dec[RN];
     for (int b = 0; b < k / SL_QK_BLOCK; b++) {
         _Alignas(16) float d[RN], dmin[RN];
@@ -297,40 +367,13 @@ INLINE void tile_k(const enum sl_dtype t, float *out, size_t ldo, const void *qa
             }
         }
         const __m128 d4 = _mm_load_ps(d), dmin4 = _mm_load_ps(dmin);
-        for (int r = 0; r < n; r++) {
-            struct sl_cpu_qrow x = sl_cpu_qrow(kind, qa, k, r);
-            const int8_t *xq = x.q + (size_t)b * SL_QK_BLOCK;
-            __m256i acc[RN];
-#pragma GCC unroll 4
-            for (int c = 0; c < RN; c++)
-                acc[c] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-            for (int s = 0; s < 8; s++) {
-                __m256i xv = loadu(xq + 32 * s);
-#pragma GCC unroll 4
-                for (int c = 0; c < RN; c++)
-                    acc[c] = _mm256_add_epi32(
-                        acc[c],
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(dec[c].q[s], xv), dec[c].sc[s]));
-            }
-            __m256i xs = loadu(x.s + (size_t)b * 16), mv[RN];
-#pragma GCC unroll 4
-            for (int c = 0; c < RN; c++) {
-                mv[c] = _mm256_madd_epi16(dec[c].cv, xs);
-                if (t == SL_DTYPE_Q6_K)
-                    acc[c] = _mm256_sub_epi32(acc[c], _mm256_slli_epi32(mv[c], 5));
-            }
-            __m128 dx = _mm_set1_ps(x.d[b]);
-            __m128 term = _mm_mul_ps(_mm_mul_ps(d4, dx),
-                                     _mm_cvtepi32_ps(totals4(acc[0], acc[1], acc[2], acc[3])));
-            if (t != SL_DTYPE_Q6_K)
-                term = _mm_sub_ps(term,
-                                  _mm_mul_ps(_mm_mul_ps(dmin4, dx),
-                                             _mm_cvtepi32_ps(totals4(mv[0], mv[1], mv[2], mv[3]))));
-            float *o = out + (size_t)r * ldo;
-            __m128 prev = b ? _mm_loadu_ps(o) : _mm_setzero_ps();
-            _mm_storeu_ps(o, _mm_add_ps(prev, term));
-        }
+        int r = 0;
+        for (; r + 2 <= n; r += 2)
+            tile_k_rows(t, dec, d4, dmin4, 2, xa + (size_t)r * xb, xb, k, b, out + (size_t)r * ldo,
+                        ldo);
+        if (r < n)
+            tile_k_rows(t, dec, d4, dmin4, 1, xa + (size_t)r * xb, xb, k, b, out + (size_t)r * ldo,
+                        ldo);
     }
 }
 
@@ -338,8 +381,8 @@ INLINE void tile_k(const enum sl_dtype t, float *out, size_t ldo, const void *qa
 INLINE void tile_32(const enum sl_dtype t, float *out, size_t ldo, const void *qa, int n, int k,
                     const unsigned char *w0, size_t rb)
 {
-    const enum sl_qact kind = SL_QACT_32;
     const size_t bytes = t == SL_DTYPE_Q8_0 ? SL_Q8_0_BYTES : SL_Q4_0_BYTES;
+    const size_t xb = sl_cpu_qact_row_bytes(SL_QACT_32, k);
     const __m256i ones = _mm256_set1_epi16(1);
     int nbk = k / 32;
     __m256i aw[RN][8], sw[RN][8];
@@ -360,7 +403,9 @@ INLINE void tile_32(const enum sl_dtype t, float *out, size_t ldo, const void *q
             dw[c] = w_scales8(w0 + (size_t)c * rb, bytes, b, nb);
         }
         for (int r = 0; r < n; r++) {
-            struct sl_cpu_qrow x = sl_cpu_qrow(kind, qa, k, r);
+            /* x's row r: k quants, then k / 32 scales (sl_cpu_qrow, inline here). */
+            const unsigned char *xr = (const unsigned char *)qa + (size_t)r * xb;
+            const struct sl_cpu_qrow x = {(const int8_t *)xr, (const float *)(xr + k), NULL};
             __m256 dxv = x_scales8(x.d + b, nb), p[RN];
 #pragma GCC unroll 4
             for (int c = 0; c < RN; c++) {
