@@ -1,6 +1,6 @@
 /* GET /admin/stats and GET /dashboard on the real server (issue 33): the stats document moves as
- * requests are served and agrees with /metrics; the admin key guards it; the fleet's fallback
- * shows.
+ * requests are served and agrees with /metrics; the admin key guards it; the page, its script and
+ * its style are served without a key, with their security headers; the fleet's fallback shows.
  *
  * No assertion depends on how fast the host is: the objectives are HARNESS_TIERS_WITHOUT_GUARD's,
  * requests go one at a time, and the windows read are the 5 minute ones, which hold every request
@@ -215,7 +215,7 @@ Test(stats, figures_move_as_requests_are_served_and_agree_with_the_metrics)
     json_decref(s2);
 }
 
-Test(stats, the_admin_key_guards_the_figures)
+Test(stats, the_admin_key_guards_the_figures_and_not_the_page)
 {
     server_start_config(&srv, CONFIG);
     cr_assert_eq(client_try_request(srv.port, "GET", "/admin/stats", NULL, NULL, raw, sizeof raw),
@@ -227,6 +227,43 @@ Test(stats, the_admin_key_guards_the_figures)
     cr_assert_eq(
         client_try_request(srv.port, "POST", "/admin/stats", AUTH(ADMIN), "{}", raw, sizeof raw),
         405, "%s", raw);
+
+    /* The page, its script and its style: no key, each with its type and the security headers;
+     * the page loads its script and style from this server only. */
+    static const struct {
+        const char *path, *ctype, *needle;
+    } files[] = {
+        {"/dashboard", "text/html; charset=utf-8", "<script src=\"/dashboard/app.js\""},
+        {"/dashboard/app.js", "text/javascript; charset=utf-8", "/admin/stats"},
+        {"/dashboard/app.css", "text/css; charset=utf-8", ".card"},
+    };
+    char head[4096], want[128];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        cr_assert_eq(
+            client_try_request(srv.port, "GET", files[i].path, NULL, NULL, raw, sizeof raw), 200,
+            "%s: %s", files[i].path, raw);
+        head_of(raw, head, sizeof head);
+        snprintf(want, sizeof want, "\r\ncontent-type: %s\r\n", files[i].ctype);
+        cr_assert_not_null(strstr(head, want), "%s: %s", files[i].path, head);
+        cr_assert_not_null(strstr(head, "\r\nx-content-type-options: nosniff\r\n"), "%s", head);
+        cr_assert_not_null(strstr(head, "\r\ncontent-security-policy: default-src 'none'; "
+                                        "script-src 'self'; style-src 'self'; connect-src 'self';"),
+                           "%s", head);
+        cr_assert_not_null(strstr(raw, files[i].needle), "%s", files[i].path);
+    }
+    /* The script writes what the server sends as text, never as markup, and keeps the key out of
+     * storage and URLs. */
+    cr_assert_eq(
+        client_try_request(srv.port, "GET", "/dashboard/app.js", NULL, NULL, raw, sizeof raw), 200);
+    static const char *const banned[] = {"innerHTML",      "outerHTML",      "insertAdjacentHTML",
+                                         "document.write", "eval(",          "localStorage",
+                                         "sessionStorage", "document.cookie"};
+    for (size_t i = 0; i < sizeof banned / sizeof banned[0]; i++)
+        cr_assert_null(strstr(raw, banned[i]), "app.js uses %s", banned[i]);
+    cr_assert_eq(client_try_request(srv.port, "POST", "/dashboard", NULL, "x", raw, sizeof raw),
+                 405, "%s", raw);
+    cr_assert_eq(client_try_request(srv.port, "HEAD", "/dashboard", NULL, NULL, raw, sizeof raw),
+                 200, "%s", raw);
 }
 
 Test(stats, without_an_admin_key_in_the_configuration_the_figures_are_closed)
@@ -236,6 +273,8 @@ Test(stats, without_an_admin_key_in_the_configuration_the_figures_are_closed)
         client_try_request(srv.port, "GET", "/admin/stats", AUTH(ADMIN), NULL, raw, sizeof raw),
         403, "%s", raw);
     cr_assert_not_null(strstr(raw, "admin_disabled"), "%s", raw);
+    cr_assert_eq(client_try_request(srv.port, "GET", "/dashboard", NULL, NULL, raw, sizeof raw),
+                 200, "%s", raw);
 }
 
 Test(stats, losing_redis_raises_the_fallback_flag)
