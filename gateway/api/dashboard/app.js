@@ -57,14 +57,14 @@
   // ---- charts ----
 
   // A chart: a titled SVG with a legend. series: [{name, color, dashed, points: [[t, v]]}].
-  function makeChart(parent, title, fmt) {
+  function makeChart(parent, title, fmt, log) {
     const box = el('div', 'chart');
     box.appendChild(el('h4', null, title));
     const svg = svgEl('svg', {viewBox: '0 0 320 110', role: 'img', 'aria-label': title});
     const legend = el('div', 'legend');
     box.append(svg, legend);
     parent.appendChild(box);
-    return {box, svg, legend, fmt, title};
+    return {box, svg, legend, fmt, title, log: !!log};
   }
 
   // The x axis spans the history kept, from one minute up to five.
@@ -84,19 +84,38 @@
     return 10 * p;
   }
 
+  // Draws series over the history's span. Latency charts (c.log) have a log scale from a power
+  // of ten below their smallest value to one above their largest (the objective included), so
+  // that a p50 of a millisecond and an objective of seconds both show. A gap of more than
+  // GAP_MS between two samples (polls that did not happen) breaks a line.
   function drawChart(c, series, now, fixedMax) {
-    const W = 320, H = 110, L = 44, R = 4, T = 6, B = 16;
+    const W = 320, H = 110, L = 44, R = 4, T = 6, B = 16, GAP_MS = 5000;
     const width = span(now);
     while (c.svg.firstChild) c.svg.removeChild(c.svg.firstChild);
-    let max = fixedMax || 0;
-    if (!fixedMax) {
-      for (const s of series) for (const p of s.points) if (p[1] > max) max = p[1];
-      max = niceCeil(max * 1.1);
+    let lo = Infinity, hi = 0;
+    for (const s of series)
+      for (const p of s.points)
+        if (p[1] !== null && isFinite(p[1])) {
+          if (p[1] > hi) hi = p[1];
+          if (p[1] > 0 && p[1] < lo) lo = p[1];
+        }
+    let y, ticks;
+    if (c.log) {
+      const top = Math.pow(10, Math.ceil(Math.log10(hi > 0 ? hi * 1.1 : 1)));
+      let bottom = Math.pow(10, Math.floor(Math.log10(isFinite(lo) ? lo : top / 1000)));
+      if (bottom >= top) bottom = top / 10;
+      const a = Math.log10(bottom), b = Math.log10(top);
+      y = (v) => T + (H - T - B) * (1 - (Math.log10(Math.max(v, bottom)) - a) / (b - a));
+      ticks = [];
+      const step = Math.max(1, Math.ceil((b - a) / 3));
+      for (let e = b; e >= a; e -= step) ticks.push(Math.pow(10, e));
+    } else {
+      const max = fixedMax || niceCeil(hi * 1.1);
+      y = (v) => T + (H - T - B) * (1 - Math.min(v, max) / max);
+      ticks = [0, max / 2, max];
     }
     const x = (t) => L + (W - L - R) * (1 - (now - t) / width);
-    const y = (v) => T + (H - T - B) * (1 - Math.min(v, max) / max);
-    for (let i = 0; i <= 2; i++) {
-      const v = (max * i) / 2;
+    for (const v of ticks) {
       c.svg.appendChild(svgEl('line', {x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: '#e3e6eb'}));
       const label = svgEl('text', {x: L - 3, y: y(v) + 3, 'text-anchor': 'end'});
       label.textContent = c.fmt(v);
@@ -110,14 +129,22 @@
     while (c.legend.firstChild) c.legend.removeChild(c.legend.firstChild);
     for (const s of series) {
       const pts = s.points.filter((p) => p[1] !== null && isFinite(p[1]));
-      if (pts.length) {
+      let run = [];
+      const flush = () => {
+        if (!run.length) return;
         const line = svgEl('polyline', {
-          points: pts.map((p) => x(p[0]).toFixed(1) + ',' + y(p[1]).toFixed(1)).join(' '),
+          points: run.map((p) => x(p[0]).toFixed(1) + ',' + y(p[1]).toFixed(1)).join(' '),
           fill: 'none', stroke: s.color, 'stroke-width': s.dashed ? 1 : 1.5,
         });
         if (s.dashed) line.setAttribute('stroke-dasharray', '4 3');
         c.svg.appendChild(line);
+        run = [];
+      };
+      for (const p of pts) {
+        if (run.length && p[0] - run[run.length - 1][0] > GAP_MS) flush();
+        run.push(p);
       }
+      flush();
       const last = pts.length ? pts[pts.length - 1][1] : null;
       let peak = null;
       for (const p of pts) if (peak === null || p[1] > peak) peak = p[1];
@@ -131,6 +158,7 @@
       c.legend.appendChild(item);
     }
   }
+
 
   // ---- figures ----
 
@@ -182,8 +210,8 @@
       ['running', 'Running'],
     ]);
     const charts = {
-      ttft: makeChart(card, 'Time to first token (1 min window)', fmtSeconds),
-      tpot: makeChart(card, 'Time per output token (1 min window)', fmtSeconds),
+      ttft: makeChart(card, 'Time to first token (1 min window, log scale)', fmtSeconds, true),
+      tpot: makeChart(card, 'Time per output token (1 min window, log scale)', fmtSeconds, true),
       attain: makeChart(card, 'SLO attainment', fmtPct),
       rates: makeChart(card, 'Admission decisions per second', (v) => fmtNum(v, 1) + '/s'),
       queue: makeChart(card, 'Queue', (v) => fmtNum(v, 0)),
@@ -366,7 +394,8 @@
     for (const m of s.models) renderModel(m, now, several);
     renderTenants('by-tokens', s.tenants.by_tokens);
     renderTenants('by-cost', s.tenants.by_cost);
-    for (const th of document.querySelectorAll('th.cost')) th.textContent = 'Cost (' + s.currency + ')';
+    for (const p of document.querySelectorAll('#tenants .currency'))
+      p.textContent = 'Since the usage ledger began; costs in ' + s.currency + '.';
     $('status').textContent = 'updated ' + new Date(now).toLocaleTimeString() +
       (s.fleet ? ' · fleet of ' + s.fleet.replicas : '');
     document.body.dataset.polls = String((Number(document.body.dataset.polls) || 0) + 1);
