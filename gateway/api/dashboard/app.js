@@ -52,6 +52,9 @@
     if (!isFinite(v)) return '–';
     return v === 0 ? '0' : Math.abs(v) >= 100 ? v.toFixed(0) : v.toPrecision(3);
   }
+  // Counts: whole numbers as they are, an axis' half-way tick with its decimal.
+  const fmtCount = (v) => (v === null || v === undefined || !isFinite(v) ? '–'
+    : Number.isInteger(v) ? fmtNum(v) : fmtNum(v, 1));
   const sum = (o) => Object.values(o || {}).reduce((a, b) => a + b, 0);
 
   // ---- charts ----
@@ -214,7 +217,7 @@
       tpot: makeChart(card, 'Time per output token (1 min window, log scale)', fmtSeconds, true),
       attain: makeChart(card, 'SLO attainment', fmtPct),
       rates: makeChart(card, 'Admission decisions per second', (v) => fmtNum(v, 1) + '/s'),
-      queue: makeChart(card, 'Queue', (v) => fmtNum(v, 0)),
+      queue: makeChart(card, 'Queue', fmtCount),
     };
     charts.rates.box.classList.add('decisions');
     $('tiers').appendChild(card);
@@ -236,8 +239,8 @@
       ['step', 'Step time'], ['busy', 'Worker busy'],
     ]);
     const charts = {
-      kv: makeChart(card, 'KV cache blocks', (v) => fmtNum(v, 0)),
-      batch: makeChart(card, 'Batch size', (v) => fmtNum(v, 0)),
+      kv: makeChart(card, 'KV cache blocks', fmtCount),
+      batch: makeChart(card, 'Batch size', fmtCount),
       step: makeChart(card, 'Step time', fmtSeconds),
       busy: makeChart(card, 'Worker busy ratio', fmtPct),
     };
