@@ -462,8 +462,8 @@ void sl_slo_summary_json(struct sl_str *out, const struct sl_slo_summary *s);
 
 #define SL_METRICS_MAX_TIERS 16
 #define SL_METRICS_MAX_TENANTS 128
-#define SL_METRICS_MAX_MODELS 8 /* as SL_MODELS_MAX */
-#define SL_METRICS_MAX_ROUTES 16
+#define SL_METRICS_MAX_MODELS 8  /* as SL_MODELS_MAX */
+#define SL_METRICS_MAX_ROUTES 24 /* the route table has 16 labels: room for more */
 #define SL_METRICS_MAX_NAME 128
 #define SL_METRICS_OTHER "other"
 /* (tier, tenant) pairs with SLO windows (sl_slo_ring_bytes each, about 210 KiB): past this many a
