@@ -219,6 +219,12 @@ try {
   check(model && /\d+ \/ \d+/.test(model.kv) && /\d/.test(model.batch) && /%/.test(model.busy) &&
     /\d/.test(model.step), 'the model replica shows KV blocks, batch, step time and busy ratio',
   JSON.stringify(model));
+  const byTier = await page.evaluate(() => {
+    const p = document.querySelector('[data-model] p[data-k="tiers"]');
+    return p ? p.textContent : null;
+  });
+  check(byTier && /interactive \d+ running/.test(byTier) && /batch \d+ running/.test(byTier),
+    'the model replica shows each tier\'s running and queued', byTier);
 
   // A refusal burst: the rpm-2 tenant sends 20 requests at once; most get 429.
   const burst = await Promise.all(Array.from({length: 20}, () => complete(CAROL, 2)));

@@ -238,6 +238,9 @@
       ['kv_cached', 'KV blocks cached'], ['batch', 'Batch tokens / seqs'],
       ['step', 'Step time'], ['busy', 'Worker busy'],
     ]);
+    const tiers = el('p', 'sub');
+    tiers.dataset.k = 'tiers';
+    card.appendChild(tiers);
     const charts = {
       kv: makeChart(card, 'KV cache blocks', fmtCount),
       batch: makeChart(card, 'Batch size', fmtCount),
@@ -245,7 +248,7 @@
       busy: makeChart(card, 'Worker busy ratio', fmtPct),
     };
     $('models').appendChild(card);
-    c = {card, figs, charts};
+    c = {card, figs, charts, tiers};
     modelCards.set(id, c);
     return c;
   }
@@ -337,6 +340,10 @@
     f.batch.textContent = fmtNum(m.step_batch_tokens) + ' / ' + fmtNum(m.step_batch_sequences);
     f.step.textContent = fmtSeconds(m.step_seconds);
     f.busy.textContent = fmtPct(m.busy_ratio);
+    // Each tier's share of this replica: running / queued (prompt tokens to prefill).
+    c.tiers.textContent = 'By tier: ' + (m.tiers || []).map((t) => t.tier + ' ' +
+      fmtCount(t.running) + ' running / ' + fmtCount(t.queued_requests) + ' queued (' +
+      fmtCount(t.queued_prompt_tokens) + ' prompt tokens)').join(' · ');
     const of = (s) => s.models.find((x) => x.model === m.model && x.replica === m.replica);
     const pick = (k) => (s) => { const x = of(s); return x ? x[k] : undefined; };
     drawChart(c.charts.kv, [series('used', COLORS[0], pick('kv_blocks_used')),
