@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs whatever sluice needs that is missing (Debian 12 packages only), then configures and
-# builds into build/, and installs the pinned npm packages of the SDK tests (tests/sdk) and the
-# deploy check (tests/deploy). Does nothing but a no-op build when everything is already there.
+# builds into build/, and installs the pinned npm packages of the SDK tests (tests/sdk), the
+# deploy check (tests/deploy) and the dashboard's browser test (tests/dashboard). Does nothing but a no-op build when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +21,10 @@ if ! command -v gnuplot >/dev/null 2>&1; then pkgs+=(gnuplot-nox); fi
 # loopback, and systemd-analyze on deploy/systemd (never as a service: see below).
 if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then pkgs+=(nginx); fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then pkgs+=(systemd); fi
+# The dashboard's browser test (tests/dashboard) drives Debian's Chromium headless, with a font
+# for its text.
+if [ ! -x /usr/bin/chromium ]; then pkgs+=(chromium); fi
+pkgs+=(fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
@@ -52,10 +56,11 @@ if [ ! -f build/build.ninja ]; then
 fi
 ninja -C build
 
-# The pinned npm packages of the SDK tests (tests/sdk: openai, @anthropic-ai/sdk) and of the
-# deploy check (tests/deploy: kubernetes-models, yaml); npm ci runs again in a folder only when
-# its lock file has changed since the last install.
-for dir in tests/sdk tests/deploy; do
+# The pinned npm packages of the SDK tests (tests/sdk: openai, @anthropic-ai/sdk), of the
+# deploy check (tests/deploy: kubernetes-models, yaml) and of the dashboard's browser test
+# (tests/dashboard: playwright-core, which drives Debian's Chromium and downloads no browser);
+# npm ci runs again in a folder only when its lock file has changed since the last install.
+for dir in tests/sdk tests/deploy tests/dashboard; do
   stamp=$dir/node_modules/.sluice-lock
   if ! cmp -s "$dir/package-lock.json" "$stamp"; then
     echo "setup: npm ci in $dir"

@@ -268,6 +268,13 @@ void api_budget_webhook(struct api_exchange *a);
 /* Frees the thread's webhooks still in flight or waiting (at the thread's end). */
 void api_webhooks_free(struct api_thread *t);
 void api_serve_own_usage(struct api_exchange *a);
+/* stats.c: GET /admin/stats, the dashboard's figures (what /metrics, /admin/slo and
+ * /admin/usage show, in one JSON document; never cached). */
+void api_serve_admin_stats(struct api_exchange *a);
+/* dashboard.c: GET /dashboard (the page) and /dashboard/app.js, /dashboard/app.css (its script
+ * and style), compiled into the binary; no key (the page asks for the admin key and keeps it in
+ * its memory). */
+void api_serve_dashboard(struct api_exchange *a);
 /* Runs a request decoded into a->oc (Anthropic's messages): model, tier, admission, submit. */
 void api_serve_decoded(struct api_exchange *a);
 /* The outbox's events of one wake-up. */

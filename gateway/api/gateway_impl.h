@@ -424,6 +424,18 @@ void sl_slo_ring_add(struct sl_slo_ring *r, uint64_t now_ns, const struct sl_slo
 /* Window w as it stands at now_ns. */
 void sl_slo_ring_read(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_window w,
                       struct sl_slo_summary *s);
+/* A window summed over several rings (one tier's series, one per tenant): init it, add each
+ * ring's window (its owner locking it), then read the sum's summary, whose quantiles are those of
+ * the merged histograms (not an average of each ring's). */
+#define SL_SLO_BINS 64
+struct sl_slo_acc {
+    struct sl_slo_summary s; /* counts so far; quantiles filled by sl_slo_acc_summary */
+    uint64_t ttft[SL_SLO_BINS], tpot[SL_SLO_BINS], n_ttft, n_tpot;
+};
+void sl_slo_acc_init(struct sl_slo_acc *acc);
+void sl_slo_ring_accumulate(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_window w,
+                            struct sl_slo_acc *acc);
+void sl_slo_acc_summary(const struct sl_slo_acc *acc, struct sl_slo_summary *s);
 /* Appends s as a JSON object: requests, ttft_requests, ttft_met, tpot_requests, tpot_met,
  * both_met, attainment (both_met / requests, null without requests), ttft_p50, ttft_p99,
  * tpot_p50, tpot_p99 (seconds, null without observations), refused {reason: n} and degraded
@@ -450,8 +462,8 @@ void sl_slo_summary_json(struct sl_str *out, const struct sl_slo_summary *s);
 
 #define SL_METRICS_MAX_TIERS 16
 #define SL_METRICS_MAX_TENANTS 128
-#define SL_METRICS_MAX_MODELS 8 /* as SL_MODELS_MAX */
-#define SL_METRICS_MAX_ROUTES 16
+#define SL_METRICS_MAX_MODELS 8  /* as SL_MODELS_MAX */
+#define SL_METRICS_MAX_ROUTES 24 /* the route table has 16 labels: room for more */
 #define SL_METRICS_MAX_NAME 128
 #define SL_METRICS_OTHER "other"
 /* (tier, tenant) pairs with SLO windows (sl_slo_ring_bytes each, about 210 KiB): past this many a
@@ -553,6 +565,13 @@ void sl_metrics_render_vllm(const char *const *names, const struct sl_sched_stat
  * now_ns. Any thread. */
 void sl_metrics_slo_json(struct sl_metrics *m, const struct sl_tenancy *ten, uint64_t now_ns,
                          struct sl_str *out);
+/* GET /admin/stats' figures of one tier of the configuration, as the members of a JSON object
+ * (no braces): "ttft_slo_ms", "tpot_slo_ms", "windows" {"1m", "5m"} (each as sl_slo_summary_json
+ * writes it, over every tenant's series of the tier: the same windows /admin/slo shows per
+ * tenant) and "decisions" {"admitted", "degraded", "rejected"}, each {reason: count} of
+ * sluice:admission_decisions_total since start (only counts above 0). Any thread. */
+void sl_metrics_tier_json(struct sl_metrics *m, const struct sl_tier *cfg, uint64_t now_ns,
+                          struct sl_str *out);
 /* One admission decision on a request classified into `tier`:
  * sluice:admission_decisions_total{tier, decision, reason}. */
 void sl_metrics_admission(struct sl_metrics *m, int shard, const char *tier,

@@ -1046,3 +1046,53 @@ void sl_metrics_render_models(struct sl_metrics *m, const char *const *names, co
         render_sched(out, &src);
     }
 }
+
+/* ---- /admin/stats ---- */
+
+void sl_metrics_tier_json(struct sl_metrics *m, const struct sl_tier *cfg, uint64_t now_ns,
+                          struct sl_str *out)
+{
+    const char *name = cfg->sched.name;
+    int n_named = atomic_load_explicit(&m->tiers.n, memory_order_acquire);
+    int tier = find(&m->tiers, n_named, name);
+    int tenants[N_TENANT];
+    int n_tenants = labels_present(&m->tenants, tenants);
+    sl_str_appendf(out, "\"ttft_slo_ms\":%d,\"tpot_slo_ms\":%d,\"windows\":{",
+                   cfg->sched.ttft_slo_ms, cfg->sched.tpot_slo_ms);
+    /* Each window over the tier's tenants: their rings merged, one lock at a time. */
+    for (int k = 0; k < SL_SLO_WINDOW_60M; k++) {
+        struct sl_slo_acc acc;
+        sl_slo_acc_init(&acc);
+        for (int n = 0; tier >= 0 && n < n_tenants; n++) {
+            struct slo_series *sr =
+                atomic_load_explicit(&m->slo[slo_index(tier, tenants[n])], memory_order_acquire);
+            if (!sr)
+                continue;
+            pthread_mutex_lock(&sr->lock);
+            sl_slo_ring_accumulate(sr->ring, now_ns, (enum sl_slo_window)k, &acc);
+            pthread_mutex_unlock(&sr->lock);
+        }
+        struct sl_slo_summary s;
+        sl_slo_acc_summary(&acc, &s);
+        sl_str_appendf(out, "%s\"%s\":", k ? "," : "", sl_slo_window_str((enum sl_slo_window)k));
+        sl_slo_summary_json(out, &s);
+    }
+    LIT(out, "},\"decisions\":{");
+    for (int d = 0; d < SL_ADMIT_N_DECISIONS; d++) {
+        sl_str_appendf(out, "%s\"%s\":{", d ? "," : "", decision_names[d]);
+        const char *sep = "";
+        for (int r = 0; tier >= 0 && r < SL_ADMIT_N_REASONS; r++) {
+            uint64_t v = total(m, OFF_ADM +
+                                      ((size_t)tier * SL_ADMIT_N_DECISIONS + (size_t)d) *
+                                          SL_ADMIT_N_REASONS +
+                                      (size_t)r);
+            if (v == 0)
+                continue;
+            sl_str_appendf(out, "%s\"%s\":%" PRIu64, sep,
+                           sl_admit_reason_str((enum sl_admit_reason)r), v);
+            sep = ",";
+        }
+        LIT(out, "}");
+    }
+    LIT(out, "}");
+}

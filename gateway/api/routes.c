@@ -43,6 +43,13 @@ static const struct api_route routes[] = {
     ROUTE("/admin/usage", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/usage",
           api_serve_admin_usage),
     ROUTE("/admin/slo", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/slo", serve_admin_slo),
+    ROUTE("/admin/stats", METHOD_GET, GUARD_ADMIN, API_OPENAI, "/admin/stats",
+          api_serve_admin_stats),
+    ROUTE("/dashboard", METHOD_GET, GUARD_NONE, API_OPENAI, "/dashboard", api_serve_dashboard),
+    ROUTE("/dashboard/app.js", METHOD_GET, GUARD_NONE, API_OPENAI, "/dashboard",
+          api_serve_dashboard),
+    ROUTE("/dashboard/app.css", METHOD_GET, GUARD_NONE, API_OPENAI, "/dashboard",
+          api_serve_dashboard),
     ROUTE("/v1/usage", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/usage", api_serve_own_usage),
     ROUTE("/v1/models/", METHOD_GET, GUARD_TENANT, API_OPENAI, "/v1/models/{id}", serve_model),
     /* Any other /admin/ URL: the admin key first, then a 404. */

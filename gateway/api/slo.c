@@ -75,7 +75,7 @@ void sl_slo_judge(int ttft_slo_ms, int tpot_slo_ms, const struct sl_slo_request 
 
 /* ---- latency histograms ---- */
 
-#define N_BINS 64
+#define N_BINS SL_SLO_BINS
 #define BIN_BASE_NS 100000 /* 100 us: the first bin's upper bound */
 
 /* Upper bound of bin i (0 .. N_BINS - 2) in ns: 100 us * 2^(i/3). The last bin has none. */
@@ -196,10 +196,15 @@ void sl_slo_ring_add(struct sl_slo_ring *r, uint64_t now_ns, const struct sl_slo
     slot_add(&r->minutes[min % MINUTE_SLOTS], min, e);
 }
 
-void sl_slo_ring_read(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_window w,
-                      struct sl_slo_summary *s)
+void sl_slo_acc_init(struct sl_slo_acc *acc)
 {
-    memset(s, 0, sizeof *s);
+    memset(acc, 0, sizeof *acc);
+}
+
+void sl_slo_ring_accumulate(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_window w,
+                            struct sl_slo_acc *acc)
+{
+    struct sl_slo_summary *s = &acc->s;
     int64_t sec = (int64_t)(now_ns / NS_PER_S);
     const struct slot *slots = r->seconds;
     int n = SECOND_SLOTS, span = w == SL_SLO_WINDOW_1M ? 60 : SECOND_SLOTS;
@@ -209,7 +214,6 @@ void sl_slo_ring_read(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_
         n = span = MINUTE_SLOTS;
         now = sec / 60;
     }
-    uint64_t ttft[N_BINS] = {0}, tpot[N_BINS] = {0}, n_ttft = 0, n_tpot = 0;
     /* The slots of times now - span + 1 .. now, each holding that time's counts or a recycled
      * time's (which is not in the window). */
     for (int64_t t = now - span + 1; t <= now; t++) {
@@ -227,16 +231,30 @@ void sl_slo_ring_read(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_
         for (int k = 0; k < SL_OVERLOAD_N_KINDS; k++)
             s->degraded[k] += sl->degraded[k];
         for (int b = 0; b < N_BINS; b++) {
-            ttft[b] += sl->ttft[b];
-            tpot[b] += sl->tpot[b];
-            n_ttft += sl->ttft[b];
-            n_tpot += sl->tpot[b];
+            acc->ttft[b] += sl->ttft[b];
+            acc->tpot[b] += sl->tpot[b];
+            acc->n_ttft += sl->ttft[b];
+            acc->n_tpot += sl->tpot[b];
         }
     }
-    s->ttft_p50 = quantile(ttft, n_ttft, 0.50);
-    s->ttft_p99 = quantile(ttft, n_ttft, 0.99);
-    s->tpot_p50 = quantile(tpot, n_tpot, 0.50);
-    s->tpot_p99 = quantile(tpot, n_tpot, 0.99);
+}
+
+void sl_slo_acc_summary(const struct sl_slo_acc *acc, struct sl_slo_summary *s)
+{
+    *s = acc->s;
+    s->ttft_p50 = quantile(acc->ttft, acc->n_ttft, 0.50);
+    s->ttft_p99 = quantile(acc->ttft, acc->n_ttft, 0.99);
+    s->tpot_p50 = quantile(acc->tpot, acc->n_tpot, 0.50);
+    s->tpot_p99 = quantile(acc->tpot, acc->n_tpot, 0.99);
+}
+
+void sl_slo_ring_read(const struct sl_slo_ring *r, uint64_t now_ns, enum sl_slo_window w,
+                      struct sl_slo_summary *s)
+{
+    struct sl_slo_acc acc;
+    sl_slo_acc_init(&acc);
+    sl_slo_ring_accumulate(r, now_ns, w, &acc);
+    sl_slo_acc_summary(&acc, s);
 }
 
 /* ---- JSON ---- */

@@ -12,6 +12,8 @@
 #            kubernetes-models (tests/deploy/package-lock.json, installed by scripts/setup.sh),
 #            strictly, and the deployment's promises (k8s.mjs); the Secret's sluice.json through
 #            `sluice --check-config`
+#   grafana  deploy/grafana/sluice.json's shape, and every metric its expressions name in a live
+#            /metrics of this build's sluice (grafana.mjs)
 # A tool that is not installed is skipped with a message (scripts/setup.sh installs them all);
 # Node and the npm packages are required, as for tests/sdk.
 #
@@ -195,6 +197,52 @@ else
   wait "$sluice_pid"
   rc=$?
   if [ "$rc" -eq 0 ]; then pass "sluice exits 0 on SIGTERM after the drain"; else fail "sluice exited $rc on SIGTERM"; fi
+fi
+
+# --- grafana ------------------------------------------------------------------------------------
+# deploy/grafana/sluice.json's shape, then every metric its PromQL names against a live scrape of
+# a sluice with a fleet (a Redis of its own on loopback, for sluice:redis_up), prices, a budget
+# and an rpm-1 tenant, after requests that give every family samples (grafana.mjs).
+grafana=$root/deploy/grafana/sluice.json
+if ((!have_node)); then
+  fail "grafana: node is not installed (scripts/setup.sh installs it)"
+elif ! command -v redis-server >/dev/null 2>&1; then
+  expect "grafana: deploy/grafana/sluice.json's shape" node "$root/tests/deploy/grafana.mjs" "$grafana"
+  skip "grafana: redis-server not installed (scripts/setup.sh installs it): the expressions were not checked against a live /metrics"
+else
+  redis_port=$(free_port)
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+    >"$tmp/redis.log" 2>&1 &
+  pids+=("$!")
+  for _ in $(seq 100); do
+    [ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ] && break
+    sleep 0.1
+  done
+  # The keys are tests/integration/harness.h's ALICE and CAROL.
+  cat >"$tmp/grafana.json" <<EOF
+{"threads": 1, "price": {"input_per_mtok": 1, "output_per_mtok": 2},
+ "redis": {"url": "redis://127.0.0.1:$redis_port"},
+ "tenants": [
+  {"name": "alice", "key_sha256": "4e3cf284f86ed2e2912a406e093fde194fffbfc71792276277eb201998cc4cfe",
+   "tiers": ["interactive", "batch"], "default_tier": "interactive",
+   "budget": {"amount": 10, "period": "day"}},
+  {"name": "carol", "key_sha256": "ce548d28bf71aa9d30cf3e8667a790d9244416b551883d5c1d8753b04686d643",
+   "tiers": ["interactive"], "default_tier": "interactive", "rpm": 1}]}
+EOF
+  if ! start_sluice "$tmp/grafana.json"; then
+    fail "grafana: sluice did not start"
+    sed 's/^/    /' "$tmp/sluice.log"
+  else
+    if out=$(node "$root/tests/deploy/grafana.mjs" "$grafana" "http://127.0.0.1:$sluice_port" \
+               sk-alice-0123456789abcdefXYZ sk-carol-0123456789abcdefXYZ 2>&1); then
+      pass "grafana: deploy/grafana/sluice.json is well formed and names only metrics sluice exports"
+    else
+      fail "grafana: deploy/grafana/sluice.json"
+    fi
+    printf '%s\n' "$out" | sed 's/^/    /'
+    kill -TERM "$sluice_pid"
+    wait "$sluice_pid"
+  fi
 fi
 
 # --- systemd ------------------------------------------------------------------------------------

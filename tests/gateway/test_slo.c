@@ -376,3 +376,40 @@ Test(gateway, slo_summary_json_says_null_without_requests_and_names_reasons_and_
     cr_assert(strstr(o.p, "\"degraded\":{\"model\":4,\"queue\":1}}"), "%s", o.p);
     sl_str_dispose(&o);
 }
+
+/* One tier's window over its tenants (/admin/stats): the rings' windows summed, and the quantiles
+ * those of the merged histograms, the same as one ring holding every event gives; not the mean
+ * of each ring's quantiles (tenant a's p99 is 10 ms, b's 1 s: the tier's p50 is a's). */
+Test(gateway, slo_rings_accumulated_read_as_one_ring_with_all_their_events)
+{
+    struct sl_slo_ring *a = sl_slo_ring_new(), *b = sl_slo_ring_new(), *all = sl_slo_ring_new();
+    for (int i = 0; i < 100; i++) {
+        bool to_a = i % 4 != 0; /* 75 to a, fast; 25 to b, slow */
+        int64_t ttft = to_a ? 10 * MS : 1000 * MS;
+        struct sl_slo_event e = {.v = judge(100, 100, false, ttft, ttft + 50 * MS, 2)};
+        if (i == 7)
+            e.refused = SL_ADMIT_REASON_TENANT_REQUESTS;
+        sl_slo_ring_add(to_a ? a : b, (uint64_t)(T0 + i * SEC), &e);
+        sl_slo_ring_add(all, (uint64_t)(T0 + i * SEC), &e);
+    }
+    struct sl_slo_acc acc;
+    sl_slo_acc_init(&acc);
+    sl_slo_ring_accumulate(a, T0 + 99 * SEC, SL_SLO_WINDOW_5M, &acc);
+    sl_slo_ring_accumulate(b, T0 + 99 * SEC, SL_SLO_WINDOW_5M, &acc);
+    struct sl_slo_summary got, want;
+    sl_slo_acc_summary(&acc, &got);
+    sl_slo_ring_read(all, T0 + 99 * SEC, SL_SLO_WINDOW_5M, &want);
+    cr_assert_eq(got.counted[SL_SLO_OBJECTIVE_BOTH], 100);
+    cr_assert_eq(got.met[SL_SLO_OBJECTIVE_BOTH], 75, "b's miss their TTFT of 100 ms");
+    cr_assert_eq(got.refused[SL_ADMIT_REASON_TENANT_REQUESTS], 1);
+    cr_assert_eq(memcmp(got.counted, want.counted, sizeof got.counted), 0);
+    cr_assert_eq(memcmp(got.met, want.met, sizeof got.met), 0);
+    cr_assert_eq(got.ttft_p50, want.ttft_p50);
+    cr_assert_eq(got.ttft_p99, want.ttft_p99);
+    cr_assert_eq(got.tpot_p99, want.tpot_p99);
+    near(got.ttft_p50, 0.010, "p50 TTFT: a's");
+    near(got.ttft_p99, 1.0, "p99 TTFT: b's");
+    sl_slo_ring_free(a);
+    sl_slo_ring_free(b);
+    sl_slo_ring_free(all);
+}
