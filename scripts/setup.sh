@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs whatever sluice needs that is missing (Debian 12 packages only), then configures and
 # builds into build/, and installs the pinned npm packages of the SDK tests (tests/sdk), the
-# deploy check (tests/deploy) and the dashboard's browser test (tests/dashboard). Does nothing but a no-op build when everything is already there.
+# deploy check (tests/deploy) and the dashboard's browser test (tests/dashboard). Does nothing
+# but a no-op build when everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
