@@ -10,14 +10,20 @@
 //     no element but the page's own script);
 //   - the page raises no script error and no Content-Security-Policy violation;
 //   - on a phone's viewport nothing overflows sideways;
-// then saves screenshots (dashboard.png, dashboard-phone.png) into OUTDIR.
+// then saves screenshots (dashboard.png, dashboard-phone.png) into OUTDIR. A second sluice, with
+// a Redis of its own, then shows the banners: none while Redis answers, "Redis lost" once it is
+// killed and a decision falls back to the local share, and "Draining" once SIGTERM comes while
+// a long prompt is being computed (the page's next poll, on its open connection, is answered
+// 503 draining), which stays once the server has gone. Without redis-server that part is
+// skipped, with a line saying so (and fails under CI or SLUICE_REQUIRE_BROWSER).
 //
 // Waits are on DOM conditions with timeouts, never on fixed sleeps; no assertion is about time.
 //
 // usage: node dashboard.mjs SLUICE_BIN OUTDIR
 // Exits 0 when every check passed, 1 when one failed, 77 (meson's skip) when Chromium or
 // playwright-core is missing and neither CI nor SLUICE_REQUIRE_BROWSER is set.
-import {spawn} from 'node:child_process';
+import {spawn, spawnSync} from 'node:child_process';
+import {createServer} from 'node:net';
 import {existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync} from 'node:fs';
 import {createRequire} from 'node:module';
 import {tmpdir} from 'node:os';
@@ -88,19 +94,30 @@ function check(cond, what, detail) {
 
 // ---- sluice ----
 
-let log = '';
-const server = spawn(sluiceBin, ['--config', join(tmp, 'sluice.json'), '--listen', '127.0.0.1:0',
-  '--model', 'synthetic'], {stdio: ['ignore', 'ignore', 'pipe']});
-server.stderr.setEncoding('utf8');
-const port = await new Promise((resolve, reject) => {
-  const timer = setTimeout(() => reject(new Error('sluice did not say where it listens')), 60000);
-  server.stderr.on('data', (d) => {
-    if (log.length < 1 << 20) log += d;
-    const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(log);
-    if (m) { clearTimeout(timer); resolve(Number(m[1])); }
+// Starts sluice with a configuration file and a model; resolves to {proc, port, log()} once it
+// says where it listens. log() is what it wrote to stderr so far (the first MiB).
+function startSluice(configPath, model) {
+  const proc = spawn(sluiceBin, ['--config', configPath, '--listen', '127.0.0.1:0', '--model',
+    model], {stdio: ['ignore', 'ignore', 'pipe']});
+  let text = '';
+  proc.stderr.setEncoding('utf8');
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error('sluice did not say where it listens')), 60000);
+    proc.stderr.on('data', (d) => {
+      if (text.length < 1 << 20) text += d;
+      const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(text);
+      if (m) { clearTimeout(timer); resolve({proc, port: Number(m[1]), log: () => text}); }
+    });
+    proc.on('exit', (code) => reject(new Error(`sluice exited with ${code}:\n${text}`)));
   });
-  server.on('exit', (code) => reject(new Error(`sluice exited with ${code}:\n${log}`)));
-}).catch((e) => { console.log(`FAIL: ${e.message}`); process.exit(1); });
+}
+const exited = (proc) => new Promise((resolve) =>
+  (proc.exitCode !== null || proc.signalCode !== null ? resolve() : proc.on('exit', resolve)));
+
+const first = await startSluice(join(tmp, 'sluice.json'), 'synthetic')
+  .catch((e) => { console.log(`FAIL: ${e.message}`); process.exit(1); });
+const server = first.proc, port = first.port;
+let log = '';
 const base = `http://127.0.0.1:${port}`;
 
 // ---- load: one request at a time per tenant, at most ten a second each, until stopped ----
@@ -128,6 +145,120 @@ async function loop(key, maxTokens) {
   }
 }
 const load = [loop(ALICE, 8), loop(BOB, 24)];
+
+// ---- the banners: a second sluice with a Redis of its own ----
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const {port: p} = srv.address();
+      srv.close(() => resolve(p));
+    });
+  });
+}
+
+async function startRedis() {
+  const rport = await freePort();
+  const proc = spawn('redis-server', ['--port', String(rport), '--bind', '127.0.0.1', '--save', '',
+    '--appendonly', 'no'], {stdio: ['ignore', 'pipe', 'ignore']});
+  let text = '';
+  proc.stdout.setEncoding('utf8');
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(
+      () => reject(new Error(`redis-server did not start:\n${text}`)), 30000);
+    proc.stdout.on('data', (d) => {
+      text += d;
+      if (/Ready to accept connections/.test(text)) { clearTimeout(timer); resolve(); }
+    });
+    proc.on('exit', (code) => reject(new Error(`redis-server exited with ${code}:\n${text}`)));
+  });
+  return {proc, port: rport};
+}
+
+// The banner's text once it matches re (or its last text when it never does).
+async function bannerText(page, re) {
+  await page.waitForFunction((src) => {
+    const b = document.getElementById('banner');
+    return !b.hidden && new RegExp(src).test(b.textContent);
+  }, re.source).catch(() => {});
+  return page.evaluate(() => {
+    const b = document.getElementById('banner');
+    return b.hidden ? '(hidden)' : b.textContent;
+  });
+}
+
+async function banners(context) {
+  if (spawnSync('redis-server', ['--version']).status !== 0) {
+    if (required) fail('the banners: redis-server is not installed (scripts/setup.sh installs it)');
+    else console.log('skip: the banners: redis-server is not installed');
+    return;
+  }
+  let redis, second;
+  try {
+    redis = await startRedis();
+    // stories15M's width with a 4,096-token context: a prompt of about 3,600 tokens takes
+    // seconds to compute, so the drain it holds open outlasts the page's next poll.
+    const cfg = {
+      threads: 1,
+      admin_key_sha256: ADMIN_SHA,
+      drain_timeout_ms: 300000,
+      redis: {url: `redis://127.0.0.1:${redis.port}`, timeout_ms: 200},
+      tiers: {interactive: {priority: 0, weight: 1, ttft_slo_ms: 600000, tpot_slo_ms: 600000}},
+      tenants: [{name: 'bob', key_sha256: BOB_SHA, tiers: ['interactive'],
+        default_tier: 'interactive', rpm: 600}],
+    };
+    writeFileSync(join(tmp, 'fleet.json'), JSON.stringify(cfg));
+    second = await startSluice(join(tmp, 'fleet.json'), 'synthetic:stories15M-4k');
+    const base2 = `http://127.0.0.1:${second.port}`;
+    const send = (prompt, maxTokens) => fetch(`${base2}/v1/completions`, {
+      method: 'POST',
+      headers: {Authorization: `Bearer ${BOB}`, 'Content-Type': 'application/json'},
+      body: JSON.stringify({prompt, max_tokens: maxTokens, ignore_eos: true}),
+    }).then(async (r) => { await r.arrayBuffer(); return r.status; });
+
+    const page = await context.newPage();
+    page.on('pageerror', (e) => problems.push(`page error (banners): ${e.message}`));
+    await page.goto(`${base2}/dashboard`);
+    await page.fill('#key', ADMIN);
+    await page.click('button[type=submit]');
+    check(await send('Once upon a time', 2) === 200, 'the fleet sluice serves bob through Redis');
+    await page.waitForFunction(() => Number(document.body.dataset.polls) >= 2);
+    check(await page.evaluate(() => document.getElementById('banner').hidden),
+      'no banner while Redis answers', await bannerText(page, /./));
+
+    redis.proc.kill('SIGKILL');
+    await exited(redis.proc);
+    // The next decision finds Redis gone and is taken on the replica's local share.
+    check(await send('Once upon a time', 2) === 200, 'bob is served on the local share');
+    const lost = await bannerText(page, /^Redis lost/);
+    check(/^Redis lost/.test(lost), 'the banner says Redis is lost', lost);
+
+    // A long prompt in flight, then SIGTERM: the server drains until it is done.
+    const longPrompt = Array.from({length: 1300}, (_, i) => `w${i % 50}`).join(' ');
+    const inFlight = send(longPrompt, 1).catch(() => 0);
+    await page.waitForFunction(() => {
+      const dd = document.querySelector('[data-tier="interactive"] dd[data-k="running"]');
+      const q = document.querySelector('[data-tier="interactive"] dd[data-k="queued"]');
+      return (dd && Number(dd.textContent) > 0) || (q && Number(q.textContent) > 0);
+    });
+    second.proc.kill('SIGTERM');
+    const drain = await bannerText(page, /^Drain/);
+    check(/^Drain(ing|ed):/.test(drain), 'the banner says the server drains', drain);
+    check(await inFlight === 200, 'the prompt in flight was finished by the drain');
+    await exited(second.proc);
+    const after = await bannerText(page, /^Drained:/);
+    check(/^Drained:/.test(after), 'once the server has gone, the banner says it drained', after);
+    await page.close();
+  } catch (e) {
+    fail(`the banners stopped: ${e.stack || e}`);
+    if (second) console.log(second.log().split('\n').slice(-20).join('\n'));
+  } finally {
+    if (second && second.proc.exitCode === null) second.proc.kill('SIGKILL');
+    if (redis && redis.proc.exitCode === null) redis.proc.kill('SIGKILL');
+  }
+}
 
 // ---- the browser ----
 
@@ -157,7 +288,8 @@ try {
   check(resp.status() === 200, 'GET /dashboard answers 200 without a key', resp.status());
   check(/script-src 'self'/.test(headers['content-security-policy'] || '') &&
     !/unsafe-inline/.test(headers['content-security-policy']),
-  'the page has a Content-Security-Policy without inline script', headers['content-security-policy']);
+  'the page has a Content-Security-Policy without inline script',
+  headers['content-security-policy']);
   check(headers['x-content-type-options'] === 'nosniff', 'the page is served nosniff');
 
   // A wrong key is refused in the form, and nothing else is shown.
@@ -291,8 +423,11 @@ try {
     widths.join(' > '));
   await page.screenshot({path: join(outDir, 'dashboard-phone.png'), fullPage: false});
 
+  await banners(context);
+
   check(problems.length === 0, 'no script error and no CSP violation in the page',
     problems.join('; '));
+
 } catch (e) {
   fail(`the browser run stopped: ${e.stack || e}`);
 } finally {
@@ -300,11 +435,13 @@ try {
   if (context) await context.close().catch(() => {});
   await Promise.all(load);
   server.kill('SIGTERM');
-  await new Promise((resolve) => (server.exitCode !== null ? resolve() : server.on('exit', resolve)));
+  await exited(server);
+  log = first.log();
   rmSync(profile, {recursive: true, force: true});
   rmSync(tmp, {recursive: true, force: true});
 }
 console.log(`load: answers by status ${JSON.stringify(answered)}`);
-if (failed) console.log(log.split('\n').filter((l) => !l.includes(' access ')).slice(-30).join('\n'));
+if (failed)
+  console.log(log.split('\n').filter((l) => !l.includes(' access ')).slice(-30).join('\n'));
 console.log(`dashboard: ${passed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

@@ -324,7 +324,10 @@
     drawChart(c.charts.queue, [
       series('queued', COLORS[0], (s) => { const x = tierOf(s);
         return x ? x.admission_queued_requests : undefined; }),
-      series('running', COLORS[2], (s) => { const x = tierOf(s); return x ? x.running : undefined; }),
+      series('running', COLORS[2], (s) => {
+        const x = tierOf(s);
+        return x ? x.running : undefined;
+      }),
     ], now);
   }
 
@@ -379,6 +382,11 @@
     }
   }
 
+  // Once the server said it drains, a later failure to connect is that drain ending, not an
+  // outage: the banner keeps saying so.
+  let drained = false;
+  const DRAINING = 'Draining: this server is shutting down and admits nothing new.';
+
   function banner(text, warn) {
     const b = $('banner');
     b.hidden = !text;
@@ -395,7 +403,8 @@
     history.push({t: now, s, rates});
     while (history.length && history[0].t < now - WINDOW_MS) history.shift();
     for (const h of history) if (!h.rates) h.rates = {};
-    if (s.draining) banner('Draining: this server is shutting down and admits nothing new.');
+    drained = drained || !!s.draining;
+    if (s.draining) banner(DRAINING);
     else if (s.fleet && s.fleet.fallback)
       banner('Redis lost: budgets are decided on this replica\'s local share (fallback).', true);
     else banner(null);
@@ -421,19 +430,25 @@
       });
       if (r.status === 401 || r.status === 403) {
         const body = await r.json().catch(() => null);
-        signOut(body && body.error && body.error.message ? body.error.message : 'The key was refused.');
+        signOut(body && body.error && body.error.message ? body.error.message
+          : 'The key was refused.');
         return;
       }
       if (!r.ok) {
         const body = await r.json().catch(() => null);
         const code = body && body.error ? body.error.code : null;
-        if (code === 'draining') banner('Draining: this server is shutting down and admits nothing new.');
-        else banner('/admin/stats answered ' + r.status + '.', true);
+        if (code === 'draining') {
+          drained = true;
+          banner(DRAINING);
+        } else {
+          banner('/admin/stats answered ' + r.status + '.', true);
+        }
       } else {
         render(await r.json());
       }
     } catch (e) {
-      banner('sluice is not answering (' + e.message + ').', true);
+      if (drained) banner('Drained: this server shut down and no longer answers.');
+      else banner('sluice is not answering (' + e.message + ').', true);
     }
     if (key !== null) timer = setTimeout(poll, POLL_MS);
   }
@@ -448,6 +463,7 @@
     $('login').hidden = false;
     $('login-error').textContent = message || '';
     $('status').textContent = 'signed out';
+    drained = false;
     banner(null);
   }
 
