@@ -366,11 +366,9 @@ INLINE void tile_k_rows(const enum sl_dtype t, const struct kil *il, const struc
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        /* x's row: k quants, k / 256 scales, then the sums of 16 (sl_cpu_qrow, inline here). */
-        const unsigned char *x = xr + (size_t)r * xb;
-        const float dx = ((const float *)(x + k))[b];
-        const __m256i xs =
-            loadu(x + k + sizeof(float) * (size_t)(k / SL_QK_BLOCK) + 32 * (size_t)b);
+        const struct sl_cpu_qrow x = sl_cpu_qrow_at(SL_QACT_256, xr + (size_t)r * xb, k);
+        const float dx = x.d[b];
+        const __m256i xs = loadu(x.s + 16 * (size_t)b);
         __m128i m4 = totals4(_mm256_madd_epi16(dec[0].cv, xs), _mm256_madd_epi16(dec[1].cv, xs),
                              _mm256_madd_epi16(dec[2].cv, xs), _mm256_madd_epi16(dec[3].cv, xs));
         __m128i i4 = totals_il(acc[r]);
@@ -457,9 +455,8 @@ INLINE void tile_32(const enum sl_dtype t, float *out, size_t ldo, const void *q
             dw[c] = w_scales8(w0 + (size_t)c * rb, bytes, b, nb);
         }
         for (int r = 0; r < n; r++) {
-            /* x's row r: k quants, then k / 32 scales (sl_cpu_qrow, inline here). */
-            const unsigned char *xr = (const unsigned char *)qa + (size_t)r * xb;
-            const struct sl_cpu_qrow x = {(const int8_t *)xr, (const float *)(xr + k), NULL};
+            const struct sl_cpu_qrow x =
+                sl_cpu_qrow_at(SL_QACT_32, (const unsigned char *)qa + (size_t)r * xb, k);
             __m256 dxv = x_scales8(x.d + b, nb), p[RN];
 #pragma GCC unroll 4
             for (int c = 0; c < RN; c++) {

@@ -22,6 +22,15 @@ struct sl_cpu_qrow {
     const int16_t *s;
 };
 struct sl_cpu_qrow sl_cpu_qrow(enum sl_qact kind, const void *qa, int cols, int r);
+/* The row whose bytes start at p: cols quants, then cols / block scales, then (SL_QACT_256) the
+ * sums of 16. Inline, for kernels that find each row's start themselves. */
+static inline struct sl_cpu_qrow sl_cpu_qrow_at(enum sl_qact kind, const unsigned char *p, int cols)
+{
+    struct sl_cpu_qrow q = {(const int8_t *)p, (const float *)(p + cols), NULL};
+    if (kind == SL_QACT_256)
+        q.s = (const int16_t *)(p + cols + sizeof(float) * (size_t)(cols / SL_QK_BLOCK));
+    return q;
+}
 /* q (bs), d = one activation block quantized (kernels.h's rule). */
 void sl_cpu_qact_block_scalar(const float *x, int bs, int8_t *q, float *d);
 /* s (cols / 16) = the sums of each 16 of q (cols). */

@@ -296,12 +296,8 @@ size_t sl_cpu_qact_row_bytes(enum sl_qact kind, int cols)
 
 struct sl_cpu_qrow sl_cpu_qrow(enum sl_qact kind, const void *qa, int cols, int r)
 {
-    const unsigned char *p =
-        (const unsigned char *)qa + (size_t)r * sl_cpu_qact_row_bytes(kind, cols);
-    struct sl_cpu_qrow q = {(const int8_t *)p, (const float *)(p + cols), NULL};
-    if (kind == SL_QACT_256)
-        q.s = (const int16_t *)(p + cols + sizeof(float) * (size_t)(cols / SL_QK_BLOCK));
-    return q;
+    return sl_cpu_qrow_at(
+        kind, (const unsigned char *)qa + (size_t)r * sl_cpu_qact_row_bytes(kind, cols), cols);
 }
 
 /* One block of bs values: d = max|v| / 127, q = round-half-even(v · (127 / max|v|)). */
